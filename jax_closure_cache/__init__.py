@@ -1,0 +1,63 @@
+"""jax-closure-cache: ``jax.jit`` that caches on a closure's contents.
+
+Code that builds a fresh function on every call (a nested ``def``, a lambda in
+a loop, ``functools.partial``, a re-wrapped ``jax.grad``) pays a full trace and
+XLA compile per call under stock ``jax.jit``, which caches on the function
+object. This package keys the cache on the code object plus what the closure
+holds, verified free of tracers, and passes closed-over arrays as arguments
+to one shared executable.
+
+Public API::
+
+    jit(fun=None, **jax_jit_options)   # closure-aware drop-in for jax.jit
+    enable(), disable(), is_enabled(), enabled()   # patch jax.jit globally
+    stats(), clear()                   # counters, and drop every entry
+    capacity(), set_capacity(n)        # entries kept (LRU)
+
+Importing this package does not import jax: names load on first use, so the
+start-up hook can import it in every process for next to nothing. With
+``JAX_CLOSURE_CACHE=1`` in the environment, ``jax.jit`` is patched right when
+jax is (or already was) imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from jax_closure_cache import activation as _activation
+
+__version__ = "0.1.0"
+
+# name -> submodule that defines it
+_PUBLIC = {
+    "jit": "closure_jit",
+    "ClosureJitted": "closure_jit",
+    "enable": "patching",
+    "disable": "patching",
+    "is_enabled": "patching",
+    "enabled": "patching",
+    "stats": "cache",
+    "clear": "cache",
+    "capacity": "cache",
+    "set_capacity": "cache",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+  module_name = _PUBLIC.get(name)
+  if module_name is None:
+    raise AttributeError(f"module 'jax_closure_cache' has no attribute {name!r}")
+  module = importlib.import_module(f"jax_closure_cache.{module_name}")
+  value = getattr(module, name)
+  globals()[name] = value
+  _activation.finish_pending()
+  return value
+
+
+def __dir__():
+  return sorted({*globals(), *_PUBLIC})
+
+
+_activation.activate_from_environment()

@@ -1,0 +1,69 @@
+"""The one module that touches JAX's private internals.
+
+Pinned to ``jax==0.10.2`` and ``jaxlib==0.10.2``: every name imported from
+``jax._src`` or ``jaxlib`` below was read against that release. Retargeting to
+another release starts here (see CONTRIBUTING.md); nothing else in the package
+imports a private JAX module.
+"""
+
+from __future__ import annotations
+
+import jax
+import jaxlib
+from jax._src import api as _api
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src.lib import _jax as _jaxlib_ext
+
+JAX_VERSION = "0.10.2"
+JAXLIB_VERSION = "0.10.2"
+
+#: ``jax.jit`` as JAX defines it, whatever the patch registry has installed.
+STOCK_JIT = _api.jit
+
+#: Every tracer type derives from this (the public ``jax.core.Tracer``).
+Tracer = _core.Tracer
+
+#: The concrete array type behind ``jax.Array``; the hot path tests
+#: ``type(x) is ArrayImpl`` before any ``isinstance``.
+ArrayImpl = _jaxlib_ext.ArrayImpl
+
+#: The C++ callable that ``jax.jit`` returns.
+PjitFunction = _jaxlib_ext.PjitFunction
+
+
+def versions_match() -> bool:
+  """Whether the running jax and jaxlib are the pinned release."""
+  return (jax.__version__ == JAX_VERSION
+          and jaxlib.__version__ == JAXLIB_VERSION)
+
+
+#: ``DISABLE_JIT.value`` is True inside ``jax.disable_jit()``; the hot path
+#: reads the attribute directly rather than through a function call.
+DISABLE_JIT = _config.disable_jit
+
+
+def jit_disabled() -> bool:
+  """True inside ``jax.disable_jit()``."""
+  return DISABLE_JIT.value
+
+
+def explain_cache_misses() -> bool:
+  """JAX's own ``jax_explain_cache_misses`` option."""
+  return _config.explain_cache_misses.value
+
+
+def is_committed(array) -> bool:
+  """Whether ``array`` is committed to its device (``device_put(x, dev)``).
+
+  Stock ``jit`` bakes a closed-over array as a constant, so an uncommitted
+  result stays uncommitted; passing a committed array as an argument would
+  commit the result, which is why committed arrays are never lifted.
+  """
+  return array._committed
+
+
+def captured_constants(traced) -> list:
+  """Every value a ``jax.stages.Traced`` closed over: baked constants plus
+  the tracer constants that ``pe.separate_consts`` split off."""
+  return [*traced.jaxpr.consts, *traced._consts]

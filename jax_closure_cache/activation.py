@@ -1,0 +1,127 @@
+"""Activation by the ``JAX_CLOSURE_CACHE`` environment variable.
+
+This module imports neither jax nor the rest of the package: the installed
+start-up hook (``jax_closure_cache_startup.pth``) imports it in every Python
+process, so when the variable is unset it must cost next to nothing.
+
+Values: ``1``, ``true``, ``yes``, ``on`` enable (any case); unset, empty,
+``0``, ``false``, ``no``, ``off`` leave JAX stock; anything else warns once
+and leaves JAX stock. When enabling and jax is not imported yet, a
+post-import hook patches ``jax.jit`` right after ``import jax`` finishes, so
+a library that binds ``from jax import jit`` at its own import time gets the
+patched object.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+ENV = "JAX_CLOSURE_CACHE"
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
+_warned = False
+_pending = False   # jax loaded while this package was mid-import: enable later
+
+
+def requested() -> bool:
+  """Whether the environment asks for the cache; warns once if it is garbled."""
+  global _warned
+  raw = os.environ.get(ENV)
+  if raw is None:
+    return False
+  value = raw.strip().lower()
+  if value in _ON:
+    return True
+  if value not in _OFF and not _warned:
+    _warned = True
+    import warnings
+    warnings.warn(f"{ENV}={raw!r} is not one of 1/true/yes/on or "
+                  "0/false/no/off; leaving jax.jit stock.", stacklevel=2)
+  return False
+
+
+def _enable_safely() -> None:
+  """Enable from the environment; never break the user's program."""
+  try:
+    from jax_closure_cache import _compat, patching
+    if not _compat.versions_match():
+      import warnings
+      import jax
+      warnings.warn(
+          f"{ENV} is set but jax_closure_cache supports only "
+          f"jax=={_compat.JAX_VERSION}; jax=={jax.__version__} is installed, "
+          "so jax.jit is left stock.", stacklevel=2)
+      return
+    patching.enable()
+  except Exception as e:  # the cache is an optimisation: never fatal
+    import warnings
+    warnings.warn(f"{ENV} is set but enabling the closure cache failed: "
+                  f"{e!r}; jax.jit is left stock.", stacklevel=2)
+
+
+class _AfterJaxImport(importlib.abc.MetaPathFinder):
+  """Finds ``jax`` through the other finders and enables after it loads."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name != "jax":
+      return None
+    _remove_hook()
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+      return spec
+    exec_module = spec.loader.exec_module
+
+    def exec_then_enable(module):
+      exec_module(module)
+      global _pending
+      if _package_import_in_progress():
+        _pending = True   # enabling now would re-enter a half-imported module
+      else:
+        _enable_safely()
+
+    spec.loader.exec_module = exec_then_enable
+    return spec
+
+
+_hook = _AfterJaxImport()
+
+
+def _remove_hook() -> None:
+  try:
+    sys.meta_path.remove(_hook)
+  except ValueError:
+    pass
+
+
+def _package_import_in_progress() -> bool:
+  for name, module in list(sys.modules.items()):
+    if (name.startswith("jax_closure_cache.")
+        and getattr(getattr(module, "__spec__", None), "_initializing", False)):
+      return True
+  return False
+
+
+def finish_pending() -> None:
+  """Enable now if jax finished loading in the middle of a package import."""
+  global _pending
+  if _pending and not _package_import_in_progress():
+    _pending = False
+    _enable_safely()
+
+
+def activate_from_environment() -> None:
+  """Enable now if jax is imported, else right after it is."""
+  if not requested():
+    return
+  if "jax" in sys.modules:
+    _enable_safely()
+  elif _hook not in sys.meta_path:
+    sys.meta_path.insert(0, _hook)
+
+
+def startup() -> None:
+  """What the ``.pth`` start-up hook runs at interpreter start."""
+  activate_from_environment()

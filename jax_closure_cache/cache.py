@@ -1,0 +1,184 @@
+"""The bounded store of compiled entries and the counters behind ``stats()``.
+
+Invariants:
+* At most ``capacity()`` entries per store; inserting past it evicts the least
+  recently used one. ``get`` refreshes recency.
+* ``hits + misses + fallbacks`` counts every call routed through the cache;
+  counters are exact under threads (``itertools.count`` steps atomically).
+* Every store registered with :func:`new_store` is emptied by :func:`clear`.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import threading
+import weakref
+from typing import Any
+
+DEFAULT_CAPACITY = 1024
+_CAPACITY_ENV = "JAX_CLOSURE_CACHE_CAPACITY"
+
+
+def _capacity_from_env() -> int:
+  raw = os.environ.get(_CAPACITY_ENV, "").strip()
+  if not raw:
+    return DEFAULT_CAPACITY
+  try:
+    n = int(raw)
+  except ValueError:
+    n = 0
+  if n < 1:
+    import warnings
+    warnings.warn(f"{_CAPACITY_ENV}={raw!r} is not a positive integer; "
+                  f"using {DEFAULT_CAPACITY}", stacklevel=2)
+    return DEFAULT_CAPACITY
+  return n
+
+
+_capacity = _capacity_from_env()
+_stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
+
+
+class LRUStore:
+  """A thread-safe bounded mapping from cache keys to entries.
+
+  Eviction is least-recently-used, approximated by a second-chance (CLOCK)
+  bit: a hit only sets the bit, so the hot path hashes the key once and never
+  reorders the table; an eviction skips (and clears) entries whose bit is set.
+  """
+
+  def __init__(self):
+    self._data: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def get(self, key) -> Any:
+    """The entry for ``key`` or None. Raises TypeError if ``key`` is
+    unhashable (a pytree's metadata can be)."""
+    slot = self._data.get(key)
+    if slot is None:
+      return None
+    slot[1] = True
+    return slot[0]
+
+  def put(self, key, entry) -> None:
+    with self._lock:
+      self._data[key] = [entry, False]
+      self._data.move_to_end(key)
+      self._evict()
+
+  def _evict(self) -> None:
+    data = self._data
+    while len(data) > _capacity:
+      key, slot = next(iter(data.items()))
+      if slot[1]:   # used since its last chance: move it to the young end
+        slot[1] = False
+        data.move_to_end(key)
+      else:
+        del data[key]
+
+  def discard(self, key) -> None:
+    with self._lock:
+      self._data.pop(key, None)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._data.clear()
+
+  def __len__(self) -> int:
+    return len(self._data)
+
+  def trim(self) -> None:
+    with self._lock:
+      self._evict()
+
+
+def new_store() -> LRUStore:
+  store = LRUStore()
+  _stores.add(store)
+  return store
+
+
+def capacity() -> int:
+  """Entries kept per store (default 1024, or ``JAX_CLOSURE_CACHE_CAPACITY``)."""
+  return _capacity
+
+
+def set_capacity(n: int) -> None:
+  """Keep at most ``n`` entries per store, evicting the oldest now if needed."""
+  global _capacity
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"capacity must be a positive int, got {n!r}")
+  _capacity = n
+  for store in list(_stores):
+    store.trim()
+
+
+class _Counters:
+  """Exact counters: ``next()`` on an ``itertools.count`` is atomic."""
+
+  def __init__(self):
+    self.hits = itertools.count()
+    self.misses = itertools.count()
+    self.fallbacks = itertools.count()
+    self.reasons: collections.Counter = collections.Counter()
+    self.not_stored: collections.Counter = collections.Counter()
+    self.lock = threading.Lock()
+
+
+def _read(counter: itertools.count) -> int:
+  # count objects expose their next value only through repr: "count(N)".
+  return int(repr(counter)[6:-1])
+
+
+_counters = _Counters()
+
+
+def count_hit() -> None:
+  next(_counters.hits)
+
+
+def count_miss() -> None:
+  next(_counters.misses)
+
+
+def count_fallback(reason: str) -> None:
+  c = _counters
+  next(c.fallbacks)
+  with c.lock:
+    c.reasons[reason] += 1
+
+
+def count_not_stored(reason: str) -> None:
+  """A miss whose entry was dropped after the call (counted as a miss)."""
+  c = _counters
+  with c.lock:
+    c.not_stored[reason] += 1
+
+
+def stats() -> dict:
+  """Counts since start or the last :func:`clear`.
+
+  ``hits``, ``misses``, ``fallbacks`` (calls answered by stock jit) are ints;
+  ``fallback_reasons`` maps each fallback reason to its count;
+  ``not_stored`` maps reasons a missed entry was dropped (its trace captured
+  an array no key or guard covers) to counts; ``entries`` is the number of
+  entries held now.
+  """
+  c = _counters
+  with c.lock:
+    reasons = dict(c.reasons)
+    not_stored = dict(c.not_stored)
+  return {"hits": _read(c.hits), "misses": _read(c.misses),
+          "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
+          "not_stored": not_stored,
+          "entries": sum(len(s) for s in list(_stores))}
+
+
+def clear() -> None:
+  """Drop every entry of every store and zero the counters."""
+  global _counters
+  for store in list(_stores):
+    store.clear()
+  _counters = _Counters()

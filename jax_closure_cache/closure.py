@@ -1,0 +1,622 @@
+"""Closure analysis: the cache key of a callable, the arrays it lifts, and the
+rebuild that puts new values (tracers, at trace time) in their place.
+
+``analyse(fun)`` walks everything a call of ``fun`` reads without going through
+its arguments: closure cells, defaults and keyword defaults, the globals its
+code (and its nested code) reads by name, a ``functools.partial``'s function,
+arguments and keywords, a bound method's function and ``self``. It returns an
+:class:`Analysis` whose fields obey these invariants:
+
+* ``key`` is hashable and holds no array and no tracer. Two callables with
+  equal keys, called with their own ``leaves`` passed as arguments, trace to
+  the same jaxpr.
+* ``leaves`` are the lifted arrays, in walk order; ``key`` records where each
+  one sits (:data:`LIFTED`) but not its value, shape or dtype (the shared
+  jitted function keys those itself, as it keys any argument).
+* ``anchors`` are the objects whose ``id`` is part of ``key``. Whoever stores
+  ``key`` keeps them alive, so no ``id`` in a stored key can be reused.
+* ``roots`` are objects kept by identity whose contents the key does not
+  cover (module-level helper functions, opaque objects). An array a trace
+  captures must be found under one of them (a guard), or the entry is
+  dropped.
+
+A tracer anywhere in the walked values raises :class:`Uncacheable`, as does a
+value that is neither hashable nor a pytree.
+
+``rebuild(fun, key, leaves)`` returns a callable that computes what ``fun``
+computes, with the lifted positions holding ``leaves``. It is guided by
+``key``, so walk and rebuild cannot disagree on order. Unchanged parts are
+the caller's own objects (cells included), so a trace that mutates closure
+state mutates the user's state, as a stock trace does.
+
+Example::
+
+    >>> import jax.numpy as jnp
+    >>> def make(w):
+    ...   return lambda x: x @ w
+    >>> a, b = analyse(make(jnp.ones(2))), analyse(make(jnp.zeros(2)))
+    >>> a.key == b.key, len(a.leaves)
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import threading
+import types
+import weakref
+from typing import Any, Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from jax_closure_cache import _compat
+
+#: Plain objects are keyed by their attributes down to this many nested
+#: plain objects, and over at most this many attribute values in all; past
+#: either budget an object is kept by identity.
+OBJECT_DEPTH_BUDGET = 3
+OBJECT_VALUES_BUDGET = 64
+
+
+class Uncacheable(Exception):
+  """A callable that the cache must leave to stock ``jax.jit``.
+
+  ``reason`` is a short category (a key of ``stats()['fallback_reasons']``);
+  ``detail`` says which value and why.
+  """
+
+  def __init__(self, reason: str, detail: str):
+    super().__init__(f"{reason}: {detail}")
+    self.reason = reason
+    self.detail = detail
+
+
+class _Tag:
+  """A marker in a key; compares by identity and reads well in a repr."""
+  __slots__ = ("name",)
+
+  def __init__(self, name):
+    self.name = name
+
+  def __repr__(self):
+    return self.name
+
+  def __reduce__(self):
+    raise TypeError("closure-cache key markers are not picklable")
+
+
+LIFTED = _Tag("LIFTED")      # an array passed to the shared executable
+_MISSING = _Tag("MISSING")   # a global name that is not (yet) defined
+_EMPTY = _Tag("EMPTY")       # a cell that is not yet filled
+_FN = _Tag("FN")             # (_FN, index, code, id(globals), cells, defaults, kwdefaults, globals)
+_TREE = _Tag("TREE")         # (_TREE, treedef, leaves)
+_PARTIAL = _Tag("PARTIAL")   # (_PARTIAL, func, args, keywords)
+_METHOD = _Tag("METHOD")     # (_METHOD, func, self)
+_WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
+_OBJ = _Tag("OBJ")           # (_OBJ, type, ((name, value), ...))
+_NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
+_CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
+_ID = _Tag("ID")             # (_ID, id(obj)); obj is an anchor
+
+
+# -- per-code-object facts ---------------------------------------------------
+
+class CodePlan(NamedTuple):
+  """What a code object (with its nested code objects) reads and writes."""
+  global_names: tuple[str, ...]
+  writes_globals: bool
+
+
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+# A plain dict: a weak one costs a weakref per lookup on the hot path. It is
+# emptied when it grows past _PLANS_MAX (code made by exec in a loop).
+_plans: dict[types.CodeType, CodePlan] = {}
+_PLANS_MAX = 1 << 16
+
+
+def code_plan(code: types.CodeType) -> CodePlan:
+  """The globals ``code`` and its nested code objects read, once per code."""
+  try:
+    return _plans[code]
+  except KeyError:
+    pass
+  names: dict[str, None] = {}
+  writes = False
+  pending = [code]
+  while pending:
+    co = pending.pop()
+    for ins in dis.get_instructions(co):
+      if ins.opname in _GLOBAL_READS:
+        names[ins.argval] = None
+      elif ins.opname in _GLOBAL_WRITES:
+        writes = True
+    pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+  plan = CodePlan(tuple(names), writes)
+  if len(_plans) >= _PLANS_MAX:
+    _plans.clear()
+  _plans[code] = plan
+  return plan
+
+
+def is_module_level(fun: types.FunctionType) -> bool:
+  """A function defined at module scope: no closure, not nested anywhere."""
+  return fun.__closure__ is None and "<locals>" not in fun.__qualname__
+
+
+# -- callable wrappers that the walk sees through ---------------------------
+
+class _WrapperRule(NamedTuple):
+  split: Callable[[Any], tuple[Any, Any]]   # wrapper -> (static part, inner callable)
+  join: Callable[[Any, Any], Any]           # (static part, new inner) -> wrapper
+
+
+_wrapper_rules: dict[type, _WrapperRule] = {}
+
+
+def register_wrapper(cls: type, split, join) -> None:
+  """Key instances of ``cls`` by a static part plus the callable they wrap.
+
+  ``split(w)`` returns ``(static, inner)``, with ``static`` hashable;
+  ``join(static, inner)`` makes an equivalent wrapper around a new inner
+  callable. The package's own ``jit`` wrapper registers itself here.
+  """
+  _wrapper_rules[cls] = _WrapperRule(split, join)
+
+
+# -- plain objects ----------------------------------------------------------
+
+_HEAPTYPE = 1 << 9
+_plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
+def _is_plain_type(cls: type) -> bool:
+  """Instances keep all their state in ``__dict__``: Python classes only,
+  no ``__slots__`` anywhere in the MRO and no C base other than object."""
+  try:
+    return _plain_types[cls]
+  except KeyError:
+    pass
+  plain = True
+  for c in cls.__mro__[:-1]:
+    slots = c.__dict__.get("__slots__", ())
+    if isinstance(slots, str):
+      slots = (slots,)
+    if (not c.__flags__ & _HEAPTYPE
+        or set(slots) - {"__dict__", "__weakref__"}):
+      plain = False
+      break
+  plain = plain and "__dict__" in dir(cls)
+  _plain_types[cls] = plain
+  return plain
+
+
+def _float_key(x: float):
+  # 0.0 == -0.0 and nan != nan; the hex form tells them apart exactly.
+  return (float, x) if x == x and x != 0.0 else (float, x.hex())
+
+
+def _numpy_key(a: np.ndarray):
+  if a.dtype.hasobject:
+    raise Uncacheable("unhashable", "a numpy array of dtype object")
+  digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
+                           digest_size=16).digest()
+  return (_NUMPY, a.dtype, a.shape, digest)
+
+
+_ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+_tree_flatten = jax.tree_util.tree_flatten
+_tree_unflatten = jax.tree_util.tree_unflatten
+_ArrayImpl = _compat.ArrayImpl
+_Tracer = _compat.Tracer
+_FunctionType = types.FunctionType
+_ModuleType = types.ModuleType
+
+
+class Analysis:
+  """One walk over a callable's closure; ``key``, ``leaves``, ``anchors`` and
+  ``roots`` are the results (see the module docstring)."""
+  __slots__ = ("key", "leaves", "anchors", "roots", "top", "memo",
+               "lift_numpy", "in_object", "nesting", "budget", "depth")
+
+  # ``top`` is the analysed function (memo index 0); ``memo`` maps ids of
+  # nested functions and objects to memo indices; ``nesting``, ``budget`` and
+  # ``depth`` track plain objects. They are set when first needed: this
+  # constructor runs on every cached call.
+
+  def __init__(self, lift_numpy: bool, lift_arrays: bool):
+    self.leaves: list = []
+    self.anchors: list = []
+    self.roots: list = []
+    self.lift_numpy = lift_numpy
+    # Inside a plain object (or with lifting off) arrays are kept by identity.
+    self.in_object = not lift_arrays
+
+  def identity(self, v, root: bool = False):
+    self.anchors.append(v)
+    if root:
+      self.roots.append(v)
+    return (_ID, id(v))
+
+  def value(self, v):
+    t = type(v)
+    if t is _ArrayImpl:
+      if self.in_object or v._committed:
+        return self.identity(v)
+      self.leaves.append(v)
+      return LIFTED
+    if t in _ATOMS:
+      return (t, v)
+    if t is float:
+      return _float_key(v)
+    if t is _Tag:
+      return v
+    if t is _FunctionType:
+      if v.__closure__ is None and "<locals>" not in v.__qualname__:
+        self.roots.append(v)   # a module-level helper: its globals are not keyed
+        return v               # hashes by identity; the key holds it
+      return self.function(v)
+    if t is _ModuleType:
+      return v
+    if t is tuple or t is list or t is dict:
+      return self.tree(v)
+    return self.other(v, t)
+
+  def other(self, v, t):
+    if isinstance(v, _Tracer):
+      raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
+    if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
+      if self.in_object or getattr(v, "_committed", True):
+        return self.identity(v)
+      self.leaves.append(v)
+      return LIFTED
+    if isinstance(v, np.ndarray):
+      if self.in_object:
+        return self.identity(v)
+      if self.lift_numpy and not v.dtype.hasobject:
+        self.leaves.append(v)
+        return LIFTED
+      return _numpy_key(v)
+    if isinstance(v, np.generic):
+      return (t, v.tobytes())
+    if t is complex:
+      return (complex, repr(v))
+    if t is functools.partial:
+      value = self.value
+      return (_PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
+              tuple([(k, value(a)) for k, a in v.keywords.items()]))
+    if t is types.MethodType:
+      return (_METHOD, self.value(v.__func__), self.value(v.__self__))
+    rule = _wrapper_rules.get(t)
+    if rule is not None:
+      static, inner = rule.split(v)
+      return (_WRAPPER, t, static, self.value(inner))
+    if t is type:
+      return v
+    if isinstance(v, type):
+      return self.identity(v)
+    try:
+      leaves, treedef = _tree_flatten(v)
+    except Exception as e:  # a custom flatten that fails: key it otherwise
+      raise Uncacheable("unhashable", f"flattening {t.__name__} raised {e!r}")
+    if not (len(leaves) == 1 and leaves[0] is v):
+      return self.tree_parts(leaves, treedef)
+    h = t.__hash__
+    if h is not None and h is not object.__hash__:
+      return (t, v)   # value-based hash and equality, like a static argument
+    if _is_plain_type(t):
+      return self.plain_object(v, t)
+    if h is object.__hash__:
+      return self.identity(v, root=True)
+    raise Uncacheable("unhashable", f"a {t.__name__} is unhashable and not a pytree")
+
+  def tree(self, v):
+    try:
+      leaves, treedef = _tree_flatten(v)
+    except Exception as e:  # e.g. dict keys that do not sort
+      raise Uncacheable("unhashable", f"flattening {type(v).__name__} raised {e!r}")
+    return self.tree_parts(leaves, treedef)
+
+  def tree_parts(self, leaves, treedef):
+    value = self.value
+    return (_TREE, treedef, tuple([value(x) for x in leaves]))
+
+  def enter(self, v):
+    """Memo index for a function or object; a back-reference if seen."""
+    try:
+      memo = self.memo
+    except AttributeError:
+      memo = self.memo = {}
+      self.nesting = 0
+    if v is getattr(self, "top", None):
+      return (_CYCLE, 0)
+    i = memo.get(id(v))
+    if i is not None:
+      return (_CYCLE, i)
+    memo[id(v)] = i = len(memo) + 1
+    return i
+
+  def function(self, f, top: bool = False):
+    if top:
+      self.top = f
+      i = 0
+    else:
+      i = self.enter(f)
+      if type(i) is tuple:
+        return i
+    code = f.__code__
+    plan = _plans.get(code) or code_plan(code)
+    g = f.__globals__
+    self.anchors.append(g)
+    value = self.value
+    closure = f.__closure__
+    if closure is None:
+      cells = ()
+    else:
+      try:
+        cells = tuple([value(c.cell_contents) for c in closure])
+      except ValueError:   # an unfilled cell (a recursive def in progress)
+        cells = tuple([self.cell(c) for c in closure])
+    d = f.__defaults__
+    kw = f.__kwdefaults__
+    return (_FN, i, code, id(g), cells,
+            None if d is None else tuple([value(x) for x in d]),
+            None if kw is None else tuple([(k, value(x)) for k, x in kw.items()]),
+            tuple([value(g[n]) if n in g else _MISSING
+                   for n in plan.global_names]))
+
+  def cell(self, c):
+    try:
+      v = c.cell_contents
+    except ValueError:
+      return _EMPTY
+    return self.value(v)
+
+  def plain_object(self, v, t):
+    i = self.enter(v)
+    if type(i) is tuple:
+      return i
+    attrs = vars(v)
+    if self.nesting == 0:   # a new outermost object gets fresh budgets
+      self.budget = OBJECT_VALUES_BUDGET
+      self.depth = OBJECT_DEPTH_BUDGET
+    if self.depth <= 0 or len(attrs) > self.budget:
+      if t.__hash__ is None:
+        raise Uncacheable(
+            "unhashable", f"a {t.__name__} is unhashable and too large to key "
+            "by its attributes")
+      self.roots.append(v)
+      return (_ID, id(v))
+    saved = self.in_object, self.depth
+    self.in_object = True
+    self.nesting += 1
+    self.depth -= 1
+    self.budget -= len(attrs)   # shared by the whole outermost object
+    try:
+      value = self.value
+      items = tuple([(k, value(x)) for k, x in attrs.items()])
+    finally:
+      self.in_object, self.depth = saved
+      self.nesting -= 1
+    return (_OBJ, i, t, items)
+
+
+def analyse(fun: Callable, lift_numpy: bool = False,
+            lift_arrays: bool = True) -> Analysis:
+  """Key, lifted leaves, anchors and guard roots of ``fun`` (see module doc).
+
+  With ``lift_arrays=False`` every array is keyed by identity and left in
+  place, as inside a plain object.
+
+  Raises:
+    Uncacheable: ``fun`` closes over a tracer, or over a value that is
+      neither hashable nor a pytree.
+  """
+  a = Analysis(lift_numpy, lift_arrays)
+  if type(fun) is _FunctionType:
+    a.key = a.function(fun, top=True)   # by contents even at module level
+  else:
+    a.key = a.value(fun)
+  return a
+
+
+# -- rebuild -----------------------------------------------------------------
+
+def _has_lifted(k) -> bool:
+  if k is LIFTED:
+    return True
+  if type(k) is tuple:
+    return any(_has_lifted(x) for x in k)
+  return False
+
+
+def _is_cycle(k) -> bool:
+  return type(k) is tuple and len(k) == 2 and k[0] is _CYCLE
+
+
+class _Rebuild:
+  __slots__ = ("leaves", "memo")
+
+  def __init__(self, leaves):
+    self.leaves = iter(leaves)
+    self.memo: dict[int, Any] = {}   # memo index -> rebuilt function
+
+  def value(self, v, k):
+    if k is LIFTED:
+      return next(self.leaves)
+    if type(k) is not tuple or not k or type(k[0]) is not _Tag:
+      return v
+    tag = k[0]
+    if tag is _CYCLE:
+      return self.memo.get(k[1], v)
+    if not _has_lifted(k):
+      return v
+    if tag is _FN:
+      return self.function(v, k)
+    if tag is _TREE:
+      leaves, treedef = _tree_flatten(v)
+      return _tree_unflatten(
+          treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+    if tag is _PARTIAL:
+      func = self.value(v.func, k[1])
+      args = [self.value(a, ka) for a, ka in zip(v.args, k[2])]
+      kws = {name: self.value(v.keywords[name], ka) for name, ka in k[3]}
+      return functools.partial(func, *args, **kws)
+    if tag is _METHOD:
+      return types.MethodType(self.value(v.__func__, k[1]),
+                              self.value(v.__self__, k[2]))
+    if tag is _WRAPPER:
+      static, inner = _wrapper_rules[k[1]].split(v)
+      return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
+    raise AssertionError(f"lifted leaf under {tag}")  # objects never lift
+
+  def function(self, f, k):
+    _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k = k
+    closure = f.__closure__
+    g = f.__globals__
+    plan = code_plan(code)
+    lifted_globals = any(_has_lifted(x) for x in globals_k)
+    if lifted_globals:
+      if plan.writes_globals:
+        raise Uncacheable("writes_globals", f"{f.__qualname__} assigns to a "
+                          "global and reads a global array")
+      g = dict(g)   # the rebuilt function reads its own copy
+    new_cells = None
+    if closure is not None:
+      new_cells = tuple(
+          types.CellType() if _has_lifted(ck) or _is_cycle(ck) else c
+          for c, ck in zip(closure, cells_k))
+    new = types.FunctionType(code, g, f.__name__, None, new_cells)
+    self.memo[index] = new
+    if closure is not None:
+      for c, nc, ck in zip(closure, new_cells, cells_k):
+        if nc is not c:
+          nc.cell_contents = self.value(c.cell_contents, ck)
+    if f.__defaults__ is not None:
+      new.__defaults__ = tuple(
+          self.value(x, kx) for x, kx in zip(f.__defaults__, defaults_k))
+    if f.__kwdefaults__ is not None:
+      new.__kwdefaults__ = {
+          name: self.value(f.__kwdefaults__[name], kx)
+          for name, kx in kwdefaults_k}
+    if lifted_globals:
+      for name, kx in zip(plan.global_names, globals_k):
+        if kx is not _MISSING:
+          g[name] = self.value(g[name], kx)
+    new.__qualname__ = f.__qualname__
+    new.__module__ = f.__module__
+    new.__doc__ = f.__doc__
+    new.__annotations__ = f.__annotations__
+    new.__dict__.update(f.__dict__)
+    return new
+
+
+def rebuild(fun: Callable, key, leaves) -> Callable:
+  """``fun`` with the lifted positions of ``key`` filled from ``leaves``.
+
+  ``key`` must be ``analyse(fun).key`` and ``leaves`` as long as its leaves.
+  """
+  r = _Rebuild(leaves)
+  out = r.value(fun, key)
+  if next(r.leaves, _MISSING) is not _MISSING:
+    raise AssertionError("more leaves than lifted positions")
+  return out
+
+
+# -- guards: where a captured array was found --------------------------------
+
+class Guard(NamedTuple):
+  """``root`` reached through ``path`` must still be ``expected``."""
+  root: Any
+  path: tuple
+  expected: Any
+
+  def holds(self) -> bool:
+    obj = self.root
+    try:
+      for kind, k in self.path:
+        if kind == "attr":
+          obj = getattr(obj, k)
+        elif kind == "item":
+          obj = obj[k]
+        elif kind == "global":
+          obj = obj.__globals__[k]
+        elif kind == "cell":
+          obj = obj.__closure__[k].cell_contents
+        else:  # "default"
+          obj = obj.__defaults__[k]
+    except Exception:
+      return False
+    return obj is self.expected
+
+
+_GUARD_SEARCH_NODES = 4096
+
+
+def find_guards(captured: list, roots: list, covered_ids: set):
+  """Guards for every array in ``captured`` that the key does not cover.
+
+  Returns a list of :class:`Guard`, or ``None`` when some captured value
+  cannot be guarded: a tracer (it would outlive its trace), or an array found
+  under no root (its source is unknown, so no check could catch a change).
+  Arrays are looked for breadth-first under ``roots``, through attributes,
+  container items, and functions' cells, defaults and read globals.
+  """
+  wanted = {}
+  for c in captured:
+    if isinstance(c, _Tracer):
+      return None
+    if isinstance(c, jax.Array) and id(c) not in covered_ids:
+      wanted[id(c)] = c
+  if not wanted:
+    return []
+  guards = []
+  seen = set()
+  queue = [(r, r, ()) for r in roots]
+  head = 0
+  while head < len(queue) and wanted and head < _GUARD_SEARCH_NODES:
+    root, obj, path = queue[head]
+    head += 1
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    if id(obj) in wanted:
+      guards.append(Guard(root, path, obj))
+      del wanted[id(obj)]
+      continue
+    for step, child in _children(obj):
+      queue.append((root, child, path + (step,)))
+  return None if wanted else guards
+
+
+def _children(obj):
+  t = type(obj)
+  if t in _ATOMS or t is float or isinstance(obj, (jax.Array, np.ndarray)):
+    return ()
+  if t is dict:
+    return [(("item", k), v) for k, v in obj.items()]
+  if t is list or t is tuple:
+    return [(("item", i), v) for i, v in enumerate(obj)]
+  if t is _FunctionType:
+    g = obj.__globals__
+    out = [(("global", n), g[n]) for n in code_plan(obj.__code__).global_names
+           if n in g and type(g[n]) is not _ModuleType]
+    if obj.__closure__:
+      for i, c in enumerate(obj.__closure__):
+        try:
+          out.append((("cell", i), c.cell_contents))
+        except ValueError:
+          pass
+    if obj.__defaults__:
+      out.extend((("default", i), d) for i, d in enumerate(obj.__defaults__))
+    return out
+  if t is _ModuleType or isinstance(obj, type):
+    return ()
+  try:
+    attrs = vars(obj)
+  except TypeError:
+    return ()
+  return [(("attr", k), v) for k, v in attrs.items()]

@@ -1,0 +1,465 @@
+"""The closure-aware ``jit``: one shared executable per closure key.
+
+``jit(fun)`` returns either
+
+* the very same stock jitted object for every re-creation of a closure-free
+  function (no closure, no array among the globals it and its module-level
+  helpers read): zero per-call overhead, or
+* a :class:`ClosureJitted`, which on each call analyses ``fun``
+  (:mod:`jax_closure_cache.closure`), looks the key up, and calls the entry's
+  shared *lifted* function -- stock ``jax.jit`` of
+  ``lifted(leaves, *args, **kwargs)`` -- with the closed-over arrays as
+  ``leaves``.
+
+Invariants:
+* A stored entry's trace captured no array that the key does not cover,
+  unless a :class:`~jax_closure_cache.closure.Guard` records where it was
+  found; guards are checked on every hit and re-derived after every new trace
+  of the entry.
+* Whatever goes wrong on the cached path, the call is answered by stock
+  ``jax.jit`` of the user's own function, so its result or error is stock's.
+* The cache holds no lifted array: an entry keeps anchors (code, globals,
+  objects keyed by identity) and the shared jitted function, nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import types
+import weakref
+from typing import Any, Callable
+
+from jax_closure_cache import _compat
+from jax_closure_cache import cache
+from jax_closure_cache import closure
+from jax_closure_cache.closure import Uncacheable
+
+JIT_OPTIONS = frozenset({
+    "in_shardings", "out_shardings", "static_argnums", "static_argnames",
+    "donate_argnums", "donate_argnames", "keep_unused", "device", "backend",
+    "inline", "compiler_options"})
+
+_LIFT_NUMPY_ENV = "JAX_CLOSURE_CACHE_LIFT_NUMPY"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+_entries = cache.new_store()     # (options key, closure key) -> _Entry
+_canonical = cache.new_store()   # (options key, function key) -> (stock jitted, anchors)
+_unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+
+
+class _Defaults:
+  lift_numpy = os.environ.get(_LIFT_NUMPY_ENV, "").strip().lower() in _TRUE
+
+
+def set_lift_numpy_default(value: bool) -> None:
+  """Default of ``jit(..., lift_numpy=...)`` (``enable(lift_numpy=...)``)."""
+  _Defaults.lift_numpy = bool(value)
+
+
+def lift_numpy_default() -> bool:
+  return _Defaults.lift_numpy
+
+
+class _Current(threading.local):
+  """The callable whose entry is being called on this thread.
+
+  The shared lifted function rebuilds *this* callable at trace time, so a
+  trace reads the caller's current objects, never a stale exemplar.
+  """
+  fun = None
+
+
+_current = _Current()
+_DISABLE_JIT = _compat.DISABLE_JIT
+_analyse = closure.analyse
+_count_hit = cache.count_hit
+
+
+class _Entry:
+  """One shared executable: a stock jitted lifted function and its guards."""
+  __slots__ = ("jitted", "anchors", "guards", "traces", "checked",
+               "__weakref__")
+
+  def __init__(self):
+    self.jitted = None
+    self.anchors: list = []
+    self.guards: list = []
+    self.traces = 0    # incremented inside every trace of the lifted function
+    self.checked = 0   # value of ``traces`` when the guards were derived
+
+
+def _freeze(v):
+  if isinstance(v, list):
+    return tuple(_freeze(x) for x in v)
+  if isinstance(v, dict):
+    return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+  return v
+
+
+def _options_key(options: dict) -> tuple:
+  for name in options:
+    if name not in JIT_OPTIONS:
+      raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
+  key = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
+  hash(key)   # TypeError here means the options cannot key a cache
+  return key
+
+
+def _shift(argnums):
+  """Positional indices after prepending the leaves argument."""
+  if argnums is None:
+    return None
+  if isinstance(argnums, int):
+    return argnums + 1 if argnums >= 0 else argnums
+  return tuple(i + 1 if i >= 0 else i for i in argnums)
+
+
+def _code_of(fun) -> types.CodeType | None:
+  while True:
+    if isinstance(fun, types.FunctionType):
+      return fun.__code__
+    if isinstance(fun, functools.partial):
+      fun = fun.func
+    elif isinstance(fun, types.MethodType):
+      fun = fun.__func__
+    elif isinstance(fun, ClosureJitted):
+      fun = fun._fun
+    else:
+      return None
+
+
+class _SourceStub:
+  """What ``jax`` reads for source info (``__code__``, ``__name__``) without
+  holding the user's function, whose closure holds arrays."""
+  __slots__ = ("__code__", "__name__")
+
+  def __init__(self, code, name):
+    self.__code__ = code
+    self.__name__ = name
+
+
+def _lifted_signature(fun) -> inspect.Signature:
+  leaves = inspect.Parameter("__closure_cache_leaves__",
+                             inspect.Parameter.POSITIONAL_ONLY)
+  try:
+    sig = inspect.signature(fun)
+  except (TypeError, ValueError):
+    return inspect.Signature([
+        leaves,
+        inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+  return sig.replace(parameters=[leaves, *sig.parameters.values()])
+
+
+def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
+                     lift_arrays: bool):
+  """Stock ``jax.jit`` of a function that takes the lifted leaves first."""
+  entry_ref = weakref.ref(entry)
+
+  def lifted(leaves, /, *args, **kwargs):
+    current = _current.fun
+    a = closure.analyse(current, lift_numpy, lift_arrays)
+    if len(a.leaves) != len(leaves):
+      raise AssertionError("closure layout changed between key and trace")
+    e = entry_ref()
+    if e is not None:
+      e.traces += 1
+    return closure.rebuild(current, a.key, leaves)(*args, **kwargs)
+
+  name = getattr(fun, "__name__", None) or type(fun).__name__
+  lifted.__name__ = name
+  lifted.__qualname__ = getattr(fun, "__qualname__", name)
+  lifted.__signature__ = _lifted_signature(fun)
+  code = _code_of(fun)
+  if code is not None:
+    lifted.__wrapped__ = _SourceStub(code, name)
+  shifted = dict(options)
+  if "static_argnums" in shifted:
+    shifted["static_argnums"] = _shift(shifted["static_argnums"])
+  if "donate_argnums" in shifted:
+    shifted["donate_argnums"] = _shift(shifted["donate_argnums"])
+  return _compat.STOCK_JIT(lifted, **shifted)
+
+
+class ClosureJitted:
+  """A jitted callable whose cache key is its closure's contents.
+
+  Behaves as the object ``jax.jit`` returns: call it, ``.lower``, ``.trace``,
+  ``.eval_shape`` (these three ahead-of-time entry points are stock's),
+  ``__wrapped__``, ``__name__``; it composes with ``jax.grad``, ``jax.vmap``,
+  ``jax.jvp`` and an outer ``jax.jit``.
+  """
+  __slots__ = ("_fun", "_options", "_options_key", "_lift_numpy",
+               "_lift_arrays", "_stock", "__weakref__")
+
+  def __init__(self, fun, options: dict, options_key: tuple,
+               lift_numpy: bool):
+    self._fun = fun
+    self._options = options
+    self._options_key = (options_key, lift_numpy)
+    self._lift_numpy = lift_numpy
+    # Lifting adds an argument, which a user-given in_shardings does not
+    # describe: with in_shardings, arrays are keyed by identity and baked.
+    self._lift_arrays = "in_shardings" not in options
+    self._stock = None
+
+  # -- what jax.jit's result offers ------------------------------------------
+  @property
+  def __wrapped__(self):
+    return self._fun
+
+  @property
+  def __name__(self):
+    return getattr(self._fun, "__name__", type(self._fun).__name__)
+
+  def __repr__(self):
+    return f"<closure-cached jit of {self._fun!r}>"
+
+  def __get__(self, obj, objtype=None):
+    return self if obj is None else types.MethodType(self, obj)
+
+  def stock(self):
+    """Stock ``jax.jit`` of the user's own function (made once)."""
+    s = self._stock
+    if s is None:
+      s = self._stock = _compat.STOCK_JIT(self._fun, **self._options)
+    return s
+
+  def lower(self, *args, **kwargs):
+    return self.stock().lower(*args, **kwargs)
+
+  def trace(self, *args, **kwargs):
+    return self.stock().trace(*args, **kwargs)
+
+  def eval_shape(self, *args, **kwargs):
+    return self.stock().eval_shape(*args, **kwargs)
+
+  def clear_cache(self):
+    self.stock().clear_cache()
+
+  # -- the cached call --------------------------------------------------------
+  def __call__(self, *args, **kwargs):
+    fun = self._fun
+    if _DISABLE_JIT.value:
+      return fun(*args, **kwargs)
+    try:
+      a = _analyse(fun, self._lift_numpy, self._lift_arrays)
+      key = (self._options_key, a.key)
+      entry = _entries.get(key)
+    except Uncacheable as e:
+      return self._fallback(e.reason, args, kwargs)
+    except TypeError:   # unhashable pytree metadata in the key
+      return self._fallback("unhashable", args, kwargs)
+    if entry is None or (entry.guards and
+                         not all([g.holds() for g in entry.guards])):
+      return self._miss(key, a, args, kwargs)
+    _count_hit()
+    # The lifted function reads _current.fun when it traces, before any user
+    # code runs, so set it right before each call into the shared jitted
+    # function and clear it after: the cache must not keep ``fun`` alive.
+    current = _current
+    current.fun = fun
+    try:
+      out = entry.jitted(a.leaves, *args, **kwargs)
+    except Exception:
+      current.fun = None
+      return self._retry_stock(key, args, kwargs)
+    current.fun = None
+    if entry.traces != entry.checked:   # traced again: re-derive guards
+      self._store(key, entry, a, args, kwargs)
+    return out
+
+  def _fallback(self, reason: str, args, kwargs):
+    cache.count_fallback(reason)
+    return self.stock()(*args, **kwargs)
+
+  def _retry_stock(self, key, args, kwargs):
+    """Answer with stock's outcome; remember the code if only lifting failed."""
+    out = self.stock()(*args, **kwargs)   # stock's error propagates as is
+    _entries.discard(key)
+    code = _code_of(self._fun)
+    if code is not None:
+      _unliftable.add(code)
+    cache.count_fallback("trace_error")
+    return out
+
+  def _miss(self, key, a, args, kwargs):
+    code = _code_of(self._fun)
+    if code is not None and code in _unliftable:
+      return self._fallback("unliftable", args, kwargs)
+    stock = self.stock()   # validates the options as stock jit() would
+    del stock
+    cache.count_miss()
+    entry = _Entry()
+    entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
+                                    self._lift_numpy, self._lift_arrays)
+    current = _current
+    try:
+      current.fun = self._fun
+      entry.jitted.trace(a.leaves, *args, **kwargs)
+      current.fun = self._fun   # a nested cached call may have cleared it
+      out = entry.jitted(a.leaves, *args, **kwargs)
+    except Exception:
+      current.fun = None
+      return self._retry_stock(key, args, kwargs)
+    current.fun = None
+    self._store(key, entry, a, args, kwargs)
+    return out
+
+  def _store(self, key, entry: _Entry, a, args, kwargs) -> None:
+    """Store ``entry`` under the post-trace key with fresh guards, or drop it.
+
+    The key is taken again after tracing: a trace that mutated closure state
+    (a trace counter in a list, a ``nonlocal``) is stored under the state it
+    left, as a stock jitted function object would not retrace.
+    """
+    _entries.discard(key)
+    try:
+      after = closure.analyse(self._fun, self._lift_numpy, self._lift_arrays)
+    except Uncacheable:
+      return
+    if len(after.leaves) != len(a.leaves):
+      return
+    current = _current
+    current.fun = self._fun
+    try:
+      traced = entry.jitted.trace(a.leaves, *args, **kwargs)  # cached: no retrace
+    except Exception:
+      return
+    finally:
+      current.fun = None
+    guards = closure.find_guards(_compat.captured_constants(traced),
+                                 after.roots, {id(x) for x in after.anchors})
+    if guards is None:
+      cache.count_not_stored("untracked_capture")
+      return
+    entry.anchors = after.anchors
+    entry.guards = guards
+    entry.checked = entry.traces
+    try:
+      _entries.put((key[0], after.key), entry)
+    except TypeError:
+      pass
+
+
+def _split(w: ClosureJitted):
+  return w._options_key, w._fun
+
+
+def _join(static, fun) -> ClosureJitted:
+  options_key, lift_numpy = static
+  return ClosureJitted(fun, dict(options_key), options_key, lift_numpy)
+
+
+closure.register_wrapper(ClosureJitted, _split, _join)
+
+
+# -- canonical stock objects for closure-free functions --------------------
+
+_HELPER_SCAN_NODES = 256
+
+
+def _helpers_may_capture_arrays(roots: list) -> bool:
+  """Whether a trace could capture an array the key does not cover.
+
+  ``roots`` are what the key kept by identity. Module-level helper functions
+  are followed through the globals they read; any array there, or any opaque
+  object, means yes.
+  """
+  import jax
+  seen = set()
+  pending = list(roots)
+  while pending:
+    if len(seen) > _HELPER_SCAN_NODES:
+      return True
+    obj = pending.pop()
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    if not isinstance(obj, types.FunctionType):
+      return True   # an object kept by identity: its contents are unknown
+    g = obj.__globals__
+    for name in closure.code_plan(obj.__code__).global_names:
+      v = g.get(name)
+      if v is None or isinstance(v, (types.ModuleType, type)):
+        continue
+      if isinstance(v, types.FunctionType):
+        if closure.is_module_level(v):
+          pending.append(v)
+        else:
+          return True
+        continue
+      if any(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(v)):
+        return True
+  return False
+
+
+def _canonical_jitted(fun: types.FunctionType, options: dict,
+                      options_key: tuple, lift_numpy: bool):
+  """The shared stock jitted object for ``fun``, or None if it needs lifting."""
+  try:
+    a = closure.analyse(fun, lift_numpy)
+  except Uncacheable:
+    return None
+  if a.leaves or _helpers_may_capture_arrays(a.roots):
+    return None
+  key = ((options_key, lift_numpy), a.key)
+  try:
+    found = _canonical.get(key)
+  except TypeError:
+    return None
+  if found is not None:
+    cache.count_hit()
+    return found[0]
+  jitted = _compat.STOCK_JIT(fun, **options)
+  cache.count_miss()
+  _canonical.put(key, (jitted, a.anchors))
+  return jitted
+
+
+def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
+        **options) -> Any:
+  """Closure-aware drop-in for ``jax.jit``.
+
+  Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
+  given to ``enable(lift_numpy=...)`` or ``JAX_CLOSURE_CACHE_LIFT_NUMPY``,
+  else False), which passes closed-over numpy arrays as arguments instead of
+  baking them. Without ``fun`` it returns a decorator.
+
+  Example::
+
+      >>> import jax.numpy as jnp
+      >>> from jax_closure_cache import jit
+      >>> def outer(a):
+      ...   def inner(x):
+      ...     return x * a
+      ...   return jit(inner)(2.0)   # one compile for every a of this shape
+      >>> float(outer(jnp.float32(3.0))), float(outer(jnp.float32(4.0)))
+      (6.0, 8.0)
+  """
+  if fun is None:
+    return functools.partial(jit, lift_numpy=lift_numpy, **options)
+  if lift_numpy is None:
+    lift_numpy = _Defaults.lift_numpy
+  if not options and type(fun) is types.FunctionType and fun.__closure__:
+    return ClosureJitted(fun, options, (), lift_numpy)   # the hot case
+  try:
+    options_key = _options_key(options) if options else ()
+  except TypeError as e:
+    if "unexpected keyword" in str(e):
+      raise
+    cache.count_fallback("unhashable_jit_options")
+    return _compat.STOCK_JIT(fun, **options)
+  if not callable(fun):
+    return _compat.STOCK_JIT(fun, **options)   # stock's error
+  if type(fun) is types.FunctionType and fun.__closure__ is None:
+    jitted = _canonical_jitted(fun, options, options_key, lift_numpy)
+    if jitted is not None:
+      return jitted
+  elif not isinstance(fun, (types.FunctionType, functools.partial,
+                            types.MethodType, ClosureJitted)):
+    return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
+  return ClosureJitted(fun, options, options_key, lift_numpy)

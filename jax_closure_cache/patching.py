@@ -1,0 +1,109 @@
+"""The patch registry: which attributes ``enable()`` replaces, and their originals.
+
+Invariants:
+* Every patch is recorded with the exact object it replaced; ``disable()``
+  puts that object back, so ``jax.jit is original`` holds again.
+* ``enable()`` and ``disable()`` are idempotent and serialised by one lock;
+  a second ``enable()`` only updates options.
+* ``enabled()`` restores the state it found (enabled or not, and options),
+  also when nested inside ``enable()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, NamedTuple
+
+import jax
+
+from jax_closure_cache import _compat
+from jax_closure_cache import closure_jit
+
+
+class Patch(NamedTuple):
+  """``setattr(owner, name, replacement)``, remembering ``original``."""
+  owner: Any
+  name: str
+  original: Any
+  replacement: Any
+
+
+def _patch_points() -> list[tuple[Any, str, Any]]:
+  """(owner, attribute, replacement) for every place ``enable()`` patches.
+
+  Only the public ``jax.jit`` attribute: JAX's own modules call their
+  internal ``api.jit``, and so keep stock behaviour.
+  """
+  return [(jax, "jit", closure_jit.jit)]
+
+
+_lock = threading.RLock()
+_applied: list[Patch] = []
+
+
+def is_enabled() -> bool:
+  """Whether ``jax.jit`` is currently the closure-aware ``jit``."""
+  return bool(_applied)
+
+
+def _check_version(force: bool) -> None:
+  if force or _compat.versions_match():
+    return
+  import jaxlib
+  raise RuntimeError(
+      f"jax_closure_cache supports jax=={_compat.JAX_VERSION} and "
+      f"jaxlib=={_compat.JAXLIB_VERSION}, but jax=={jax.__version__} and "
+      f"jaxlib=={jaxlib.__version__} are installed. Install the pinned "
+      "versions, or call enable(force=True) to patch anyway.")
+
+
+def enable(*, lift_numpy: bool | None = None, force: bool = False) -> None:
+  """Make ``jax.jit`` closure-aware for the whole process.
+
+  Args:
+    lift_numpy: if given, the default of ``jit(..., lift_numpy=...)``.
+    force: patch even if the installed jax is not the pinned release.
+
+  Example::
+
+      >>> import jax, jax_closure_cache
+      >>> jax_closure_cache.enable()
+      >>> jax.jit is jax_closure_cache.jit
+      True
+      >>> jax_closure_cache.disable()
+  """
+  with _lock:
+    _check_version(force)
+    if lift_numpy is not None:
+      closure_jit.set_lift_numpy_default(lift_numpy)
+    if _applied:
+      return
+    for owner, name, replacement in _patch_points():
+      original = getattr(owner, name)
+      _applied.append(Patch(owner, name, original, replacement))
+      setattr(owner, name, replacement)
+
+
+def disable() -> None:
+  """Put back every original that ``enable()`` replaced, in reverse order."""
+  with _lock:
+    while _applied:
+      p = _applied.pop()
+      setattr(p.owner, p.name, p.original)
+
+
+@contextlib.contextmanager
+def enabled(*, lift_numpy: bool | None = None, force: bool = False):
+  """Enable for the ``with`` block, then restore the previous state."""
+  with _lock:
+    was_enabled = is_enabled()
+    saved_lift_numpy = closure_jit.lift_numpy_default()
+    enable(lift_numpy=lift_numpy, force=force)
+  try:
+    yield
+  finally:
+    with _lock:
+      closure_jit.set_lift_numpy_default(saved_lift_numpy)
+      if not was_enabled:
+        disable()

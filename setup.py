@@ -1,0 +1,44 @@
+"""Packaging for jax-closure-cache, pinned to one JAX release.
+
+The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
+the build, so that it lands in site-packages next to the package: Python runs
+its one line at every start, which imports the package (and not jax) only
+when ``JAX_CLOSURE_CACHE`` is set.
+"""
+
+import os
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PTH = "jax_closure_cache_startup.pth"
+
+
+class BuildPyWithStartupHook(build_py):
+  def run(self):
+    super().run()
+    self.copy_file(os.path.join(HERE, "jax_closure_cache", PTH),
+                   os.path.join(self.build_lib, PTH))
+
+  def get_outputs(self, include_bytecode=1):
+    return [*super().get_outputs(include_bytecode),
+            os.path.join(self.build_lib, PTH)]
+
+
+setup(
+    name="jax-closure-cache",
+    version="0.1.0",
+    description=("jax.jit that caches on a closure's contents: re-created "
+                 "closures reuse one compiled executable"),
+    long_description=open(os.path.join(HERE, "README.md")).read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["jax_closure_cache", "jax_closure_cache.*"]),
+    package_data={"jax_closure_cache": [PTH]},
+    install_requires=["jax==0.10.2", "jaxlib==0.10.2"],
+    extras_require={"test": ["pytest", "absl-py", "hypothesis"]},
+    cmdclass={"build_py": BuildPyWithStartupHook},
+    entry_points={"console_scripts": [
+        "jax-closure-cache=jax_closure_cache.__main__:main"]},
+)
