@@ -99,11 +99,19 @@ def _freeze(v):
   return v
 
 
+_ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
+                            "donate_argnums", "donate_argnames"})
+
+
 def _options_key(options: dict) -> tuple:
+  """Options as a hashable key; ``1`` and ``(1,)`` (or ``"n"`` and
+  ``("n",)``) select the same arguments, so they give the same key."""
   for name in options:
     if name not in JIT_OPTIONS:
       raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
-  key = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
+  key = tuple(sorted(
+      (k, (v,) if k in _ARG_SELECTORS and isinstance(v, (int, str)) else _freeze(v))
+      for k, v in options.items()))
   hash(key)   # TypeError here means the options cannot key a cache
   return key
 
@@ -414,10 +422,24 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
   if found is not None:
     cache.count_hit()
     return found[0]
-  jitted = _compat.STOCK_JIT(fun, **options)
+  # A private copy of ``fun``: stock caches are keyed on the function object,
+  # so two entries (``fun``'s globals changed between them) must not share it.
+  jitted = _compat.STOCK_JIT(_copy_function(fun), **options)
   cache.count_miss()
   _canonical.put(key, (jitted, a.anchors))
   return jitted
+
+
+def _copy_function(f: types.FunctionType) -> types.FunctionType:
+  g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                         f.__defaults__, f.__closure__)
+  g.__kwdefaults__ = f.__kwdefaults__
+  g.__qualname__ = f.__qualname__
+  g.__module__ = f.__module__
+  g.__doc__ = f.__doc__
+  g.__annotations__ = f.__annotations__
+  g.__dict__.update(f.__dict__)
+  return g
 
 
 def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,

@@ -1,0 +1,105 @@
+"""enable/disable/enabled, the environment flag and the start-up hook."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+
+import jax
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import STOCK_JIT
+
+
+def test_enable_disable_restore_exact_original():
+  jcc.enable()
+  jcc.enable()   # idempotent
+  assert jax.jit is jcc.jit and jcc.is_enabled()
+  jcc.disable()
+  jcc.disable()
+  assert jax.jit is STOCK_JIT and not jcc.is_enabled()
+
+
+def test_enabled_restores_previous_state_even_nested():
+  with jcc.enabled():
+    assert jax.jit is jcc.jit
+    with jcc.enabled():
+      assert jax.jit is jcc.jit
+    assert jax.jit is jcc.jit   # the outer block is still on
+  assert jax.jit is STOCK_JIT
+  jcc.enable()
+  with jcc.enabled(lift_numpy=True):
+    pass
+  assert jax.jit is jcc.jit   # inside enable(): stays enabled
+
+
+def test_enable_is_thread_safe():
+  def flip():
+    for _ in range(200):
+      jcc.enable()
+      jcc.disable()
+  threads = [threading.Thread(target=flip) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert jax.jit is STOCK_JIT
+
+
+def run_python(code, value):
+  env = dict(os.environ)
+  env.pop("JAX_CLOSURE_CACHE", None)
+  if value is not None:
+    env["JAX_CLOSURE_CACHE"] = value
+  return subprocess.run([sys.executable, "-c", code], env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+IMPORT_THEN_JAX = """
+import jax_closure_cache as jcc
+from jax import jit
+print(jit is jcc.jit)
+"""
+
+
+@pytest.mark.parametrize("value,patched", [
+    ("1", True), ("TRUE", True), ("yes", True), ("on", True),
+    (None, False), ("", False), ("0", False), ("false", False), ("no", False),
+    ("off", False)])
+def test_env_flag_values(value, patched):
+  out = run_python(IMPORT_THEN_JAX, value)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == str(patched)
+  assert "Warning" not in out.stderr
+
+
+def test_env_flag_garbage_warns_and_stays_stock():
+  out = run_python(IMPORT_THEN_JAX, "maybe")
+  assert out.returncode == 0 and out.stdout.strip() == "False"
+  assert out.stderr.count("JAX_CLOSURE_CACHE='maybe'") == 1
+
+
+HOOK_CHECK = """
+import sys
+loaded_before = 'jax' in sys.modules
+from jax import jit          # a library binding jit at its import time
+import jax_closure_cache as jcc
+print(loaded_before, jit is jcc.jit)
+"""
+
+
+def installed_hook():
+  path = os.path.join(sysconfig.get_paths()["purelib"],
+                      "jax_closure_cache_startup.pth")
+  return os.path.exists(path)
+
+
+@pytest.mark.skipif(not installed_hook(), reason="package not pip-installed")
+def test_startup_hook_patches_before_user_code_without_importing_jax():
+  out = run_python(HOOK_CHECK, "1")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split() == ["False", "True"]
+  off = run_python("import sys; print('jax_closure_cache' in sys.modules)", None)
+  assert off.stdout.strip() == "False"

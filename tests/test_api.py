@@ -1,0 +1,122 @@
+"""jit's drop-in surface: options, decorator forms, AOT methods, transforms."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import STOCK_JIT, counting
+
+
+def make(w):
+  def f(x, n, *, mode="add"):
+    for _ in range(n):
+      x = x + w if mode == "add" else x * w
+    return x
+  return f
+
+
+def test_static_argnums_and_argnames_shift_past_leaves():
+  x = jnp.ones(2)
+  w2, w3 = jnp.full(2, 2.0), jnp.full(2, 3.0)
+  out = jcc.jit(make(w2), static_argnums=1, static_argnames="mode")(x, 2, mode="mul")
+  np.testing.assert_array_equal(out, STOCK_JIT(make(w2), static_argnums=1,
+                                               static_argnames="mode")(x, 2, mode="mul"))
+  with counting() as c:
+    out = jcc.jit(make(w3), static_argnums=(1,), static_argnames=("mode",))(x, 2, mode="mul")
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, jnp.full(2, 9.0))
+  # static_argnames alone resolves positions from the user's signature
+  out = jcc.jit(make(w3), static_argnames=("n",))(x, 1)
+  np.testing.assert_array_equal(out, jnp.full(2, 4.0))
+
+
+def test_donate_argnums_donates_the_argument_only():
+  w = jnp.full(2, 2.0)
+  f = jcc.jit(lambda x: x * w, donate_argnums=0)
+  x = jnp.ones(2)
+  np.testing.assert_array_equal(f(x), jnp.full(2, 2.0))
+  assert not w.is_deleted()
+
+
+def test_other_options_pass_through():
+  w = jnp.full(2, 2.0)
+  f = jcc.jit(lambda x: x * w, keep_unused=True, inline=True,
+              compiler_options={})
+  np.testing.assert_array_equal(f(jnp.ones(2)), w)
+  sh = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  g = jcc.jit(lambda x: x * w, in_shardings=sh, out_shardings=sh)
+  np.testing.assert_array_equal(g(jnp.ones(2)), w)
+
+
+def test_unknown_option_is_a_type_error():
+  with pytest.raises(TypeError):
+    jcc.jit(lambda x: x, static_argnumz=0)
+
+
+def test_decorator_and_partial_forms():
+  w = jnp.full(2, 2.0)
+
+  @jcc.jit
+  def a(x):
+    return x * w
+
+  @jcc.jit(static_argnums=1)
+  def b(x, n):
+    return x * w * n
+
+  @functools.partial(jcc.jit, static_argnames="n")
+  def c(x, n):
+    return x * w + n
+  x = jnp.ones(2)
+  assert float(a(x)[0]) == 2.0 and float(b(x, 3)[0]) == 6.0
+  assert float(c(x, n=1)[0]) == 3.0
+
+
+def test_aot_methods_and_attributes():
+  w = jnp.full(2, 2.0)
+  def inner(x):
+    return x * w
+  f = jcc.jit(inner)
+  assert f.__wrapped__ is inner and f.__name__ == "inner"
+  x = jnp.ones(2)
+  assert "multiply" in f.lower(x).as_text()
+  np.testing.assert_array_equal(f.lower(x).compile()(x), f(x))
+  assert f.trace(x).jaxpr is not None
+  assert f.eval_shape(x).shape == (2,)
+
+
+def test_composes_with_transforms_and_outer_jit():
+  w = jnp.full(3, 2.0)
+  f = jcc.jit(lambda x: jnp.sum(jnp.sin(x) * w))
+  x = jnp.arange(3.0)
+  ref = lambda x: jnp.sum(jnp.sin(x) * w)
+  np.testing.assert_allclose(jax.grad(f)(x), jax.grad(ref)(x), rtol=1e-6)
+  np.testing.assert_allclose(jax.vmap(f)(jnp.stack([x, x])),
+                             jax.vmap(ref)(jnp.stack([x, x])), rtol=1e-6)
+  p, t = jax.jvp(f, (x,), (jnp.ones(3),))
+  p2, t2 = jax.jvp(ref, (x,), (jnp.ones(3),))
+  np.testing.assert_allclose([p, t], [p2, t2], rtol=1e-6)
+  np.testing.assert_allclose(STOCK_JIT(lambda x: f(x) + 1)(x), ref(x) + 1,
+                             rtol=1e-6)
+
+
+@pytest.mark.parametrize("jit", [STOCK_JIT, jcc.jit], ids=["stock", "cache"])
+def test_method_decorated_in_class_body_binds_like_stock(jit):
+  class M:
+    def __init__(self, s):
+      self.s = s
+
+    @jit
+    def apply(self, x):
+      return x * self.s
+
+    @functools.partial(jit, static_argnums=0)
+    def apply_static(self, x):
+      return x * 2
+  with pytest.raises(TypeError, match="non-array argument"):
+    M(2.0).apply(jnp.ones(2))   # self is not an array: stock's error
+  np.testing.assert_array_equal(M(2.0).apply_static(jnp.ones(2)), jnp.full(2, 2.0))

@@ -1,0 +1,265 @@
+"""Re-created closures hit one shared executable; results equal stock JAX.
+
+Every test that asserts a hit also changes the closure's contents, so a key
+that ignored them would give a wrong result and fail the comparison.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import STOCK_JIT, counting
+
+
+def make_inner(w):
+  def inner(x):
+    return jnp.tanh(x @ w)
+  return inner
+
+
+def stock(fun, *args, **kwargs):
+  return STOCK_JIT(fun)(*args, **kwargs)
+
+
+def test_recreated_closure_compiles_once():
+  x = jnp.ones((4, 4))
+  ws = [jnp.full((4, 4), i / 10.0) for i in range(3)]
+  first = jcc.jit(make_inner(ws[0]))(x)
+  np.testing.assert_array_equal(first, stock(make_inner(ws[0]), x))
+  for w in ws[1:]:
+    with counting() as c:
+      out = jcc.jit(make_inner(w))(x)
+    assert c == {"traces": 0, "compiles": 0}
+    np.testing.assert_array_equal(out, stock(make_inner(w), x))
+  assert jcc.stats()["hits"] == 2 and jcc.stats()["misses"] == 1
+
+
+def test_new_shape_retraces_in_same_entry_and_stays_correct():
+  x4, x8 = jnp.ones((4, 4)), jnp.ones((8, 8))
+  w2, w3 = 2 * jnp.eye(8), 3 * jnp.eye(8)
+  jcc.jit(make_inner(jnp.eye(4)))(x4)
+  out = jcc.jit(make_inner(w2))(x8)
+  np.testing.assert_array_equal(out, stock(make_inner(w2), x8))
+  with counting() as c:
+    jcc.jit(make_inner(w3))(x8)
+  assert c["compiles"] == 0
+
+
+def test_static_scalar_in_cell_is_keyed_by_value():
+  def make(scale):
+    return lambda x: x * scale
+  x = jnp.arange(3.0)
+  for s in [2.0, 3.0, 2.0]:
+    np.testing.assert_array_equal(jcc.jit(make(s))(x), x * s)
+  assert jcc.stats()["misses"] == 2 and jcc.stats()["hits"] == 1
+
+
+def test_zero_signs_never_share_an_entry():
+  def make(c):
+    return lambda x: x * c
+  x = jnp.ones(2)
+  pos = jcc.jit(make(0.0))(x)
+  neg = jcc.jit(make(-0.0))(x)
+  assert not np.signbit(pos).any() and np.signbit(neg).all()
+  np.testing.assert_array_equal(np.signbit(neg), np.signbit(stock(make(-0.0), x)))
+
+
+def test_nan_matches_itself():
+  def make(c):
+    return lambda x: x + c
+  x = jnp.ones(2)
+  jcc.jit(make(float("nan")))(x)
+  with counting() as c:
+    out = jcc.jit(make(float("nan")))(x)
+  assert c["compiles"] == 0 and np.isnan(out).all()
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_int_float_bool_numpy_scalar_are_distinct(order):
+  def make(c):
+    return lambda x: x + c
+  consts = [1, 1.0, True, np.float32(1)]
+  if order:
+    consts = consts[::-1]
+  x = jnp.arange(3, dtype=jnp.int32)
+  for c in consts:
+    got, want = jcc.jit(make(c))(x), stock(make(c), x)
+    assert got.dtype == want.dtype and got.weak_type == want.weak_type, c
+    np.testing.assert_array_equal(got, want)
+  assert jcc.stats()["misses"] == 4
+
+
+def test_pytree_leaves_are_lifted():
+  class Pair(NamedTuple):
+    a: jax.Array
+    b: jax.Array
+
+  def make(params):
+    def f(x):
+      return x @ params["w"] + params["pair"].a - params["pair"].b[0]
+    return f
+
+  def params(i):
+    return {"w": jnp.full((3, 3), float(i)),
+            "pair": Pair(jnp.full(3, i + 1.0), jnp.full(2, 2.0 * i))}
+  x = jnp.ones(3)
+  p0, p5 = params(0), params(5)
+  jcc.jit(make(p0))(x)
+  with counting() as c:
+    out = jcc.jit(make(p5))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, stock(make(p5), x))
+
+
+def test_lambda_in_loop_without_closure_is_one_stock_object():
+  fns = [jcc.jit(lambda x: x * 2 + 1) for _ in range(3)]
+  assert fns[0] is fns[1] is fns[2]
+  assert type(fns[0]) is type(STOCK_JIT(lambda x: x))
+  x = jnp.arange(3.0)
+  np.testing.assert_array_equal(fns[2](x), x * 2 + 1)
+
+
+def test_global_array_read_directly_is_lifted():
+  ns = {"jnp": jnp}
+  exec("def f(x):\n  return x + G\n", ns)
+  x = jnp.ones(2)
+  ns["G"] = jnp.full(2, 0.0)
+  jcc.jit(ns["f"])(x)
+  ns["G"] = jnp.full(2, 7.0)
+  with counting() as c:
+    out = jcc.jit(ns["f"])(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, jnp.full(2, 8.0))
+
+
+def test_global_scalar_is_in_key():
+  ns = {}
+  exec("def f(x):\n  return x * K\n", ns)
+  x = jnp.ones(2)
+  ns["K"] = 2.0
+  a = jcc.jit(ns["f"])(x)
+  ns["K"] = 3.0
+  b = jcc.jit(ns["f"])(x)
+  np.testing.assert_array_equal(a, 2 * x)
+  np.testing.assert_array_equal(b, 3 * x)
+
+
+def test_defaults_and_kwdefaults_are_keyed():
+  def make(w, n):
+    def f(x, w=w, *, n=n):
+      return x * w + n
+    return f
+  x = jnp.ones(2)
+  w1, w5 = jnp.full(2, 1.0), jnp.full(2, 5.0)
+  jcc.jit(make(w1, 1))(x)
+  with counting() as c:
+    out = jcc.jit(make(w5, 1))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, jnp.full(2, 6.0))
+  np.testing.assert_array_equal(jcc.jit(make(jnp.full(2, 5.0), 4))(x),
+                                jnp.full(2, 9.0))
+
+
+def loss(w, x):
+  return jnp.sum((x @ w) ** 2)
+
+
+def test_partial_is_keyed_by_func_args_keywords():
+  x = jnp.ones((2, 2))
+  w1, w3 = jnp.eye(2), 3 * jnp.eye(2)
+  jcc.jit(functools.partial(loss, w1))(x)
+  with counting() as c:
+    out = jcc.jit(functools.partial(loss, w3))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_allclose(out, loss(w3, x))
+  out = jcc.jit(functools.partial(loss, x=2 * x))(jnp.eye(2))
+  np.testing.assert_allclose(out, loss(jnp.eye(2), 2 * x))
+
+
+def test_regrad_per_step_hits():
+  x = jnp.ones((2, 2))
+  w, w2 = jnp.eye(2), 2 * jnp.eye(2)
+  jcc.jit(jax.grad(loss))(w, x)
+  with counting() as c:
+    g = jcc.jit(jax.grad(loss))(w2, x)
+  assert c["compiles"] == 0
+  np.testing.assert_allclose(g, jax.grad(loss)(w2, x))
+
+
+def test_grad_of_recreated_closure_hits():
+  def make(data):
+    return jax.grad(lambda w: jnp.sum((data @ w) ** 2))
+  w = jnp.ones(3)
+  d1, d2 = jnp.full((2, 3), 1.0), jnp.full((2, 3), 2.0)
+  jcc.jit(make(d1))(w)
+  with counting() as c:
+    g = jcc.jit(make(d2))(w)
+  assert c["compiles"] == 0
+  np.testing.assert_allclose(g, make(d2)(w))
+
+
+class Scaler:
+  def __init__(self, s):
+    self.s = s
+
+  def apply(self, x):
+    return x * self.s
+
+
+def test_bound_method_refetched_is_keyed_by_self():
+  x = jnp.ones(2)
+  a = Scaler(2.0)
+  np.testing.assert_array_equal(jcc.jit(a.apply)(x), 2 * x)
+  with counting() as c:
+    jcc.jit(a.apply)(x)
+  assert c["compiles"] == 0
+  a.s = 5.0
+  np.testing.assert_array_equal(jcc.jit(a.apply)(x), 5 * x)
+
+
+def test_nested_closures_and_recursion():
+  def make(w):
+    def helper(x):
+      return x @ w
+    def rec(x, n):
+      return x if n == 0 else rec(helper(x), n - 1)
+    return lambda x: rec(x, 2)
+  x = jnp.ones(2)
+  w1, w2 = jnp.eye(2), 2 * jnp.eye(2)
+  jcc.jit(make(w1))(x)
+  with counting() as c:
+    out = jcc.jit(make(w2))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, 4 * x)
+
+
+def test_closure_over_package_jitted_function():
+  def make(w):
+    inner = jcc.jit(lambda x: x * w)
+    return lambda x: inner(x) + 1
+  x = jnp.ones(2)
+  w2, w3 = jnp.full(2, 2.0), jnp.full(2, 3.0)
+  jcc.jit(make(w2))(x)
+  with counting() as c:
+    out = jcc.jit(make(w3))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, jnp.full(2, 4.0))
+
+
+def test_trace_time_counter_in_closure_behaves_like_stock():
+  count = [0]
+
+  @jcc.jit
+  def f(x):
+    count[0] += 1
+    return x + 1
+  x = jnp.ones(2)
+  f(x)
+  f(x)
+  f(x)
+  assert count[0] == 1

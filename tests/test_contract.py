@@ -1,0 +1,235 @@
+"""The contract's safety rules: what is lifted, what is baked, what falls back,
+and that no cache hit ever returns a stale or wrong result."""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import STOCK_JIT, counting
+import helper_module
+
+
+def test_numpy_is_baked_by_default_and_keyed_by_bytes():
+  def make(w):
+    return lambda x: x + np.sum(w - 1e8)   # numpy at trace time, in float64
+  x = jnp.zeros(2)
+  w = np.full(3, 1e8 + 0.5)
+  np.testing.assert_array_equal(jcc.jit(make(w))(x), STOCK_JIT(make(w))(x))
+  with counting() as c:
+    jcc.jit(make(w.copy()))(x)   # equal bytes, other object: a hit
+  assert c["compiles"] == 0
+  w2 = np.full(3, 1e8 + 2.5)
+  np.testing.assert_array_equal(jcc.jit(make(w2))(x), jnp.full(2, 7.5))
+
+
+def test_lift_numpy_opt_in_avoids_recompiles():
+  def make(w):
+    return lambda x: x @ w
+  x = jnp.ones(3, dtype=jnp.float32)
+  w1, w2 = np.eye(3, dtype=np.float32), 2 * np.eye(3, dtype=np.float32)
+  jcc.jit(make(w1), lift_numpy=True)(x)
+  with counting() as c:
+    out = jcc.jit(make(w2), lift_numpy=True)(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, STOCK_JIT(make(w2))(x))
+
+
+def test_committed_array_keeps_stock_placement():
+  dev = jax.devices()[0]
+  def make(w):
+    return lambda x: x + w
+  x = jnp.ones(2)
+  w = jax.device_put(jnp.full(2, 3.0), dev)
+  got, want = jcc.jit(make(w))(x), STOCK_JIT(make(w))(x)
+  assert got.committed == want.committed
+  np.testing.assert_array_equal(got, want)
+  w2 = jax.device_put(jnp.full(2, 4.0), dev)   # identity-keyed: a new entry
+  np.testing.assert_array_equal(jcc.jit(make(w2))(x), jnp.full(2, 5.0))
+
+
+class EqOnlyConfig:
+  """Defines __eq__ alone, so it is unhashable, as many config classes are."""
+
+  def __init__(self, depth, act):
+    self.depth, self.act = depth, act
+
+  def __eq__(self, other):
+    return vars(self) == vars(other)
+
+
+def test_plain_object_keyed_by_attributes():
+  def make(cfg):
+    def f(x):
+      for _ in range(cfg.depth):
+        x = x * 2 if cfg.act == "double" else x + 1
+      return x
+    return f
+  x = jnp.ones(2)
+  jcc.jit(make(EqOnlyConfig(2, "double")))(x)
+  with counting() as c:
+    out = jcc.jit(make(EqOnlyConfig(2, "double")))(x)
+  assert c["compiles"] == 0
+  np.testing.assert_array_equal(out, 4 * x)
+  np.testing.assert_array_equal(jcc.jit(make(EqOnlyConfig(3, "add")))(x), x + 3)
+
+
+class Model:
+  def __init__(self, params):
+    self.params = params
+
+  def make_step(self):
+    def step(x):
+      return jnp.tanh(x @ self.params["w"])
+    return step
+
+
+def test_model_params_reassigned_uses_new_weights():
+  x = jnp.ones((2, 2))
+  model = Model({"w": jnp.eye(2)})
+  np.testing.assert_allclose(jcc.jit(model.make_step())(x), jnp.tanh(x))
+  model.params = {"w": 3 * jnp.eye(2)}
+  np.testing.assert_allclose(jcc.jit(model.make_step())(x), jnp.tanh(3 * x))
+
+
+class BigModel:
+  """More attributes than the object budget: kept by identity, guarded."""
+
+  def __init__(self, w):
+    for i in range(100):
+      setattr(self, f"a{i}", i)
+    self.w = w
+
+  def make_step(self):
+    return lambda x: x @ self.w
+
+
+def test_guard_catches_array_behind_identity_kept_object():
+  x = jnp.ones(2)
+  w2 = 2 * jnp.eye(2)
+  m = BigModel(jnp.eye(2))
+  np.testing.assert_array_equal(jcc.jit(m.make_step())(x), x)
+  with counting() as c:
+    jcc.jit(m.make_step())(x)
+  assert c["compiles"] == 0   # guarded hit
+  m.w = w2
+  np.testing.assert_array_equal(jcc.jit(m.make_step())(x), 2 * x)
+
+
+def test_guard_catches_helper_global_array():
+  x = jnp.ones(2)
+  helper_module.W = jnp.full(2, 1.0)
+  w5 = jnp.full(2, 5.0)
+  def make(s):
+    return lambda x: helper_module.scaled_by_w(x) * s
+  np.testing.assert_array_equal(jcc.jit(make(1.0))(x), x)
+  helper_module.W = w5
+  np.testing.assert_array_equal(jcc.jit(make(1.0))(x), 5 * x)
+  helper_module.W = jnp.full(2, 1.0)
+
+
+def test_tracer_in_closure_falls_back():
+  def outer(w):
+    inner = jcc.jit(lambda x: x * w)
+    return jnp.sum(inner(jnp.ones(2)))
+  g = jax.grad(outer)(3.0)
+  assert g == 2.0
+  assert jcc.stats()["fallback_reasons"].get("tracer", 0) >= 1
+
+
+def test_unhashable_non_pytree_falls_back():
+  s = {1, 2}
+  f = jcc.jit(lambda x: x + len(s))
+  np.testing.assert_array_equal(f(jnp.ones(2)), jnp.full(2, 3.0))
+  assert jcc.stats()["fallback_reasons"] == {"unhashable": 1}
+
+
+def test_concrete_use_of_lifted_array_retries_stock_once():
+  def make(n):
+    return lambda x: x[:n]   # n must be concrete: lifted, it is a tracer
+  x = jnp.arange(5.0)
+  n = jnp.array(3)
+  np.testing.assert_array_equal(jcc.jit(make(n))(x), x[:3])
+  assert jcc.stats()["fallback_reasons"] == {"trace_error": 1}
+  with counting() as c:
+    jcc.jit(make(n))(x)
+  assert jcc.stats()["fallback_reasons"] == {"trace_error": 1, "unliftable": 1}
+
+
+def test_user_error_is_stock_error():
+  def make(w):
+    def f(x):
+      raise ValueError(f"bad input {x.shape}")
+    return f
+  with pytest.raises(ValueError) as stock_err:
+    STOCK_JIT(make(jnp.ones(2)))(jnp.ones(3))
+  with pytest.raises(ValueError) as ours:
+    jcc.jit(make(jnp.ones(2)))(jnp.ones(3))
+  assert str(ours.value) == str(stock_err.value)
+
+
+def test_disable_jit_is_honoured():
+  seen = []
+  def make(w):
+    def f(x):
+      seen.append(type(x))
+      return x + w
+    return f
+  with jax.disable_jit():
+    out = jcc.jit(make(jnp.ones(2)))(jnp.ones(2))
+    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))
+  assert len(seen) == 2 and not issubclass(seen[0], jax.core.Tracer)
+  np.testing.assert_array_equal(out, jnp.full(2, 2.0))
+
+
+def test_no_closed_over_array_is_kept_alive():
+  x = jnp.ones(4)
+  refs = []
+  for i in range(3):
+    w = jnp.full(4, float(i))
+    refs.append(weakref.ref(w))
+    jcc.jit((lambda w: (lambda x: x * w))(w))(x)
+    del w
+  gc.collect()
+  assert jcc.stats()["hits"] == 2
+  assert all(r() is None for r in refs)
+
+
+def test_lru_capacity_bounds_entries():
+  old = jcc.capacity()
+  jcc.set_capacity(2)
+  try:
+    for s in range(5):
+      jcc.jit((lambda s: (lambda x: x + s))(s))(jnp.ones(1))
+    assert jcc.stats()["entries"] <= 2
+  finally:
+    jcc.set_capacity(old)
+  with pytest.raises(ValueError):
+    jcc.set_capacity(0)
+
+
+def test_key_ignoring_contents_would_fail():
+  # The guard against a key that ignores contents: same code, other values.
+  outs = [jcc.jit((lambda a: (lambda x: x * a))(a))(jnp.ones(1))
+          for a in (jnp.full(1, 2.0), jnp.full(1, 3.0))]
+  assert [float(o[0]) for o in outs] == [2.0, 3.0]
+
+
+def test_guard_on_helper_function_global_hits_then_sees_reassignment():
+  from helper_module import scaled_by_w
+  x = jnp.ones(2)
+  w1, w5 = jnp.full(2, 1.0), jnp.full(2, 5.0)
+  helper_module.W = w1
+  def make(s):
+    return lambda x: scaled_by_w(x) * s
+  np.testing.assert_array_equal(jcc.jit(make(1.0))(x), x)
+  with counting() as c:
+    jcc.jit(make(1.0))(x)
+  assert c["compiles"] == 0 and jcc.stats()["hits"] == 1
+  helper_module.W = w5
+  np.testing.assert_array_equal(jcc.jit(make(1.0))(x), 5 * x)
+  helper_module.W = w1
