@@ -14,6 +14,7 @@ from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.lib import _jax as _jaxlib_ext
+from jax._src import test_util as _test_util
 
 JAX_VERSION = "0.10.2"
 JAXLIB_VERSION = "0.10.2"
@@ -67,3 +68,9 @@ def captured_constants(traced) -> list:
   """Every value a ``jax.stages.Traced`` closed over: baked constants plus
   the tracer constants that ``pe.separate_consts`` split off."""
   return [*traced.jaxpr.consts, *traced._consts]
+
+
+#: JAX's own counters, as context managers yielding a read-out function:
+#: traces (``pe.trace_to_jaxpr`` misses) and XLA compiles.
+count_traces = _test_util.count_jit_tracing_cache_miss
+count_compiles = _test_util.count_jit_compilation_cache_miss

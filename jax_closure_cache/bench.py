@@ -1,0 +1,201 @@
+"""Benchmark workloads: stock ``jax.jit`` on a re-created closure, this cache,
+and the hand-hoisted jitted function (the limit), all in one process.
+
+Each workload is a triple of zero-argument callables that perform one call
+the three ways. Times are medians of per-call wall time after a warm-up;
+trace and compile counts come from JAX's own counters, over the timed calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import statistics
+import time
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax_closure_cache import _compat, cache, closure_jit, patching
+
+STOCK_JIT = jax.jit
+
+
+class Workload(NamedTuple):
+  name: str
+  stock: Callable[[], object]
+  cached: Callable[[], object]
+  hoisted: Callable[[], object]
+  target: float | None   # cache / hoisted, median, at most (the issue's)
+  stock_calls: int = 5   # stock recompiles every call: few calls suffice
+
+
+def _seed001(n: int) -> Workload:
+  x = jnp.ones((n, n))
+  ws = [jnp.full((n, n), i / (10.0 * n)) for i in range(4)]
+
+  def make(w):
+    def inner(x):
+      return jnp.tanh(x @ w)
+    return inner
+
+  @STOCK_JIT
+  def hoisted(x, w):
+    return jnp.tanh(x @ w)
+
+  it = iter(range(1 << 62))
+  w_next = lambda: ws[next(it) % 4]
+  return Workload(
+      f"seed001 tanh(x@w) {n}x{n}",
+      lambda: STOCK_JIT(make(w_next()))(x).block_until_ready(),
+      lambda: closure_jit.jit(make(w_next()))(x).block_until_ready(),
+      lambda: hoisted(x, w_next()).block_until_ready(),
+      target=1.5 if n == 4 else 1.05)
+
+
+def _mlp100() -> Workload:
+  """A closure over a params pytree of 100 leaves (50 layers of w, b)."""
+  key = jax.random.key(0)
+  params = [{"w": jax.random.normal(jax.random.fold_in(key, i), (8, 8)) / 8,
+             "b": jnp.zeros(8)} for i in range(50)]
+  x = jnp.ones((2, 8))
+
+  def make(params):
+    def forward(x):
+      for layer in params:
+        x = jnp.tanh(x @ layer["w"] + layer["b"])
+      return x
+    return forward
+
+  @STOCK_JIT
+  def hoisted(params, x):
+    for layer in params:
+      x = jnp.tanh(x @ layer["w"] + layer["b"])
+    return x
+
+  return Workload(
+      "MLP closure, 100-leaf params",
+      lambda: STOCK_JIT(make(params))(x).block_until_ready(),
+      lambda: closure_jit.jit(make(params))(x).block_until_ready(),
+      lambda: hoisted(params, x).block_until_ready(),
+      target=1.3, stock_calls=3)
+
+
+def _closure_free() -> Workload:
+  x = jnp.ones((4, 4))
+  hoisted = STOCK_JIT(lambda x: x * 2 + 1)
+  return Workload(
+      "closure-free lambda re-created",
+      lambda: STOCK_JIT(lambda x: x * 2 + 1)(x).block_until_ready(),
+      lambda: closure_jit.jit(lambda x: x * 2 + 1)(x).block_until_ready(),
+      lambda: hoisted(x).block_until_ready(),
+      target=None)
+
+
+def _loss(w, x, y):
+  return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+
+def _regrad() -> Workload:
+  x, y, w = jnp.ones((16, 8)), jnp.zeros((16, 4)), jnp.ones((8, 4)) / 8
+  hoisted = STOCK_JIT(jax.grad(_loss))
+  return Workload(
+      "jax.jit(jax.grad(loss)) per step",
+      lambda: STOCK_JIT(jax.grad(_loss))(w, x, y).block_until_ready(),
+      lambda: closure_jit.jit(jax.grad(_loss))(w, x, y).block_until_ready(),
+      lambda: hoisted(w, x, y).block_until_ready(),
+      target=None)
+
+
+def _patched_hoisted() -> Workload:
+  """A long-lived jitted closure-free function, called with the patch on:
+  ``jax.jit`` returns the stock object itself, so the call costs the same."""
+  x = jnp.ones((4, 4))
+
+  def f(x):
+    return x * 2 + 1
+  stock_f = STOCK_JIT(f)
+  with patching.enabled():
+    patched_f = jax.jit(f)
+  return Workload(
+      "closure-free, long-lived, patch on",
+      lambda: stock_f(x).block_until_ready(),
+      lambda: patched_f(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.02, stock_calls=2000)
+
+
+WORKLOADS = (functools.partial(_seed001, 4), functools.partial(_seed001, 256),
+             _mlp100, _closure_free, _regrad, _patched_hoisted)
+
+
+def _median_us(call: Callable[[], object], n: int) -> tuple[float, int, int]:
+  for _ in range(2):
+    call()   # warm-up: the first call of a path compiles
+  times = []
+  with _compat.count_traces() as traces, _compat.count_compiles() as compiles:
+    for _ in range(n):
+      t0 = time.perf_counter()
+      call()
+      times.append(time.perf_counter() - t0)
+  return statistics.median(times) * 1e6, traces(), compiles()
+
+
+def run(calls: int = 2000, rounds: int = 3) -> list[dict]:
+  """Median per-call times (µs) and counts for every workload.
+
+  The cache and hoisted paths alternate over ``rounds`` rounds and the best
+  median of each is kept, so a burst of load on a shared machine hits both.
+  """
+  rows = []
+  for make in WORKLOADS:
+    w = make()
+    cache.clear()
+    stock_us, stock_tr, stock_co = _median_us(w.stock, w.stock_calls)
+    cached, hoisted = [], []
+    for _ in range(rounds):
+      cached.append(_median_us(w.cached, calls))
+      hoisted.append(_median_us(w.hoisted, calls))
+    c_us = min(t[0] for t in cached)
+    h_us = min(t[0] for t in hoisted)
+    rows.append({
+        "workload": w.name,
+        "stock_us": stock_us, "cache_us": c_us, "hoisted_us": h_us,
+        "stock_over_cache": stock_us / c_us,
+        "cache_over_hoisted": c_us / h_us, "target": w.target,
+        "met": None if w.target is None else c_us / h_us <= w.target,
+        "stock_traces_per_call": stock_tr / w.stock_calls,
+        "stock_compiles_per_call": stock_co / w.stock_calls,
+        "cache_traces": sum(t[1] for t in cached),
+        "cache_compiles": sum(t[2] for t in cached),
+        "cache_calls": calls * rounds,
+    })
+  return rows
+
+
+def machine() -> str:
+  dev = jax.devices()[0]
+  return (f"{platform.node() or 'unknown host'}: {platform.processor() or platform.machine()}, "
+          f"{jax.device_count()}x {dev.platform.upper()} ({dev.device_kind}), "
+          f"python {platform.python_version()}, jax {jax.__version__}")
+
+
+def _verdict(row: dict) -> str:
+  if row["target"] is None:
+    return "(no target)"
+  return f"(≤ {row['target']}: {'met' if row['met'] else 'MISSED'})"
+
+
+def format_table(rows: list[dict]) -> str:
+  head = ("| workload | stock µs | cache µs | hoisted µs | stock/cache | "
+          "cache/hoisted (target) | stock traces+compiles per call | "
+          "cache traces+compiles in timed calls |")
+  lines = [head, "|" + "---|" * 8]
+  for r in rows:
+    lines.append(
+        f"| {r['workload']} | {r['stock_us']:.1f} | {r['cache_us']:.1f} | "
+        f"{r['hoisted_us']:.1f} | {r['stock_over_cache']:.0f}x | "
+        f"{r['cache_over_hoisted']:.2f} {_verdict(r)} | "
+        f"{r['stock_traces_per_call']:.0f} + {r['stock_compiles_per_call']:.0f} | "
+        f"{r['cache_traces']} + {r['cache_compiles']} of {r['cache_calls']} |")
+  return "\n".join(lines)
