@@ -506,12 +506,18 @@ class _Rebuild:
       for name, kx in zip(plan.global_names, globals_k):
         if kx is not _MISSING:
           g[name] = self.value(g[name], kx)
-    new.__qualname__ = f.__qualname__
-    new.__module__ = f.__module__
-    new.__doc__ = f.__doc__
-    new.__annotations__ = f.__annotations__
-    new.__dict__.update(f.__dict__)
+    copy_function_metadata(f, new)
     return new
+
+
+def copy_function_metadata(src: types.FunctionType,
+                           dst: types.FunctionType) -> None:
+  """What ``FunctionType(code, ...)`` does not copy from ``src``."""
+  dst.__qualname__ = src.__qualname__
+  dst.__module__ = src.__module__
+  dst.__doc__ = src.__doc__
+  dst.__annotations__ = src.__annotations__
+  dst.__dict__.update(src.__dict__)
 
 
 def rebuild(fun: Callable, key, leaves) -> Callable:

@@ -434,11 +434,7 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
                          f.__defaults__, f.__closure__)
   g.__kwdefaults__ = f.__kwdefaults__
-  g.__qualname__ = f.__qualname__
-  g.__module__ = f.__module__
-  g.__doc__ = f.__doc__
-  g.__annotations__ = f.__annotations__
-  g.__dict__.update(f.__dict__)
+  closure.copy_function_metadata(f, g)
   return g
 
 
