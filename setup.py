@@ -36,7 +36,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["jax_closure_cache", "jax_closure_cache.*"]),
     package_data={"jax_closure_cache": [PTH]},
-    install_requires=["jax==0.10.2", "jaxlib==0.10.2"],
+    # absl-py: the benchmark reads JAX's counters in jax._src.test_util.
+    install_requires=["jax==0.10.2", "jaxlib==0.10.2", "absl-py"],
     extras_require={"test": ["pytest", "absl-py", "hypothesis"]},
     cmdclass={"build_py": BuildPyWithStartupHook},
     entry_points={"console_scripts": [

@@ -14,7 +14,6 @@ from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.lib import _jax as _jaxlib_ext
-from jax._src import test_util as _test_util
 
 JAX_VERSION = "0.10.2"
 JAXLIB_VERSION = "0.10.2"
@@ -70,7 +69,15 @@ def captured_constants(traced) -> list:
   return [*traced.jaxpr.consts, *traced._consts]
 
 
-#: JAX's own counters, as context managers yielding a read-out function:
-#: traces (``pe.trace_to_jaxpr`` misses) and XLA compiles.
-count_traces = _test_util.count_jit_tracing_cache_miss
-count_compiles = _test_util.count_jit_compilation_cache_miss
+def count_traces():
+  """JAX's own trace counter (``pe.trace_to_jaxpr`` misses), as a context
+  manager yielding a read-out function. Imported on use: ``jax._src.test_util``
+  needs absl, which the cache itself does not."""
+  from jax._src import test_util
+  return test_util.count_jit_tracing_cache_miss()
+
+
+def count_compiles():
+  """JAX's own XLA compilation counter; see :func:`count_traces`."""
+  from jax._src import test_util
+  return test_util.count_jit_compilation_cache_miss()
