@@ -25,11 +25,10 @@ STOCK_JIT = _api.jit
 Tracer = _core.Tracer
 
 #: The concrete array type behind ``jax.Array``; the hot path tests
-#: ``type(x) is ArrayImpl`` before any ``isinstance``.
+#: ``type(x) is ArrayImpl`` before any ``isinstance``. Its ``_committed``
+#: attribute says whether it was put on a device explicitly: such arrays are
+#: never lifted, since as arguments they would commit the result.
 ArrayImpl = _jaxlib_ext.ArrayImpl
-
-#: The C++ callable that ``jax.jit`` returns.
-PjitFunction = _jaxlib_ext.PjitFunction
 
 
 def versions_match() -> bool:
@@ -43,24 +42,7 @@ def versions_match() -> bool:
 DISABLE_JIT = _config.disable_jit
 
 
-def jit_disabled() -> bool:
-  """True inside ``jax.disable_jit()``."""
-  return DISABLE_JIT.value
 
-
-def explain_cache_misses() -> bool:
-  """JAX's own ``jax_explain_cache_misses`` option."""
-  return _config.explain_cache_misses.value
-
-
-def is_committed(array) -> bool:
-  """Whether ``array`` is committed to its device (``device_put(x, dev)``).
-
-  Stock ``jit`` bakes a closed-over array as a constant, so an uncommitted
-  result stays uncommitted; passing a committed array as an argument would
-  commit the result, which is why committed arrays are never lifted.
-  """
-  return array._committed
 
 
 def captured_constants(traced) -> list:
