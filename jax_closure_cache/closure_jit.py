@@ -298,8 +298,7 @@ class ClosureJitted:
     code = _code_of(self._fun)
     if code is not None and code in _unliftable:
       return self._fallback("unliftable", args, kwargs)
-    stock = self.stock()   # validates the options as stock jit() would
-    del stock
+    self.stock()   # made now: validates the options as stock jit() would
     cache.count_miss()
     entry = _Entry()
     entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
@@ -307,22 +306,26 @@ class ClosureJitted:
     current = _current
     try:
       current.fun = self._fun
-      entry.jitted.trace(a.leaves, *args, **kwargs)
+      # .trace() fills JAX's _infer_params cache, so the call below compiles
+      # without tracing again; the Traced object yields the captured consts.
+      traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       current.fun = self._fun   # a nested cached call may have cleared it
       out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception:
       current.fun = None
       return self._retry_stock(key, args, kwargs)
     current.fun = None
-    self._store(key, entry, a, args, kwargs)
+    self._store(key, entry, a, args, kwargs, traced)
     return out
 
-  def _store(self, key, entry: _Entry, a, args, kwargs) -> None:
+  def _store(self, key, entry: _Entry, a, args, kwargs, traced=None) -> None:
     """Store ``entry`` under the post-trace key with fresh guards, or drop it.
 
     The key is taken again after tracing: a trace that mutated closure state
     (a trace counter in a list, a ``nonlocal``) is stored under the state it
-    left, as a stock jitted function object would not retrace.
+    left, as a stock jitted function object would not retrace. ``traced`` is
+    the miss path's own trace; without it (a hit that traced a new signature)
+    the entry is asked for it again, which JAX answers from its cache.
     """
     _entries.discard(key)
     try:
@@ -331,14 +334,15 @@ class ClosureJitted:
       return
     if len(after.leaves) != len(a.leaves):
       return
-    current = _current
-    current.fun = self._fun
-    try:
-      traced = entry.jitted.trace(a.leaves, *args, **kwargs)  # cached: no retrace
-    except Exception:
-      return
-    finally:
-      current.fun = None
+    if traced is None:
+      current = _current
+      current.fun = self._fun
+      try:
+        traced = entry.jitted.trace(a.leaves, *args, **kwargs)
+      except Exception:
+        return
+      finally:
+        current.fun = None
     guards = closure.find_guards(_compat.captured_constants(traced),
                                  after.roots, {id(x) for x in after.anchors})
     if guards is None:
@@ -359,7 +363,10 @@ def _split(w: ClosureJitted):
 
 def _join(static, fun) -> ClosureJitted:
   options_key, lift_numpy = static
-  return ClosureJitted(fun, dict(options_key), options_key, lift_numpy)
+  options = dict(options_key)
+  if "compiler_options" in options:   # frozen to pairs by _options_key
+    options["compiler_options"] = dict(options["compiler_options"])
+  return ClosureJitted(fun, options, options_key, lift_numpy)
 
 
 closure.register_wrapper(ClosureJitted, _split, _join)
