@@ -39,6 +39,12 @@ def _capacity_from_env() -> int:
 
 _capacity = _capacity_from_env()
 _stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
+_clear_hooks: list = []
+
+
+def register_clear_hook(hook) -> None:
+  """Call ``hook()`` from :func:`clear`, for caches kept outside the stores."""
+  _clear_hooks.append(hook)
 
 
 class LRUStore:
@@ -115,16 +121,24 @@ def set_capacity(n: int) -> None:
     store.trim()
 
 
-class _Counters:
-  """Exact counters: ``next()`` on an ``itertools.count`` is atomic."""
+class Counters:
+  """Exact counters: ``next()`` on an ``itertools.count`` is atomic.
+
+  One instance (:data:`counters`) lives for the whole process; :func:`clear`
+  resets it in place, so the hot path may bind it once and call
+  ``next(counters.hits)`` without a Python frame.
+  """
 
   def __init__(self):
+    self.lock = threading.Lock()
+    self.reset()
+
+  def reset(self) -> None:
     self.hits = itertools.count()
     self.misses = itertools.count()
     self.fallbacks = itertools.count()
     self.reasons: collections.Counter = collections.Counter()
     self.not_stored: collections.Counter = collections.Counter()
-    self.lock = threading.Lock()
 
 
 def _read(counter: itertools.count) -> int:
@@ -132,19 +146,19 @@ def _read(counter: itertools.count) -> int:
   return int(repr(counter)[6:-1])
 
 
-_counters = _Counters()
+counters = Counters()
 
 
 def count_hit() -> None:
-  next(_counters.hits)
+  next(counters.hits)
 
 
 def count_miss() -> None:
-  next(_counters.misses)
+  next(counters.misses)
 
 
 def count_fallback(reason: str) -> None:
-  c = _counters
+  c = counters
   next(c.fallbacks)
   with c.lock:
     c.reasons[reason] += 1
@@ -152,7 +166,7 @@ def count_fallback(reason: str) -> None:
 
 def count_not_stored(reason: str) -> None:
   """A miss whose entry was dropped after the call (counted as a miss)."""
-  c = _counters
+  c = counters
   with c.lock:
     c.not_stored[reason] += 1
 
@@ -166,7 +180,7 @@ def stats() -> dict:
   an array no key or guard covers) to counts; ``entries`` is the number of
   entries held now.
   """
-  c = _counters
+  c = counters
   with c.lock:
     reasons = dict(c.reasons)
     not_stored = dict(c.not_stored)
@@ -178,7 +192,9 @@ def stats() -> dict:
 
 def clear() -> None:
   """Drop every entry of every store and zero the counters."""
-  global _counters
   for store in list(_stores):
     store.clear()
-  _counters = _Counters()
+  for hook in _clear_hooks:
+    hook()
+  with counters.lock:
+    counters.reset()

@@ -423,6 +423,114 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   return a
 
 
+# -- quick match: the hot path's check against one known key -----------------
+
+def _is_simple_part(part) -> bool:
+  """A key part that a value can be checked against without building a key:
+  a lifted array, an atom or float, a missing global, an identity object, or
+  a pytree of those."""
+  if part is LIFTED or part is _MISSING:
+    return True
+  if type(part) is tuple:
+    if len(part) == 3 and part[0] is _TREE:
+      return all(map(_is_simple_part, part[2]))
+    return len(part) == 2 and (part[0] in _ATOMS or part[0] is float)
+  return not isinstance(part, _Tag)
+
+
+class _MatchSource:
+  """Source lines of a generated matcher, and the objects they name."""
+
+  def __init__(self):
+    self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
+                "float_key": _float_key, "tree_flatten": _tree_flatten}
+    self.lines: list[str] = []
+
+  def bind(self, value) -> str:
+    name = f"K{len(self.env)}"
+    self.env[name] = value
+    return name
+
+  def check(self, expr: str, part, indent: str = "    ") -> None:
+    """Lines that return None unless ``expr`` keys to ``part``; lifted
+    arrays are appended to ``out`` in walk order."""
+    add = self.lines.append
+    v = f"v{len(self.lines)}"
+    add(f"{indent}{v} = {expr}")
+    if part is LIFTED:
+      add(f"{indent}if type({v}) is not ArrayImpl or {v}._committed: return None")
+      add(f"{indent}out.append({v})")
+    elif type(part) is tuple and part[0] is _TREE:
+      leaves, treedef = f"{v}_leaves", f"{v}_def"
+      add(f"{indent}{leaves}, {treedef} = tree_flatten({v})")
+      add(f"{indent}if {treedef} != {self.bind(part[1])}: return None")
+      if all(p is LIFTED for p in part[2]):   # the common params pytree
+        add(f"{indent}for x in {leaves}:")
+        add(f"{indent}  if type(x) is not ArrayImpl or x._committed: return None")
+        add(f"{indent}out.extend({leaves})")
+      else:
+        for j, leaf_part in enumerate(part[2]):
+          self.check(f"{leaves}[{j}]", leaf_part, indent)
+    elif type(part) is tuple and part[0] is float:
+      add(f"{indent}if type({v}) is not float or float_key({v}) != "
+          f"{self.bind(part)}: return None")
+    elif type(part) is tuple:
+      add(f"{indent}if type({v}) is not {self.bind(part[0])} or {v} != "
+          f"{self.bind(part[1])}: return None")
+    else:
+      add(f"{indent}if {v} is not {self.bind(part)}: return None")
+
+
+def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
+  """The hot path's inline cache for one key of a top-level function.
+
+  Returns ``match`` such that ``match(f)`` is ``f``'s lifted leaves exactly
+  when ``analyse(f).key == key``, and None otherwise; or returns None itself
+  when some cell, default or read global of ``key`` is not simple
+  (:func:`_is_simple_part`). ``match`` is generated for this key, like a
+  ``dataclasses`` method, so it reads each value once with no key to build;
+  every object it compares with is bound by name, never written into the
+  source. It plays the part torch.compile's guards play.
+  """
+  if (type(fun) is not _FunctionType or type(key) is not tuple
+      or key[0] is not _FN or key[6] is not None):   # no keyword defaults
+    return None
+  _, _, code, gid, cells, defaults, _, globs = key
+  if fun.__code__ is not code or id(fun.__globals__) != gid:
+    return None
+  names = code_plan(code).global_names
+  sources = ([f"cl[{i}].cell_contents" for i in range(len(cells))]
+             + [f"d[{i}]" for i in range(len(defaults or ()))]
+             + [f"G.get({n!r}, MISSING)" for n in names])
+  parts = (*cells, *(defaults or ()), *globs)
+  if len(sources) != len(parts) or not all(map(_is_simple_part, parts)):
+    return None
+  src = _MatchSource()
+  src.env["CODE"], src.env["G"] = code, fun.__globals__
+  d_check = ("d is not None" if defaults is None
+             else f"d is None or len(d) != {len(defaults)}")
+  header = ["def match(f):",
+            "  if f.__code__ is not CODE or f.__globals__ is not G"
+            " or f.__kwdefaults__ is not None:",
+            "    return None",
+            "  d = f.__defaults__",
+            f"  if {d_check}:",
+            "    return None",
+            "  cl = f.__closure__",
+            "  out = []",
+            "  try:"]
+  for source, part in zip(sources, parts):
+    src.check(source, part)
+  if not src.lines:
+    src.lines.append("    pass")
+  footer = ["  except Exception:   # an unfilled cell, a flatten that fails",
+            "    return None",
+            "  return out"]
+  text = "\n".join(header + src.lines + footer)
+  exec(compile(text, f"<closure-cache match {code.co_name}>", "exec"), src.env)
+  return src.env["match"]
+
+
 # -- rebuild -----------------------------------------------------------------
 
 def _has_lifted(k) -> bool:

@@ -46,8 +46,34 @@ _LIFT_NUMPY_ENV = "JAX_CLOSURE_CACHE_LIFT_NUMPY"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 _entries = cache.new_store()     # (options key, closure key) -> _Entry
-_canonical = cache.new_store()   # (options key, function key) -> (stock jitted, anchors)
+_canonical = cache.new_store()   # (options key, function key) -> _Canonical
 _unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+
+# The hot path's inline cache: code object -> the last few stored entries of
+# top-level functions with that code, each with a quick_matcher for its key.
+# Entries are held weakly, so an entry evicted from _entries is gone here too.
+_QUICK_PER_CODE = 4
+_quick: dict[types.CodeType, list["_Quick"]] = {}
+cache.register_clear_hook(_quick.clear)
+
+
+class _Quick:
+  __slots__ = ("options_key", "key", "match", "entry")
+
+  def __init__(self, options_key, key, match, entry):
+    self.options_key = options_key
+    self.key = key
+    self.match = match
+    self.entry = weakref.ref(entry)
+
+
+def _remember_quick(table: dict, code, key, match, entry) -> None:
+  quick = [q for q in table.get(code, ()) if q.key != key and q.entry() is not None]
+  quick.insert(0, _Quick(key[0], key, match, entry))
+  del quick[_QUICK_PER_CODE:]
+  if len(table) >= 1 << 16:   # code made by exec in a loop: start over
+    table.clear()
+  table[code] = quick
 
 
 class _Defaults:
@@ -75,7 +101,7 @@ class _Current(threading.local):
 _current = _Current()
 _DISABLE_JIT = _compat.DISABLE_JIT
 _analyse = closure.analyse
-_count_hit = cache.count_hit
+_counters = cache.counters
 
 
 class _Entry:
@@ -200,12 +226,14 @@ class ClosureJitted:
   ``__wrapped__``, ``__name__``; it composes with ``jax.grad``, ``jax.vmap``,
   ``jax.jvp`` and an outer ``jax.jit``.
   """
-  __slots__ = ("_fun", "_options", "_options_key", "_lift_numpy",
+  __slots__ = ("_fun", "_code", "_options", "_options_key", "_lift_numpy",
                "_lift_arrays", "_stock", "__weakref__")
 
   def __init__(self, fun, options: dict, options_key: tuple,
                lift_numpy: bool):
     self._fun = fun
+    # Top-level plain functions may take the inline cache (_quick).
+    self._code = fun.__code__ if type(fun) is types.FunctionType else None
     self._options = options
     self._options_key = (options_key, lift_numpy)
     self._lift_numpy = lift_numpy
@@ -253,6 +281,36 @@ class ClosureJitted:
     fun = self._fun
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
+    # Hot path, kept to this frame plus the generated match: the inline
+    # cache for this code object, then the shared jitted function.
+    quick = _quick.get(self._code)
+    if quick is not None:
+      for q in quick:
+        if q.options_key == self._options_key:
+          leaves = q.match(fun)
+          if leaves is not None:
+            entry = q.entry()
+            if entry is not None and not entry.guards:
+              next(_counters.hits)
+              # The lifted function reads _current.fun when it traces, before
+              # any user code runs: set it right before the call, clear it
+              # after, so the cache never keeps ``fun`` alive.
+              current = _current
+              current.fun = fun
+              try:
+                out = entry.jitted(leaves, *args, **kwargs)
+              except Exception:
+                current.fun = None
+                return self._retry_stock(q.key, args, kwargs)
+              current.fun = None
+              if entry.traces != entry.checked:   # traced a new signature
+                self._store(q.key, entry, leaves, args, kwargs)
+              return out
+    return self._call_slow(args, kwargs)
+
+  def _call_slow(self, args, kwargs):
+    """Build the key, look it up, and hit, miss or fall back."""
+    fun = self._fun
     try:
       a = _analyse(fun, self._lift_numpy, self._lift_arrays)
       key = (self._options_key, a.key)
@@ -264,10 +322,13 @@ class ClosureJitted:
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
-    _count_hit()
-    # The lifted function reads _current.fun when it traces, before any user
-    # code runs, so set it right before each call into the shared jitted
-    # function and clear it after: the cache must not keep ``fun`` alive.
+    if self._code is not None and not entry.guards:
+      quick = _quick.get(self._code, ())
+      if len(quick) < _QUICK_PER_CODE:
+        match = closure.quick_matcher(fun, a.key)
+        if match is not None:
+          _remember_quick(_quick, self._code, key, match, entry)
+    next(_counters.hits)
     current = _current
     current.fun = fun
     try:
@@ -276,8 +337,8 @@ class ClosureJitted:
       current.fun = None
       return self._retry_stock(key, args, kwargs)
     current.fun = None
-    if entry.traces != entry.checked:   # traced again: re-derive guards
-      self._store(key, entry, a, args, kwargs)
+    if entry.traces != entry.checked:   # traced a new signature
+      self._store(key, entry, a.leaves, args, kwargs)
     return out
 
   def _fallback(self, reason: str, args, kwargs):
@@ -315,10 +376,11 @@ class ClosureJitted:
       current.fun = None
       return self._retry_stock(key, args, kwargs)
     current.fun = None
-    self._store(key, entry, a, args, kwargs, traced)
+    self._store(key, entry, a.leaves, args, kwargs, traced)
     return out
 
-  def _store(self, key, entry: _Entry, a, args, kwargs, traced=None) -> None:
+  def _store(self, key, entry: _Entry, leaves, args, kwargs,
+             traced=None) -> None:
     """Store ``entry`` under the post-trace key with fresh guards, or drop it.
 
     The key is taken again after tracing: a trace that mutated closure state
@@ -332,13 +394,13 @@ class ClosureJitted:
       after = closure.analyse(self._fun, self._lift_numpy, self._lift_arrays)
     except Uncacheable:
       return
-    if len(after.leaves) != len(a.leaves):
+    if len(after.leaves) != len(leaves):
       return
     if traced is None:
       current = _current
       current.fun = self._fun
       try:
-        traced = entry.jitted.trace(a.leaves, *args, **kwargs)
+        traced = entry.jitted.trace(leaves, *args, **kwargs)
       except Exception:
         return
       finally:
@@ -351,10 +413,15 @@ class ClosureJitted:
     entry.anchors = after.anchors
     entry.guards = guards
     entry.checked = entry.traces
+    stored_key = (key[0], after.key)
     try:
-      _entries.put((key[0], after.key), entry)
+      _entries.put(stored_key, entry)
     except TypeError:
-      pass
+      return
+    if self._code is not None and not guards:
+      match = closure.quick_matcher(self._fun, after.key)
+      if match is not None:
+        _remember_quick(_quick, self._code, stored_key, match, entry)
 
 
 def _split(w: ClosureJitted):
@@ -412,29 +479,58 @@ def _helpers_may_capture_arrays(roots: list) -> bool:
   return False
 
 
+class _Canonical:
+  """A canonical stock jitted object and the anchors of its key."""
+  __slots__ = ("jitted", "anchors", "__weakref__")
+
+  def __init__(self, jitted, anchors):
+    self.jitted = jitted
+    self.anchors = anchors
+
+
+_canonical_quick: dict[types.CodeType, list[_Quick]] = {}
+cache.register_clear_hook(_canonical_quick.clear)
+
+
 def _canonical_jitted(fun: types.FunctionType, options: dict,
                       options_key: tuple, lift_numpy: bool):
   """The shared stock jitted object for ``fun``, or None if it needs lifting."""
+  full_options_key = (options_key, lift_numpy)
+  code = fun.__code__
+  for q in _canonical_quick.get(code, ()):
+    if q.options_key == full_options_key and q.match(fun) is not None:
+      found = q.entry()
+      if found is not None:
+        next(_counters.hits)
+        return found.jitted
   try:
     a = closure.analyse(fun, lift_numpy)
   except Uncacheable:
     return None
   if a.leaves or _helpers_may_capture_arrays(a.roots):
     return None
-  key = ((options_key, lift_numpy), a.key)
+  key = (full_options_key, a.key)
   try:
     found = _canonical.get(key)
   except TypeError:
     return None
-  if found is not None:
-    cache.count_hit()
-    return found[0]
-  # A private copy of ``fun``: stock caches are keyed on the function object,
-  # so two entries (``fun``'s globals changed between them) must not share it.
-  jitted = _compat.STOCK_JIT(_copy_function(fun), **options)
-  cache.count_miss()
-  _canonical.put(key, (jitted, a.anchors))
-  return jitted
+  if found is None:
+    # A private copy of ``fun``: stock caches are keyed on the function
+    # object, so two entries (``fun``'s globals changed between them) must
+    # not share it.
+    found = _Canonical(_compat.STOCK_JIT(_copy_function(fun), **options),
+                       a.anchors)
+    cache.count_miss()
+    _canonical.put(key, found)
+  else:
+    next(_counters.hits)
+  # The inline cache skips the helper scan, so only functions that read no
+  # module-level helper take it.
+  if not a.roots and len(_canonical_quick.get(code, ())) < _QUICK_PER_CODE:
+    match = closure.quick_matcher(fun, a.key)
+    if match is not None:
+      _remember_quick(_canonical_quick, code, key, match, found)
+  return found.jitted
 
 
 def _copy_function(f: types.FunctionType) -> types.FunctionType:

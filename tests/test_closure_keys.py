@@ -1,0 +1,182 @@
+"""Closure analysis at the key level: what keys equal, what keys differ, and
+that the hot path's generated matcher agrees with the full key exactly."""
+
+import functools
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_closure_cache import closure
+
+TRICKY = [0, 1, -1, True, False, 0.0, -0.0, 1.0, float("nan"), float("inf"),
+          "a", b"a", None, np.float32(1), np.float32(-0.0), np.int32(1),
+          jnp.ones(2), jnp.ones(3, jnp.int32), jax.device_put(jnp.ones(2), jax.devices()[0]),
+          np, jnp.sum, int, (1, 2.0), {"a": 1}]
+
+
+def make(c):
+  return lambda x: (x, c)
+
+
+def key(v):
+  return closure.analyse(make(v)).key
+
+
+@pytest.mark.parametrize("i", range(len(TRICKY)))
+def test_tricky_values_key_only_to_themselves(i):
+  for j, other in enumerate(TRICKY):
+    same = key(TRICKY[i]) == key(other)
+    if i == j:
+      assert same, TRICKY[i]
+    elif type(TRICKY[i]) in (float, int, bool, np.float32, np.int32):
+      assert not same, (TRICKY[i], other)
+
+
+def test_arrays_key_by_position_not_value():
+  a = closure.analyse(make(jnp.ones(2)))
+  b = closure.analyse(make(jnp.zeros(5)))
+  assert a.key == b.key and len(a.leaves) == 1
+
+
+def test_committed_arrays_key_by_identity():
+  dev = jax.devices()[0]
+  x, y = jax.device_put(jnp.ones(2), dev), jax.device_put(jnp.ones(2), dev)
+  assert key(x) != key(y) and key(x) == key(x)
+  assert closure.analyse(make(x)).leaves == []
+
+
+def test_numpy_keys_by_bytes_dtype_shape():
+  a = np.arange(3.0)
+  assert key(a) == key(a.copy())
+  assert key(a) != key(a.astype(np.float32))
+  assert key(a) != key(a.reshape(3, 1))
+  b = a.copy()
+  b[0] = -0.0
+  assert key(a) != key(b)   # 0.0 and -0.0 differ in their bytes
+  with pytest.raises(closure.Uncacheable):
+    key(np.array([object()]))
+
+
+def test_tracer_anywhere_is_uncacheable():
+  def check(x):
+    with pytest.raises(closure.Uncacheable) as e:
+      closure.analyse(make({"deep": [x]}))
+    assert e.value.reason == "tracer"
+    return x
+  jax.jit(check)(1.0)
+
+
+def test_cycles_terminate_and_rebuild():
+  def outer(w):
+    def rec(n):
+      return w if n == 0 else rec(n - 1)
+    return rec
+  a = closure.analyse(outer(jnp.ones(2)))
+  assert len(a.leaves) == 1
+  rebuilt = closure.rebuild(outer(jnp.ones(2)), a.key, [jnp.full(2, 5.0)])
+  np.testing.assert_array_equal(rebuilt(3), jnp.full(2, 5.0))
+
+
+class Opaque:
+  __slots__ = ("v",)
+
+  def __init__(self, v):
+    self.v = v
+
+
+def test_identity_objects_are_roots():
+  o = Opaque(1)
+  a = closure.analyse(make(o))
+  assert o in a.roots and o in a.anchors
+
+
+class Cfg:
+  def __init__(self, **kw):
+    self.__dict__.update(kw)
+
+  def __eq__(self, other):
+    return vars(self) == vars(other)
+
+
+def test_plain_object_budget_then_identity_or_unhashable():
+  assert key(Cfg(a=1)) == key(Cfg(a=1)) != key(Cfg(a=2))
+  big = Cfg(**{f"a{i}": i for i in range(closure.OBJECT_VALUES_BUDGET + 1)})
+  with pytest.raises(closure.Uncacheable):   # __eq__ alone: unhashable
+    key(big)
+
+
+def test_function_attributes_are_ignored():
+  def deco(f):
+    @functools.wraps(f)
+    def wrapper(x):
+      return f(x)
+    return wrapper
+  f1, f2 = deco(make(1)), deco(make(1))
+  assert closure.analyse(f1).key == closure.analyse(f2).key
+
+
+def matcher_for(value):
+  fun = make(value)
+  return closure.quick_matcher(fun, closure.analyse(fun).key)
+
+
+@pytest.mark.parametrize("i", range(len(TRICKY)))
+def test_quick_matcher_agrees_with_the_key(i):
+  match = matcher_for(TRICKY[i])
+  simple = not isinstance(TRICKY[i], np.generic) and not (
+      isinstance(TRICKY[i], jax.Array) and TRICKY[i].committed)
+  assert (match is not None) == simple
+  if match is None:
+    return
+  for other in TRICKY:
+    f = make(other)
+    a = closure.analyse(f)
+    got = match(f)
+    want_equal = a.key == closure.analyse(make(TRICKY[i])).key
+    assert (got is not None) == want_equal, (TRICKY[i], other)
+    if got is not None:
+      assert len(got) == len(a.leaves) and all(
+          g is l for g, l in zip(got, a.leaves))
+
+
+def test_quick_matcher_checks_globals_and_defaults():
+  ns = {}
+  exec("def make(w, n=2):\n  def f(x, k=n):\n    return x * w + K + k\n"
+       "  return f\n", ns)
+  ns["K"] = 1.0
+  f = ns["make"](jnp.ones(2))
+  match = closure.quick_matcher(f, closure.analyse(f).key)
+  assert match is not None and len(match(f)) == 1
+  assert match(ns["make"](jnp.zeros(2))) is not None
+  assert match(ns["make"](jnp.zeros(2), n=3)) is None   # default differs
+  ns["K"] = 2.0
+  assert match(f) is None   # a read global differs
+  del ns["K"]
+  assert match(f) is None
+  assert match(types.FunctionType(f.__code__, {}, "f", f.__defaults__,
+                                  f.__closure__)) is None
+
+
+TREES = [{"w": jnp.ones(2), "b": jnp.zeros(2)}, {"w": jnp.ones(3), "b": jnp.ones(1)},
+         {"w": jnp.ones(2), "c": jnp.zeros(2)}, [jnp.ones(2), 1.0], [jnp.ones(2), 2.0],
+         [jnp.ones(2), -0.0], (jnp.ones(2),), [jnp.ones(2)], {"w": np.ones(2)}]
+
+
+@pytest.mark.parametrize("i", range(len(TREES)))
+def test_quick_matcher_agrees_on_pytrees(i):
+  base = make(TREES[i])
+  match = closure.quick_matcher(base, closure.analyse(base).key)
+  has_numpy = isinstance(TREES[i], dict) and isinstance(TREES[i].get("w"), np.ndarray)
+  assert (match is None) == has_numpy   # numpy parts are not simple
+  if match is None:
+    return
+  for other in TREES:
+    f = make(other)
+    a = closure.analyse(f)
+    got = match(f)
+    assert (got is not None) == (a.key == closure.analyse(base).key)
+    if got is not None:
+      assert all(g is l for g, l in zip(got, a.leaves)) and len(got) == len(a.leaves)
