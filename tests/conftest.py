@@ -30,3 +30,24 @@ def counting():
     yield counts
   counts["traces"] = traces()
   counts["compiles"] = compiles()
+
+
+def assert_like_stock(got, fun, *args, **kwargs):
+  """``got`` equals stock ``jax.jit`` (the original, whatever is patched) of a
+  fresh copy of ``fun``, as for a re-created function: values, dtype and weak
+  type, leaf by leaf. The copy matters: stock caches on the function object,
+  so reusing ``fun`` could return stock's own stale trace."""
+  import types
+  import numpy as np
+  if type(fun) is types.FunctionType:
+    copy = types.FunctionType(fun.__code__, fun.__globals__, fun.__name__,
+                              fun.__defaults__, fun.__closure__)
+    copy.__kwdefaults__ = fun.__kwdefaults__
+    fun = copy
+  want = STOCK_JIT(fun)(*args, **kwargs)
+  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+  assert got_tree == want_tree
+  for g, w in zip(got_leaves, want_leaves):
+    assert g.dtype == w.dtype and g.weak_type == w.weak_type, (g, w)
+    np.testing.assert_array_equal(g, w)
