@@ -360,7 +360,6 @@ class ClosureJitted:
     if code is not None and code in _unliftable:
       return self._fallback("unliftable", args, kwargs)
     self.stock()   # made now: validates the options as stock jit() would
-    cache.count_miss()
     entry = _Entry()
     entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
                                     self._lift_numpy, self._lift_arrays)
@@ -376,6 +375,7 @@ class ClosureJitted:
       current.fun = None
       return self._retry_stock(key, args, kwargs)
     current.fun = None
+    cache.count_miss()   # only now: a failed trace counts as a fallback alone
     self._store(key, entry, a.leaves, args, kwargs, traced)
     return out
 

@@ -235,3 +235,80 @@ def test_guard_on_helper_function_global_hits_then_sees_reassignment():
   helper_module.W = w5
   assert_like_stock(jcc.jit(make(1.0))(x), make(1.0), x)
   helper_module.W = w1
+
+
+import dataclasses
+import enum
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenCfg:
+  scale: float
+
+
+class Mode(enum.Enum):
+  ADD = 1
+  MUL = 2
+
+
+def test_value_hashed_objects_key_by_hash_and_equality():
+  def make(cfg, mode):
+    return lambda x: x + cfg.scale if mode is Mode.ADD else x * cfg.scale
+  x = jnp.ones(2)
+  jcc.jit(make(FrozenCfg(2.0), Mode.MUL))(x)
+  with counting() as c:
+    out = jcc.jit(make(FrozenCfg(2.0), Mode.MUL))(x)   # equal, not identical
+  assert c["compiles"] == 0
+  assert_like_stock(out, make(FrozenCfg(2.0), Mode.MUL), x)
+  for cfg, mode in [(FrozenCfg(3.0), Mode.MUL), (FrozenCfg(2.0), Mode.ADD)]:
+    assert_like_stock(jcc.jit(make(cfg, mode))(x), make(cfg, mode), x)
+
+
+def test_tracer_behind_identity_kept_object_is_never_stored():
+  holder = BigModel(None)   # past the budget: kept by identity
+  def outer(w):
+    holder.w = w            # a tracer, reachable only through the object
+    return jnp.sum(jcc.jit(holder.make_step())(jnp.ones(2)))
+  g1 = jax.grad(outer)(jnp.eye(2))
+  g2 = jax.grad(outer)(2 * jnp.eye(2))   # a later trace: no stale tracer
+  np.testing.assert_array_equal(g1, g2)
+  np.testing.assert_array_equal(g1, jnp.ones((2, 2)))
+  assert jcc.stats()["entries"] == 0
+  assert jcc.stats()["not_stored"].get("untracked_capture", 0) >= 1
+
+
+@pytest.mark.parametrize("use", [
+    lambda x, n: x * bool(n),
+    lambda x, n: x * int(n),
+    lambda x, n: x * n.item(),
+    lambda x, n: x + np.asarray(n),
+    lambda x, n: x[:n],
+], ids=["bool", "int", "item", "np.asarray", "slice"])
+def test_concrete_uses_of_lifted_arrays_give_stock_results(use):
+  def make(n):
+    return lambda x: use(x, n)
+  x = jnp.arange(5.0)
+  n = jnp.array(3)
+  assert_like_stock(jcc.jit(make(n))(x), make(n), x)
+  # The parametrised cases share make's code object: after the first, the
+  # code is remembered as unliftable and goes to stock directly.
+  reasons = jcc.stats()["fallback_reasons"]
+  assert sum(reasons.values()) == 1 and set(reasons) <= {"trace_error", "unliftable"}
+  assert jcc.stats()["misses"] == 0
+
+
+def test_lift_numpy_from_environment():
+  import subprocess, sys, os
+  code = ("import numpy as np, jax.numpy as jnp, jax_closure_cache as j\n"
+          "from jax._src import test_util as jtu\n"
+          "mk = lambda w: (lambda x: x @ w)\n"
+          "x = jnp.ones(2)\n"
+          "a, b = np.eye(2, dtype=np.float32), 2 * np.eye(2, dtype=np.float32)\n"
+          "j.jit(mk(a))(x)\n"
+          "with jtu.count_jit_compilation_cache_miss() as c:\n"
+          "  out = j.jit(mk(b))(x)\n"
+          "print(c(), float(out[0]))\n")
+  env = dict(os.environ, JAX_CLOSURE_CACHE_LIFT_NUMPY="1")
+  out = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.stdout.split() == ["0", "2.0"], out.stderr
