@@ -10,6 +10,7 @@ to one shared executable.
 Public API::
 
     jit(fun=None, **jax_jit_options)   # closure-aware drop-in for jax.jit
+    lax.while_loop, fori_loop, scan, cond, switch, map   # eager, cached
     enable(), disable(), is_enabled(), enabled()   # patch jax.jit globally
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
@@ -41,11 +42,16 @@ _PUBLIC = {
     "capacity": "cache",
     "set_capacity": "cache",
 }
+# ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 
-__all__ = sorted(_PUBLIC)
+__all__ = sorted([*_PUBLIC, "lax"])
 
 
 def __getattr__(name: str):
+  if name == "lax":
+    value = importlib.import_module("jax_closure_cache.lax")
+    _activation.finish_pending()
+    return value
   module_name = _PUBLIC.get(name)
   if module_name is None:
     raise AttributeError(f"module 'jax_closure_cache' has no attribute {name!r}")

@@ -63,3 +63,29 @@ def count_compiles():
   """JAX's own XLA compilation counter; see :func:`count_traces`."""
   from jax._src import test_util
   return test_util.count_jit_compilation_cache_miss()
+
+
+# -- control flow --------------------------------------------------------------
+
+from jax._src import lax as _internal_lax   # noqa: E402
+from jax._src.lax.control_flow import conditionals as _conditionals   # noqa: E402
+from jax._src.lax.control_flow import loops as _loops   # noqa: E402
+
+#: The control-flow functions as JAX defines them, taken from their defining
+#: modules, which ``enable()`` never patches.
+STOCK_CONTROL_FLOW = {
+    "while_loop": _loops.while_loop,
+    "fori_loop": _loops.fori_loop,
+    "scan": _loops.scan,
+    "map": _loops.map,
+    "cond": _conditionals.cond,
+    "switch": _conditionals.switch,
+}
+
+#: Modules whose control-flow attributes callers look up at call time:
+#: ``jax.lax`` for users, and ``jax._src.lax``, through which JAX's own
+#: modules (``jax.scipy.optimize.minimize`` among them) call ``while_loop``.
+CONTROL_FLOW_OWNERS = (jax.lax, _internal_lax)
+
+#: True when no trace is active (not under jit, grad, vmap, ...).
+trace_state_clean = _core.trace_state_clean

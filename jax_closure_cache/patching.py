@@ -32,10 +32,18 @@ class Patch(NamedTuple):
 def _patch_points() -> list[tuple[Any, str, Any]]:
   """(owner, attribute, replacement) for every place ``enable()`` patches.
 
-  Only the public ``jax.jit`` attribute: JAX's own modules call their
-  internal ``api.jit``, and so keep stock behaviour.
+  ``jax.jit`` (JAX's own modules call their internal ``api.jit`` and keep
+  stock behaviour), and the six control-flow functions wherever callers look
+  them up at call time (``_compat.CONTROL_FLOW_OWNERS``), but only where the
+  attribute is still JAX's own function.
   """
-  return [(jax, "jit", closure_jit.jit)]
+  from jax_closure_cache import control_flow
+  points = [(jax, "jit", closure_jit.jit)]
+  for owner in _compat.CONTROL_FLOW_OWNERS:
+    for name, replacement in control_flow.CACHED.items():
+      if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:
+        points.append((owner, name, replacement))
+  return points
 
 
 _lock = threading.RLock()
@@ -43,7 +51,7 @@ _applied: list[Patch] = []
 
 
 def is_enabled() -> bool:
-  """Whether ``jax.jit`` is currently the closure-aware ``jit``."""
+  """Whether ``jax.jit`` (and control flow) are currently the cached ones."""
   return bool(_applied)
 
 

@@ -9,6 +9,7 @@ from jax._src import test_util as jtu
 import jax_closure_cache as jcc
 
 STOCK_JIT = jax.jit
+STOCK_WHILE_LOOP = jax.lax.while_loop
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +20,7 @@ def fresh_cache():
   jcc.disable()
   jcc.clear()
   assert jax.jit is STOCK_JIT
+  assert jax.lax.while_loop is STOCK_WHILE_LOOP
 
 
 @contextlib.contextmanager

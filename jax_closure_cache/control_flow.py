@@ -1,0 +1,174 @@
+"""Eager control flow through one cached launcher per closure key.
+
+Called outside any trace, ``while_loop(cond_fun, body_fun, init_val)`` (and
+``fori_loop``, ``scan``, ``cond``, ``switch``, ``map``) builds a *launcher*: a
+small closure over the function arguments and the static parameters (length,
+reverse, unroll, Python-int loop bounds, ...) that calls stock control flow
+on the dynamic operands. The launcher goes through the closure-aware jit, so
+a fresh ``body_fun`` whose key equals an earlier one reuses that executable;
+arrays the functions close over are lifted as for any closure.
+
+Invariants:
+* Under a trace, under ``jax.disable_jit()``, or with an argument form this
+  module does not route (``operand=``), every function is exactly stock.
+* A launcher's stock form is the launcher itself called eagerly, which is the
+  stock call; fallbacks and retries therefore give stock's result or error.
+
+Example::
+
+    >>> import jax.numpy as jnp
+    >>> from jax_closure_cache import lax
+    >>> def generate(w, x):   # fresh closures every call, one compile
+    ...   return lax.while_loop(lambda c: c[0] < 3,
+    ...                         lambda c: (c[0] + 1, c[1] @ w), (0, x))[1]
+    >>> generate(jnp.eye(2), jnp.ones(2))
+    Array([1., 1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+
+import numpy as np
+
+from jax_closure_cache import _compat
+from jax_closure_cache import closure_jit
+
+_stock_while_loop = _compat.STOCK_CONTROL_FLOW["while_loop"]
+_stock_fori_loop = _compat.STOCK_CONTROL_FLOW["fori_loop"]
+_stock_scan = _compat.STOCK_CONTROL_FLOW["scan"]
+_stock_map = _compat.STOCK_CONTROL_FLOW["map"]
+_stock_cond = _compat.STOCK_CONTROL_FLOW["cond"]
+_stock_switch = _compat.STOCK_CONTROL_FLOW["switch"]
+_DISABLE_JIT = _compat.DISABLE_JIT
+_trace_state_clean = _compat.trace_state_clean
+
+
+class _Launcher(closure_jit.ClosureJitted):
+  """A cached launcher; its stock form is itself, called eagerly."""
+  __slots__ = ()
+
+  def stock(self):
+    return self._fun
+
+
+def _launch(launcher, *operands):
+  return _Launcher(launcher, {}, (), closure_jit.lift_numpy_default())(*operands)
+
+
+def _routable() -> bool:
+  return _trace_state_clean() and not _DISABLE_JIT.value
+
+
+# Each launcher factory's inner function has one code object for the whole
+# process, so its closure (the user's functions and static parameters) is
+# the whole cache key.
+
+def _while_launcher(cond_fun, body_fun):
+  def launch_while_loop(init_val):
+    return _stock_while_loop(cond_fun, body_fun, init_val)
+  return launch_while_loop
+
+
+@functools.wraps(_stock_while_loop)
+def while_loop(cond_fun, body_fun, init_val):
+  if not _routable():
+    return _stock_while_loop(cond_fun, body_fun, init_val)
+  return _launch(_while_launcher(cond_fun, body_fun), init_val)
+
+
+def _static_bound(bound):
+  """A Python or NumPy integer bound stays static, as stock keeps it."""
+  if isinstance(bound, (int, np.integer)) and not isinstance(bound, bool):
+    return operator.index(bound)
+  return None
+
+
+def _fori_launcher(static_lower, static_upper, body_fun, unroll):
+  def launch_fori_loop(lower, upper, init_val):
+    return _stock_fori_loop(static_lower if lower is None else lower,
+                            static_upper if upper is None else upper,
+                            body_fun, init_val, unroll=unroll)
+  return launch_fori_loop
+
+
+@functools.wraps(_stock_fori_loop)
+def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
+  if not _routable():
+    return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+  static_lower, static_upper = _static_bound(lower), _static_bound(upper)
+  # A Python int bound is a static cell (stock unrolls to a scan of known
+  # length); an array bound is an operand, so new values never recompile.
+  return _launch(
+      _fori_launcher(static_lower, static_upper, body_fun, unroll),
+      None if static_lower is not None else lower,
+      None if static_upper is not None else upper, init_val)
+
+
+def _scan_launcher(f, length, reverse, unroll, split_transpose):
+  def launch_scan(init, xs):
+    return _stock_scan(f, init, xs, length=length, reverse=reverse,
+                       unroll=unroll, _split_transpose=split_transpose)
+  return launch_scan
+
+
+@functools.wraps(_stock_scan)
+def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
+         _split_transpose=False):
+  if not _routable():
+    return _stock_scan(f, init, xs, length=length, reverse=reverse,
+                       unroll=unroll, _split_transpose=_split_transpose)
+  return _launch(_scan_launcher(f, length, reverse, unroll, _split_transpose),
+                 init, xs)
+
+
+def _map_launcher(f, batch_size):
+  def launch_map(xs):
+    return _stock_map(f, xs, batch_size=batch_size)
+  return launch_map
+
+
+@functools.wraps(_stock_map)
+def map(f, xs, *, batch_size=None):   # noqa: A001 -- mirrors jax.lax.map
+  if not _routable():
+    return _stock_map(f, xs, batch_size=batch_size)
+  return _launch(_map_launcher(f, batch_size), xs)
+
+
+_NO_OPERAND = object()
+
+
+def _cond_launcher(true_fun, false_fun):
+  def launch_cond(pred, *operands):
+    return _stock_cond(pred, true_fun, false_fun, *operands)
+  return launch_cond
+
+
+@functools.wraps(_stock_cond)
+def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
+  if operand is not _NO_OPERAND or not _routable():
+    if operand is _NO_OPERAND:
+      return _stock_cond(pred, true_fun, false_fun, *operands)
+    return _stock_cond(pred, true_fun, false_fun, *operands, operand=operand)
+  return _launch(_cond_launcher(true_fun, false_fun), pred, *operands)
+
+
+def _switch_launcher(branches):
+  def launch_switch(index, *operands):
+    return _stock_switch(index, branches, *operands)
+  return launch_switch
+
+
+@functools.wraps(_stock_switch)
+def switch(index, branches, *operands, operand=_NO_OPERAND):
+  if operand is not _NO_OPERAND or not _routable():
+    if operand is _NO_OPERAND:
+      return _stock_switch(index, branches, *operands)
+    return _stock_switch(index, branches, *operands, operand=operand)
+  return _launch(_switch_launcher(branches), index, *operands)
+
+
+#: name -> the cached function, for the patch registry and ``lax``.
+CACHED = {"while_loop": while_loop, "fori_loop": fori_loop, "scan": scan,
+          "map": map, "cond": cond, "switch": switch}

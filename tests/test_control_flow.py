@@ -1,0 +1,190 @@
+"""Eager control flow with fresh closures: one executable per closure key,
+results and errors equal to stock jax.lax (cache off)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import lax as cached_lax
+from conftest import counting
+
+STOCK_LAX = {name: getattr(jax.lax, name) for name in
+             ("while_loop", "fori_loop", "scan", "map", "cond", "switch")}
+
+
+def assert_trees_equal(got, want):
+  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+  assert got_tree == want_tree
+  for g, w in zip(got_leaves, want_leaves):
+    g, w = jnp.asarray(g), jnp.asarray(w)
+    assert g.dtype == w.dtype and g.weak_type == w.weak_type, (g, w)
+    np.testing.assert_array_equal(g, w)
+
+
+# Each program builds its closures afresh from (lax module, w, x): calling it
+# with jax.lax is stock, with jax_closure_cache.lax the cache.
+def prog_while(lax, w, x):
+  return lax.while_loop(lambda c: c["i"] < 3,
+                        lambda c: {"i": c["i"] + 1, "x": jnp.tanh(c["x"] @ w)},
+                        {"i": 0, "x": x})
+
+
+def prog_fori_static(lax, w, x):
+  return lax.fori_loop(0, 4, lambda i, v: v @ w + i, x)
+
+
+def prog_fori_traced(lax, w, x):
+  return lax.fori_loop(jnp.int32(1), jnp.int32(4), lambda i, v: v @ w + i, x)
+
+
+def prog_scan(lax, w, x):
+  return lax.scan(lambda c, xi: (c @ w + xi, c.sum()), x, jnp.stack([x, 2 * x]))
+
+
+def prog_scan_reverse(lax, w, x):
+  return lax.scan(lambda c, xi: (c * w[0] + xi, c), x, jnp.stack([x, 2 * x]),
+                  reverse=True, unroll=2)
+
+
+def prog_scan_no_xs(lax, w, x):
+  return lax.scan(lambda c, _: (c @ w, c), x, None, length=3)
+
+
+def prog_cond(lax, w, x):
+  return lax.cond(x.sum() > 0, lambda a, b: a @ w + b, lambda a, b: a - b, x, 1.0)
+
+
+def prog_switch_clamped_high(lax, w, x):
+  return lax.switch(7, [lambda a: a @ w, lambda a: a + w[0], lambda a: -a], x)
+
+
+def prog_switch_clamped_low(lax, w, x):
+  return lax.switch(jnp.int32(-3), [lambda a: a @ w, lambda a: a + w[0]], x)
+
+
+def prog_map(lax, w, x):
+  return lax.map(lambda r: r @ w, jnp.stack([x, 3 * x, x]), batch_size=2)
+
+
+PROGRAMS = [prog_while, prog_fori_static, prog_fori_traced, prog_scan,
+            prog_scan_reverse, prog_scan_no_xs, prog_cond,
+            prog_switch_clamped_high, prog_switch_clamped_low, prog_map]
+
+
+class StockLax:
+  while_loop = staticmethod(STOCK_LAX["while_loop"])
+  fori_loop = staticmethod(STOCK_LAX["fori_loop"])
+  scan = staticmethod(STOCK_LAX["scan"])
+  map = staticmethod(STOCK_LAX["map"])
+  cond = staticmethod(STOCK_LAX["cond"])
+  switch = staticmethod(STOCK_LAX["switch"])
+
+
+@pytest.mark.parametrize("prog", PROGRAMS, ids=lambda p: p.__name__)
+def test_fresh_closures_reuse_one_executable(prog):
+  x = jnp.arange(3.0) / 3
+  w1, w2 = jnp.eye(3) / 2, jnp.eye(3) / 4 + 0.125   # same dtype, not weak
+  assert_trees_equal(prog(cached_lax, w1, x), prog(StockLax, w1, x))
+  with counting() as c:
+    out = prog(cached_lax, w2, x)
+  assert c == {"traces": 0, "compiles": 0}
+  assert_trees_equal(out, prog(StockLax, w2, x))
+  assert jcc.stats()["hits"] == 1 and jcc.stats()["misses"] == 1
+
+
+def test_static_parameters_are_keyed():
+  x = jnp.arange(3.0)
+  step = lambda c, _: (c + 1, c)
+  for n in (2, 3, 2):
+    assert_trees_equal(count_up(cached_lax, 0, n, x), count_up(StockLax, 0, n, x))
+  for length in (2, 3):
+    assert_trees_equal(cached_lax.scan(step, x, None, length=length),
+                       StockLax.scan(step, x, None, length=length))
+  assert jcc.stats()["misses"] == 4 and jcc.stats()["hits"] == 1
+
+
+def count_up(lax, lo, hi, x):
+  return lax.fori_loop(lo, hi, lambda i, v: v + i, x)
+
+
+def test_traced_fori_bounds_are_operands():
+  x = jnp.arange(3.0)
+  lo, hi1, hi2 = jnp.int32(0), jnp.int32(2), jnp.int32(5)
+  count_up(cached_lax, lo, hi1, x)
+  with counting() as c:
+    out = count_up(cached_lax, lo, hi2, x)
+  assert c["compiles"] == 0
+  assert_trees_equal(out, count_up(StockLax, lo, hi2, x))
+
+
+def test_carry_type_change_raises_stock_error_type():
+  body = lambda c: c.astype(jnp.int32)
+  with pytest.raises(TypeError) as stock_err:
+    StockLax.while_loop(lambda c: False, body, jnp.ones(2))
+  with pytest.raises(TypeError) as ours:
+    cached_lax.while_loop(lambda c: False, body, jnp.ones(2))
+  assert str(ours.value) == str(stock_err.value)
+
+
+def test_under_a_trace_and_disable_jit_it_is_stock():
+  w = jnp.eye(3)
+  def outer(x):
+    return prog_while(cached_lax, w, x)["x"].sum()
+  def stock_outer(x):
+    return prog_while(StockLax, w, x)["x"].sum()
+  x = jnp.arange(3.0)
+  np.testing.assert_allclose(jax.jit(outer)(x), jax.jit(stock_outer)(x))
+  assert_trees_equal(jax.jvp(outer, (x,), (x,)), jax.jvp(stock_outer, (x,), (x,)))
+  assert_trees_equal(jax.vmap(outer)(jnp.stack([x, x])),
+                     jax.vmap(stock_outer)(jnp.stack([x, x])))
+  with jax.disable_jit():
+    assert_trees_equal(prog_scan(cached_lax, w, x), prog_scan(StockLax, w, x))
+  assert jcc.stats()["hits"] + jcc.stats()["misses"] == 0
+
+
+def test_closure_over_tracer_falls_back_to_stock():
+  def outer(x):
+    return cached_lax.while_loop(lambda c: c[0] < 2,
+                                 lambda c: (c[0] + 1, c[1] * x), (0, 1.0))[1]
+  assert jax.jvp(outer, (3.0,), (1.0,))[1] == 6.0   # a trace: stock path
+  assert jcc.stats()["entries"] == 0
+
+
+def test_enable_patches_every_alias_and_disable_restores_exactly():
+  import jax._src.lax as internal_lax
+  before = {name: getattr(internal_lax, name, None) for name in STOCK_LAX}
+  jcc.enable()
+  try:
+    for name in STOCK_LAX:
+      assert getattr(jax.lax, name) is getattr(cached_lax, name)
+      if before[name] is not None:
+        assert getattr(internal_lax, name) is getattr(cached_lax, name)
+  finally:
+    jcc.disable()
+  for name, original in STOCK_LAX.items():
+    assert getattr(jax.lax, name) is original
+    assert getattr(internal_lax, name, None) is before[name]
+
+
+def _loss(x, data):
+  return jnp.sum((x - data) ** 2) + 0.1 * jnp.sum(x ** 4)
+
+
+def test_scipy_minimize_with_fresh_objectives():
+  from jax.scipy.optimize import minimize
+  x0 = jnp.zeros(3)
+  datasets = [jnp.arange(3.0) + i for i in range(3)]
+  stock = [minimize(lambda x: _loss(x, d), x0, method="BFGS") for d in datasets]
+  assert jcc.stats()["hits"] + jcc.stats()["misses"] == 0   # not patched
+  objective = lambda d: (lambda x: _loss(x, d))
+  with jcc.enabled():
+    cached = [minimize(objective(datasets[0]), x0, method="BFGS")]
+    with counting() as c:
+      cached += [minimize(objective(d), x0, method="BFGS") for d in datasets[1:]]
+  assert c["compiles"] == 0
+  for s, r in zip(stock, cached):
+    np.testing.assert_allclose(r.x, s.x, atol=1e-6)
+    np.testing.assert_allclose(r.fun, s.fun, atol=1e-6)
