@@ -427,13 +427,23 @@ def analyse(fun: Callable, lift_numpy: bool = False,
 
 def _is_simple_part(part) -> bool:
   """A key part that a value can be checked against without building a key:
-  a lifted array, an atom or float, a missing global, an identity object, or
-  a pytree of those."""
+  a lifted array, an atom or float, a missing global, an identity object, a
+  pytree of those, a ``functools.partial`` of those, or a nested function (no
+  keyword defaults, no back-reference) whose cells, defaults and read globals
+  are all simple."""
   if part is LIFTED or part is _MISSING:
     return True
   if type(part) is tuple:
     if len(part) == 3 and part[0] is _TREE:
       return all(map(_is_simple_part, part[2]))
+    if len(part) == 4 and part[0] is _PARTIAL:
+      return all(map(_is_simple_part,
+                     (part[1], *part[2], *(p for _, p in part[3]))))
+    if len(part) == 8 and part[0] is _FN:
+      _, _, code, _, cells, defaults, kwdefaults, globs = part
+      return (kwdefaults is None
+              and len(globs) == len(code_plan(code).global_names)
+              and all(map(_is_simple_part, (*cells, *(defaults or ()), *globs))))
     return len(part) == 2 and (part[0] in _ATOMS or part[0] is float)
   return not isinstance(part, _Tag)
 
@@ -443,42 +453,85 @@ class _MatchSource:
 
   def __init__(self):
     self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
-                "float_key": _float_key, "tree_flatten": _tree_flatten}
+                "FunctionType": _FunctionType, "float_key": _float_key,
+                "partial": functools.partial,
+                "tree_flatten": _tree_flatten}
     self.lines: list[str] = []
+    self.functions: list[str] = []   # variables holding walked functions
 
   def bind(self, value) -> str:
     name = f"K{len(self.env)}"
     self.env[name] = value
     return name
 
-  def check(self, expr: str, part, indent: str = "    ") -> None:
+  def check(self, expr: str, part) -> None:
     """Lines that return None unless ``expr`` keys to ``part``; lifted
     arrays are appended to ``out`` in walk order."""
     add = self.lines.append
     v = f"v{len(self.lines)}"
-    add(f"{indent}{v} = {expr}")
+    add(f"    {v} = {expr}")
     if part is LIFTED:
-      add(f"{indent}if type({v}) is not ArrayImpl or {v}._committed: return None")
-      add(f"{indent}out.append({v})")
+      add(f"    if type({v}) is not ArrayImpl or {v}._committed: return None")
+      add(f"    out.append({v})")
+    elif type(part) is tuple and part[0] is _FN:
+      self.function(v, part)
+    elif type(part) is tuple and part[0] is _PARTIAL:
+      _, func, args, keywords = part
+      names = tuple(k for k, _ in keywords)
+      add(f"    if type({v}) is not partial or len({v}.args) != {len(args)} "
+          f"or tuple({v}.keywords) != {self.bind(names)}: return None")
+      self.check(f"{v}.func", func)
+      for j, p in enumerate(args):
+        self.check(f"{v}.args[{j}]", p)
+      for k, p in keywords:
+        self.check(f"{v}.keywords[{k!r}]", p)
     elif type(part) is tuple and part[0] is _TREE:
       leaves, treedef = f"{v}_leaves", f"{v}_def"
-      add(f"{indent}{leaves}, {treedef} = tree_flatten({v})")
-      add(f"{indent}if {treedef} != {self.bind(part[1])}: return None")
+      add(f"    {leaves}, {treedef} = tree_flatten({v})")
+      add(f"    if {treedef} != {self.bind(part[1])}: return None")
       if all(p is LIFTED for p in part[2]):   # the common params pytree
-        add(f"{indent}for x in {leaves}:")
-        add(f"{indent}  if type(x) is not ArrayImpl or x._committed: return None")
-        add(f"{indent}out.extend({leaves})")
+        add(f"    for x in {leaves}:")
+        add(f"      if type(x) is not ArrayImpl or x._committed: return None")
+        add(f"    out.extend({leaves})")
       else:
         for j, leaf_part in enumerate(part[2]):
-          self.check(f"{leaves}[{j}]", leaf_part, indent)
+          self.check(f"{leaves}[{j}]", leaf_part)
     elif type(part) is tuple and part[0] is float:
-      add(f"{indent}if type({v}) is not float or float_key({v}) != "
+      add(f"    if type({v}) is not float or float_key({v}) != "
           f"{self.bind(part)}: return None")
     elif type(part) is tuple:
-      add(f"{indent}if type({v}) is not {self.bind(part[0])} or {v} != "
+      add(f"    if type({v}) is not {self.bind(part[0])} or {v} != "
           f"{self.bind(part[1])}: return None")
     else:
-      add(f"{indent}if {v} is not {self.bind(part)}: return None")
+      add(f"    if {v} is not {self.bind(part)}: return None")
+
+  def function(self, f: str, part) -> None:
+    """Checks of the function in variable ``f`` against an ``_FN`` part, in
+    the walk's order: cells, defaults, read globals.
+
+    The globals dict is compared by id: the part holds only its id, and a
+    match is used only while its entry, which anchors that dict, is alive.
+    """
+    _, _, code, gid, cells, defaults, _, globs = part
+    add = self.lines.append
+    self.functions.append(f)
+    add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
+        f"{self.bind(code)} or id({f}.__globals__) != {gid} or "
+        f"{f}.__kwdefaults__ is not None): return None")
+    # analyse keys a closure-free module-level function by identity instead
+    add(f"    if {f}.__closure__ is None and '<locals>' not in "
+        f"{f}.__qualname__ and {f} is not f: return None")
+    add(f"    {f}_d = {f}.__defaults__")
+    if defaults is None:
+      add(f"    if {f}_d is not None: return None")
+    else:
+      add(f"    if {f}_d is None or len({f}_d) != {len(defaults)}: return None")
+    for i, p in enumerate(cells):
+      self.check(f"{f}.__closure__[{i}].cell_contents", p)
+    for i, p in enumerate(defaults or ()):
+      self.check(f"{f}_d[{i}]", p)
+    for name, p in zip(code_plan(code).global_names, globs):
+      self.check(f"{f}.__globals__.get({name!r}, MISSING)", p)
 
 
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
@@ -486,48 +539,29 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
 
   Returns ``match`` such that ``match(f)`` is ``f``'s lifted leaves exactly
   when ``analyse(f).key == key``, and None otherwise; or returns None itself
-  when some cell, default or read global of ``key`` is not simple
-  (:func:`_is_simple_part`). ``match`` is generated for this key, like a
-  ``dataclasses`` method, so it reads each value once with no key to build;
-  every object it compares with is bound by name, never written into the
-  source. It plays the part torch.compile's guards play.
+  when some part of ``key`` is not simple (:func:`_is_simple_part`).
+  ``match`` is generated for this key, like a ``dataclasses`` method, so it
+  reads each value once with no key to build; every object it compares with
+  is bound by name, never written into the source. Nested functions must be
+  distinct objects, as the walk would otherwise have keyed the second
+  occurrence as a back-reference. It plays the part torch.compile's guards
+  play.
   """
   if (type(fun) is not _FunctionType or type(key) is not tuple
-      or key[0] is not _FN or key[6] is not None):   # no keyword defaults
-    return None
-  _, _, code, gid, cells, defaults, _, globs = key
-  if fun.__code__ is not code or id(fun.__globals__) != gid:
-    return None
-  names = code_plan(code).global_names
-  sources = ([f"cl[{i}].cell_contents" for i in range(len(cells))]
-             + [f"d[{i}]" for i in range(len(defaults or ()))]
-             + [f"G.get({n!r}, MISSING)" for n in names])
-  parts = (*cells, *(defaults or ()), *globs)
-  if len(sources) != len(parts) or not all(map(_is_simple_part, parts)):
+      or key[0] is not _FN or not _is_simple_part(key)
+      or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
     return None
   src = _MatchSource()
-  src.env["CODE"], src.env["G"] = code, fun.__globals__
-  d_check = ("d is not None" if defaults is None
-             else f"d is None or len(d) != {len(defaults)}")
-  header = ["def match(f):",
-            "  if f.__code__ is not CODE or f.__globals__ is not G"
-            " or f.__kwdefaults__ is not None:",
-            "    return None",
-            "  d = f.__defaults__",
-            f"  if {d_check}:",
-            "    return None",
-            "  cl = f.__closure__",
-            "  out = []",
-            "  try:"]
-  for source, part in zip(sources, parts):
-    src.check(source, part)
-  if not src.lines:
-    src.lines.append("    pass")
-  footer = ["  except Exception:   # an unfilled cell, a flatten that fails",
-            "    return None",
-            "  return out"]
-  text = "\n".join(header + src.lines + footer)
-  exec(compile(text, f"<closure-cache match {code.co_name}>", "exec"), src.env)
+  src.function("f", key)
+  if len(src.functions) > 1:
+    ids = ", ".join(f"id({f})" for f in src.functions)
+    src.lines.append(f"    if len({{{ids}}}) != {len(src.functions)}: return None")
+  text = "\n".join(
+      ["def match(f):", "  out = []", "  try:", *src.lines,
+       "  except Exception:   # an unfilled cell, a flatten that fails",
+       "    return None", "  return out"])
+  exec(compile(text, f"<closure-cache match {key[2].co_name}>", "exec"),
+       src.env)
   return src.env["match"]
 
 

@@ -55,6 +55,10 @@ _unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 _QUICK_PER_CODE = 4
 _quick: dict[types.CodeType, list["_Quick"]] = {}
 cache.register_clear_hook(_quick.clear)
+# Code objects whose keys have non-simple parts (nested functions, objects):
+# building a matcher for them fails, so it is not retried.
+_no_quick: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+cache.register_clear_hook(_no_quick.clear)
 
 
 class _Quick:
@@ -322,12 +326,14 @@ class ClosureJitted:
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
-    if self._code is not None and not entry.guards:
-      quick = _quick.get(self._code, ())
-      if len(quick) < _QUICK_PER_CODE:
-        match = closure.quick_matcher(fun, a.key)
-        if match is not None:
-          _remember_quick(_quick, self._code, key, match, entry)
+    if (self._code is not None and not entry.guards
+        and self._code not in _no_quick
+        and len(_quick.get(self._code, ())) < _QUICK_PER_CODE):
+      match = closure.quick_matcher(fun, a.key)
+      if match is None:
+        _no_quick.add(self._code)   # its keys are not simple: stop trying
+      else:
+        _remember_quick(_quick, self._code, key, match, entry)
     next(_counters.hits)
     current = _current
     current.fun = fun
@@ -418,9 +424,11 @@ class ClosureJitted:
       _entries.put(stored_key, entry)
     except TypeError:
       return
-    if self._code is not None and not guards:
+    if self._code is not None and not guards and self._code not in _no_quick:
       match = closure.quick_matcher(self._fun, after.key)
-      if match is not None:
+      if match is None:
+        _no_quick.add(self._code)
+      else:
         _remember_quick(_quick, self._code, stored_key, match, entry)
 
 

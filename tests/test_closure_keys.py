@@ -180,3 +180,45 @@ def test_quick_matcher_agrees_on_pytrees(i):
     assert (got is not None) == (a.key == closure.analyse(base).key)
     if got is not None:
       assert all(g is l for g, l in zip(got, a.leaves)) and len(got) == len(a.leaves)
+
+
+def nested(w, scale, share=False):
+  def inner(x):
+    return x * w
+  other = inner if share else (lambda x: x * w)
+  def outer(x):
+    return inner(x) + other(x) * scale
+  return outer
+
+
+NESTED = [nested(jnp.ones(2), 1.0), nested(jnp.zeros(3), 1.0),
+          nested(jnp.ones(2), 2.0), nested(jnp.ones(2), 1.0, share=True),
+          nested(jax.device_put(jnp.ones(2), jax.devices()[0]), 1.0)]
+
+
+@pytest.mark.parametrize("i", range(len(NESTED)))
+def test_quick_matcher_agrees_on_nested_functions(i):
+  base = NESTED[i]
+  base_key = closure.analyse(base).key
+  match = closure.quick_matcher(base, base_key)
+  # a shared function is a back-reference, a committed array an identity
+  assert (match is None) == (i >= 3)
+  if match is None:
+    return
+  for f in NESTED:
+    a = closure.analyse(f)
+    got = match(f)
+    assert (got is not None) == (a.key == base_key), closure.analyse(f).key
+    if got is not None:
+      assert len(got) == len(a.leaves) and all(g is l for g, l in zip(got, a.leaves))
+
+
+def test_quick_matcher_on_regrad_wrappers():
+  def loss(w, x):
+    return jnp.sum((x @ w) ** 2)
+  g1, g2 = jax.grad(loss), jax.grad(loss, argnums=1)
+  k1 = closure.analyse(g1).key
+  match = closure.quick_matcher(g1, k1)
+  assert match is not None
+  assert match(jax.grad(loss)) == []
+  assert match(g2) is None and closure.analyse(g2).key != k1
