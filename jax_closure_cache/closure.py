@@ -58,7 +58,7 @@ from jax_closure_cache import _compat
 #: plain objects, and over at most this many attribute values in all; past
 #: either budget an object is kept by identity.
 OBJECT_DEPTH_BUDGET = 3
-OBJECT_VALUES_BUDGET = 64
+OBJECT_VALUES_BUDGET = 256
 
 
 class Uncacheable(Exception):
@@ -173,15 +173,22 @@ _HEAPTYPE = 1 << 9
 _plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
 
 
+# C bases whose whole state the walk can read: their items (see _contents).
+_CONTAINER_BASES = (list, tuple, dict)
+
+
 def _is_plain_type(cls: type) -> bool:
-  """Instances keep all their state in ``__dict__``: Python classes only,
-  no ``__slots__`` anywhere in the MRO and no C base other than object."""
+  """Instances keep all their state in ``__dict__`` (plus their items, for a
+  subclass of list, tuple or dict): Python classes only, no ``__slots__``
+  anywhere in the MRO and no other C base than object and those three."""
   try:
     return _plain_types[cls]
   except KeyError:
     pass
   plain = True
   for c in cls.__mro__[:-1]:
+    if c in _CONTAINER_BASES:
+      continue
     slots = c.__dict__.get("__slots__", ())
     if isinstance(slots, str):
       slots = (slots,)
@@ -192,6 +199,15 @@ def _is_plain_type(cls: type) -> bool:
   plain = plain and "__dict__" in dir(cls)
   _plain_types[cls] = plain
   return plain
+
+
+def _contents(v) -> list:
+  """The items of a plain object that subclasses list, tuple or dict."""
+  if isinstance(v, dict):
+    return [x for kv in v.items() for x in kv]
+  if isinstance(v, (list, tuple)):
+    return list(v)
+  return []
 
 
 def _float_key(x: float):
@@ -284,6 +300,10 @@ class Analysis:
       return (t, v.tobytes())
     if t is complex:
       return (complex, repr(v))
+    if t is set:   # unhashable, but its elements are hashable by definition
+      return (set, frozenset(v))
+    if t is bytearray:
+      return (bytearray, bytes(v))
     if t is functools.partial:
       value = self.value
       return (_PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
@@ -306,12 +326,18 @@ class Analysis:
       return self.tree_parts(leaves, treedef)
     h = t.__hash__
     if h is not None and h is not object.__hash__:
-      return (t, v)   # value-based hash and equality, like a static argument
+      try:   # a dataclass hash fails on an unhashable field: walk it instead
+        hash(v)
+      except TypeError:
+        pass
+      else:
+        return (t, v)   # value-based hash and equality, like a static argument
     if _is_plain_type(t):
       return self.plain_object(v, t)
     if h is object.__hash__:
       return self.identity(v, root=True)
-    raise Uncacheable("unhashable", f"a {t.__name__} is unhashable and not a pytree")
+    raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
+                      "pytree, and keeps state outside __dict__")
 
   def tree(self, v):
     try:
@@ -380,10 +406,12 @@ class Analysis:
     if type(i) is tuple:
       return i
     attrs = vars(v)
+    contents = _contents(v)
+    size = len(attrs) + len(contents)
     if self.nesting == 0:   # a new outermost object gets fresh budgets
       self.budget = OBJECT_VALUES_BUDGET
       self.depth = OBJECT_DEPTH_BUDGET
-    if self.depth <= 0 or len(attrs) > self.budget:
+    if self.depth <= 0 or size > self.budget:
       if t.__hash__ is None:
         raise Uncacheable(
             "unhashable", f"a {t.__name__} is unhashable and too large to key "
@@ -394,10 +422,12 @@ class Analysis:
     self.in_object = True
     self.nesting += 1
     self.depth -= 1
-    self.budget -= len(attrs)   # shared by the whole outermost object
+    self.budget -= size   # shared by the whole outermost object
     try:
       value = self.value
       items = tuple([(k, value(x)) for k, x in attrs.items()])
+      if contents:
+        items += (tuple([value(x) for x in contents]),)
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1

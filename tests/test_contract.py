@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
+from jax_closure_cache import closure
 from conftest import STOCK_JIT, assert_like_stock, counting
 import helper_module
 
@@ -102,7 +103,7 @@ class BigModel:
   """More attributes than the object budget: kept by identity, guarded."""
 
   def __init__(self, w):
-    for i in range(100):
+    for i in range(closure.OBJECT_VALUES_BUDGET + 1):
       setattr(self, f"a{i}", i)
     self.w = w
 
@@ -143,9 +144,32 @@ def test_tracer_in_closure_falls_back():
   assert jcc.stats()["fallback_reasons"].get("tracer", 0) >= 1
 
 
+class Unkeyable:
+  """Unhashable (``__eq__`` alone), not a pytree, and no ``__dict__`` to walk."""
+  __slots__ = ("n",)
+
+  def __init__(self, n):
+    self.n = n
+
+  def __eq__(self, other):
+    return self.n == other.n
+
+
+def test_sets_key_by_contents():
+  def make(s):
+    return lambda x: x + len(s)
+  x = jnp.ones(2)
+  jcc.jit(make({1, 2}))(x)
+  with counting() as c:
+    out = jcc.jit(make({2, 1}))(x)
+  assert c["compiles"] == 0
+  assert_like_stock(out, make({2, 1}), x)
+  assert_like_stock(jcc.jit(make({1, 2, 3}))(x), make({1, 2, 3}), x)
+
+
 def test_unhashable_non_pytree_falls_back():
-  s = {1, 2}
-  fun = lambda x: x + len(s)
+  s = Unkeyable(2)
+  fun = lambda x: x + s.n
   assert_like_stock(jcc.jit(fun)(jnp.ones(2)), fun, jnp.ones(2))
   assert jcc.stats()["fallback_reasons"] == {"unhashable": 1}
 
