@@ -1,4 +1,4 @@
-"""Command line: ``python -m jax_closure_cache bench [--json FILE]``."""
+"""Command line: ``python -m jax_closure_cache bench [--json FILE] [--only ...]``."""
 
 from __future__ import annotations
 
@@ -18,16 +18,31 @@ def main(argv: list[str] | None = None) -> int:
                      help="timed calls per path and round (default 2000)")
   bench.add_argument("--rounds", type=int, default=3,
                      help="alternating rounds; best median kept (default 3)")
+  bench.add_argument("--only", choices=("jit", "control-flow"),
+                     help="run one of the two tables")
   args = parser.parse_args(argv)
 
   if args.command == "bench":
     from jax_closure_cache import bench as bench_mod
-    rows = bench_mod.run(calls=args.calls, rounds=args.rounds)
-    print(f"Machine: {bench_mod.machine()}")
-    print(bench_mod.format_table(rows))
+    from jax_closure_cache import bench_control_flow
+    report = {"machine": bench_mod.machine()}
+    print(f"Machine: {report['machine']}")
+    if args.only in (None, "jit"):
+      rows = bench_mod.run(calls=args.calls, rounds=args.rounds)
+      report["jit"] = rows
+      print("\njit on re-created closures\n")
+      print(bench_mod.format_table(rows))
+    if args.only in (None, "control-flow"):
+      rows, skipped = bench_control_flow.run()
+      report["control_flow"] = rows
+      report["skipped"] = skipped
+      print("\nEager control flow with fresh closures\n")
+      print(bench_control_flow.format_table(rows))
+      for line in skipped:
+        print(f"skipped: {line}")
     if args.json:
       with open(args.json, "w") as f:
-        json.dump({"machine": bench_mod.machine(), "rows": rows}, f, indent=2)
+        json.dump(report, f, indent=2)
     return 0
   return 2
 
