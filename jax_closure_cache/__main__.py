@@ -1,9 +1,16 @@
-"""Command line: ``python -m jax_closure_cache bench [--json FILE] [--only ...]``."""
+"""Command line.
+
+``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow]``
+  times stock jit, the cache and hand-hoisted jit.
+``python -m jax_closure_cache run SCRIPT [ARGS...]``
+  runs SCRIPT with the cache on, then prints what the cache did.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import sys
 
 
@@ -20,8 +27,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="alternating rounds; best median kept (default 3)")
   bench.add_argument("--only", choices=("jit", "control-flow"),
                      help="run one of the two tables")
+  run = sub.add_parser(
+      "run", help="run a script with the cache on and summarise at exit")
+  run.add_argument("script")
+  run.add_argument("args", nargs=argparse.REMAINDER)
   args = parser.parse_args(argv)
 
+  if args.command == "run":
+    return _run_script(args.script, args.args)
   if args.command == "bench":
     from jax_closure_cache import bench as bench_mod
     from jax_closure_cache import bench_control_flow
@@ -45,6 +58,40 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, f, indent=2)
     return 0
   return 2
+
+
+def _run_script(script: str, script_args: list[str]) -> int:
+  import jax_closure_cache
+  jax_closure_cache.enable()
+  sys.argv = [script, *script_args]
+  code = 0
+  try:
+    runpy.run_path(script, run_name="__main__")
+  except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  finally:
+    print(format_summary(), file=sys.stderr)
+  return code
+
+
+def format_summary(top: int = 10) -> str:
+  from jax_closure_cache import diagnostics
+  s = diagnostics.summary(top)
+  reasons = ", ".join(f"{r}: {n}" for r, n in sorted(s["fallback_reasons"].items()))
+  lines = [
+      "",
+      f"jax_closure_cache: {s['hits']} hits, {s['misses']} misses, "
+      f"{s['fallbacks']} fallbacks" + (f" ({reasons})" if reasons else ""),
+      f"trace+compile time avoided: {s['seconds_avoided']:.3f} s "
+      "(each hit times its entry's first-miss trace+compile time)",
+  ]
+  if s["locations"]:
+    lines.append(f"{'hits':>8} {'misses':>7} {'fallbacks':>9} {'avoided s':>10}  location")
+    for row in s["locations"]:
+      lines.append(f"{row['hits']:>8} {row['misses']:>7} "
+                   f"{sum(row['fallbacks'].values()):>9} "
+                   f"{row['seconds_avoided']:>10.3f}  {row['location']}")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

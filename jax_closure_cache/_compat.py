@@ -89,3 +89,19 @@ CONTROL_FLOW_OWNERS = (jax.lax, _internal_lax)
 
 #: True when no trace is active (not under jit, grad, vmap, ...).
 trace_state_clean = _core.trace_state_clean
+
+
+# -- monitoring ----------------------------------------------------------------
+
+from jax._src import monitoring as _monitoring   # noqa: E402
+
+
+def monitoring_active() -> bool:
+  """Whether any ``jax.monitoring`` event listener is registered (read each
+  time: ``clear_event_listeners`` rebinds the list)."""
+  return bool(_monitoring._event_listeners)
+
+
+def explain_cache_misses() -> bool:
+  """JAX's own ``jax_explain_cache_misses`` option."""
+  return _config.explain_cache_misses.value

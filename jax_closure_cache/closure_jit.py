@@ -28,6 +28,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 import types
 import weakref
 from typing import Any, Callable
@@ -35,6 +36,7 @@ from typing import Any, Callable
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import closure
+from jax_closure_cache import diagnostics
 from jax_closure_cache.closure import Uncacheable
 
 JIT_OPTIONS = frozenset({
@@ -106,12 +108,14 @@ _current = _Current()
 _DISABLE_JIT = _compat.DISABLE_JIT
 _analyse = closure.analyse
 _counters = cache.counters
+_monitoring_active = _compat.monitoring_active
+_record_event = diagnostics.jax.monitoring.record_event
 
 
 class _Entry:
   """One shared executable: a stock jitted lifted function and its guards."""
-  __slots__ = ("jitted", "anchors", "guards", "traces", "checked",
-               "__weakref__")
+  __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
+               "avals", "__weakref__")
 
   def __init__(self):
     self.jitted = None
@@ -119,6 +123,8 @@ class _Entry:
     self.guards: list = []
     self.traces = 0    # incremented inside every trace of the lifted function
     self.checked = 0   # value of ``traces`` when the guards were derived
+    self.record = diagnostics.Record(0.0)   # hits; replaced when stored
+    self.avals: list = []   # the lifted leaves' types at the last trace
 
 
 def _freeze(v):
@@ -204,6 +210,10 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
       raise AssertionError("closure layout changed between key and trace")
     e = entry_ref()
     if e is not None:
+      avals = [getattr(x, "aval", None) for x in leaves]
+      if e.traces and diagnostics.explaining():
+        diagnostics.explain_retrace(current, a.key, e.avals, avals)
+      e.avals = avals
       e.traces += 1
     return closure.rebuild(current, a.key, leaves)(*args, **kwargs)
 
@@ -296,6 +306,9 @@ class ClosureJitted:
             entry = q.entry()
             if entry is not None and not entry.guards:
               next(_counters.hits)
+              entry.record.hits += 1
+              if _monitoring_active():
+                _record_event("/jax_closure_cache/hit")
               # The lifted function reads _current.fun when it traces, before
               # any user code runs: set it right before the call, clear it
               # after, so the cache never keeps ``fun`` alive.
@@ -320,9 +333,9 @@ class ClosureJitted:
       key = (self._options_key, a.key)
       entry = _entries.get(key)
     except Uncacheable as e:
-      return self._fallback(e.reason, args, kwargs)
-    except TypeError:   # unhashable pytree metadata in the key
-      return self._fallback("unhashable", args, kwargs)
+      return self._fallback(e.reason, args, kwargs, e.detail)
+    except TypeError as e:   # unhashable pytree metadata in the key
+      return self._fallback("unhashable", args, kwargs, str(e))
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
@@ -335,6 +348,7 @@ class ClosureJitted:
       else:
         _remember_quick(_quick, self._code, key, match, entry)
     next(_counters.hits)
+    diagnostics.hit(entry.record)
     current = _current
     current.fun = fun
     try:
@@ -347,8 +361,9 @@ class ClosureJitted:
       self._store(key, entry, a.leaves, args, kwargs)
     return out
 
-  def _fallback(self, reason: str, args, kwargs):
+  def _fallback(self, reason: str, args, kwargs, detail: str = ""):
     cache.count_fallback(reason)
+    diagnostics.fallback(self._fun, _code_of(self._fun), reason, detail)
     return self.stock()(*args, **kwargs)
 
   def _retry_stock(self, key, args, kwargs):
@@ -359,6 +374,8 @@ class ClosureJitted:
     if code is not None:
       _unliftable.add(code)
     cache.count_fallback("trace_error")
+    diagnostics.fallback(self._fun, code, "trace_error",
+                         "tracing with lifted arrays failed where stock did not")
     return out
 
   def _miss(self, key, a, args, kwargs):
@@ -370,6 +387,7 @@ class ClosureJitted:
     entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
                                     self._lift_numpy, self._lift_arrays)
     current = _current
+    started = time.perf_counter()
     try:
       current.fun = self._fun
       # .trace() fills JAX's _infer_params cache, so the call below compiles
@@ -381,12 +399,13 @@ class ClosureJitted:
       current.fun = None
       return self._retry_stock(key, args, kwargs)
     current.fun = None
+    cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
-    self._store(key, entry, a.leaves, args, kwargs, traced)
+    self._store(key, entry, a.leaves, args, kwargs, traced, cost)
     return out
 
   def _store(self, key, entry: _Entry, leaves, args, kwargs,
-             traced=None) -> None:
+             traced=None, cost: float | None = None) -> None:
     """Store ``entry`` under the post-trace key with fresh guards, or drop it.
 
     The key is taken again after tracing: a trace that mutated closure state
@@ -424,6 +443,9 @@ class ClosureJitted:
       _entries.put(stored_key, entry)
     except TypeError:
       return
+    if cost is not None:   # a miss, not a re-derivation after a retrace
+      entry.record = diagnostics.miss(self._fun, _code_of(self._fun),
+                                      stored_key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
       match = closure.quick_matcher(self._fun, after.key)
       if match is None:
@@ -489,11 +511,12 @@ def _helpers_may_capture_arrays(roots: list) -> bool:
 
 class _Canonical:
   """A canonical stock jitted object and the anchors of its key."""
-  __slots__ = ("jitted", "anchors", "__weakref__")
+  __slots__ = ("jitted", "anchors", "record", "__weakref__")
 
-  def __init__(self, jitted, anchors):
+  def __init__(self, jitted, anchors, record):
     self.jitted = jitted
     self.anchors = anchors
+    self.record = record
 
 
 _canonical_quick: dict[types.CodeType, list[_Quick]] = {}
@@ -510,6 +533,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
       found = q.entry()
       if found is not None:
         next(_counters.hits)
+        diagnostics.hit(found.record)
         return found.jitted
   try:
     a = closure.analyse(fun, lift_numpy)
@@ -526,12 +550,14 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     # A private copy of ``fun``: stock caches are keyed on the function
     # object, so two entries (``fun``'s globals changed between them) must
     # not share it.
+    # Its compile happens at its first call, inside stock: cost unknown here.
     found = _Canonical(_compat.STOCK_JIT(_copy_function(fun), **options),
-                       a.anchors)
+                       a.anchors, diagnostics.miss(fun, code, key, 0.0))
     cache.count_miss()
     _canonical.put(key, found)
   else:
     next(_counters.hits)
+    diagnostics.hit(found.record)
   # The inline cache skips the helper scan, so only functions that read no
   # module-level helper take it.
   if not a.roots and len(_canonical_quick.get(code, ())) < _QUICK_PER_CODE:

@@ -1,0 +1,360 @@
+"""Why a call missed or fell back, recompile storms, monitoring events, and
+per-location statistics.
+
+Invariants:
+* Nothing here runs on a cache hit except :func:`hit`, which bumps a record
+  and emits a ``jax.monitoring`` event only when a listener is registered.
+* Explanations are logged through the ``jax_closure_cache`` logger when JAX's
+  ``jax_explain_cache_misses`` option or ``JAX_CLOSURE_CACHE_EXPLAIN`` is on;
+  they are computed only then.
+* The storm guard warns at most once per code object.
+
+Names in messages follow the walk: ``cell 'w'``, ``default 'n'``,
+``kwdefault 'k'``, ``global 'W'``, ``partial arg 0``, ``self``, joined by
+`` -> `` into nested functions and ``[i]`` into pytree leaves.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import types
+import warnings
+from typing import Any, Iterator
+
+import jax
+
+from jax_closure_cache import _compat
+from jax_closure_cache import cache
+from jax_closure_cache import closure
+
+logger = logging.getLogger("jax_closure_cache")
+
+EXPLAIN_ENV = "JAX_CLOSURE_CACHE_EXPLAIN"
+STORM_ENV = "JAX_CLOSURE_CACHE_STORM_THRESHOLD"
+DEFAULT_STORM_THRESHOLD = 8
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def _storm_threshold_from_env() -> int:
+  raw = os.environ.get(STORM_ENV, "").strip()
+  try:
+    return max(1, int(raw)) if raw else DEFAULT_STORM_THRESHOLD
+  except ValueError:
+    warnings.warn(f"{STORM_ENV}={raw!r} is not an integer; using "
+                  f"{DEFAULT_STORM_THRESHOLD}", stacklevel=2)
+    return DEFAULT_STORM_THRESHOLD
+
+
+_storm_threshold = _storm_threshold_from_env()
+
+
+def storm_threshold() -> int:
+  """Entries one code object may accumulate before the storm warning."""
+  return _storm_threshold
+
+
+def set_storm_threshold(n: int) -> None:
+  """Warn once when a code object accumulates more than ``n`` entries."""
+  global _storm_threshold
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"storm threshold must be a positive int, got {n!r}")
+  _storm_threshold = n
+
+
+def explaining() -> bool:
+  return (os.environ.get(EXPLAIN_ENV, "").strip().lower() in _TRUE
+          or _compat.explain_cache_misses())
+
+
+# -- per-location records ----------------------------------------------------
+
+class Record:
+  """One entry's counts: hits, and the trace+compile seconds of its miss."""
+  __slots__ = ("hits", "cost")
+
+  def __init__(self, cost: float):
+    self.hits = 0
+    self.cost = cost
+
+
+class CodeStats:
+  """Everything seen for one code object (one source location)."""
+  __slots__ = ("location", "misses", "fallbacks", "records", "keys", "warned")
+
+  def __init__(self, location: str):
+    self.location = location
+    self.misses = 0
+    self.fallbacks: collections.Counter = collections.Counter()
+    self.records: list[Record] = []
+    # recent keys of this code: (options key, function key), newest last
+    self.keys: collections.deque = collections.deque(maxlen=64)
+    self.warned = False
+
+  @property
+  def hits(self) -> int:
+    return sum(r.hits for r in self.records)
+
+  @property
+  def seconds_avoided(self) -> float:
+    return sum(r.hits * r.cost for r in self.records)
+
+
+_by_code: dict[Any, CodeStats] = {}
+_lock = threading.Lock()
+cache.register_clear_hook(_by_code.clear)
+
+
+def location(fun) -> str:
+  """``name (file:line)`` of the function under ``fun``'s wrappers."""
+  inner = fun
+  while True:
+    if isinstance(inner, types.FunctionType):
+      code = inner.__code__
+      return f"{inner.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+    inner = (getattr(inner, "func", None) or getattr(inner, "__func__", None)
+             or getattr(inner, "_fun", None))
+    if inner is None:
+      return repr(fun)
+
+
+def _stats(code, fun) -> CodeStats:
+  s = _by_code.get(code)
+  if s is None:
+    with _lock:
+      s = _by_code.setdefault(code, CodeStats(location(fun)))
+  return s
+
+
+def summary(top: int = 10) -> dict:
+  """Counters, the busiest locations, and trace+compile time avoided."""
+  rows = sorted(_by_code.values(),
+                key=lambda s: -(s.hits + s.misses + sum(s.fallbacks.values())))
+  return {
+      **cache.stats(),
+      "seconds_avoided": sum(s.seconds_avoided for s in _by_code.values()),
+      "locations": [{"location": s.location, "hits": s.hits,
+                     "misses": s.misses, "fallbacks": dict(s.fallbacks),
+                     "seconds_avoided": s.seconds_avoided}
+                    for s in rows[:top]],
+  }
+
+
+# -- events ------------------------------------------------------------------
+
+_monitoring_active = _compat.monitoring_active
+
+
+def hit(record: Record) -> None:
+  record.hits += 1
+  if _monitoring_active():
+    jax.monitoring.record_event("/jax_closure_cache/hit")
+
+
+def miss(fun, code, full_key, cost: float) -> Record:
+  """Record a miss that stored an entry; explain it and guard storms."""
+  record = Record(cost)
+  s = _stats(code, fun)
+  with _lock:
+    s.misses += 1
+    s.records.append(record)
+    previous = list(s.keys)
+    s.keys.append(full_key)
+  if _monitoring_active():
+    jax.monitoring.record_event("/jax_closure_cache/miss")
+  if explaining():
+    logger.warning("closure-cache miss for %s: %s", s.location,
+                   "; ".join(explain_miss(fun, full_key, previous)))
+  if len(previous) + 1 > _storm_threshold and not s.warned:
+    s.warned = True
+    _warn_storm(fun, s, previous + [full_key])
+  return record
+
+
+def fallback(fun, code, reason: str, detail: str) -> None:
+  if code is not None:
+    _stats(code, fun).fallbacks[reason] += 1
+  if _monitoring_active():
+    jax.monitoring.record_event("/jax_closure_cache/fallback", reason=reason)
+  if explaining():
+    logger.warning("closure-cache fallback to stock jit for %s: %s",
+                   location(fun), name_uncacheable(fun) or detail)
+
+
+# -- naming the parts of a key ------------------------------------------------
+
+def _function_names(code) -> tuple[list[str], list[str]]:
+  """Parameter names that have defaults, and the globals the code reads."""
+  n_args = code.co_argcount
+  return list(code.co_varnames[:n_args]), list(
+      closure.code_plan(code).global_names)
+
+
+def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """(name, key part) for each value the walk keyed, nested parts expanded."""
+  if type(key) is tuple and key and key[0] is closure._FN:
+    _, _, code, _, cells, defaults, kwdefaults, globs = key
+    args, global_names = _function_names(code)
+    names = ([f"cell {n!r}" for n in code.co_freevars]
+             + [f"default {n!r}" for n in args[len(args) - len(defaults or ()):]]
+             + [f"kwdefault {k!r}" for k, _ in kwdefaults or ()]
+             + [f"global {n!r}" for n in global_names])
+    parts = (*cells, *(defaults or ()), *(p for _, p in kwdefaults or ()),
+             *globs)
+    for name, part in zip(names, parts):
+      yield from named_parts(None, part, prefix + name)
+  elif type(key) is tuple and key and key[0] is closure._TREE:
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}[{i}]")
+  elif type(key) is tuple and key and key[0] is closure._PARTIAL:
+    yield from named_parts(None, key[1], prefix + "partial func -> ")
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}partial arg {i}")
+    for k, part in key[3]:
+      yield from named_parts(None, part, f"{prefix}partial keyword {k!r}")
+  elif type(key) is tuple and key and key[0] is closure._METHOD:
+    yield from named_parts(None, key[1], prefix + "method -> ")
+    yield prefix + "self", key[2]
+  elif type(key) is tuple and key and key[0] is closure._WRAPPER:
+    yield from named_parts(None, key[3], prefix + "jitted -> ")
+  else:
+    yield prefix.rstrip(" ->") or "value", key
+
+
+def render(part) -> tuple[str, str]:
+  """(value, kind) of a key part, for messages."""
+  if part is closure.LIFTED:
+    return "array", "lifted"
+  if part is closure._MISSING:
+    return "undefined", "global"
+  if type(part) is tuple and part:
+    tag = part[0]
+    if tag is float or tag in closure._ATOMS:
+      value = part[1]
+      if tag is float and isinstance(value, str):
+        value = float.fromhex(value)
+      return repr(value), f"static {tag.__name__}"
+    if tag is closure._NUMPY:
+      shape = ",".join(map(str, part[2]))
+      return f"{part[1]}[{shape}] #{part[3].hex()[:8]}", "numpy, baked"
+    if tag is closure._ID:
+      return f"object at {part[1]:#x}", "kept by identity"
+    if tag is closure._OBJ:
+      return f"{part[2].__name__}(...)", "object keyed by attributes"
+    if tag is closure._FN:
+      return part[2].co_qualname, "function"
+    if tag is closure._TREE:
+      return str(part[1]), "pytree"
+    if tag is closure._CYCLE:
+      return f"back-reference #{part[1]}", "cycle"
+    if isinstance(tag, type):
+      return repr(part[1]), f"static {tag.__name__}"
+  if isinstance(part, types.ModuleType):
+    return part.__name__, "module"
+  if isinstance(part, (types.FunctionType, type)):
+    return part.__qualname__, "by identity"
+  return repr(part), type(part).__name__
+
+
+def _describe_change(name: str, old, new) -> str:
+  old_value, _ = render(old)
+  new_value, kind = render(new)
+  return f"{name} changed: {old_value} -> {new_value} ({kind})"
+
+
+def differences(fun, old_key, new_key) -> list[str]:
+  old = dict(named_parts(fun, old_key))
+  new = list(named_parts(fun, new_key))
+  if [n for n, _ in new] != list(old):
+    return ["the closure's structure changed: "
+            + ", ".join(n for n, _ in new if n not in old) or "reordered"]
+  return [_describe_change(n, old[n], p) for n, p in new if old[n] != p]
+
+
+def explain_miss(fun, full_key, previous: list) -> list[str]:
+  """What differs from the nearest earlier key of the same code."""
+  options, key = full_key
+  if not previous:
+    return ["first call of this code"]
+  best = None
+  for old_options, old_key in previous:
+    diffs = differences(fun, old_key, key)
+    if old_options != options:
+      diffs = ["jit options changed"] + diffs
+    if best is None or len(diffs) < len(best):
+      best = diffs
+  return best or ["entry was evicted or dropped; same key as before"]
+
+
+def explain_retrace(fun, key, old_avals, new_avals) -> None:
+  """A hit traced its shared function again: name the arrays that changed."""
+  names = [n for n, p in named_parts(fun, key) if p is closure.LIFTED]
+  changes = [f"{n} changed: {_aval(a)} -> {_aval(b)} (lifted array: same entry, "
+             "new trace)"
+             for n, a, b in zip(names, old_avals, new_avals) if a != b]
+  logger.warning("closure-cache retrace for %s: %s", location(fun),
+                 "; ".join(changes) or "argument types changed")
+
+
+def _aval(aval) -> str:
+  return aval.str_short() if hasattr(aval, "str_short") else str(aval)
+
+
+def name_uncacheable(fun) -> str | None:
+  """Which top-level value made ``fun`` uncacheable, as ``cell 'x' holds ...``."""
+  if not isinstance(fun, types.FunctionType):
+    return None
+  code = fun.__code__
+  args, global_names = _function_names(code)
+  defaults = fun.__defaults__ or ()
+  values = ([(f"cell {n!r}", c) for n, c in zip(code.co_freevars,
+                                                 fun.__closure__ or ())]
+            + [(f"default {n!r}", d) for n, d in
+               zip(args[len(args) - len(defaults):], defaults)]
+            + [(f"kwdefault {k!r}", v) for k, v in (fun.__kwdefaults__ or {}).items()]
+            + [(f"global {n!r}", fun.__globals__[n]) for n in global_names
+               if n in fun.__globals__])
+  for name, value in values:
+    if name.startswith("cell"):
+      try:
+        value = value.cell_contents
+      except ValueError:
+        continue
+    try:
+      closure.analyse(_holding(value))
+    except closure.Uncacheable as e:
+      if e.reason == "tracer":
+        return f"{name} holds a tracer ({e.detail})"
+      return f"{name} holds an unhashable {type(value).__name__} ({e.detail})"
+  return None
+
+
+def _holding(value):
+  return lambda: value
+
+
+# -- recompile storms ----------------------------------------------------------
+
+def _warn_storm(fun, s: CodeStats, keys: list) -> None:
+  changing = collections.defaultdict(set)
+  for _, key in keys:
+    for name, part in named_parts(fun, key):
+      try:
+        changing[name].add(part)
+      except TypeError:
+        changing[name].add(id(part))
+  culprits = sorted((n for n, parts in changing.items() if len(parts) > 1),
+                    key=lambda n: -len(changing[n]))
+  if culprits:
+    name = culprits[0]
+    examples = ", ".join(render(p)[0] for p in list(changing[name])[:3])
+    what = f"{name} keeps changing ({examples}, ...)"
+  else:
+    what = "its closure keeps changing"
+  warnings.warn(
+      f"jax_closure_cache: {s.location} has compiled {len(keys)} entries "
+      f"(more than {_storm_threshold}); {what}. Pass that value as an "
+      "argument, or make it a jax array so it is lifted instead of baked "
+      "into each executable.", RuntimeWarning, stacklevel=4)

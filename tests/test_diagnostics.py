@@ -1,0 +1,163 @@
+"""Explanations of misses and fallbacks, the storm guard, monitoring events
+and the `run` summary."""
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import diagnostics
+
+
+@pytest.fixture
+def explain(monkeypatch, caplog):
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  return caplog
+
+
+def messages(caplog):
+  return [r.getMessage() for r in caplog.records if r.name == "jax_closure_cache"]
+
+
+def test_miss_names_the_changed_cell(explain):
+  def make(scale):
+    return lambda x: x * scale
+  x = jnp.ones(2)
+  jcc.jit(make(2.0))(x)
+  jcc.jit(make(3.0))(x)
+  text = messages(explain)[-1]
+  assert "cell 'scale' changed: 2.0 -> 3.0 (static float)" in text
+  assert "test_diagnostics.py" in text   # file:line of the function
+
+
+def test_miss_names_a_changed_default(explain):
+  def make(n):
+    def f(x, n=n):
+      return x + n
+    return f
+  jcc.jit(make(3))(jnp.ones(2))
+  jcc.jit(make(4))(jnp.ones(2))
+  assert "default 'n' changed: 3 -> 4 (static int)" in messages(explain)[-1]
+
+
+def test_retrace_names_the_global_array_that_changed(explain):
+  ns = {}
+  exec("def f(x):\n  return x @ W\n", ns)
+  ns["W"] = jnp.eye(4)
+  jcc.jit(ns["f"])(jnp.ones(4))
+  ns["W"] = jnp.eye(8)
+  jcc.jit(ns["f"])(jnp.ones(8))
+  assert any("global 'W' changed: float32[4,4] -> float32[8,8]" in m
+             for m in messages(explain))
+
+
+def test_jax_own_explain_option_turns_it_on(caplog):
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  jax.config.update("jax_explain_cache_misses", True)
+  try:
+    jcc.jit((lambda s: (lambda x: x * s))(2.0))(jnp.ones(2))
+  finally:
+    jax.config.update("jax_explain_cache_misses", False)
+  assert any("closure-cache miss" in m for m in messages(caplog))
+
+
+class Unkeyable:
+  __slots__ = ("n",)
+
+  def __init__(self, n):
+    self.n = n
+
+  def __eq__(self, other):
+    return self.n == other.n
+
+
+def test_fallback_names_the_cell(explain):
+  cfg = Unkeyable(2)
+  jcc.jit(lambda x: x + cfg.n)(jnp.ones(2))
+  assert "cell 'cfg' holds an unhashable Unkeyable" in messages(explain)[-1]
+
+  def outer(x):
+    return jcc.jit(lambda y: y * x)(1.0)
+  jax.jvp(outer, (2.0,), (1.0,))
+  assert any("cell 'x' holds a tracer" in m for m in messages(explain))
+
+
+def test_nothing_is_logged_when_off(caplog, monkeypatch):
+  monkeypatch.delenv("JAX_CLOSURE_CACHE_EXPLAIN", raising=False)
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  for s in (1.0, 2.0):
+    jcc.jit((lambda s: (lambda x: x * s))(s))(jnp.ones(2))
+  assert messages(caplog) == []
+
+
+def test_storm_guard_warns_once_naming_the_culprit():
+  old = diagnostics.storm_threshold()
+  diagnostics.set_storm_threshold(3)
+  try:
+    def make(step):
+      return lambda x: x * step
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for i in range(8):
+        jcc.jit(make(0.1 * i))(jnp.ones(2))
+    storms = [w for w in caught if "has compiled" in str(w.message)]
+    assert len(storms) == 1
+    text = str(storms[0].message)
+    assert "cell 'step' keeps changing" in text and "argument" in text
+  finally:
+    diagnostics.set_storm_threshold(old)
+
+
+def test_storm_threshold_from_environment():
+  code = ("from jax_closure_cache import diagnostics;"
+          "print(diagnostics.storm_threshold())")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, env=dict(os.environ,
+                                           JAX_CLOSURE_CACHE_STORM_THRESHOLD="5"))
+  assert out.stdout.strip() == "5", out.stderr
+
+
+def test_monitoring_events_reach_jax_listeners():
+  events = []
+  def listener(event, **kwargs):
+    if event.startswith("/jax_closure_cache/"):
+      events.append((event, kwargs))
+  jax.monitoring.register_event_listener(listener)
+  try:
+    make = lambda a: (lambda x: x * a)
+    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))
+    jcc.jit(make(jnp.zeros(2)))(jnp.ones(2))
+    jcc.jit((lambda u: (lambda x: x * u.n))(Unkeyable(1)))(jnp.ones(2))
+  finally:
+    jax.monitoring.unregister_event_listener(listener)
+  assert [e for e, _ in events] == ["/jax_closure_cache/miss",
+                                    "/jax_closure_cache/hit",
+                                    "/jax_closure_cache/fallback"]
+  assert events[2][1] == {"reason": "unhashable"}
+
+
+def test_run_command_summarises(tmp_path):
+  script = tmp_path / "train.py"
+  script.write_text(
+      "import sys\n"
+      "import jax, jax.numpy as jnp\n"
+      "def step(w, x):\n"
+      "  return jax.jit(lambda x: x @ w)(x)\n"
+      "for i in range(5):\n"
+      "  step(jnp.eye(2) * i, jnp.ones(2))\n"
+      "print('args', sys.argv[1:])\n")
+  out = subprocess.run([sys.executable, "-m", "jax_closure_cache", "run",
+                        str(script), "--lr", "1"], capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert "args ['--lr', '1']" in out.stdout
+  assert "4 hits, 1 misses, 0 fallbacks" in out.stderr
+  assert "trace+compile time avoided:" in out.stderr
+  assert "train.py:4" in out.stderr
