@@ -14,6 +14,7 @@ Public API::
     enable(), disable(), is_enabled(), enabled()   # patch jax.jit globally
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
+    storm_threshold(), set_storm_threshold(n)   # warn past n entries per code
 
 Importing this package does not import jax: names load on first use, so the
 start-up hook can import it in every process for next to nothing. With
@@ -41,6 +42,8 @@ _PUBLIC = {
     "clear": "cache",
     "capacity": "cache",
     "set_capacity": "cache",
+    "storm_threshold": "diagnostics",
+    "set_storm_threshold": "diagnostics",
 }
 # ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 

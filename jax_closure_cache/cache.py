@@ -47,12 +47,22 @@ def register_clear_hook(hook) -> None:
   _clear_hooks.append(hook)
 
 
+class Entry:
+  """Base of stored values: ``used`` is the second-chance bit, set by every
+  hit (the inline cache's included) and cleared by eviction's sweep."""
+  __slots__ = ("used", "__weakref__")
+
+  def __init__(self):
+    self.used = False
+
+
 class LRUStore:
-  """A thread-safe bounded mapping from cache keys to entries.
+  """A thread-safe bounded mapping from cache keys to :class:`Entry` values.
 
   Eviction is least-recently-used, approximated by a second-chance (CLOCK)
-  bit: a hit only sets the bit, so the hot path hashes the key once and never
-  reorders the table; an eviction skips (and clears) entries whose bit is set.
+  bit kept on the entry: a hit only sets ``entry.used``, so no hit path
+  hashes the key twice or reorders the table; an eviction skips (and
+  clears) entries whose bit is set.
   """
 
   def __init__(self):
@@ -62,24 +72,24 @@ class LRUStore:
   def get(self, key) -> Any:
     """The entry for ``key`` or None. Raises TypeError if ``key`` is
     unhashable (a pytree's metadata can be)."""
-    slot = self._data.get(key)
-    if slot is None:
-      return None
-    slot[1] = True
-    return slot[0]
+    entry = self._data.get(key)
+    if entry is not None:
+      entry.used = True
+    return entry
 
-  def put(self, key, entry) -> None:
+  def put(self, key, entry: Entry) -> None:
     with self._lock:
-      self._data[key] = [entry, False]
+      entry.used = False
+      self._data[key] = entry
       self._data.move_to_end(key)
       self._evict()
 
   def _evict(self) -> None:
     data = self._data
     while len(data) > _capacity:
-      key, slot = next(iter(data.items()))
-      if slot[1]:   # used since its last chance: move it to the young end
-        slot[1] = False
+      key, entry = next(iter(data.items()))
+      if entry.used:   # used since its last chance: move it to the young end
+        entry.used = False
         data.move_to_end(key)
       else:
         del data[key]

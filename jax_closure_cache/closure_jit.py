@@ -112,12 +112,13 @@ _monitoring_active = _compat.monitoring_active
 _record_event = diagnostics.jax.monitoring.record_event
 
 
-class _Entry:
+class _Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "__weakref__")
+               "avals")
 
   def __init__(self):
+    super().__init__()
     self.jitted = None
     self.anchors: list = []
     self.guards: list = []
@@ -306,6 +307,7 @@ class ClosureJitted:
             entry = q.entry()
             if entry is not None and not entry.guards:
               next(_counters.hits)
+              entry.used = True
               entry.record.hits += 1
               if _monitoring_active():
                 _record_event("/jax_closure_cache/hit")
@@ -509,11 +511,12 @@ def _helpers_may_capture_arrays(roots: list) -> bool:
   return False
 
 
-class _Canonical:
+class _Canonical(cache.Entry):
   """A canonical stock jitted object and the anchors of its key."""
-  __slots__ = ("jitted", "anchors", "record", "__weakref__")
+  __slots__ = ("jitted", "anchors", "record")
 
   def __init__(self, jitted, anchors, record):
+    super().__init__()
     self.jitted = jitted
     self.anchors = anchors
     self.record = record
@@ -533,6 +536,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
       found = q.entry()
       if found is not None:
         next(_counters.hits)
+        found.used = True
         diagnostics.hit(found.record)
         return found.jitted
   try:
