@@ -159,8 +159,11 @@ def canonical(c):
 def test_random_closures_match_stock_and_never_share_wrongly(a, b):
   jcc.clear()
   x = jnp.arange(3.0, dtype=jnp.float32)
-  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x)
-  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x)
+  # Stock bakes closed-over arrays as constants that XLA may fold, so sums
+  # can round differently in the last ulp (one example: 33.20862 vs
+  # 33.208622); dtypes and weak types must still match exactly.
+  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x, rtol=1e-6)
+  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x, rtol=1e-6)
   same = canonical(a) == canonical(b)
   s = jcc.stats()
   assert s["fallbacks"] == 0
