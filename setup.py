@@ -45,6 +45,9 @@ setup(
         "clients": ["transformers==4.57.6", "flax==0.12.8"],
     },
     cmdclass={"build_py": BuildPyWithStartupHook},
-    entry_points={"console_scripts": [
-        "jax-closure-cache=jax_closure_cache.__main__:main"]},
+    entry_points={
+        "console_scripts": [
+            "jax-closure-cache=jax_closure_cache.__main__:main"],
+        "pytest11": ["jax_closure_cache = jax_closure_cache.pytest_plugin"],
+    },
 )

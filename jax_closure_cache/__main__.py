@@ -4,6 +4,8 @@
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
+``python -m jax_closure_cache doctor``
+  checks versions, patch points, the start-up hook; exit 1 on a mismatch.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="alternating rounds; best median kept (default 3)")
   bench.add_argument("--only", choices=("jit", "control-flow"),
                      help="run one of the two tables")
+  sub.add_parser("doctor", help="check jax versions, patch points, the "
+                 "start-up hook and whether the cache is active")
   run = sub.add_parser(
       "run", help="run a script with the cache on and summarise at exit")
   run.add_argument("script")
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
   if args.command == "run":
     return _run_script(args.script, args.args)
+  if args.command == "doctor":
+    return _doctor()
   if args.command == "bench":
     from jax_closure_cache import bench as bench_mod
     from jax_closure_cache import bench_control_flow
@@ -58,6 +64,44 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(report, f, indent=2)
     return 0
   return 2
+
+
+def startup_hook_path() -> str | None:
+  """Where the installed start-up hook is, if it is installed."""
+  import os
+  import site
+  import sysconfig
+  dirs = [sysconfig.get_paths()["purelib"], *site.getsitepackages()]
+  for d in dirs:
+    path = os.path.join(d, "jax_closure_cache_startup.pth")
+    if os.path.exists(path):
+      return path
+  return None
+
+
+def _doctor() -> int:
+  """Print every check; exit 1 on any mismatch."""
+  import jax
+  import jaxlib
+  import jax_closure_cache
+  from jax_closure_cache import _compat
+  rows = [("jax version", jax.__version__ == _compat.JAX_VERSION,
+           f"{jax.__version__} (pinned {_compat.JAX_VERSION})"),
+          ("jaxlib version", jaxlib.__version__ == _compat.JAXLIB_VERSION,
+           f"{jaxlib.__version__} (pinned {_compat.JAXLIB_VERSION})")]
+  rows += _compat.check_patch_points()
+  hook = startup_hook_path()
+  rows.append(("start-up hook", hook is not None,
+               hook or "not installed (pip install . installs it)"))
+  print("jax_closure_cache doctor")
+  for name, ok, detail in rows:
+    print(f"  [{'ok' if ok else 'MISMATCH'}] {name}: {detail}")
+  print(f"  [info] cache active: {jax_closure_cache.is_enabled()} "
+        f"(JAX_CLOSURE_CACHE={__import__('os').environ.get('JAX_CLOSURE_CACHE', '')!r})")
+  bad = [name for name, ok, _ in rows if not ok]
+  print("all checks passed" if not bad else f"{len(bad)} mismatch(es): "
+        + ", ".join(bad))
+  return 1 if bad else 0
 
 
 def _run_script(script: str, script_args: list[str]) -> int:

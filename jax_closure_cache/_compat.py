@@ -105,3 +105,67 @@ def monitoring_active() -> bool:
 def explain_cache_misses() -> bool:
   """JAX's own ``jax_explain_cache_misses`` option."""
   return _config.explain_cache_misses.value
+
+
+# -- self-check (``python -m jax_closure_cache doctor``) ------------------------
+
+#: Parameter names of every JAX callable the package wraps or calls, as read
+#: in the pinned release.
+EXPECTED_SIGNATURES = {
+    "jax.jit": ("fun", "in_shardings", "out_shardings", "static_argnums",
+                "static_argnames", "donate_argnums", "donate_argnames",
+                "keep_unused", "device", "backend", "inline",
+                "compiler_options"),
+    "jax.lax.while_loop": ("cond_fun", "body_fun", "init_val"),
+    "jax.lax.fori_loop": ("lower", "upper", "body_fun", "init_val", "unroll"),
+    "jax.lax.scan": ("f", "init", "xs", "length", "reverse", "unroll",
+                     "_split_transpose"),
+    "jax.lax.map": ("f", "xs", "batch_size"),
+    "jax.lax.cond": ("pred", "true_fun", "false_fun", "operands", "operand"),
+    "jax.lax.switch": ("index", "branches", "operands", "operand"),
+}
+
+
+def _check_array_impl() -> bool:
+  x = jax.numpy.zeros(())
+  return type(x) is ArrayImpl and isinstance(x._committed, bool)
+
+
+def check_patch_points() -> list[tuple[str, bool, str]]:
+  """(what, ok, detail) for every JAX internal this package relies on."""
+  import inspect
+  originals = {"jax.jit": STOCK_JIT,
+               **{f"jax.lax.{n}": f for n, f in STOCK_CONTROL_FLOW.items()}}
+  results = []
+  for name, expected in EXPECTED_SIGNATURES.items():
+    try:
+      params = tuple(inspect.signature(originals[name]).parameters)
+    except (TypeError, ValueError) as e:
+      results.append((name, False, f"no signature: {e}"))
+      continue
+    ok = params == expected
+    results.append((name, ok, "signature as expected" if ok else
+                    f"signature {params}, expected {expected}"))
+  for owner in CONTROL_FLOW_OWNERS:
+    present = [n for n in STOCK_CONTROL_FLOW if hasattr(owner, n)]
+    results.append((f"{owner.__name__} control flow", bool(present),
+                    "patchable: " + ", ".join(present)))
+  checks = {
+      "jax._src.config.disable_jit": lambda: isinstance(DISABLE_JIT.value, bool),
+      "jax._src.config.explain_cache_misses": lambda: isinstance(
+          explain_cache_misses(), bool),
+      "jax._src.core.trace_state_clean": lambda: trace_state_clean() is True,
+      "jaxlib ArrayImpl._committed": _check_array_impl,
+      "jax.stages.Traced.jaxpr / _consts": lambda: isinstance(
+          captured_constants(STOCK_JIT(lambda x: x).trace(1.0)), list),
+      "jax._src.monitoring._event_listeners": lambda: isinstance(
+          monitoring_active(), bool),
+  }
+  for name, check in checks.items():
+    try:
+      ok = bool(check())
+      detail = "found" if ok else "unexpected value"
+    except Exception as e:  # anything missing or renamed
+      ok, detail = False, f"{type(e).__name__}: {e}"
+    results.append((name, ok, detail))
+  return results

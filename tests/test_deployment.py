@@ -1,0 +1,64 @@
+"""The pinned-version guard, the doctor, and the pytest plugin."""
+
+import subprocess
+import sys
+import warnings
+
+import jax
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import _compat, activation
+from test_activation import installed_hook
+
+
+def test_enable_refuses_another_jax_unless_forced(monkeypatch):
+  monkeypatch.setattr(_compat, "JAX_VERSION", "9.9.9")
+  with pytest.raises(RuntimeError) as e:
+    jcc.enable()
+  assert "jax==9.9.9" in str(e.value) and f"jax=={jax.__version__}" in str(e.value)
+  assert not jcc.is_enabled()
+  jcc.enable(force=True)
+  assert jcc.is_enabled()
+
+
+def test_environment_activation_on_another_jax_warns_and_patches_nothing(monkeypatch):
+  monkeypatch.setattr(_compat, "JAX_VERSION", "9.9.9")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    activation._enable_safely()
+  assert not jcc.is_enabled()
+  assert any("supports only jax==9.9.9" in str(w.message) for w in caught)
+
+
+def test_doctor_reports_every_check():
+  out = subprocess.run([sys.executable, "-m", "jax_closure_cache", "doctor"],
+                       capture_output=True, text=True, timeout=300)
+  assert "[ok] jax version: 0.10.2" in out.stdout
+  assert "[ok] jax.lax.while_loop: signature as expected" in out.stdout
+  if installed_hook():
+    assert out.returncode == 0 and "all checks passed" in out.stdout
+  else:
+    assert out.returncode == 1 and "[MISMATCH] start-up hook" in out.stdout
+
+
+def test_doctor_flags_a_changed_signature(monkeypatch):
+  monkeypatch.setitem(_compat.EXPECTED_SIGNATURES, "jax.lax.scan", ("f", "init"))
+  results = {name: ok for name, ok, _ in _compat.check_patch_points()}
+  assert results["jax.lax.scan"] is False and results["jax.lax.map"] is True
+
+
+def test_pytest_plugin_enables_for_a_suite(tmp_path):
+  (tmp_path / "test_user.py").write_text(
+      "import jax\n"
+      "from jax import jit\n"
+      "import jax_closure_cache\n"
+      "def test_patched():\n"
+      "  assert jit is jax_closure_cache.jit and jax.jit is jit\n")
+  run = lambda *opts: subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *opts,
+       str(tmp_path / "test_user.py")], capture_output=True, text=True,
+      timeout=300, cwd=tmp_path)
+  on, off = run("--closure-cache"), run()
+  assert on.returncode == 0, on.stdout + on.stderr
+  assert off.returncode == 1   # without the option jax.jit stays stock
