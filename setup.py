@@ -3,7 +3,8 @@
 The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
 the build, so that it lands in site-packages next to the package: Python runs
 its one line at every start, which imports the package (and not jax) only
-when ``JAX_CLOSURE_CACHE`` is set.
+when ``JAX_CLOSURE_CACHE`` is set. The upstream patch is copied into the
+package for ``python -m jax_closure_cache patch``.
 """
 
 import os
@@ -13,17 +14,27 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "jax_closure_cache_startup.pth"
+PATCH = "jax-0.10.2-closure-cache.patch"
 
 
 class BuildPyWithStartupHook(build_py):
+  """Also installs the start-up hook at the root of site-packages and the
+  upstream patch inside the package (``patch apply`` reads it there)."""
+
+  def _extras(self):
+    return [(os.path.join(HERE, "jax_closure_cache", PTH),
+             os.path.join(self.build_lib, PTH)),
+            (os.path.join(HERE, "patches", PATCH),
+             os.path.join(self.build_lib, "jax_closure_cache", PATCH))]
+
   def run(self):
     super().run()
-    self.copy_file(os.path.join(HERE, "jax_closure_cache", PTH),
-                   os.path.join(self.build_lib, PTH))
+    for src, dst in self._extras():
+      self.copy_file(src, dst)
 
   def get_outputs(self, include_bytecode=1):
     return [*super().get_outputs(include_bytecode),
-            os.path.join(self.build_lib, PTH)]
+            *(dst for _, dst in self._extras())]
 
 
 setup(

@@ -12,12 +12,16 @@ Public API::
     jit(fun=None, **jax_jit_options)   # closure-aware drop-in for jax.jit
     lax.while_loop, fori_loop, scan, cond, switch, map   # eager, cached
     enable(), disable(), is_enabled(), enabled()   # patch jax.jit globally
+    mode()                             # "monkey-patch" or "patched-jax"
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
     storm_threshold(), set_storm_threshold(n)   # warn past n entries per code
 
 Importing this package does not import jax: names load on first use, so the
-start-up hook can import it in every process for next to nothing. With
+start-up hook can import it in every process for next to nothing. When the
+installed jax carries the upstream patch (``patches/``), ``jit``, ``stats``
+and the rest come from JAX's own copy of these modules and ``enable()`` sets
+JAX's ``jax_closure_cache`` option, so the two never stack. With
 ``JAX_CLOSURE_CACHE=1`` in the environment, ``jax.jit`` is patched right when
 jax is (or already was) imported.
 """
@@ -30,20 +34,22 @@ from jax_closure_cache import activation as _activation
 
 __version__ = "0.1.0"
 
-# name -> submodule that defines it
+# name -> (submodule that defines it, whether JAX's own copy of that module
+# replaces it when the installed jax carries the upstream patch)
 _PUBLIC = {
-    "jit": "closure_jit",
-    "ClosureJitted": "closure_jit",
-    "enable": "patching",
-    "disable": "patching",
-    "is_enabled": "patching",
-    "enabled": "patching",
-    "stats": "cache",
-    "clear": "cache",
-    "capacity": "cache",
-    "set_capacity": "cache",
-    "storm_threshold": "diagnostics",
-    "set_storm_threshold": "diagnostics",
+    "jit": ("closure_jit", True),
+    "ClosureJitted": ("closure_jit", True),
+    "stats": ("cache", True),
+    "clear": ("cache", True),
+    "capacity": ("cache", True),
+    "set_capacity": ("cache", True),
+    "storm_threshold": ("diagnostics", True),
+    "set_storm_threshold": ("diagnostics", True),
+    "enable": ("patching", False),
+    "disable": ("patching", False),
+    "is_enabled": ("patching", False),
+    "enabled": ("patching", False),
+    "mode": ("patching", False),
 }
 # ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 
@@ -55,10 +61,14 @@ def __getattr__(name: str):
     value = importlib.import_module("jax_closure_cache.lax")
     _activation.finish_pending()
     return value
-  module_name = _PUBLIC.get(name)
-  if module_name is None:
+  if name not in _PUBLIC:
     raise AttributeError(f"module 'jax_closure_cache' has no attribute {name!r}")
-  module = importlib.import_module(f"jax_closure_cache.{module_name}")
+  module_name, jax_may_own = _PUBLIC[name]
+  if jax_may_own:
+    from jax_closure_cache import _compat
+    module = _compat.implementation(module_name)
+  else:
+    module = importlib.import_module(f"jax_closure_cache.{module_name}")
   value = getattr(module, name)
   globals()[name] = value
   _activation.finish_pending()

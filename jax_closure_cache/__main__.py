@@ -6,6 +6,8 @@
   runs SCRIPT with the cache on, then prints what the cache did.
 ``python -m jax_closure_cache doctor``
   checks versions, patch points, the start-up hook; exit 1 on a mismatch.
+``python -m jax_closure_cache patch apply|check|revert [--target DIR]``
+  the upstream patch on the installed jax or a copy (see patch_tool).
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
                      help="run one of the two tables")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
                  "start-up hook and whether the cache is active")
+  patch = sub.add_parser(
+      "patch", help="apply, check or revert the upstream patch on a jax copy "
+      "(exit 0 done/applied, 1 nothing to do/not applied, 2 conflicting, "
+      "3 not a jax 0.10.2 target)")
+  patch.add_argument("action", choices=("apply", "check", "revert"))
+  patch.add_argument("--target", metavar="DIR", default=None,
+                     help="folder containing jax/ (default: the installed jax)")
   run = sub.add_parser(
       "run", help="run a script with the cache on and summarise at exit")
   run.add_argument("script")
@@ -41,6 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     return _run_script(args.script, args.args)
   if args.command == "doctor":
     return _doctor()
+  if args.command == "patch":
+    from jax_closure_cache import patch_tool
+    target = args.target or patch_tool.default_target()
+    action = {"apply": patch_tool.apply, "check": patch_tool.status,
+              "revert": patch_tool.revert}[args.action]
+    try:
+      code, message = action(target)
+    except patch_tool.PatchError as e:
+      code, message = e.code, str(e)
+    print(message)
+    return code
   if args.command == "bench":
     from jax_closure_cache import bench as bench_mod
     from jax_closure_cache import bench_control_flow
@@ -96,6 +116,7 @@ def _doctor() -> int:
   print("jax_closure_cache doctor")
   for name, ok, detail in rows:
     print(f"  [{'ok' if ok else 'MISMATCH'}] {name}: {detail}")
+  print(f"  [info] mode: {jax_closure_cache.mode()}")
   print(f"  [info] cache active: {jax_closure_cache.is_enabled()} "
         f"(JAX_CLOSURE_CACHE={__import__('os').environ.get('JAX_CLOSURE_CACHE', '')!r})")
   bad = [name for name, ok, _ in rows if not ok]
@@ -119,8 +140,8 @@ def _run_script(script: str, script_args: list[str]) -> int:
 
 
 def format_summary(top: int = 10) -> str:
-  from jax_closure_cache import diagnostics
-  s = diagnostics.summary(top)
+  from jax_closure_cache import _compat
+  s = _compat.implementation("diagnostics").summary(top)
   reasons = ", ".join(f"{r}: {n}" for r, n in sorted(s["fallback_reasons"].items()))
   lines = [
       "",

@@ -169,3 +169,20 @@ def check_patch_points() -> list[tuple[str, bool, str]]:
       ok, detail = False, f"{type(e).__name__}: {e}"
     results.append((name, ok, detail))
   return results
+
+
+# -- the upstream patch ----------------------------------------------------------
+
+def jax_carries_patch() -> bool:
+  """Whether the installed jax has the ``jax_closure_cache`` option, i.e. the
+  upstream patch (``patches/``) is applied to it."""
+  return hasattr(_config, "closure_cache")
+
+
+def implementation(module: str):
+  """The module that implements the cache: JAX's own copy of it when jax
+  carries the patch (so the two never stack), else this package's."""
+  import importlib
+  if jax_carries_patch():
+    return importlib.import_module(f"jax._src.closure_cache.{module}")
+  return importlib.import_module(f"jax_closure_cache.{module}")

@@ -5,7 +5,15 @@ signatures and results as ``jax.lax``; eager calls with fresh closures reuse
 one executable per closure key (see :mod:`jax_closure_cache.control_flow`).
 """
 
-from jax_closure_cache.control_flow import (  # noqa: F401
-    cond, fori_loop, map, scan, switch, while_loop)
+from jax_closure_cache import _compat
+
+# JAX's own copy when the installed jax carries the upstream patch.
+_control_flow = _compat.implementation("control_flow")
+cond = _control_flow.cond
+fori_loop = _control_flow.fori_loop
+map = _control_flow.map  # noqa: A001 -- mirrors jax.lax.map
+scan = _control_flow.scan
+switch = _control_flow.switch
+while_loop = _control_flow.while_loop
 
 __all__ = ["cond", "fori_loop", "map", "scan", "switch", "while_loop"]

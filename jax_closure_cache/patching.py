@@ -52,6 +52,8 @@ _applied: list[Patch] = []
 
 def is_enabled() -> bool:
   """Whether ``jax.jit`` (and control flow) are currently the cached ones."""
+  if _compat.jax_carries_patch():
+    return bool(jax.config.jax_closure_cache)
   return bool(_applied)
 
 
@@ -66,25 +68,42 @@ def _check_version(force: bool) -> None:
       "versions, or call enable(force=True) to patch anyway.")
 
 
+def mode() -> str:
+  """``"patched-jax"`` when the installed jax carries the upstream patch
+  (then ``enable()`` sets its ``jax_closure_cache`` option and patches
+  nothing), else ``"monkey-patch"``."""
+  return "patched-jax" if _compat.jax_carries_patch() else "monkey-patch"
+
+
+def _lift_numpy_state():
+  return _compat.implementation("closure_jit")
+
+
 def enable(*, lift_numpy: bool | None = None, force: bool = False) -> None:
-  """Make ``jax.jit`` closure-aware for the whole process.
+  """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
 
   Args:
     lift_numpy: if given, the default of ``jit(..., lift_numpy=...)``.
-    force: patch even if the installed jax is not the pinned release.
+    force: enable even if the installed jax is not the pinned release.
+
+  With a jax that carries the upstream patch this sets its
+  ``jax_closure_cache`` option instead of patching anything.
 
   Example::
 
       >>> import jax, jax_closure_cache
       >>> jax_closure_cache.enable()
-      >>> jax.jit is jax_closure_cache.jit
+      >>> jax_closure_cache.is_enabled()
       True
       >>> jax_closure_cache.disable()
   """
   with _lock:
     _check_version(force)
     if lift_numpy is not None:
-      closure_jit.set_lift_numpy_default(lift_numpy)
+      _lift_numpy_state().set_lift_numpy_default(lift_numpy)
+    if _compat.jax_carries_patch():
+      jax.config.update("jax_closure_cache", True)
+      return
     if _applied:
       return
     for owner, name, replacement in _patch_points():
@@ -94,8 +113,11 @@ def enable(*, lift_numpy: bool | None = None, force: bool = False) -> None:
 
 
 def disable() -> None:
-  """Put back every original that ``enable()`` replaced, in reverse order."""
+  """Put back every original that ``enable()`` replaced, in reverse order
+  (with a patched jax: set its ``jax_closure_cache`` option off)."""
   with _lock:
+    if _compat.jax_carries_patch():
+      jax.config.update("jax_closure_cache", False)
     while _applied:
       p = _applied.pop()
       setattr(p.owner, p.name, p.original)
@@ -106,12 +128,12 @@ def enabled(*, lift_numpy: bool | None = None, force: bool = False):
   """Enable for the ``with`` block, then restore the previous state."""
   with _lock:
     was_enabled = is_enabled()
-    saved_lift_numpy = closure_jit.lift_numpy_default()
+    saved_lift_numpy = _lift_numpy_state().lift_numpy_default()
     enable(lift_numpy=lift_numpy, force=force)
   try:
     yield
   finally:
     with _lock:
-      closure_jit.set_lift_numpy_default(saved_lift_numpy)
+      _lift_numpy_state().set_lift_numpy_default(saved_lift_numpy)
       if not was_enabled:
         disable()

@@ -10,6 +10,18 @@ import jax_closure_cache as jcc
 
 STOCK_JIT = jax.jit
 STOCK_WHILE_LOOP = jax.lax.while_loop
+# The suite runs twice in CI: monkey-patch mode, and against a copy of jax
+# carrying the upstream patch (then jax.jit is JAX's own dispatcher, which
+# enable() switches through the jax_closure_cache option).
+PATCHED = jcc.mode() == "patched-jax"
+
+# Prints whether `jit` caches on closure contents: two fresh closures, one hit.
+ROUTING_PROBE = (
+    "import jax.numpy as jnp\n"
+    "import jax_closure_cache as jcc\n"
+    "mk = lambda w: jit(lambda x: x * w)\n"
+    "mk(jnp.ones(2))(jnp.ones(2)); mk(jnp.zeros(2))(jnp.ones(2))\n"
+    "print(jcc.stats()['hits'] == 1)\n")
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat, activation
+from conftest import PATCHED
 from test_activation import installed_hook
 
 
@@ -22,6 +23,7 @@ def test_enable_refuses_another_jax_unless_forced(monkeypatch):
   assert jcc.is_enabled()
 
 
+@pytest.mark.skipif(PATCHED, reason="a patched jax reads JAX_CLOSURE_CACHE itself")
 def test_environment_activation_on_another_jax_warns_and_patches_nothing(monkeypatch):
   monkeypatch.setattr(_compat, "JAX_VERSION", "9.9.9")
   with warnings.catch_warnings(record=True) as caught:
@@ -50,11 +52,14 @@ def test_doctor_flags_a_changed_signature(monkeypatch):
 
 def test_pytest_plugin_enables_for_a_suite(tmp_path):
   (tmp_path / "test_user.py").write_text(
-      "import jax\n"
+      "import jax, jax.numpy as jnp\n"
       "from jax import jit\n"
-      "import jax_closure_cache\n"
+      "import jax_closure_cache as jcc\n"
       "def test_patched():\n"
-      "  assert jit is jax_closure_cache.jit and jax.jit is jit\n")
+      "  assert jcc.is_enabled()\n"
+      "  mk = lambda w: jit(lambda x: x * w)\n"
+      "  mk(jnp.ones(2))(jnp.ones(2)); mk(jnp.zeros(2))(jnp.ones(2))\n"
+      "  assert jcc.stats()['hits'] == 1\n")
   run = lambda *opts: subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *opts,
        str(tmp_path / "test_user.py")], capture_output=True, text=True,

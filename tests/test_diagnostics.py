@@ -98,8 +98,8 @@ def test_nothing_is_logged_when_off(caplog, monkeypatch):
 
 
 def test_storm_guard_warns_once_naming_the_culprit():
-  old = diagnostics.storm_threshold()
-  diagnostics.set_storm_threshold(3)
+  old = jcc.storm_threshold()
+  jcc.set_storm_threshold(3)
   try:
     def make(step):
       return lambda x: x * step
@@ -112,12 +112,12 @@ def test_storm_guard_warns_once_naming_the_culprit():
     text = str(storms[0].message)
     assert "cell 'step' keeps changing" in text and "argument" in text
   finally:
-    diagnostics.set_storm_threshold(old)
+    jcc.set_storm_threshold(old)
 
 
 def test_storm_threshold_from_environment():
-  code = ("from jax_closure_cache import diagnostics;"
-          "print(diagnostics.storm_threshold())")
+  code = ("import jax_closure_cache as jcc;"
+          "print(jcc.storm_threshold())")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, env=dict(os.environ,
                                            JAX_CLOSURE_CACHE_STORM_THRESHOLD="5"))

@@ -1,0 +1,204 @@
+"""Apply, check and revert the upstream patch on an installed copy of jax.
+
+The patch (``patches/jax-0.10.2-closure-cache.patch``, shipped inside the
+package) is a unified diff whose paths start with ``jax/``; a target is a
+folder that contains a ``jax/`` package (site-packages, or any copy). Files
+outside ``jax/`` in the patch (JAX's test file) are for the upstream pull
+request and are never written into a target.
+
+Invariants:
+* ``apply`` and ``revert`` compute every file's new content in memory first
+  (a dry run); if any hunk does not match exactly, nothing is written.
+* ``revert`` after ``apply`` restores every file byte for byte and removes
+  the files the patch added.
+* The target must be jax 0.10.2 (read from ``jax/version.py``, not imported).
+
+Exit codes (also of ``python -m jax_closure_cache patch ...``):
+``0`` done / applied; ``1`` nothing to do: already applied (``apply``) or not
+applied (``revert``, ``check``); ``2`` conflicting: hunks match neither the
+pristine nor the patched sources; ``3`` not a jax 0.10.2 target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+
+from jax_closure_cache import _compat
+
+PATCH_NAME = f"jax-{_compat.JAX_VERSION}-closure-cache.patch"
+
+OK, NOTHING_TO_DO, CONFLICT, BAD_TARGET = 0, 1, 2, 3
+
+
+class PatchError(Exception):
+  def __init__(self, code: int, message: str):
+    super().__init__(message)
+    self.code = code
+
+
+@dataclasses.dataclass
+class Hunk:
+  old_start: int   # 1-based line numbers, as in the @@ header
+  new_start: int
+  lines: list      # (" " | "-" | "+", text with its newline)
+
+
+@dataclasses.dataclass
+class FilePatch:
+  path: str        # "jax/..." relative to the target
+  new_file: bool
+  hunks: list
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def patch_path() -> str:
+  """The patch shipped with the package, or the checkout's copy."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  for path in (os.path.join(here, PATCH_NAME),
+               os.path.join(os.path.dirname(here), "patches", PATCH_NAME)):
+    if os.path.exists(path):
+      return path
+  raise PatchError(BAD_TARGET, f"{PATCH_NAME} not found next to the package")
+
+
+def parse(text: str) -> list[FilePatch]:
+  files: list[FilePatch] = []
+  lines = text.splitlines(True)
+  i = 0
+  while i < len(lines):
+    if lines[i].startswith("--- ") and i + 1 < len(lines) and \
+        lines[i + 1].startswith("+++ "):
+      new_file = lines[i][4:].strip() == "/dev/null"
+      path = lines[i + 1][4:].strip()
+      path = path[2:] if path.startswith("b/") else path
+      current = FilePatch(path, new_file, [])
+      files.append(current)
+      i += 2
+      continue
+    m = _HUNK.match(lines[i])
+    if m:
+      current.hunks.append(Hunk(int(m.group(1)), int(m.group(2)), []))
+    elif files and files[-1].hunks and lines[i][:1] in (" ", "-", "+"):
+      files[-1].hunks[-1].lines.append((lines[i][0], lines[i][1:]))
+    i += 1
+  return files
+
+
+def _apply_hunks(text: str, hunks: list, reverse: bool) -> str:
+  """``text`` with ``hunks`` applied (or un-applied); PatchError if any hunk
+  does not match exactly at the line its header names."""
+  src = text.splitlines(True)
+  removed, added = ("+", "-") if reverse else ("-", "+")
+  out: list[str] = []
+  pos = 0
+  for h in hunks:
+    before = [t for k, t in h.lines if k in (" ", removed)]
+    after = [t for k, t in h.lines if k in (" ", added)]
+    start = max((h.new_start if reverse else h.old_start) - 1, 0)
+    if start < pos or src[start:start + len(before)] != before:
+      raise PatchError(CONFLICT, f"hunk at line {start + 1} does not match")
+    out += src[pos:start] + after
+    pos = start + len(before)
+  return "".join(out + src[pos:])
+
+
+def _jax_version(target: str) -> str | None:
+  path = os.path.join(target, "jax", "version.py")
+  try:
+    with open(path) as f:
+      m = re.search(r'^_version = "([^"]+)"', f.read(), re.M)
+  except OSError:
+    return None
+  return m.group(1) if m else None
+
+
+def default_target() -> str:
+  import importlib.util
+  spec = importlib.util.find_spec("jax")
+  return os.path.dirname(os.path.dirname(spec.origin))
+
+
+def _plan(target: str, reverse: bool) -> dict[str, str | None]:
+  """New content of every touched file (None: delete), or PatchError."""
+  version = _jax_version(target)
+  if version != _compat.JAX_VERSION:
+    raise PatchError(BAD_TARGET, f"{target} does not hold jax "
+                     f"{_compat.JAX_VERSION} (found {version or 'no jax'})")
+  with open(patch_path()) as f:
+    files = [fp for fp in parse(f.read()) if fp.path.startswith("jax/")]
+  plan: dict[str, str | None] = {}
+  for fp in files:
+    full = os.path.join(target, fp.path)
+    exists = os.path.exists(full)
+    if fp.new_file:
+      text = "".join(t for _, t in fp.hunks[0].lines)
+      if reverse:
+        if not exists:
+          raise PatchError(NOTHING_TO_DO, f"{fp.path} is absent")
+        with open(full) as f:
+          if f.read() != text:
+            raise PatchError(CONFLICT, f"{fp.path} differs from the patch's")
+        plan[full] = None
+      else:
+        if exists:
+          raise PatchError(NOTHING_TO_DO, f"{fp.path} already exists")
+        plan[full] = text
+    else:
+      with open(full) as f:
+        plan[full] = _apply_hunks(f.read(), fp.hunks, reverse)
+  return plan
+
+
+def status(target: str) -> tuple[int, str]:
+  """(code, message): 0 applied, 1 not applied, 2 conflicting, 3 bad target."""
+  try:
+    _plan(target, reverse=True)
+    return OK, f"applied: {target}/jax carries the closure-cache patch"
+  except PatchError as on_reverse:
+    if on_reverse.code == BAD_TARGET:
+      return BAD_TARGET, str(on_reverse)
+  try:
+    _plan(target, reverse=False)
+    return NOTHING_TO_DO, f"not applied: {target}/jax is pristine"
+  except PatchError as on_forward:
+    return CONFLICT, f"conflicting: {on_forward}"
+
+
+def _write(plan: dict[str, str | None]) -> None:
+  for full, text in plan.items():
+    if text is None:
+      os.remove(full)
+      parent = os.path.dirname(full)
+      if os.path.isdir(parent) and not os.listdir(parent):
+        os.rmdir(parent)
+      continue
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(full))
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    if os.path.exists(full):
+      os.chmod(tmp, os.stat(full).st_mode)
+    os.replace(tmp, full)
+
+
+def apply(target: str) -> tuple[int, str]:
+  code, message = status(target)
+  if code != NOTHING_TO_DO:
+    return (NOTHING_TO_DO, "already " + message) if code == OK else (code, message)
+  _write(_plan(target, reverse=False))
+  return OK, f"applied to {target}/jax"
+
+
+def revert(target: str) -> tuple[int, str]:
+  code, message = status(target)
+  if code != OK:
+    return code, message
+  plan = _plan(target, reverse=True)
+  # Delete the added files last: their folder goes once it is empty.
+  _write(dict(sorted(plan.items(), key=lambda kv: kv[1] is None)))
+  return OK, f"reverted {target}/jax to the pristine sources"
