@@ -13,7 +13,13 @@ import jaxlib
 from jax._src import api as _api
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import traceback_util as _traceback_util
 from jax._src.lib import _jax as _jaxlib_ext
+import os as _os
+
+# JAX hides its own frames from user tracebacks; ours are no more the user's
+# business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows them).
+_traceback_util.register_exclusion(_os.path.dirname(_os.path.abspath(__file__)))
 
 JAX_VERSION = "0.10.2"
 JAXLIB_VERSION = "0.10.2"

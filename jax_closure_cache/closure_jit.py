@@ -266,8 +266,26 @@ class ClosureJitted:
   def __name__(self):
     return getattr(self._fun, "__name__", type(self._fun).__name__)
 
-  def __repr__(self):
-    return f"<closure-cached jit of {self._fun!r}>"
+  def __repr__(self):   # as stock's, for a drop-in
+    return f"<PjitFunction of {self._fun!r}>"
+
+  def __getstate__(self):
+    """Stock's state (``function_name`` ...), for introspection."""
+    return self.stock().__getstate__()
+
+  def __reduce__(self):
+    return (_join, (self._options_key, self._fun))
+
+  def _cache_size(self) -> int:
+    """Executables compiled for the entry this function's key names now."""
+    try:
+      a = _analyse(self._fun, self._lift_numpy, self._lift_arrays)
+      entry = _entries.get((self._options_key, a.key))
+    except (Uncacheable, TypeError):
+      entry = None
+    if entry is None:
+      return self.stock()._cache_size() if self._stock is not None else 0
+    return entry.jitted._cache_size()
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)
@@ -506,7 +524,11 @@ def _helpers_may_capture_arrays(roots: list) -> bool:
         else:
           return True
         continue
-      if any(isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(v)):
+      try:
+        leaves = jax.tree_util.tree_leaves(v)
+      except Exception:   # e.g. a dict whose keys do not sort: unknown
+        return True
+      if any(isinstance(x, jax.Array) for x in leaves):
         return True
   return False
 
@@ -524,6 +546,8 @@ class _Canonical(cache.Entry):
 
 _canonical_quick: dict[types.CodeType, list[_Quick]] = {}
 cache.register_clear_hook(_canonical_quick.clear)
+_canonical_functions: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
+cache.register_clear_hook(_canonical_functions.clear)
 
 
 def _canonical_jitted(fun: types.FunctionType, options: dict,
@@ -551,12 +575,14 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
   except TypeError:
     return None
   if found is None:
-    # A private copy of ``fun``: stock caches are keyed on the function
-    # object, so two entries (``fun``'s globals changed between them) must
-    # not share it.
+    # Stock caches are keyed on the function object, so a function object
+    # that already backs an entry (its globals changed since) gets a private
+    # copy; otherwise the user's own function, as stock would hold it.
+    own = fun not in _canonical_functions
+    _canonical_functions.add(fun)
+    jitted = _compat.STOCK_JIT(fun if own else _copy_function(fun), **options)
     # Its compile happens at its first call, inside stock: cost unknown here.
-    found = _Canonical(_compat.STOCK_JIT(_copy_function(fun), **options),
-                       a.anchors, diagnostics.miss(fun, code, key, 0.0))
+    found = _Canonical(jitted, a.anchors, diagnostics.miss(fun, code, key, 0.0))
     cache.count_miss()
     _canonical.put(key, found)
   else:
