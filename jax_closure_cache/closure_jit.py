@@ -242,7 +242,7 @@ class ClosureJitted:
   ``jax.jvp`` and an outer ``jax.jit``.
   """
   __slots__ = ("_fun", "_code", "_options", "_options_key", "_lift_numpy",
-               "_lift_arrays", "_stock", "__weakref__")
+               "_lift_arrays", "_stock", "_after_trace", "__weakref__")
 
   def __init__(self, fun, options: dict, options_key: tuple,
                lift_numpy: bool):
@@ -256,6 +256,8 @@ class ClosureJitted:
     # describe: with in_shardings, arrays are keyed by identity and baked.
     self._lift_arrays = "in_shardings" not in options
     self._stock = None
+    # key this object's own trace left -> (entry, key it was stored under)
+    self._after_trace = None
 
   # -- what jax.jit's result offers ------------------------------------------
   @property
@@ -356,6 +358,8 @@ class ClosureJitted:
       return self._fallback(e.reason, args, kwargs, e.detail)
     except TypeError as e:   # unhashable pytree metadata in the key
       return self._fallback("unhashable", args, kwargs, str(e))
+    if entry is None and self._after_trace is not None:
+      entry, key = self._own_trace_left(key)
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
@@ -381,6 +385,15 @@ class ClosureJitted:
       self._store(key, entry, a.leaves, args, kwargs)
     return out
 
+  def _own_trace_left(self, key):
+    """The entry this object traced, if ``key`` is the state its own trace
+    left (a trace counter in a list, a ``nonlocal``): stock does not retrace
+    a function object it has traced, and neither does this object. Other
+    objects in that state miss, since a trace from it may differ."""
+    after_key, (entry_ref, stored_key) = self._after_trace
+    entry = entry_ref() if after_key == key else None
+    return (entry, stored_key) if entry is not None else (None, key)
+
   def _fallback(self, reason: str, args, kwargs, detail: str = ""):
     cache.count_fallback(reason)
     diagnostics.fallback(self._fun, _code_of(self._fun), reason, detail)
@@ -404,6 +417,7 @@ class ClosureJitted:
       return self._fallback("unliftable", args, kwargs)
     self.stock()   # made now: validates the options as stock jit() would
     entry = _Entry()
+    entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
     entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
                                     self._lift_numpy, self._lift_arrays)
     current = _current
@@ -426,13 +440,14 @@ class ClosureJitted:
 
   def _store(self, key, entry: _Entry, leaves, args, kwargs,
              traced=None, cost: float | None = None) -> None:
-    """Store ``entry`` under the post-trace key with fresh guards, or drop it.
+    """Store ``entry`` under ``key`` (the state the trace started from) with
+    fresh guards, or drop it.
 
-    The key is taken again after tracing: a trace that mutated closure state
-    (a trace counter in a list, a ``nonlocal``) is stored under the state it
-    left, as a stock jitted function object would not retrace. ``traced`` is
-    the miss path's own trace; without it (a hit that traced a new signature)
-    the entry is asked for it again, which JAX answers from its cache.
+    The closure is analysed again after tracing: a trace that mutated it (a
+    trace counter in a list, a ``nonlocal``) is remembered on this object
+    (``_own_trace_left``) and nowhere else. ``traced`` is the miss path's own
+    trace; without it (a hit that traced a new signature) the entry is asked
+    for it again, which JAX answers from its cache.
     """
     _entries.discard(key)
     try:
@@ -455,19 +470,22 @@ class ClosureJitted:
     if guards is None:
       cache.count_not_stored("untracked_capture")
       return
-    entry.anchors = after.anchors
+    if cost is not None:   # a miss: the stored key's ids, and the alias's
+      entry.anchors = entry.anchors + after.anchors
     entry.guards = guards
     entry.checked = entry.traces
-    stored_key = (key[0], after.key)
+    stored_key = key
     try:
       _entries.put(stored_key, entry)
     except TypeError:
       return
+    if after.key != key[1]:
+      self._after_trace = ((key[0], after.key), (weakref.ref(entry), key))
     if cost is not None:   # a miss, not a re-derivation after a retrace
       entry.record = diagnostics.miss(self._fun, _code_of(self._fun),
                                       stored_key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
-      match = closure.quick_matcher(self._fun, after.key)
+      match = closure.quick_matcher(self._fun, key[1])
       if match is None:
         _no_quick.add(self._code)
       else:

@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import operator
 
 import numpy as np
 
@@ -79,9 +78,10 @@ def while_loop(cond_fun, body_fun, init_val):
 
 
 def _static_bound(bound):
-  """A Python or NumPy integer bound stays static, as stock keeps it."""
+  """A Python or NumPy integer bound stays static and exactly itself (its
+  type matters: stock rejects an int16 lower with an int32 upper)."""
   if isinstance(bound, (int, np.integer)) and not isinstance(bound, bool):
-    return operator.index(bound)
+    return bound
   return None
 
 
