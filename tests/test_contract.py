@@ -336,3 +336,32 @@ def test_lift_numpy_from_environment():
   out = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert out.stdout.split() == ["0", "2.0"], out.stderr
+
+
+def test_flag_reset_between_calls_does_not_retrace_like_stock():
+  effect = [False]
+
+  def loop(x):
+    effect[0] = True   # a trace-time side effect on closure state
+    return x + 1
+  f = jcc.jit(loop)
+  f(jnp.ones(2))
+  assert effect[0]
+  effect[0] = False
+  x3 = 3 * jnp.ones(2)   # same type as before: a new value, not a signature
+  f(jnp.ones(2))
+  f(x3)
+  assert not effect[0]   # stock never retraces this function object
+
+
+def test_state_a_trace_left_is_not_shared_with_fresh_closures():
+  def make(start):
+    c = [start]
+    def f(x):
+      c[0] += 1   # the trace reads, then bumps, closure state
+      return x * c[0]
+    return f
+  x = jnp.ones(2)
+  assert_like_stock(jcc.jit(make(1))(x), make(1), x)   # traced from [1], left [2]
+  # A fresh closure that starts at [2] must not reuse the [1] trace.
+  assert_like_stock(jcc.jit(make(2))(x), make(2), x)

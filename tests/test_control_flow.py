@@ -194,3 +194,13 @@ def test_scipy_minimize_with_fresh_objectives():
   for s, r in zip(stock, cached):
     np.testing.assert_allclose(r.x, s.x, atol=1e-6)
     np.testing.assert_allclose(r.fun, s.fun, atol=1e-6)
+
+
+def test_fori_bound_types_are_kept():
+  body = lambda i, c: c
+  with pytest.raises(TypeError, match="arguments to fori_loop must have equal types"):
+    StockLax.fori_loop(np.int16(0), jnp.int32(10), body, jnp.float32(7))
+  with pytest.raises(TypeError, match="arguments to fori_loop must have equal types"):
+    cached_lax.fori_loop(np.int16(0), jnp.int32(10), body, jnp.float32(7))
+  assert_trees_equal(cached_lax.fori_loop(np.int16(0), 10, lambda i, c: c + 1, jnp.float32(1)),
+                     StockLax.fori_loop(np.int16(0), 10, lambda i, c: c + 1, jnp.float32(1)))
