@@ -282,7 +282,10 @@ class ClosureJitted:
     """Executables compiled for the entry this function's key names now."""
     try:
       a = _analyse(self._fun, self._lift_numpy, self._lift_arrays)
-      entry = _entries.get((self._options_key, a.key))
+      key = (self._options_key, a.key)
+      entry = _entries.get(key)
+      if entry is None and self._after_trace is not None:
+        entry, _ = self._own_trace_left(key)
     except (Uncacheable, TypeError):
       entry = None
     if entry is None:
