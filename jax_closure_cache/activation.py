@@ -123,7 +123,3 @@ def activate_from_environment() -> None:
   elif _hook not in sys.meta_path:
     sys.meta_path.insert(0, _hook)
 
-
-def startup() -> None:
-  """What the ``.pth`` start-up hook runs at interpreter start."""
-  activate_from_environment()

@@ -159,10 +159,6 @@ def _read(counter: itertools.count) -> int:
 counters = Counters()
 
 
-def count_hit() -> None:
-  next(counters.hits)
-
-
 def count_miss() -> None:
   next(counters.misses)
 
