@@ -101,6 +101,10 @@ trace_state_clean = _core.trace_state_clean
 
 from jax._src import monitoring as _monitoring   # noqa: E402
 
+#: JAX's monitoring module; its ``_event_listeners`` list is non-empty when
+#: a listener is registered (the hot path reads the attribute each time).
+monitoring_module = _monitoring
+
 
 def monitoring_active() -> bool:
   """Whether any ``jax.monitoring`` event listener is registered (read each

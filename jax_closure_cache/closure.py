@@ -99,7 +99,7 @@ _WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
 _OBJ = _Tag("OBJ")           # (_OBJ, type, ((name, value), ...))
 _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
-_ID = _Tag("ID")             # (_ID, id(obj)); obj is an anchor
+_ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
 
 
 # -- per-code-object facts ---------------------------------------------------
@@ -255,7 +255,8 @@ class Analysis:
     self.anchors.append(v)
     if root:
       self.roots.append(v)
-    return (_ID, id(v))
+    # The label only makes explanations readable (``float32``, not an id).
+    return (_ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
 
   def value(self, v):
     t = type(v)
@@ -416,8 +417,7 @@ class Analysis:
         raise Uncacheable(
             "unhashable", f"a {t.__name__} is unhashable and too large to key "
             "by its attributes")
-      self.roots.append(v)
-      return (_ID, id(v))
+      return self.identity(v, root=True)
     saved = self.in_object, self.depth
     self.in_object = True
     self.nesting += 1
@@ -734,19 +734,33 @@ class Guard(NamedTuple):
 _GUARD_SEARCH_NODES = 4096
 
 
+class Unguarded(NamedTuple):
+  """Why a trace's captured value could not be guarded: ``detail`` names it
+  (shape and dtype of an array, and where it was looked for)."""
+  detail: str
+
+
+def _describe_array(x) -> str:
+  aval = getattr(x, "aval", None)
+  if aval is not None and hasattr(aval, "str_short"):
+    return aval.str_short()
+  return f"{type(x).__name__}"
+
+
 def find_guards(captured: list, roots: list, covered_ids: set):
   """Guards for every array in ``captured`` that the key does not cover.
 
-  Returns a list of :class:`Guard`, or ``None`` when some captured value
-  cannot be guarded: a tracer (it would outlive its trace), or an array found
-  under no root (its source is unknown, so no check could catch a change).
-  Arrays are looked for breadth-first under ``roots``, through attributes,
-  container items, and functions' cells, defaults and read globals.
+  Returns a list of :class:`Guard`, or an :class:`Unguarded` when some
+  captured value cannot be guarded: a tracer (it would outlive its trace),
+  or an array found under no root (its source is unknown, so no check could
+  catch a change). Arrays are looked for breadth-first under ``roots``,
+  through attributes, container items, and functions' cells, defaults and
+  read globals.
   """
   wanted = {}
   for c in captured:
     if isinstance(c, _Tracer):
-      return None
+      return Unguarded(f"the trace captured a tracer ({type(c).__name__})")
     if isinstance(c, jax.Array) and id(c) not in covered_ids:
       wanted[id(c)] = c
   if not wanted:
@@ -767,7 +781,19 @@ def find_guards(captured: list, roots: list, covered_ids: set):
       continue
     for step, child in _children(obj):
       queue.append((root, child, path + (step,)))
-  return None if wanted else guards
+  if not wanted:
+    return guards
+  where = ", ".join(_root_name(r) for r in roots[:4]) or "no object kept by identity"
+  arrays = ", ".join(_describe_array(x) for x in list(wanted.values())[:3])
+  return Unguarded(
+      f"the trace captured {len(wanted)} array(s) ({arrays}) that the key does "
+      f"not cover and that were not found under {where}"
+      + (" (search budget spent)" if head >= _GUARD_SEARCH_NODES else ""))
+
+
+def _root_name(r) -> str:
+  name = getattr(r, "__qualname__", None) or type(r).__name__
+  return f"{name}"
 
 
 def _children(obj):

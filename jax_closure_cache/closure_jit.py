@@ -109,6 +109,8 @@ _DISABLE_JIT = _compat.DISABLE_JIT
 _analyse = closure.analyse
 _counters = cache.counters
 _monitoring_active = _compat.monitoring_active
+# Read as an attribute on the hot path (``clear_event_listeners`` rebinds it).
+_monitoring_module = _compat.monitoring_module
 _record_event = diagnostics.jax.monitoring.record_event
 
 
@@ -233,16 +235,114 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
   return _compat.STOCK_JIT(lifted, **shifted)
 
 
+#: A function object whose first call hit a shared lifted entry keeps calling
+#: that entry, with the arrays it read then, as stock would keep its first
+#: trace. After this many calls it is long-lived: it gets stock's own
+#: executable (arrays baked), which is faster per call when it closes over many
+#: arrays. Stock pays that compile at the first call, so the total is never
+#: more than stock's.
+PROMOTE_AFTER_CALLS = 256
+
+
+# What the first call of one function object (under one set of options)
+# decided, for all its later calls; stock keys its caches on the object too.
+# A row is either
+#
+# * a weak reference to a stock jitted object of the function ("owned":
+#   stock traced it, so it is stock's from then on; when that object is
+#   gone, a new stock ``jax.jit`` of the function finds stock's own trace of
+#   it, as stock would), or
+# * a list ``[entry, key, leaves, calls]`` ("pinned"): the shared entry its
+#   first call used, the full key it was found under, the arrays it read
+#   then, and how many calls it has had since.
+#
+# Rows refer neither to the function nor, once it dies, to anything of it.
+_OWNED = weakref.ReferenceType
+
+# options key -> {weakref(function object): row}. Each weak reference's
+# callback is its table's own ``pop``, so a row goes, with no Python frame of
+# ours, the moment its function object dies (a dead reference keeps its hash
+# and equals only itself). Tables are emptied, never replaced.
+_tables: dict[tuple, dict] = {}
+_ref = weakref.ref
+
+
+def _table(options_key) -> dict:
+  table = _tables.get(options_key)
+  if table is None:
+    table = _tables.setdefault(options_key, {})
+  return table
+
+
+def _clear_tables() -> None:
+  for table in list(_tables.values()):
+    table.clear()
+
+
+cache.register_clear_hook(_clear_tables)
+# Code objects that have had one function object jitted: the first object of
+# a code is stock's; the second compiles the shared lifted entry.
+_codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+cache.register_clear_hook(_codes_seen.clear)
+
+
+def _row_of(fun, options_key):
+  table = _tables.get(options_key)
+  if table is None:
+    return None
+  try:
+    return table.get(_ref(fun))
+  except TypeError:   # not weakly referenceable, or unhashable
+    return None
+
+
+def _remember(table: dict, fun, row) -> None:
+  try:
+    table[_ref(fun, table.pop)] = row
+  except TypeError:   # not weakly referenceable, or unhashable: no row
+    pass
+
+
+def _direct(wrapper, owned) -> None:
+  """Make calls of ``wrapper`` go straight to stock's ``owned``: a class of
+  its own whose ``__call__`` is ``owned`` itself, so no Python frame of ours
+  runs (within a few percent of calling stock's object). Done only for a
+  wrapper called twice, i.e. a long-lived one."""
+  cls = type(wrapper)
+  direct = type(cls.__name__, (cls,), {
+      "__slots__": (), "__call__": staticmethod(owned),
+      "__del__": _drop_direct, "__module__": cls.__module__,
+      "__qualname__": cls.__qualname__, "_direct": True})
+  wrapper.__class__ = direct
+
+
+def _drop_direct(self) -> None:
+  # A class is freed only by the cycle collector; the stock object it names
+  # (and the arrays that object's function closes over) must not wait for it.
+  try:
+    type(self).__call__ = ClosureJitted.__call__
+  except Exception:
+    pass
+
+
 class ClosureJitted:
-  """A jitted callable whose cache key is its closure's contents.
+  """A jitted callable: stock's ``jax.jit`` for a function object already
+  traced, one shared executable for re-created closures with equal keys.
 
   Behaves as the object ``jax.jit`` returns: call it, ``.lower``, ``.trace``,
   ``.eval_shape`` (these three ahead-of-time entry points are stock's),
   ``__wrapped__``, ``__name__``; it composes with ``jax.grad``, ``jax.vmap``,
   ``jax.jvp`` and an outer ``jax.jit``.
+
+  Invariant (identity first): after its first call, a function object is
+  answered as stock answers it -- by stock's own jitted object of it, or by
+  the entry its first call used, with the arrays it read then -- whatever
+  its closure holds later.
   """
-  __slots__ = ("_fun", "_code", "_options", "_options_key", "_lift_numpy",
-               "_lift_arrays", "_stock", "_after_trace", "__weakref__")
+  __slots__ = ("_fun", "_code", "_options", "_options_key",
+               "_lift_numpy", "_lift_arrays", "_stock", "_row", "_table",
+               "__weakref__")
+  _direct = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
                lift_numpy: bool):
@@ -256,8 +356,8 @@ class ClosureJitted:
     # describe: with in_shardings, arrays are keyed by identity and baked.
     self._lift_arrays = "in_shardings" not in options
     self._stock = None
-    # key this object's own trace left -> (entry, key it was stored under)
-    self._after_trace = None
+    self._row = None   # this function object's row, once called
+    self._table = _tables.get(self._options_key) or _table(self._options_key)
 
   # -- what jax.jit's result offers ------------------------------------------
   @property
@@ -279,21 +379,22 @@ class ClosureJitted:
     return (_join, (self._options_key, self._fun))
 
   def _cache_size(self) -> int:
-    """Executables compiled for the entry this function's key names now."""
-    try:
-      a = _analyse(self._fun, self._lift_numpy, self._lift_arrays)
-      key = (self._options_key, a.key)
-      entry = _entries.get(key)
-      if entry is None and self._after_trace is not None:
-        entry, _ = self._own_trace_left(key)
-    except (Uncacheable, TypeError):
-      entry = None
-    if entry is None:
-      return self.stock()._cache_size() if self._stock is not None else 0
-    return entry.jitted._cache_size()
+    """Executables compiled for this function object."""
+    row = self._row or _row_of(self._fun, self._options_key)
+    if row is None:
+      return 0
+    if type(row) is _OWNED:
+      return self.stock()._cache_size()
+    return row[0].jitted._cache_size()
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)
+
+  def _user(self):
+    """The user's function whose code and location diagnostics report, and
+    whose code decides first-object-is-stock's (a launcher overrides it: its
+    own code is shared by every loop)."""
+    return self._fun
 
   def stock(self):
     """Stock ``jax.jit`` of the user's own function (made once)."""
@@ -316,9 +417,20 @@ class ClosureJitted:
 
   # -- the cached call --------------------------------------------------------
   def __call__(self, *args, **kwargs):
+    row = self._row
+    if row is not None:   # this wrapper was called before
+      return self._call_again(row, args, kwargs)
     fun = self._fun
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
+    table = self._table
+    try:
+      row = table.get(_ref(fun))
+    except TypeError:   # not weakly referenceable, or unhashable
+      pass
+    if row is not None:   # called before, through another wrapper
+      self._row = row
+      return self._call_row(row, args, kwargs)
     # Hot path, kept to this frame plus the generated match: the inline
     # cache for this code object, then the shared jitted function.
     quick = _quick.get(self._code)
@@ -332,11 +444,13 @@ class ClosureJitted:
               next(_counters.hits)
               entry.used = True
               entry.record.hits += 1
-              if _monitoring_active():
+              if _monitoring_module._event_listeners:
                 _record_event("/jax_closure_cache/hit")
-              # The lifted function reads _current.fun when it traces, before
-              # any user code runs: set it right before the call, clear it
-              # after, so the cache never keeps ``fun`` alive.
+              row = self._row = [entry, q.key, leaves, 0]
+              table[_ref(fun, table.pop)] = row   # a plain function: hashable
+              # The lifted function reads _current.fun when it traces,
+              # before any user code runs: set it right before the call,
+              # clear it after, so the cache never keeps ``fun`` alive.
               current = _current
               current.fun = fun
               try:
@@ -350,8 +464,81 @@ class ClosureJitted:
               return out
     return self._call_slow(args, kwargs)
 
+  def _call_entry(self, entry, key, leaves, args, kwargs):
+    """The shared jitted function of ``entry``, reading ``self._fun``."""
+    current = _current
+    current.fun = self._fun
+    try:
+      out = entry.jitted(leaves, *args, **kwargs)
+    except Exception:
+      current.fun = None
+      return self._retry_stock(key, args, kwargs)
+    current.fun = None
+    if entry.traces != entry.checked:   # traced a new signature
+      self._store(key, entry, leaves, args, kwargs)
+    return out
+
+  def _call_again(self, row, args, kwargs):
+    """A later call of this wrapper: its function object is long-lived."""
+    if type(row) is _OWNED:
+      owned = self._stock_of(row)
+      _direct(self, owned)
+      return owned(*args, **kwargs)
+    return self._call_row(row, args, kwargs)
+
+  def _stock_of(self, row):
+    """Stock's jitted object for an owned function: the one made before if
+    it is alive, else this wrapper's (stock's trace cache, keyed on the
+    function, makes the two equivalent)."""
+    owned = row()
+    if owned is None:
+      owned = self.stock()
+      self._own()
+    elif self._stock is None:
+      self._stock = owned
+    return owned
+
+  def _call_row(self, row, args, kwargs):
+    """A function object called before: as its first call decided."""
+    if type(row) is not _OWNED:
+      row[3] += 1
+      if row[3] >= PROMOTE_AFTER_CALLS:
+        row = self._promote(row)
+    if type(row) is _OWNED:
+      return self._stock_of(row)(*args, **kwargs)
+    if _DISABLE_JIT.value:
+      return self._fun(*args, **kwargs)
+    return self._call_entry(row[0], row[1], row[2], args, kwargs)
+
+  def _promote(self, row):
+    """Give a long-lived object stock's own executable, if its closure still
+    reads what its first call read (else stock's trace would differ from the
+    one it has been answered by, so it stays on the entry)."""
+    entry, key, leaves, _ = row
+    try:
+      a = _analyse(self._fun, self._lift_numpy, self._lift_arrays)
+      same = (a.key == key[1] and len(a.leaves) == len(leaves)
+              and all(x is y for x, y in zip(a.leaves, leaves)))
+    except (Uncacheable, TypeError):
+      same = False
+    if not same:
+      row[3] = -(1 << 62)   # never ask again
+      return row
+    return self._own()
+
+  def _pin(self, entry, key, leaves) -> None:
+    self._row = row = [entry, key, leaves, 0]
+    _remember(self._table, self._fun, row)
+
+  def _own(self):
+    """Hand this function object to stock for good; returns its row."""
+    self._row = row = _ref(self.stock())
+    _remember(self._table, self._fun, row)
+    return row
+
   def _call_slow(self, args, kwargs):
-    """Build the key, look it up, and hit, miss or fall back."""
+    """First call of a function object: build the key, look it up, and hit,
+    miss or fall back."""
     fun = self._fun
     try:
       a = _analyse(fun, self._lift_numpy, self._lift_arrays)
@@ -361,8 +548,6 @@ class ClosureJitted:
       return self._fallback(e.reason, args, kwargs, e.detail)
     except TypeError as e:   # unhashable pytree metadata in the key
       return self._fallback("unhashable", args, kwargs, str(e))
-    if entry is None and self._after_trace is not None:
-      entry, key = self._own_trace_left(key)
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
@@ -376,46 +561,42 @@ class ClosureJitted:
         _remember_quick(_quick, self._code, key, match, entry)
     next(_counters.hits)
     diagnostics.hit(entry.record)
-    current = _current
-    current.fun = fun
-    try:
-      out = entry.jitted(a.leaves, *args, **kwargs)
-    except Exception:
-      current.fun = None
-      return self._retry_stock(key, args, kwargs)
-    current.fun = None
-    if entry.traces != entry.checked:   # traced a new signature
-      self._store(key, entry, a.leaves, args, kwargs)
-    return out
-
-  def _own_trace_left(self, key):
-    """The entry this object traced, if ``key`` is the state its own trace
-    left (a trace counter in a list, a ``nonlocal``): stock does not retrace
-    a function object it has traced, and neither does this object. Other
-    objects in that state miss, since a trace from it may differ."""
-    after_key, (entry_ref, stored_key) = self._after_trace
-    entry = entry_ref() if after_key == key else None
-    return (entry, stored_key) if entry is not None else (None, key)
+    self._pin(entry, key, a.leaves)
+    return self._call_entry(entry, key, a.leaves, args, kwargs)
 
   def _fallback(self, reason: str, args, kwargs, detail: str = ""):
     cache.count_fallback(reason)
-    diagnostics.fallback(self._fun, _code_of(self._fun), reason, detail)
+    diagnostics.fallback(self._user(), _code_of(self._user()), reason, detail)
+    self._own()
     return self.stock()(*args, **kwargs)
 
   def _retry_stock(self, key, args, kwargs):
     """Answer with stock's outcome; remember the code if only lifting failed."""
+    self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
     _entries.discard(key)
-    code = _code_of(self._fun)
+    code = _code_of(self._user())
     if code is not None:
       _unliftable.add(code)
     cache.count_fallback("trace_error")
-    diagnostics.fallback(self._fun, code, "trace_error",
+    diagnostics.fallback(self._user(), code, "trace_error",
                          "tracing with lifted arrays failed where stock did not")
     return out
 
   def _miss(self, key, a, args, kwargs):
-    code = _code_of(self._fun)
+    code = _code_of(self._user())
+    if code is not None and code not in _codes_seen:
+      # The first function object of this code is stock's: a long-lived
+      # function keeps stock's executable and speed. Only a second object
+      # of the same code (a re-created closure) compiles the shared entry.
+      _codes_seen.add(code)
+      started = time.perf_counter()
+      self._own()
+      out = self.stock()(*args, **kwargs)
+      cache.count_miss()
+      diagnostics.miss(self._user(), code, key, time.perf_counter() - started,
+                       first_object=True)
+      return out
     if code is not None and code in _unliftable:
       return self._fallback("unliftable", args, kwargs)
     self.stock()   # made now: validates the options as stock jit() would
@@ -438,6 +619,7 @@ class ClosureJitted:
     current.fun = None
     cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
+    self._pin(entry, key, a.leaves)
     self._store(key, entry, a.leaves, args, kwargs, traced, cost)
     return out
 
@@ -446,18 +628,22 @@ class ClosureJitted:
     """Store ``entry`` under ``key`` (the state the trace started from) with
     fresh guards, or drop it.
 
-    The closure is analysed again after tracing: a trace that mutated it (a
-    trace counter in a list, a ``nonlocal``) is remembered on this object
-    (``_own_trace_left``) and nowhere else. ``traced`` is the miss path's own
-    trace; without it (a hit that traced a new signature) the entry is asked
-    for it again, which JAX answers from its cache.
+    The closure is analysed again after tracing, for the guard roots. A
+    trace that mutated the closure (a trace counter in a list, a
+    ``nonlocal``) leaves the entry under the state it started from: a fresh
+    closure in that state would trace the same way. ``traced`` is the miss
+    path's own trace; without it (a call that traced a new signature) the
+    entry is asked for it again, which JAX answers from its cache.
     """
     _entries.discard(key)
     try:
       after = closure.analyse(self._fun, self._lift_numpy, self._lift_arrays)
-    except Uncacheable:
+    except Uncacheable as e:
+      diagnostics.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return
     if len(after.leaves) != len(leaves):
+      diagnostics.not_stored(self._user(), "layout_changed",
+                             "the trace changed how many arrays the closure holds")
       return
     if traced is None:
       current = _current
@@ -470,29 +656,27 @@ class ClosureJitted:
         current.fun = None
     guards = closure.find_guards(_compat.captured_constants(traced),
                                  after.roots, {id(x) for x in after.anchors})
-    if guards is None:
+    if isinstance(guards, closure.Unguarded):
       cache.count_not_stored("untracked_capture")
+      diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
       return
     if cost is not None:   # a miss: the stored key's ids, and the alias's
       entry.anchors = entry.anchors + after.anchors
     entry.guards = guards
     entry.checked = entry.traces
-    stored_key = key
     try:
-      _entries.put(stored_key, entry)
+      _entries.put(key, entry)
     except TypeError:
       return
-    if after.key != key[1]:
-      self._after_trace = ((key[0], after.key), (weakref.ref(entry), key))
     if cost is not None:   # a miss, not a re-derivation after a retrace
-      entry.record = diagnostics.miss(self._fun, _code_of(self._fun),
-                                      stored_key, cost)
+      entry.record = diagnostics.miss(self._user(), _code_of(self._user()),
+                                      key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
       match = closure.quick_matcher(self._fun, key[1])
       if match is None:
         _no_quick.add(self._code)
       else:
-        _remember_quick(_quick, self._code, stored_key, match, entry)
+        _remember_quick(_quick, self._code, key, match, entry)
 
 
 def _split(w: ClosureJitted):
@@ -575,6 +759,11 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
                       options_key: tuple, lift_numpy: bool):
   """The shared stock jitted object for ``fun``, or None if it needs lifting."""
   full_options_key = (options_key, lift_numpy)
+  row = _row_of(fun, full_options_key)
+  if type(row) is _OWNED:
+    owned = row()
+    if owned is not None:   # identity first: the object it had before
+      return owned
   code = fun.__code__
   for q in _canonical_quick.get(code, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
@@ -583,6 +772,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
         next(_counters.hits)
         found.used = True
         diagnostics.hit(found.record)
+        _remember(_table(full_options_key), fun, _ref(found.jitted))
         return found.jitted
   try:
     a = closure.analyse(fun, lift_numpy)
@@ -615,6 +805,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     match = closure.quick_matcher(fun, a.key)
     if match is not None:
       _remember_quick(_canonical_quick, code, key, match, found)
+  _remember(_table(full_options_key), fun, _ref(found.jitted))
   return found.jitted
 
 

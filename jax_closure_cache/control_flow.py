@@ -46,14 +46,23 @@ _trace_state_clean = _compat.trace_state_clean
 
 class _Launcher(closure_jit.ClosureJitted):
   """A cached launcher; its stock form is itself, called eagerly."""
-  __slots__ = ()
+  __slots__ = ("_user_fun",)
+
+  def __init__(self, launcher, user, lift_numpy: bool):
+    super().__init__(launcher, {}, (), lift_numpy)
+    self._user_fun = user if callable(user) else launcher
+
+  def _user(self):
+    return self._user_fun
 
   def stock(self):
     return self._fun
 
 
-def _launch(launcher, *operands):
-  return _Launcher(launcher, {}, (), closure_jit.lift_numpy_default())(*operands)
+def _launch(launcher, user, *operands):
+  """Run ``launcher`` through the cache; ``user`` is the user's function the
+  diagnostics name and whose code decides first-object-is-stock's."""
+  return _Launcher(launcher, user, closure_jit.lift_numpy_default())(*operands)
 
 
 def _routable() -> bool:
@@ -74,7 +83,7 @@ def _while_launcher(cond_fun, body_fun):
 def while_loop(cond_fun, body_fun, init_val):
   if not _routable():
     return _stock_while_loop(cond_fun, body_fun, init_val)
-  return _launch(_while_launcher(cond_fun, body_fun), init_val)
+  return _launch(_while_launcher(cond_fun, body_fun), body_fun, init_val)
 
 
 def _static_bound(bound):
@@ -101,7 +110,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   # A Python int bound is a static cell (stock unrolls to a scan of known
   # length); an array bound is an operand, so new values never recompile.
   return _launch(
-      _fori_launcher(static_lower, static_upper, body_fun, unroll),
+      _fori_launcher(static_lower, static_upper, body_fun, unroll), body_fun,
       None if static_lower is not None else lower,
       None if static_upper is not None else upper, init_val)
 
@@ -120,7 +129,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
     return _stock_scan(f, init, xs, length=length, reverse=reverse,
                        unroll=unroll, _split_transpose=_split_transpose)
   return _launch(_scan_launcher(f, length, reverse, unroll, _split_transpose),
-                 init, xs)
+                 f, init, xs)
 
 
 def _map_launcher(f, batch_size):
@@ -133,7 +142,7 @@ def _map_launcher(f, batch_size):
 def map(f, xs, *, batch_size=None):   # noqa: A001 -- mirrors jax.lax.map
   if not _routable():
     return _stock_map(f, xs, batch_size=batch_size)
-  return _launch(_map_launcher(f, batch_size), xs)
+  return _launch(_map_launcher(f, batch_size), f, xs)
 
 
 _NO_OPERAND = object()
@@ -151,7 +160,14 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_cond(pred, true_fun, false_fun, *operands)
     return _stock_cond(pred, true_fun, false_fun, *operands, operand=operand)
-  return _launch(_cond_launcher(true_fun, false_fun), pred, *operands)
+  return _launch(_cond_launcher(true_fun, false_fun), true_fun, pred, *operands)
+
+
+def _first(branches):
+  try:
+    return branches[0]
+  except Exception:   # stock reports what is wrong with ``branches``
+    return None
 
 
 def _switch_launcher(branches):
@@ -166,7 +182,7 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_switch(index, branches, *operands)
     return _stock_switch(index, branches, *operands, operand=operand)
-  return _launch(_switch_launcher(branches), index, *operands)
+  return _launch(_switch_launcher(branches), _first(branches), index, *operands)
 
 
 #: name -> the cached function, for the patch registry and ``lax``.

@@ -7,7 +7,8 @@ Invariants:
 * Explanations are logged through the ``jax_closure_cache`` logger when JAX's
   ``jax_explain_cache_misses`` option or ``JAX_CLOSURE_CACHE_EXPLAIN`` is on;
   they are computed only then.
-* The storm guard warns at most once per code object.
+* The storm guard logs at most once per user code object, at WARNING
+  through the ``jax_closure_cache`` logger (never through ``warnings``).
 
 Names in messages follow the walk: ``cell 'w'``, ``default 'n'``,
 ``kwdefault 'k'``, ``global 'W'``, ``partial arg 0``, ``self``, joined by
@@ -153,8 +154,9 @@ def hit(record: Record) -> None:
     jax.monitoring.record_event("/jax_closure_cache/hit")
 
 
-def miss(fun, code, full_key, cost: float) -> Record:
-  """Record a miss that stored an entry; explain it and guard storms."""
+def miss(fun, code, full_key, cost: float, first_object: bool = False) -> Record:
+  """Record a miss; explain it and guard storms. ``first_object``: the first
+  function object of its code, left to stock's own jit (identity first)."""
   record = Record(cost)
   s = _stats(code, fun)
   with _lock:
@@ -165,12 +167,32 @@ def miss(fun, code, full_key, cost: float) -> Record:
   if _monitoring_active():
     jax.monitoring.record_event("/jax_closure_cache/miss")
   if explaining():
-    logger.warning("closure-cache miss for %s: %s", s.location,
-                   "; ".join(explain_miss(fun, full_key, previous)))
-  if len(previous) + 1 > _storm_threshold and not s.warned:
+    why = explain_miss(fun, full_key, previous)
+    if first_object:
+      why = why + ["first function object of this code: stock jit traces it "
+                   "(a re-created one compiles the shared lifted entry)"]
+    logger.warning("closure-cache miss for %s: %s", s.location, "; ".join(why))
+  distinct = len(set(_hashable(k) for k in previous + [full_key]))
+  if distinct > _storm_threshold and not s.warned:
     s.warned = True
-    _warn_storm(fun, s, previous + [full_key])
+    _warn_storm(fun, code, s, previous + [full_key])
   return record
+
+
+def _hashable(key):
+  try:
+    hash(key)
+    return key
+  except TypeError:
+    return id(key)
+
+
+def not_stored(fun, reason: str, detail: str) -> None:
+  """A missed entry that was not stored: say why (explanations only)."""
+  if explaining():
+    logger.warning("closure-cache entry not stored for %s (%s): %s; later "
+                   "re-created closures of this code will miss again",
+                   location(fun), reason, detail)
 
 
 def fallback(fun, code, reason: str, detail: str) -> None:
@@ -204,7 +226,8 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     parts = (*cells, *(defaults or ()), *(p for _, p in kwdefaults or ()),
              *globs)
     for name, part in zip(names, parts):
-      yield from named_parts(None, part, prefix + name)
+      nested = type(part) is tuple and part and part[0] is closure._FN
+      yield from named_parts(None, part, prefix + name + (" -> " if nested else ""))
   elif type(key) is tuple and key and key[0] is closure._TREE:
     for i, part in enumerate(key[2]):
       yield from named_parts(None, part, f"{prefix}[{i}]")
@@ -240,7 +263,8 @@ def render(part) -> tuple[str, str]:
       shape = ",".join(map(str, part[2]))
       return f"{part[1]}[{shape}] #{part[3].hex()[:8]}", "numpy, baked"
     if tag is closure._ID:
-      return f"object at {part[1]:#x}", "kept by identity"
+      label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
+      return label, "kept by identity"
     if tag is closure._OBJ:
       return f"{part[2].__name__}(...)", "object keyed by attributes"
     if tag is closure._FN:
@@ -337,7 +361,11 @@ def _holding(value):
 
 # -- recompile storms ----------------------------------------------------------
 
-def _warn_storm(fun, s: CodeStats, keys: list) -> None:
+def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
+  """Log once per user code object, as a record attributed to that code's
+  file and line, naming the value that keeps changing. Logging, not
+  ``warnings``: a storm is a performance note, and ``-W error`` suites must
+  not fail on it."""
   changing = collections.defaultdict(set)
   for _, key in keys:
     for name, part in named_parts(fun, key):
@@ -353,8 +381,14 @@ def _warn_storm(fun, s: CodeStats, keys: list) -> None:
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"
-  warnings.warn(
-      f"jax_closure_cache: {s.location} has compiled {len(keys)} entries "
-      f"(more than {_storm_threshold}); {what}. Pass that value as an "
-      "argument, or make it a jax array so it is lifted instead of baked "
-      "into each executable.", RuntimeWarning, stacklevel=4)
+  message = (f"jax_closure_cache: {s.location} has compiled {len(keys)} "
+             f"entries (more than {_storm_threshold}); {what}. Pass that value "
+             "as an argument, or make it a jax array so it is lifted instead "
+             "of baked into each executable.")
+  filename = getattr(code, "co_filename", "?")
+  lineno = getattr(code, "co_firstlineno", 0)
+  if logger.isEnabledFor(logging.WARNING):
+    record = logger.makeRecord(logger.name, logging.WARNING, filename, lineno,
+                               message, (), None,
+                               func=getattr(code, "co_name", None))
+    logger.handle(record)

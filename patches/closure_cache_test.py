@@ -61,7 +61,8 @@ class ClosureCacheTest(jtu.JaxTestCase):
       return jax.jit(lambda x: x @ (v["w"] if isinstance(v, dict) else v))(
           jnp.ones((4, 4)))
     v1, v2 = make_value(1), make_value(2)
-    call(v1)
+    call(v1)   # the first function object of this code is stock's
+    call(v1)   # the second compiles the shared entry
     out, traces, compiles = _trace_and_compile_counts(lambda: call(v2))
     self.assertEqual((traces, compiles), (0, 0))
     self.assertArraysEqual(out, self._stock(lambda: call(v2)))
@@ -89,7 +90,8 @@ class ClosureCacheTest(jtu.JaxTestCase):
   def test_eager_control_flow_with_fresh_closures(self, prog):
     x = jnp.ones(4)
     w1, w2 = jnp.eye(4), 2 * jnp.eye(4)
-    prog(w1, x)
+    prog(w1, x)   # the first body object is stock's
+    prog(w1, x)   # the second compiles the shared entry
     out, traces, compiles = _trace_and_compile_counts(lambda: prog(w2, x))
     self.assertEqual((traces, compiles), (0, 0))
     self.assertArraysEqual(out, self._stock(lambda: prog(w2, x)))

@@ -25,6 +25,8 @@ def test_static_argnums_and_argnames_shift_past_leaves():
   out = jcc.jit(make(w2), static_argnums=1, static_argnames="mode")(x, 2, mode="mul")
   np.testing.assert_array_equal(out, STOCK_JIT(make(w2), static_argnums=1,
                                                static_argnames="mode")(x, 2, mode="mul"))
+  out = jcc.jit(make(w2), static_argnums=1, static_argnames="mode")(x, 2, mode="mul")
+  np.testing.assert_array_equal(out, jnp.full(2, 4.0))   # the shared entry
   with counting() as c:
     out = jcc.jit(make(w3), static_argnums=(1,), static_argnames=("mode",))(x, 2, mode="mul")
   assert c["compiles"] == 0
@@ -36,10 +38,11 @@ def test_static_argnums_and_argnames_shift_past_leaves():
 
 def test_donate_argnums_donates_the_argument_only():
   w = jnp.full(2, 2.0)
-  f = jcc.jit(lambda x: x * w, donate_argnums=0)
-  x = jnp.ones(2)
-  np.testing.assert_array_equal(f(x), jnp.full(2, 2.0))
-  assert not w.is_deleted()
+  for _ in range(3):   # stock's object, then the shared entry, then a hit
+    f = jcc.jit(lambda x: x * w, donate_argnums=0)
+    x = jnp.ones(2)
+    np.testing.assert_array_equal(f(x), jnp.full(2, 2.0))
+    assert not w.is_deleted()
 
 
 def test_other_options_pass_through():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, assert_like_stock, counting
+from conftest import warm, STOCK_JIT, assert_like_stock, counting
 
 
 def make_inner(w):
@@ -29,14 +29,19 @@ def stock(fun, *args, **kwargs):
 def test_recreated_closure_compiles_once():
   x = jnp.ones((4, 4))
   ws = [jnp.full((4, 4), i / 10.0) for i in range(3)]
-  first = jcc.jit(make_inner(ws[0]))(x)
-  np.testing.assert_array_equal(first, stock(make_inner(ws[0]), x))
-  for w in ws[1:]:
+  ws = [jnp.full((4, 4), i / 10.0) for i in range(5)]
+  # The first object is stock's, the second compiles the shared entry.
+  for w in ws[:2]:
+    with counting() as c:
+      out = jcc.jit(make_inner(w))(x)
+    assert c["compiles"] == 1
+    np.testing.assert_array_equal(out, stock(make_inner(w), x))
+  for w in ws[2:]:
     with counting() as c:
       out = jcc.jit(make_inner(w))(x)
     assert c == {"traces": 0, "compiles": 0}
     np.testing.assert_array_equal(out, stock(make_inner(w), x))
-  assert jcc.stats()["hits"] == 2 and jcc.stats()["misses"] == 1
+  assert jcc.stats()["hits"] == 3 and jcc.stats()["misses"] == 2
 
 
 def test_new_shape_retraces_in_same_entry_and_stays_correct():
@@ -54,9 +59,10 @@ def test_static_scalar_in_cell_is_keyed_by_value():
   def make(scale):
     return lambda x: x * scale
   x = jnp.arange(3.0)
-  for s in [2.0, 3.0, 2.0]:
+  for s in [2.0, 3.0, 2.0, 3.0]:
     assert_like_stock(jcc.jit(make(s))(x), make(s), x)
-  assert jcc.stats()["misses"] == 2 and jcc.stats()["hits"] == 1
+  # the first object is stock's; 3.0 compiles the entry, 2.0 then its own
+  assert jcc.stats()["misses"] == 3 and jcc.stats()["hits"] == 1
 
 
 def test_zero_signs_never_share_an_entry():
@@ -73,7 +79,7 @@ def test_nan_matches_itself():
   def make(c):
     return lambda x: x + c
   x = jnp.ones(2)
-  jcc.jit(make(float("nan")))(x)
+  warm(lambda: jcc.jit(make(float("nan")))(x))
   with counting() as c:
     out = jcc.jit(make(float("nan")))(x)
   assert c["compiles"] == 0
@@ -111,7 +117,7 @@ def test_pytree_leaves_are_lifted():
             "pair": Pair(jnp.full(3, i + 1.0), jnp.full(2, 2.0 * i))}
   x = jnp.ones(3)
   p0, p5 = params(0), params(5)
-  jcc.jit(make(p0))(x)
+  warm(lambda: jcc.jit(make(p0))(x))
   with counting() as c:
     out = jcc.jit(make(p5))(x)
   assert c["compiles"] == 0
@@ -126,15 +132,23 @@ def test_lambda_in_loop_without_closure_is_one_stock_object():
   assert_like_stock(fns[2](x), lambda x: x * 2 + 1, x)
 
 
+def fresh_copy(f):
+  """A new function object of ``f``'s code, globals and closure, as a
+  re-created ``def`` would be."""
+  import types
+  return types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                            f.__defaults__, f.__closure__)
+
+
 def test_global_array_read_directly_is_lifted():
   ns = {"jnp": jnp}
   exec("def f(x):\n  return x + G\n", ns)
   x = jnp.ones(2)
   ns["G"] = jnp.full(2, 0.0)
-  jcc.jit(ns["f"])(x)
+  warm(lambda: jcc.jit(fresh_copy(ns["f"]))(x))
   ns["G"] = jnp.full(2, 7.0)
   with counting() as c:
-    out = jcc.jit(ns["f"])(x)
+    out = jcc.jit(fresh_copy(ns["f"]))(x)
   assert c["compiles"] == 0
   assert_like_stock(out, ns["f"], x)
 
@@ -144,9 +158,29 @@ def test_global_scalar_is_in_key():
   exec("def f(x):\n  return x * K\n", ns)
   x = jnp.ones(2)
   ns["K"] = 2.0
-  assert_like_stock(jcc.jit(ns["f"])(x), ns["f"], x)
+  for _ in range(3):
+    assert_like_stock(jcc.jit(fresh_copy(ns["f"]))(x), ns["f"], x)
   ns["K"] = 3.0
-  assert_like_stock(jcc.jit(ns["f"])(x), ns["f"], x)
+  assert_like_stock(jcc.jit(fresh_copy(ns["f"]))(x), ns["f"], x)
+
+
+def test_same_function_object_keeps_its_trace_like_stock():
+  """Identity first: a function object already called is stock's, stale
+  trace included, compared with stock on a twin put through the same steps."""
+  src = "def f(x):\n  return x * K\n"
+  ns, twin_ns = {}, {}
+  exec(src, ns)
+  exec(src, twin_ns)
+  x = jnp.ones(2)
+  ns["K"] = twin_ns["K"] = 2.0
+  mine, twin = jcc.jit(ns["f"]), STOCK_JIT(twin_ns["f"])
+  np.testing.assert_array_equal(mine(x), twin(x))
+  ns["K"] = twin_ns["K"] = 3.0
+  with counting() as c:
+    got, want = jcc.jit(ns["f"])(x), STOCK_JIT(twin_ns["f"])(x)
+  assert c == {"traces": 0, "compiles": 0}
+  np.testing.assert_array_equal(got, want)   # both the stale 2.0 trace
+  np.testing.assert_array_equal(mine(x), twin(x))
 
 
 def test_defaults_and_kwdefaults_are_keyed():
@@ -156,7 +190,7 @@ def test_defaults_and_kwdefaults_are_keyed():
     return f
   x = jnp.ones(2)
   w1, w5 = jnp.full(2, 1.0), jnp.full(2, 5.0)
-  jcc.jit(make(w1, 1))(x)
+  warm(lambda: jcc.jit(make(w1, 1))(x))
   with counting() as c:
     out = jcc.jit(make(w5, 1))(x)
   assert c["compiles"] == 0
@@ -171,7 +205,7 @@ def loss(w, x):
 def test_partial_is_keyed_by_func_args_keywords():
   x = jnp.ones((2, 2))
   w1, w3 = jnp.eye(2), 3 * jnp.eye(2)
-  jcc.jit(functools.partial(loss, w1))(x)
+  warm(lambda: jcc.jit(functools.partial(loss, w1))(x))
   with counting() as c:
     out = jcc.jit(functools.partial(loss, w3))(x)
   assert c["compiles"] == 0
@@ -183,7 +217,7 @@ def test_partial_is_keyed_by_func_args_keywords():
 def test_regrad_per_step_hits():
   x = jnp.ones((2, 2))
   w, w2 = jnp.eye(2), 2 * jnp.eye(2)
-  jcc.jit(jax.grad(loss))(w, x)
+  warm(lambda: jcc.jit(jax.grad(loss))(w, x))
   with counting() as c:
     g = jcc.jit(jax.grad(loss))(w2, x)
   assert c["compiles"] == 0
@@ -195,7 +229,7 @@ def test_grad_of_recreated_closure_hits():
     return jax.grad(lambda w: jnp.sum((data @ w) ** 2))
   w = jnp.ones(3)
   d1, d2 = jnp.full((2, 3), 1.0), jnp.full((2, 3), 2.0)
-  jcc.jit(make(d1))(w)
+  warm(lambda: jcc.jit(make(d1))(w))
   with counting() as c:
     g = jcc.jit(make(d2))(w)
   assert c["compiles"] == 0
@@ -214,6 +248,7 @@ def test_bound_method_refetched_is_keyed_by_self():
   x = jnp.ones(2)
   a = Scaler(2.0)
   assert_like_stock(jcc.jit(a.apply)(x), Scaler(2.0).apply, x)
+  jcc.jit(a.apply)(x)   # a second bound method object compiles the entry
   with counting() as c:
     jcc.jit(a.apply)(x)
   assert c["compiles"] == 0
@@ -230,7 +265,7 @@ def test_nested_closures_and_recursion():
     return lambda x: rec(x, 2)
   x = jnp.ones(2)
   w1, w2 = jnp.eye(2), 2 * jnp.eye(2)
-  jcc.jit(make(w1))(x)
+  warm(lambda: jcc.jit(make(w1))(x))
   with counting() as c:
     out = jcc.jit(make(w2))(x)
   assert c["compiles"] == 0
@@ -243,7 +278,7 @@ def test_closure_over_package_jitted_function():
     return lambda x: inner(x) + 1
   x = jnp.ones(2)
   w2, w3 = jnp.full(2, 2.0), jnp.full(2, 3.0)
-  jcc.jit(make(w2))(x)
+  warm(lambda: jcc.jit(make(w2))(x))
   with counting() as c:
     out = jcc.jit(make(w3))(x)
   assert c["compiles"] == 0

@@ -11,7 +11,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import closure
-from conftest import STOCK_JIT, assert_like_stock, counting
+from conftest import warm, STOCK_JIT, assert_like_stock, counting
 import helper_module
 
 
@@ -21,6 +21,7 @@ def test_numpy_is_baked_by_default_and_keyed_by_bytes():
   x = jnp.zeros(2)
   w = np.full(3, 1e8 + 0.5)
   np.testing.assert_array_equal(jcc.jit(make(w))(x), STOCK_JIT(make(w))(x))
+  jcc.jit(make(w))(x)   # the second object compiles the shared entry
   with counting() as c:
     jcc.jit(make(w.copy()))(x)   # equal bytes, other object: a hit
   assert c["compiles"] == 0
@@ -33,7 +34,7 @@ def test_lift_numpy_opt_in_avoids_recompiles():
     return lambda x: x @ w
   x = jnp.ones(3, dtype=jnp.float32)
   w1, w2 = np.eye(3, dtype=np.float32), 2 * np.eye(3, dtype=np.float32)
-  jcc.jit(make(w1), lift_numpy=True)(x)
+  warm(lambda: jcc.jit(make(w1), lift_numpy=True)(x))
   with counting() as c:
     out = jcc.jit(make(w2), lift_numpy=True)(x)
   assert c["compiles"] == 0
@@ -71,7 +72,7 @@ def test_plain_object_keyed_by_attributes():
       return x
     return f
   x = jnp.ones(2)
-  jcc.jit(make(EqOnlyConfig(2, "double")))(x)
+  warm(lambda: jcc.jit(make(EqOnlyConfig(2, "double")))(x))
   with counting() as c:
     out = jcc.jit(make(EqOnlyConfig(2, "double")))(x)
   assert c["compiles"] == 0
@@ -116,6 +117,7 @@ def test_guard_catches_array_behind_identity_kept_object():
   w2 = 2 * jnp.eye(2)
   m = BigModel(jnp.eye(2))
   assert_like_stock(jcc.jit(m.make_step())(x), m.make_step(), x)
+  jcc.jit(m.make_step())(x)   # the second object compiles the shared entry
   with counting() as c:
     jcc.jit(m.make_step())(x)
   assert c["compiles"] == 0   # guarded hit
@@ -159,7 +161,7 @@ def test_sets_key_by_contents():
   def make(s):
     return lambda x: x + len(s)
   x = jnp.ones(2)
-  jcc.jit(make({1, 2}))(x)
+  warm(lambda: jcc.jit(make({1, 2}))(x))
   with counting() as c:
     out = jcc.jit(make({2, 1}))(x)
   assert c["compiles"] == 0
@@ -179,7 +181,9 @@ def test_concrete_use_of_lifted_array_retries_stock_once():
     return lambda x: x[:n]   # n must be concrete: lifted, it is a tracer
   x = jnp.arange(5.0)
   n = jnp.array(3)
-  assert_like_stock(jcc.jit(make(n))(x), make(n), x)
+  assert_like_stock(jcc.jit(make(n))(x), make(n), x)   # stock's object
+  assert jcc.stats()["fallback_reasons"] == {}
+  assert_like_stock(jcc.jit(make(n))(x), make(n), x)   # lifting fails
   assert jcc.stats()["fallback_reasons"] == {"trace_error": 1}
   with counting() as c:
     jcc.jit(make(n))(x)
@@ -215,7 +219,7 @@ def test_disable_jit_is_honoured():
 def test_no_closed_over_array_is_kept_alive():
   x = jnp.ones(4)
   refs = []
-  for i in range(3):
+  for i in range(4):
     w = jnp.full(4, float(i))
     refs.append(weakref.ref(w))
     jcc.jit((lambda w: (lambda x: x * w))(w))(x)
@@ -253,6 +257,7 @@ def test_guard_on_helper_function_global_hits_then_sees_reassignment():
   def make(s):
     return lambda x: scaled_by_w(x) * s
   assert_like_stock(jcc.jit(make(1.0))(x), make(1.0), x)
+  assert_like_stock(jcc.jit(make(1.0))(x), make(1.0), x)
   with counting() as c:
     jcc.jit(make(1.0))(x)
   assert c["compiles"] == 0 and jcc.stats()["hits"] == 1
@@ -279,7 +284,7 @@ def test_value_hashed_objects_key_by_hash_and_equality():
   def make(cfg, mode):
     return lambda x: x + cfg.scale if mode is Mode.ADD else x * cfg.scale
   x = jnp.ones(2)
-  jcc.jit(make(FrozenCfg(2.0), Mode.MUL))(x)
+  warm(lambda: jcc.jit(make(FrozenCfg(2.0), Mode.MUL))(x))
   with counting() as c:
     out = jcc.jit(make(FrozenCfg(2.0), Mode.MUL))(x)   # equal, not identical
   assert c["compiles"] == 0
@@ -313,12 +318,12 @@ def test_concrete_uses_of_lifted_arrays_give_stock_results(use):
     return lambda x: use(x, n)
   x = jnp.arange(5.0)
   n = jnp.array(3)
-  assert_like_stock(jcc.jit(make(n))(x), make(n), x)
+  for _ in range(2):   # the first object is stock's; the second lifts
+    assert_like_stock(jcc.jit(make(n))(x), make(n), x)
   # The parametrised cases share make's code object: after the first, the
   # code is remembered as unliftable and goes to stock directly.
   reasons = jcc.stats()["fallback_reasons"]
   assert sum(reasons.values()) == 1 and set(reasons) <= {"trace_error", "unliftable"}
-  assert jcc.stats()["misses"] == 0
 
 
 def test_lift_numpy_from_environment():
@@ -328,7 +333,7 @@ def test_lift_numpy_from_environment():
           "mk = lambda w: (lambda x: x @ w)\n"
           "x = jnp.ones(2)\n"
           "a, b = np.eye(2, dtype=np.float32), 2 * np.eye(2, dtype=np.float32)\n"
-          "j.jit(mk(a))(x)\n"
+          "j.jit(mk(a))(x); j.jit(mk(a))(x)\n"
           "with jtu.count_jit_compilation_cache_miss() as c:\n"
           "  out = j.jit(mk(b))(x)\n"
           "print(c(), float(out[0]))\n")

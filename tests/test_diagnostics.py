@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 import warnings
 
 import jax
@@ -51,9 +52,11 @@ def test_retrace_names_the_global_array_that_changed(explain):
   ns = {}
   exec("def f(x):\n  return x @ W\n", ns)
   ns["W"] = jnp.eye(4)
-  jcc.jit(ns["f"])(jnp.ones(4))
+  fresh = lambda: types.FunctionType(ns["f"].__code__, ns)   # a re-created def
+  jcc.jit(fresh())(jnp.ones(4))   # stock's object
+  jcc.jit(fresh())(jnp.ones(4))   # the shared entry
   ns["W"] = jnp.eye(8)
-  jcc.jit(ns["f"])(jnp.ones(8))
+  jcc.jit(fresh())(jnp.ones(8))
   assert any("global 'W' changed: float32[4,4] -> float32[8,8]" in m
              for m in messages(explain))
 
@@ -97,22 +100,57 @@ def test_nothing_is_logged_when_off(caplog, monkeypatch):
   assert messages(caplog) == []
 
 
-def test_storm_guard_warns_once_naming_the_culprit():
+def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(caplog):
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   old = jcc.storm_threshold()
   jcc.set_storm_threshold(3)
   try:
     def make(step):
       return lambda x: x * step
-    with warnings.catch_warnings(record=True) as caught:
-      warnings.simplefilter("always")
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")   # a -W error suite must not fail
       for i in range(8):
         jcc.jit(make(0.1 * i))(jnp.ones(2))
-    storms = [w for w in caught if "has compiled" in str(w.message)]
+    storms = [r for r in caplog.records if "has compiled" in r.getMessage()]
     assert len(storms) == 1
-    text = str(storms[0].message)
+    text = storms[0].getMessage()
     assert "cell 'step' keeps changing" in text and "argument" in text
+    assert storms[0].levelno == logging.WARNING
+    assert storms[0].pathname == __file__   # the user's file, not ours
+    assert storms[0].lineno == make.__code__.co_firstlineno + 1
   finally:
     jcc.set_storm_threshold(old)
+
+
+def test_storm_guard_counts_per_user_function_not_per_launcher(caplog):
+  """Twelve different loop bodies, each compiled once, are no storm, although
+  they share the launcher's code."""
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  old = jcc.storm_threshold()
+  jcc.set_storm_threshold(3)
+  ns = {}
+  exec("".join(f"def body{i}(i, c):\n  return c + {i}\n" for i in range(12)), ns)
+  try:
+    for i in range(12):
+      jcc.lax.fori_loop(0, 3, ns[f"body{i}"], jnp.float32(0))
+  finally:
+    jcc.set_storm_threshold(old)
+  assert not [r for r in caplog.records if "has compiled" in r.getMessage()]
+
+
+def test_storm_message_prints_dtypes_readably(caplog):
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  old = jcc.storm_threshold()
+  jcc.set_storm_threshold(2)
+  try:
+    def make(dt):
+      return lambda x: x.astype(dt)
+    for dt in (jnp.float32, jnp.int32, jnp.float16, jnp.int8):
+      jcc.jit(make(dt))(jnp.ones(2))
+  finally:
+    jcc.set_storm_threshold(old)
+  text = [r.getMessage() for r in caplog.records if "has compiled" in r.getMessage()][0]
+  assert "object at 0x" not in text and "float32" in text, text
 
 
 def test_storm_threshold_from_environment():
@@ -132,15 +170,17 @@ def test_monitoring_events_reach_jax_listeners():
   jax.monitoring.register_event_listener(listener)
   try:
     make = lambda a: (lambda x: x * a)
-    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))
+    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))   # stock's object
+    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))   # the shared entry
     jcc.jit(make(jnp.zeros(2)))(jnp.ones(2))
     jcc.jit((lambda u: (lambda x: x * u.n))(Unkeyable(1)))(jnp.ones(2))
   finally:
     jax.monitoring.unregister_event_listener(listener)
   assert [e for e, _ in events] == ["/jax_closure_cache/miss",
+                                    "/jax_closure_cache/miss",
                                     "/jax_closure_cache/hit",
                                     "/jax_closure_cache/fallback"]
-  assert events[2][1] == {"reason": "unhashable"}
+  assert events[3][1] == {"reason": "unhashable"}
 
 
 def test_run_command_summarises(tmp_path):
@@ -158,6 +198,6 @@ def test_run_command_summarises(tmp_path):
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr
   assert "args ['--lr', '1']" in out.stdout
-  assert "4 hits, 1 misses, 0 fallbacks" in out.stderr
+  assert "3 hits, 2 misses, 0 fallbacks" in out.stderr
   assert "trace+compile time avoided:" in out.stderr
   assert "train.py:4" in out.stderr

@@ -1,0 +1,124 @@
+"""Identity first: a function object already called is answered as stock
+answers it. Each test puts a twin object through the same steps with stock
+``jax.jit`` and compares; a cache keyed only on closure contents would
+retrace after the closure changes and give the twin's fresh answer instead
+of its stale one."""
+
+import gc
+import weakref
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import closure_jit
+from conftest import STOCK_JIT, counting
+
+
+def make(s):
+  def f(x):
+    return x * s
+
+  def set_s(v):
+    nonlocal s
+    s = v
+  return f, set_s
+
+
+def test_first_object_of_a_code_is_stocks_own():
+  """The seed's long-lived pattern: one object, called many times."""
+  x = jnp.arange(3.0)
+  f, _ = make(2.0)
+  with counting() as c:
+    out = jcc.jit(f)(x)
+  assert c["compiles"] == 1
+  np.testing.assert_array_equal(out, STOCK_JIT(make(2.0)[0])(x))
+  assert jcc.stats()["misses"] == 1 and jcc.stats()["entries"] == 0
+
+
+@pytest.mark.parametrize("objects_before", [0, 2],
+                         ids=["first-object", "after-shared-entry"])
+def test_cell_change_keeps_the_stale_trace_like_stock(objects_before):
+  """JAX's test_jit_global_cache, for the first object of a code (stock's
+  own) and for an object whose first call hit the shared entry."""
+  x = jnp.arange(3.0)
+  for _ in range(objects_before):
+    jcc.jit(make(2.0)[0])(x)
+  f, set_f = make(2.0)
+  twin, set_twin = make(2.0)
+  mine, theirs = jcc.jit(f), STOCK_JIT(twin)
+  np.testing.assert_array_equal(mine(x), theirs(x))
+  set_f(5.0)
+  set_twin(5.0)
+  with counting() as c:
+    got = mine(x)
+  assert c["traces"] == 0 and c["compiles"] == 0
+  np.testing.assert_array_equal(got, theirs(x))
+  np.testing.assert_array_equal(got, 2.0 * x)   # the stale trace, as stock
+  # a new jit() of the same object: stock's trace cache is on the object
+  np.testing.assert_array_equal(jcc.jit(f)(x), STOCK_JIT(twin)(x))
+
+
+def test_new_signature_after_cell_change_retraces_with_current_values():
+  x2, x3 = jnp.arange(2.0), jnp.arange(3.0)
+  for _ in range(2):
+    jcc.jit(make(2.0)[0])(x2)
+  f, set_f = make(2.0)
+  twin, set_twin = make(2.0)
+  mine, theirs = jcc.jit(f), STOCK_JIT(twin)
+  mine(x2)
+  theirs(x2)
+  set_f(5.0)
+  set_twin(5.0)
+  np.testing.assert_array_equal(mine(x3), theirs(x3))   # 5.0: a new trace
+  np.testing.assert_array_equal(mine(x2), theirs(x2))   # 2.0: the old one
+
+
+def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
+  monkeypatch.setattr(closure_jit, "PROMOTE_AFTER_CALLS", 5)
+  x = jnp.arange(3.0)
+  w = jnp.full(3, 2.0)
+  mk = lambda w: (lambda v: v * w + 1.0)
+  for _ in range(2):
+    jcc.jit(mk(w))(x)   # stock's object, then the shared entry
+  f = jcc.jit(mk(w))
+  with counting() as c:
+    for _ in range(4):
+      f(x)
+  assert c["compiles"] == 0   # still on the shared entry
+  with counting() as c:
+    for _ in range(20):
+      out = f(x)
+  assert c["compiles"] == 1   # stock's own executable, once
+  np.testing.assert_array_equal(out, STOCK_JIT(mk(w))(x))
+
+
+def test_long_lived_wrapper_calls_stocks_object_directly():
+  """After its first call a stock-owned wrapper's ``__call__`` is stock's
+  jitted object itself, so no Python frame of the cache runs per call."""
+  x = jnp.arange(3.0)
+  w = jnp.full(3, 2.0)
+  f = jcc.jit(lambda v: v * w)
+  f(x)
+  f(x)
+  call = type(f).__dict__["__call__"]
+  assert isinstance(call, staticmethod)
+  assert type(call.__func__) is type(STOCK_JIT(lambda v: v))
+  assert isinstance(f, jcc.ClosureJitted)
+  np.testing.assert_array_equal(f(x), 2.0 * x)
+
+
+def test_rows_keep_nothing_alive():
+  x = jnp.ones(4)
+  refs = []
+  for i in range(4):   # stock's, shared entry, hits
+    w = jnp.full(1 << 16, float(i))
+    refs.append(weakref.ref(w))
+    f = jcc.jit((lambda w: (lambda v: v * w[0]))(w))
+    f(x)
+    f(x)   # a second call: the direct class for a stock-owned wrapper
+    del w, f
+  gc.collect()
+  assert all(r() is None for r in refs)
+  assert all(not t for t in closure_jit._tables.values())
