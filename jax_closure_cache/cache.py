@@ -98,6 +98,13 @@ class LRUStore:
     with self._lock:
       self._data.pop(key, None)
 
+  def discard_entry(self, key, entry: Entry) -> None:
+    """Drop ``key`` if it still maps to ``entry`` (a weak reference's
+    callback: the key may have been stored again since)."""
+    with self._lock:
+      if self._data.get(key) is entry:
+        del self._data[key]
+
   def clear(self) -> None:
     with self._lock:
       self._data.clear()

@@ -707,13 +707,27 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
 # -- guards: where a captured array was found --------------------------------
 
 class Guard(NamedTuple):
-  """``root`` reached through ``path`` must still be ``expected``."""
-  root: Any
+  """``root`` reached through ``path`` must still be ``expected``.
+
+  Both are held through weak references (``root_ref``, ``expected_ref``), so
+  a stored guard keeps neither alive; a dead one no longer holds.
+  """
+  root_ref: Any
   path: tuple
-  expected: Any
+  expected_ref: Any
+
+  @classmethod
+  def make(cls, root, path, expected) -> "Guard | None":
+    try:
+      return cls(_strong_or_weak(root), path, weakref.ref(expected))
+    except TypeError:
+      return None
 
   def holds(self) -> bool:
-    obj = self.root
+    obj = self.root_ref()
+    expected = self.expected_ref()
+    if obj is None or expected is None:
+      return False
     try:
       for kind, k in self.path:
         if kind == "attr":
@@ -728,7 +742,15 @@ class Guard(NamedTuple):
           obj = obj.__defaults__[k]
     except Exception:
       return False
-    return obj is self.expected
+    return obj is expected
+
+
+def _strong_or_weak(obj):
+  """A weak reference, or for a module-level function (the key holds it
+  anyway) a callable returning it."""
+  if type(obj) is _FunctionType and is_module_level(obj):
+    return lambda: obj
+  return weakref.ref(obj)
 
 
 _GUARD_SEARCH_NODES = 4096
@@ -740,7 +762,7 @@ class Unguarded(NamedTuple):
   detail: str
 
 
-def _describe_array(x) -> str:
+def describe_array(x) -> str:
   aval = getattr(x, "aval", None)
   if aval is not None and hasattr(aval, "str_short"):
     return aval.str_short()
@@ -776,7 +798,10 @@ def find_guards(captured: list, roots: list, covered_ids: set):
       continue
     seen.add(id(obj))
     if id(obj) in wanted:
-      guards.append(Guard(root, path, obj))
+      guard = Guard.make(root, path, obj)
+      if guard is None:
+        return Unguarded(f"{_root_name(root)} cannot be weakly referenced")
+      guards.append(guard)
       del wanted[id(obj)]
       continue
     for step, child in _children(obj):
@@ -784,7 +809,7 @@ def find_guards(captured: list, roots: list, covered_ids: set):
   if not wanted:
     return guards
   where = ", ".join(_root_name(r) for r in roots[:4]) or "no object kept by identity"
-  arrays = ", ".join(_describe_array(x) for x in list(wanted.values())[:3])
+  arrays = ", ".join(describe_array(x) for x in list(wanted.values())[:3])
   return Unguarded(
       f"the trace captured {len(wanted)} array(s) ({arrays}) that the key does "
       f"not cover and that were not found under {where}"

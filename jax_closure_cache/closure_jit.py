@@ -106,6 +106,7 @@ class _Current(threading.local):
 
 _current = _Current()
 _DISABLE_JIT = _compat.DISABLE_JIT
+_JaxArray = _compat.jax.Array
 _analyse = closure.analyse
 _counters = cache.counters
 _monitoring_active = _compat.monitoring_active
@@ -128,6 +129,36 @@ class _Entry(cache.Entry):
     self.checked = 0   # value of ``traces`` when the guards were derived
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     self.avals: list = []   # the lifted leaves' types at the last trace
+
+
+def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
+  """What ``entry`` keeps of the objects whose ids are in ``key``: weak
+  references whose death drops the entry from ``store`` (so no id in a
+  stored key can be reused, and the cache never extends an object's life),
+  and module globals dicts, held as they are (a dict cannot be weakly
+  referenced; a module's namespace lives as long as its module).
+
+  Returns the list, or a string saying which anchor cannot be held weakly
+  (then the entry must not be stored).
+  """
+  entry_ref = weakref.ref(entry)
+
+  def drop(_, key=key):
+    e = entry_ref()
+    if e is not None:
+      store.discard_entry(key, e)
+
+  held = []
+  for obj in anchors:
+    if type(obj) is dict:
+      held.append(obj)
+      continue
+    try:
+      held.append(weakref.ref(obj, drop))
+    except TypeError:
+      return (f"a {type(obj).__name__} kept by identity cannot be weakly "
+              "referenced, so storing it would keep it alive")
+  return held
 
 
 def _freeze(v):
@@ -198,7 +229,22 @@ def _lifted_signature(fun) -> inspect.Signature:
         leaves,
         inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
         inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
-  return sig.replace(parameters=[leaves, *sig.parameters.values()])
+  # JAX reads the signature for argument names and static_argnames; the
+  # default values themselves (arrays, for ``def f(x, w=w)``) must not be
+  # held by the shared entry, so each becomes a placeholder.
+  params = [p if p.default is p.empty else p.replace(default=_DEFAULT)
+            for p in sig.parameters.values()]
+  return sig.replace(parameters=[leaves, *params])
+
+
+class _Default:
+  __slots__ = ()
+
+  def __repr__(self):
+    return "<default>"
+
+
+_DEFAULT = _Default()
 
 
 def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
@@ -599,6 +645,15 @@ class ClosureJitted:
       return out
     if code is not None and code in _unliftable:
       return self._fallback("unliftable", args, kwargs)
+    baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
+    if baked is not None:
+      # An array kept by identity (committed to a device, or inside an
+      # object) is baked into the trace: a stored entry would keep it alive.
+      return self._fallback(
+          "array_by_identity", args, kwargs,
+          f"a {closure.describe_array(baked)} array is kept by identity "
+          "(committed, or inside an object) and would be baked into a shared "
+          "executable that keeps it alive")
     self.stock()   # made now: validates the options as stock jit() would
     entry = _Entry()
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
@@ -660,8 +715,14 @@ class ClosureJitted:
       cache.count_not_stored("untracked_capture")
       diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
       return
-    if cost is not None:   # a miss: the stored key's ids, and the alias's
-      entry.anchors = entry.anchors + after.anchors
+    held = _hold_weakly(_entries, key, entry,
+                        entry.anchors + after.anchors if cost is not None
+                        else after.anchors)
+    if isinstance(held, str):
+      cache.count_not_stored("unweakrefable_anchor")
+      diagnostics.not_stored(self._user(), "unweakrefable_anchor", held)
+      return
+    entry.anchors = held
     entry.guards = guards
     entry.checked = entry.traces
     try:
@@ -793,9 +854,12 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     _canonical_functions.add(fun)
     jitted = _compat.STOCK_JIT(fun if own else _copy_function(fun), **options)
     # Its compile happens at its first call, inside stock: cost unknown here.
-    found = _Canonical(jitted, a.anchors, diagnostics.miss(fun, code, key, 0.0))
+    found = _Canonical(jitted, [], diagnostics.miss(fun, code, key, 0.0))
     cache.count_miss()
-    _canonical.put(key, found)
+    held = _hold_weakly(_canonical, key, found, a.anchors)
+    if not isinstance(held, str):
+      found.anchors = held
+      _canonical.put(key, found)
   else:
     next(_counters.hits)
     diagnostics.hit(found.record)

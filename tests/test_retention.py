@@ -1,0 +1,98 @@
+"""The cache never extends an array's life: for every route by which a
+closure can reach an array, the arrays of five re-created closures are freed
+once the user drops them (stock's own object, the shared entry, hits)."""
+
+import functools
+import gc
+import weakref
+
+import jax.numpy as jnp
+import pytest
+
+import jax_closure_cache as jcc
+
+
+class Model:
+  def __init__(self, w):
+    self.w = w
+
+  def apply(self, x):
+    return x * self.w[0]
+
+
+def _mul(w, x):
+  return x * w[0]
+
+
+def by_cell(w):
+  return jcc.jit(lambda x: x * w[0])
+
+
+def by_default(w):
+  def f(x, w=w):
+    return x * w[0]
+  return jcc.jit(f)
+
+
+def by_kwdefault(w):
+  def f(x, *, w=w):
+    return x * w[0]
+  return jcc.jit(f)
+
+
+def by_partial(w):
+  return jcc.jit(functools.partial(_mul, w))
+
+
+def by_dict_in_cell(w):
+  d = {"w": w}
+  return jcc.jit(lambda x: x * d["w"][0])
+
+
+def by_nested_function(w):
+  inner = lambda x: x * w[0]
+  return jcc.jit(lambda x: inner(x) + 1)
+
+
+def by_control_flow_body(w):
+  return lambda x: jcc.lax.fori_loop(0, 2, lambda i, c: c + w[0], x)
+
+
+def by_control_flow_operand(w):
+  return lambda x: jcc.lax.fori_loop(
+      0, 2, lambda i, c: (c[0] + c[1][0], c[1]), (x, w))[0]
+
+
+def by_bound_self(w):   # arrays inside objects are kept by identity: stock's
+  return jcc.jit(Model(w).apply)
+
+
+def by_object_attribute(w):
+  m = Model(w)
+  return jcc.jit(lambda x: x * m.w[0])
+
+
+HITTING = [by_cell, by_default, by_kwdefault, by_partial, by_dict_in_cell,
+           by_nested_function, by_control_flow_body, by_control_flow_operand]
+STOCKS = [by_bound_self, by_object_attribute]
+
+
+@pytest.mark.parametrize("route", HITTING + STOCKS, ids=lambda r: r.__name__)
+def test_arrays_are_freed_when_the_user_drops_them(route):
+  x = jnp.ones(4)
+  refs = []
+  for i in range(5):
+    w = jnp.full(1 << 16, float(i))
+    refs.append(weakref.ref(w))
+    f = route(w)
+    out = f(x)
+    assert float(out[0]) in (1.0 * i, 1.0 + i, 1.0 + 2 * i, 1.0 * i + 1.0)
+    f(x)
+    del w, f, out
+  gc.collect()
+  assert [r() for r in refs] == [None] * 5
+  s = jcc.stats()
+  if route in HITTING:
+    assert s["hits"] >= 3   # the test is about a cache that is used
+  else:
+    assert s["fallback_reasons"] == {"array_by_identity": 4}
