@@ -44,6 +44,7 @@ from __future__ import annotations
 import dis
 import functools
 import hashlib
+import sys
 import threading
 import types
 import weakref
@@ -91,7 +92,7 @@ class _Tag:
 LIFTED = _Tag("LIFTED")      # an array passed to the shared executable
 _MISSING = _Tag("MISSING")   # a global name that is not (yet) defined
 _EMPTY = _Tag("EMPTY")       # a cell that is not yet filled
-_FN = _Tag("FN")             # (_FN, index, code, id(globals), cells, defaults, kwdefaults, globals)
+_FN = _Tag("FN")             # (_FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
 _TREE = _Tag("TREE")         # (_TREE, treedef, leaves)
 _PARTIAL = _Tag("PARTIAL")   # (_PARTIAL, func, args, keywords)
 _METHOD = _Tag("METHOD")     # (_METHOD, func, self)
@@ -100,18 +101,26 @@ _OBJ = _Tag("OBJ")           # (_OBJ, type, ((name, value), ...))
 _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
 _ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
+_NOCHAIN = _Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 
 
 # -- per-code-object facts ---------------------------------------------------
 
 class CodePlan(NamedTuple):
-  """What a code object (with its nested code objects) reads and writes."""
+  """What a code object (with its nested code objects) reads and writes.
+
+  ``chains`` are the attribute chains its code reads from a global or a
+  free variable, as ``(kind, name, attributes)`` with kind ``"global"`` or
+  ``"cell"``: ``Table.W`` is ``("global", "Table", ("W",))``.
+  """
   global_names: tuple[str, ...]
   writes_globals: bool
+  chains: tuple = ()
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+_ATTR_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 # A plain dict: a weak one costs a weakref per lookup on the hot path. It is
 # emptied when it grows past _PLANS_MAX (code made by exec in a loop).
 _plans: dict[types.CodeType, CodePlan] = {}
@@ -125,17 +134,34 @@ def code_plan(code: types.CodeType) -> CodePlan:
   except KeyError:
     pass
   names: dict[str, None] = {}
+  chains: dict[tuple, None] = {}
   writes = False
   pending = [code]
   while pending:
     co = pending.pop()
+    chain = None   # (kind, name, [attributes]) being read right now
     for ins in dis.get_instructions(co):
-      if ins.opname in _GLOBAL_READS:
-        names[ins.argval] = None
-      elif ins.opname in _GLOBAL_WRITES:
+      op = ins.opname
+      if op in _GLOBAL_READS or op == "LOAD_DEREF":
+        if chain is not None and chain[2]:
+          chains[(chain[0], chain[1], tuple(chain[2]))] = None
+        kind = "cell" if op == "LOAD_DEREF" else "global"
+        chain = (kind, ins.argval, [])
+        if kind == "global":
+          names[ins.argval] = None
+        continue
+      if op in _ATTR_READS and chain is not None:
+        chain[2].append(ins.argval)
+        continue
+      if chain is not None and chain[2]:
+        chains[(chain[0], chain[1], tuple(chain[2]))] = None
+      chain = None
+      if op in _GLOBAL_WRITES:
         writes = True
+    if chain is not None and chain[2]:
+      chains[(chain[0], chain[1], tuple(chain[2]))] = None
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-  plan = CodePlan(tuple(names), writes)
+  plan = CodePlan(tuple(names), writes, tuple(chains))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan
@@ -145,6 +171,71 @@ def code_plan(code: types.CodeType) -> CodePlan:
 def is_module_level(fun: types.FunctionType) -> bool:
   """A function defined at module scope: no closure, not nested anywhere."""
   return fun.__closure__ is None and "<locals>" not in fun.__qualname__
+
+
+#: Top-level packages whose functions are taken as stable: their globals are
+#: not walked (a user does not reassign ``jax.numpy``'s module globals), and
+#: they are keyed by identity. Everything else a traced function reaches,
+#: module-level helpers included, is walked to the function budget.
+STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
+                             "opt_einsum", "scipy"}) | frozenset(
+                                 getattr(sys, "stdlib_module_names", ()))
+#: At most this many functions are walked for one key (helpers reached
+#: through globals, nested closures); past it the function is stock's.
+FUNCTION_BUDGET = 128
+_stable_modules: dict = {}
+
+
+def _is_namespace(obj) -> bool:
+  """A module or class outside jax, numpy and the standard library: kept by
+  identity in a key, so what code reads from it must be keyed as well."""
+  if type(obj) is _ModuleType:
+    return not _stable_module(obj.__name__)
+  if isinstance(obj, type):
+    return not _stable_module(getattr(obj, "__module__", None))
+  return False
+
+
+def chain_value(f, kind: str, name: str, attributes: tuple):
+  """What ``f`` reads through an attribute chain (see :class:`CodePlan`):
+  the chain is followed while it passes through modules and classes of the
+  user's, and the first other value is returned (``Cfg.table`` for
+  ``Cfg.table["scale"]``). :data:`_NOCHAIN` when the base is no such
+  namespace (its contents are keyed otherwise), :data:`_MISSING` when an
+  attribute is absent."""
+  if kind == "global":
+    obj = f.__globals__.get(name, _MISSING)
+  else:
+    try:
+      obj = f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
+    except (ValueError, TypeError, IndexError):
+      return _NOCHAIN
+  if not _is_namespace(obj):
+    return _NOCHAIN
+  for attribute in attributes:
+    if not _is_namespace(obj):
+      break
+    try:
+      obj = getattr(obj, attribute)
+    except Exception:
+      return _MISSING
+  return obj
+
+
+def is_stable(fun: types.FunctionType) -> bool:
+  """Whether ``fun`` belongs to jax, numpy or the standard library."""
+  return _stable_module(fun.__module__)
+
+
+def _stable_module(module) -> bool:
+  try:
+    return _stable_modules[module]
+  except KeyError:
+    pass
+  stable = isinstance(module, str) and module.partition(".")[0] in STABLE_PACKAGES
+  if len(_stable_modules) < 4096:
+    _stable_modules[module] = stable
+  return stable
 
 
 # -- callable wrappers that the walk sees through ---------------------------
@@ -272,9 +363,8 @@ class Analysis:
     if t is _Tag:
       return v
     if t is _FunctionType:
-      if v.__closure__ is None and "<locals>" not in v.__qualname__:
-        self.roots.append(v)   # a module-level helper: its globals are not keyed
-        return v               # hashes by identity; the key holds it
+      if v.__closure__ is None and is_stable(v):
+        return v   # jax, numpy, the standard library: by identity, not walked
       return self.function(v)
     if t is _ModuleType:
       return v
@@ -374,6 +464,11 @@ class Analysis:
       i = self.enter(f)
       if type(i) is tuple:
         return i
+      if i > FUNCTION_BUDGET:
+        raise Uncacheable(
+            "function_budget", f"more than {FUNCTION_BUDGET} functions and "
+            f"objects are reachable through cells and globals (at "
+            f"{f.__qualname__}); a retrace could read any of them")
     code = f.__code__
     plan = _plans.get(code) or code_plan(code)
     g = f.__globals__
@@ -393,7 +488,22 @@ class Analysis:
             None if d is None else tuple([value(x) for x in d]),
             None if kw is None else tuple([(k, value(x)) for k, x in kw.items()]),
             tuple([value(g[n]) if n in g else _MISSING
-                   for n in plan.global_names]))
+                   for n in plan.global_names]),
+            tuple([self.chain(f, *c) for c in plan.chains]) if plan.chains else ())
+
+  def chain(self, f, kind, name, attributes):
+    """The key of what an attribute chain reads (``Table.W``, ``mylib.W``,
+    ``Cfg.table``): keyed like an object's attribute, so an array there is
+    kept by identity (and such a function is stock's), never lifted."""
+    obj = chain_value(f, kind, name, attributes)
+    if obj is _NOCHAIN or obj is _MISSING:
+      return obj
+    saved = self.in_object
+    self.in_object = True
+    try:
+      return self.value(obj)
+    finally:
+      self.in_object = saved
 
   def cell(self, c):
     try:
@@ -461,19 +571,22 @@ def _is_simple_part(part) -> bool:
   pytree of those, a ``functools.partial`` of those, or a nested function (no
   keyword defaults, no back-reference) whose cells, defaults and read globals
   are all simple."""
-  if part is LIFTED or part is _MISSING:
+  if part is LIFTED or part is _MISSING or part is _NOCHAIN:
     return True
   if type(part) is tuple:
+    if len(part) == 2 and part[0] is _CYCLE:
+      return True
     if len(part) == 3 and part[0] is _TREE:
       return all(map(_is_simple_part, part[2]))
     if len(part) == 4 and part[0] is _PARTIAL:
       return all(map(_is_simple_part,
                      (part[1], *part[2], *(p for _, p in part[3]))))
-    if len(part) == 8 and part[0] is _FN:
-      _, _, code, _, cells, defaults, kwdefaults, globs = part
+    if len(part) == 9 and part[0] is _FN:
+      _, _, code, _, cells, defaults, kwdefaults, globs, chains = part
       return (kwdefaults is None
               and len(globs) == len(code_plan(code).global_names)
-              and all(map(_is_simple_part, (*cells, *(defaults or ()), *globs))))
+              and all(map(_is_simple_part,
+                          (*cells, *(defaults or ()), *globs, *chains))))
     return len(part) == 2 and (part[0] in _ATOMS or part[0] is float)
   return not isinstance(part, _Tag)
 
@@ -485,9 +598,11 @@ class _MatchSource:
     self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
                 "FunctionType": _FunctionType, "float_key": _float_key,
                 "partial": functools.partial,
-                "tree_flatten": _tree_flatten}
+                "tree_flatten": _tree_flatten,
+                "is_stable": is_stable, "chain_value": chain_value}
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
+    self.by_index: dict[int, str] = {}   # memo index -> that variable
 
   def bind(self, value) -> str:
     name = f"K{len(self.env)}"
@@ -505,6 +620,9 @@ class _MatchSource:
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is _FN:
       self.function(v, part)
+    elif type(part) is tuple and part[0] is _CYCLE:
+      # the same object as an earlier walked function (distinct otherwise)
+      add(f"    if {v} is not {self.by_index[part[1]]}: return None")
     elif type(part) is tuple and part[0] is _PARTIAL:
       _, func, args, keywords = part
       names = tuple(k for k, _ in keywords)
@@ -542,15 +660,17 @@ class _MatchSource:
     The globals dict is compared by id: the part holds only its id, and a
     match is used only while its entry, which anchors that dict, is alive.
     """
-    _, _, code, gid, cells, defaults, _, globs = part
+    _, index, code, gid, cells, defaults, _, globs, chains = part
     add = self.lines.append
     self.functions.append(f)
+    self.by_index[index] = f
     add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
         f"{self.bind(code)} or id({f}.__globals__) != {gid} or "
         f"{f}.__kwdefaults__ is not None): return None")
-    # analyse keys a closure-free module-level function by identity instead
-    add(f"    if {f}.__closure__ is None and '<locals>' not in "
-        f"{f}.__qualname__ and {f} is not f: return None")
+    # analyse keys a function of jax, numpy or the standard library by
+    # identity instead
+    if part[1] != 0:
+      add(f"    if {f}.__closure__ is None and is_stable({f}): return None")
     add(f"    {f}_d = {f}.__defaults__")
     if defaults is None:
       add(f"    if {f}_d is not None: return None")
@@ -562,6 +682,8 @@ class _MatchSource:
       self.check(f"{f}_d[{i}]", p)
     for name, p in zip(code_plan(code).global_names, globs):
       self.check(f"{f}.__globals__.get({name!r}, MISSING)", p)
+    for chain, p in zip(code_plan(code).chains, chains):
+      self.check(f"chain_value({f}, *{self.bind(chain)})", p)
 
 
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
@@ -598,9 +720,18 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
 # -- rebuild -----------------------------------------------------------------
 
 def _has_lifted(k) -> bool:
+  """Whether the part holds a lifted leaf or a back-reference. A function
+  reached a second time (through another cell, a partial, a container) is a
+  back-reference; if its first occurrence is rebuilt, every holder of the
+  second must be rebuilt too, or it keeps calling the original, whose
+  arrays the trace would then capture as constants."""
   if k is LIFTED:
     return True
-  if type(k) is tuple:
+  if type(k) is tuple and k:
+    if k[0] is _CYCLE and len(k) == 2:
+      return True
+    if k[0] is _OBJ:   # objects are never rebuilt (their arrays are not lifted)
+      return False
     return any(_has_lifted(x) for x in k)
   return False
 
@@ -646,7 +777,7 @@ class _Rebuild:
     raise AssertionError(f"lifted leaf under {tag}")  # objects never lift
 
   def function(self, f, k):
-    _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k = k
+    _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k, _ = k
     closure = f.__closure__
     g = f.__globals__
     plan = code_plan(code)

@@ -839,8 +839,9 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     a = closure.analyse(fun, lift_numpy)
   except Uncacheable:
     return None
-  if a.leaves or _helpers_may_capture_arrays(a.roots):
-    return None
+  if (a.leaves or _helpers_may_capture_arrays(a.roots)
+      or any(isinstance(x, _JaxArray) for x in a.anchors)):
+    return None   # lifting needed, or an array a shared object would keep
   key = (full_options_key, a.key)
   try:
     found = _canonical.get(key)

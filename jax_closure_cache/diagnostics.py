@@ -217,14 +217,16 @@ def _function_names(code) -> tuple[list[str], list[str]]:
 def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
   """(name, key part) for each value the walk keyed, nested parts expanded."""
   if type(key) is tuple and key and key[0] is closure._FN:
-    _, _, code, _, cells, defaults, kwdefaults, globs = key
+    _, _, code, _, cells, defaults, kwdefaults, globs, chains = key
     args, global_names = _function_names(code)
     names = ([f"cell {n!r}" for n in code.co_freevars]
              + [f"default {n!r}" for n in args[len(args) - len(defaults or ()):]]
              + [f"kwdefault {k!r}" for k, _ in kwdefaults or ()]
-             + [f"global {n!r}" for n in global_names])
+             + [f"global {n!r}" for n in global_names]
+             + [f"{kind} '{name}.{'.'.join(attrs)}'"
+                for kind, name, attrs in closure.code_plan(code).chains])
     parts = (*cells, *(defaults or ()), *(p for _, p in kwdefaults or ()),
-             *globs)
+             *globs, *chains)
     for name, part in zip(names, parts):
       nested = type(part) is tuple and part and part[0] is closure._FN
       yield from named_parts(None, part, prefix + name + (" -> " if nested else ""))
@@ -250,6 +252,8 @@ def render(part) -> tuple[str, str]:
   """(value, kind) of a key part, for messages."""
   if part is closure.LIFTED:
     return "array", "lifted"
+  if part is closure._NOCHAIN:
+    return "not a module or class", "attribute chain"
   if part is closure._MISSING:
     return "undefined", "global"
   if type(part) is tuple and part:
@@ -323,7 +327,10 @@ def explain_retrace(fun, key, old_avals, new_avals) -> None:
 
 
 def _aval(aval) -> str:
-  return aval.str_short() if hasattr(aval, "str_short") else str(aval)
+  if not hasattr(aval, "str_short"):
+    return str(aval)
+  weak = " (weakly typed)" if getattr(aval, "weak_type", False) else ""
+  return aval.str_short() + weak
 
 
 def name_uncacheable(fun) -> str | None:

@@ -1,8 +1,17 @@
-"""A module-level helper that reads an array from its own module's globals."""
+"""Module-level helpers that read their own module's globals."""
 import jax.numpy as jnp
 
 W = jnp.ones(2)
+SCALE = 2.0
 
 
 def scaled_by_w(x):
   return x * W
+
+
+def scaled(x):
+  return x * SCALE
+
+
+def twice_scaled(x):   # reaches SCALE through another helper
+  return scaled(x) + scaled(x)

@@ -1,0 +1,105 @@
+"""Never stale for a fresh function: a hit only where a retrace would read
+the same values, including attribute chains the code reads from modules and
+classes and the globals read by the module-level helpers it reaches.
+
+Each case re-creates the function, changes what it reads, and compares with
+stock jax.jit on a fresh object (cache off); a key that ignored the value
+would return the previous answer and fail."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+import helper_module
+from helper_module import scaled, twice_scaled
+from conftest import STOCK_JIT, assert_like_stock, counting
+
+
+class Table:
+  W = jnp.full(2, 2.0)
+  scale = 2.0
+
+
+class Cfg:
+  table = {"scale": 2.0}
+
+
+def _restore(module, name):
+  value = getattr(module, name)
+  return lambda: setattr(module, name, value)
+
+
+CASES = {
+    "class attribute array": (lambda: (lambda v: v * Table.W),
+                              lambda: setattr(Table, "W", jnp.full(2, 5.0)),
+                              _restore(Table, "W")),
+    "class attribute float": (lambda: (lambda v: v * Table.scale),
+                              lambda: setattr(Table, "scale", 3.0),
+                              _restore(Table, "scale")),
+    "dict on a class, mutated": (
+        lambda: (lambda v: v * Cfg.table["scale"]),
+        lambda: Cfg.table.__setitem__("scale", 3.0),
+        lambda: Cfg.table.__setitem__("scale", 2.0)),
+    "module attribute array": (lambda: (lambda v: v * helper_module.W),
+                               lambda: setattr(helper_module, "W", jnp.full(2, 7.0)),
+                               _restore(helper_module, "W")),
+    "helper's global": (lambda: (lambda v: scaled(v) + 1.0),
+                        lambda: setattr(helper_module, "SCALE", 3.0),
+                        _restore(helper_module, "SCALE")),
+    "helper of a helper": (lambda: (lambda v: twice_scaled(v) + 1.0),
+                           lambda: setattr(helper_module, "SCALE", 4.0),
+                           _restore(helper_module, "SCALE")),
+    "helper through the module": (
+        lambda: (lambda v: helper_module.scaled(v) + 1.0),
+        lambda: setattr(helper_module, "SCALE", 5.0),
+        _restore(helper_module, "SCALE")),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_recreated_function_sees_what_changed(case):
+  make, change, restore = CASES[case]
+  x = jnp.ones(2)
+  try:
+    for _ in range(3):   # stock's object, the shared entry, a hit
+      assert_like_stock(jcc.jit(make())(x), make(), x)
+    change()
+    assert_like_stock(jcc.jit(make())(x), make(), x)
+    assert_like_stock(jcc.jit(make())(x), make(), x)
+  finally:
+    restore()
+
+
+def test_helper_global_array_is_lifted_not_baked():
+  """An array a module-level helper reads is a lifted leaf: a new value
+  hits the same executable and gives the new answer."""
+  x = jnp.ones(2)
+  from helper_module import scaled_by_w
+  make = lambda: (lambda v: scaled_by_w(v) * 1.0)
+  restore = _restore(helper_module, "W")
+  try:
+    for _ in range(2):
+      jcc.jit(make())(x)
+    helper_module.W = jnp.ones(2) * 9.0   # same type: not weakly typed
+    with counting() as c:
+      out = jcc.jit(make())(x)
+    assert c["compiles"] == 0
+    assert_like_stock(out, make(), x)
+  finally:
+    restore()
+
+
+def test_function_budget_bound_is_explained(monkeypatch, caplog):
+  import logging
+  from jax_closure_cache import closure
+  monkeypatch.setattr(closure, "FUNCTION_BUDGET", 1)
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  x = jnp.ones(2)
+  make = lambda: (lambda v: twice_scaled(v) + 1.0)
+  for _ in range(3):
+    assert_like_stock(jcc.jit(make())(x), make(), x)
+  assert jcc.stats()["fallback_reasons"].get("function_budget", 0) >= 1
+  assert any("more than 1 functions" in r.getMessage() for r in caplog.records)
