@@ -297,3 +297,59 @@ def test_trace_time_counter_in_closure_behaves_like_stock():
   f(x)
   f(x)
   assert count[0] == 1
+
+
+# -- shared sub-closures: one function reached through several cells --------
+
+def vg_factory(value_fn):
+  def _vg(p):
+    return jax.value_and_grad(value_fn)(p)
+  return _vg
+
+
+def factory_step(fun, x0, use_while):
+  vg = vg_factory(fun)
+
+  def step(p):
+    v, g = vg(p)
+    return p - 0.01 * g + 0.0 * fun(p)
+  if use_while:
+    return jcc.lax.while_loop(lambda c: c[0] < 3,
+                              lambda c: (c[0] + 1, step(c[1])), (0, x0))[1]
+  return jcc.jit(step)(x0)
+
+
+@pytest.mark.parametrize("use_while", [False, True], ids=["jit", "while_loop"])
+def test_closure_factory_beside_the_function_it_wraps_hits(use_while):
+  x0 = jnp.ones(3)
+  loss_for = lambda m: (lambda p: jnp.sum((m @ p) ** 2))
+  ms = [jnp.eye(3) * (i + 1) for i in range(5)]
+  for m in ms[:2]:
+    factory_step(loss_for(m), x0, use_while)
+  for m in ms[2:]:
+    with counting() as c:
+      out = factory_step(loss_for(m), x0, use_while)
+    assert c["compiles"] == 0
+    if use_while:
+      want = jax.lax.while_loop(
+          lambda c: c[0] < 3,
+          lambda c: (c[0] + 1, c[1] - 0.01 * jax.grad(loss_for(m))(c[1])),
+          (0, x0))[1]
+    else:
+      want = STOCK_JIT(lambda p: p - 0.01 * jax.grad(loss_for(m))(p))(x0)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+  assert jcc.stats()["not_stored"] == {}
+
+
+def test_closure_over_closure_hits_when_only_the_array_changes():
+  def make(w, c):
+    inner = lambda y: y * w + c
+    mid = lambda y: inner(y) * 2.0
+    return lambda x: mid(x) + inner(x)
+  x = jnp.ones(3)
+  warm(lambda: jcc.jit(make(jnp.full(3, 1.0), 1.0))(x))
+  for i in range(2, 5):
+    with counting() as c:
+      out = jcc.jit(make(jnp.full(3, float(i)), 1.0))(x)
+    assert c["compiles"] == 0
+    assert_like_stock(out, make(jnp.full(3, float(i)), 1.0), x)
