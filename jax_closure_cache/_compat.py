@@ -106,6 +106,14 @@ from jax._src import monitoring as _monitoring   # noqa: E402
 monitoring_module = _monitoring
 
 
+from jax._src import dispatch as _dispatch   # noqa: E402
+
+#: JAX's duration events for a trace, its lowering and its XLA compile.
+COMPILE_DURATION_EVENTS = frozenset({
+    _dispatch.JAXPR_TRACE_EVENT, _dispatch.JAXPR_TO_MLIR_MODULE_EVENT,
+    _dispatch.BACKEND_COMPILE_EVENT})
+
+
 def monitoring_active() -> bool:
   """Whether any ``jax.monitoring`` event listener is registered (read each
   time: ``clear_event_listeners`` rebinds the list)."""

@@ -81,6 +81,7 @@ class _AfterJaxImport(importlib.abc.MetaPathFinder):
       global _pending
       if _package_import_in_progress():
         _pending = True   # enabling now would re-enter a half-imported module
+        _install_trampolines()
       else:
         _enable_safely()
 
@@ -111,7 +112,46 @@ def finish_pending() -> None:
   global _pending
   if _pending and not _package_import_in_progress():
     _pending = False
+    _remove_trampolines()
     _enable_safely()
+
+
+# While enabling is pending (jax was imported by one of this package's own
+# submodules, mid-import), jax.jit and jax.lax's control flow are stand-ins
+# that enable on their first use, when every import has finished, and then
+# call what is installed. Each is recorded with the original it replaced.
+_trampolines: list = []
+_TRAMPOLINED = ("while_loop", "fori_loop", "scan", "map", "cond", "switch")
+
+
+def _trampoline(owner, name: str, original):
+  import functools
+
+  @functools.wraps(original)
+  def stand_in(*args, **kwargs):
+    finish_pending()
+    current = getattr(owner, name)
+    if current is stand_in:   # enabling failed or was refused: stock
+      current = original
+    return current(*args, **kwargs)
+  return stand_in
+
+
+def _install_trampolines() -> None:
+  import jax
+  for owner, name in [(jax, "jit")] + [(jax.lax, n) for n in _TRAMPOLINED]:
+    original = getattr(owner, name, None)
+    if original is not None:
+      stand_in = _trampoline(owner, name, original)
+      _trampolines.append((owner, name, original, stand_in))
+      setattr(owner, name, stand_in)
+
+
+def _remove_trampolines() -> None:
+  while _trampolines:
+    owner, name, original, stand_in = _trampolines.pop()
+    if getattr(owner, name, None) is stand_in:
+      setattr(owner, name, original)
 
 
 def activate_from_environment() -> None:

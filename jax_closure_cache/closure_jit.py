@@ -856,6 +856,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     jitted = _compat.STOCK_JIT(fun if own else _copy_function(fun), **options)
     # Its compile happens at its first call, inside stock: cost unknown here.
     found = _Canonical(jitted, [], diagnostics.miss(fun, code, key, 0.0))
+    diagnostics.measure_later(found.record)   # stock compiles at its first call
     cache.count_miss()
     held = _hold_weakly(_canonical, key, found, a.anchors)
     if not isinstance(held, str):

@@ -52,6 +52,8 @@ _applied: list[Patch] = []
 
 def is_enabled() -> bool:
   """Whether ``jax.jit`` (and control flow) are currently the cached ones."""
+  from jax_closure_cache import activation
+  activation.finish_pending()   # enabling by the environment may be pending
   if _compat.jax_carries_patch():
     return bool(jax.config.jax_closure_cache)
   return bool(_applied)

@@ -108,3 +108,23 @@ def test_startup_hook_patches_before_user_code_without_importing_jax():
   assert out.stdout.split() == ["False", "True"]
   off = run_python("import sys; print('jax_closure_cache' in sys.modules)", None)
   assert off.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("first", ["jax_closure_cache.closure_jit",
+                                   "jax_closure_cache.lax",
+                                   "jax_closure_cache.control_flow"])
+def test_env_activation_when_the_first_import_is_a_submodule(first):
+  """The submodule imports jax mid-import, so enabling waits; the first use
+  of jax.jit finishes it, and disable() still restores stock's object."""
+  code = (f"import {first}\n"
+          "import jax\n"
+          "original = jax.jit.__wrapped__\n"
+          "from jax import jit\n"
+          + ROUTING_PROBE +
+          "jcc.disable()\n"
+          "print(jax.jit is original)\n")
+  out = run_python(code, "1")
+  assert out.returncode == 0, out.stderr
+  if PATCHED:   # a patched jax reads the option itself: nothing pending
+    return
+  assert out.stdout.split() == ["True", "True"]

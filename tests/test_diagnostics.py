@@ -201,3 +201,26 @@ def test_run_command_summarises(tmp_path):
   assert "3 hits, 2 misses, 0 fallbacks" in out.stderr
   assert "trace+compile time avoided:" in out.stderr
   assert "train.py:4" in out.stderr
+
+
+def test_run_reports_time_avoided_for_a_closure_free_inner_function(tmp_path):
+  """Seed 001's script: the inner function has no closure, so its first
+  object is stock's own jitted object and compiles inside stock; JAX's
+  duration events give that compile's cost to the entry."""
+  script = tmp_path / "seed.py"
+  script.write_text(
+      "import jax, jax.numpy as jnp\n"
+      "def outer(a):\n"
+      "  def inner(x):\n"
+      "    return x * 2\n"
+      "  return jax.jit(inner)(a)\n"
+      "a = jnp.ones((3, 4))\n"
+      "for _ in range(3):\n"
+      "  outer(a)\n")
+  out = subprocess.run([sys.executable, "-m", "jax_closure_cache", "run",
+                        str(script)], capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert "2 hits, 1 misses" in out.stderr
+  avoided = float(out.stderr.split("trace+compile time avoided:")[1].split()[0])
+  assert avoided > 0.0, out.stderr
