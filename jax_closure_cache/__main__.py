@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow]``
+``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="timed calls per path and round (default 2000)")
   bench.add_argument("--rounds", type=int, default=3,
                      help="alternating rounds; best median kept (default 3)")
+  bench.add_argument("--match", default="", metavar="A,B",
+                     help="jit table: only workloads whose name contains A or B")
   bench.add_argument("--only", choices=("jit", "control-flow"),
                      help="run one of the two tables")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
@@ -67,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": bench_mod.machine()}
     print(f"Machine: {report['machine']}")
     if args.only in (None, "jit"):
-      rows = bench_mod.run(calls=args.calls, rounds=args.rounds)
+      rows = bench_mod.run(calls=args.calls, rounds=args.rounds,
+                           match=tuple(m for m in args.match.split(",") if m))
       report["jit"] = rows
       print("\njit on re-created closures\n")
       print(bench_mod.format_table(rows))

@@ -26,8 +26,11 @@ class Workload(NamedTuple):
   stock: Callable[[], object]
   cached: Callable[[], object]
   hoisted: Callable[[], object]
-  target: float | None   # cache / hoisted, median, at most (the issue's)
+  target: float | None   # cache / baseline, median, at most (the issue's)
   stock_calls: int = 5   # stock recompiles every call: few calls suffice
+  # "hoisted" for re-created closures; "stock" for a long-lived object,
+  # where the baseline is stock jax.jit of a twin object called the same way
+  baseline: str = "hoisted"
 
 
 def _seed001(n: int) -> Workload:
@@ -107,6 +110,66 @@ def _regrad() -> Workload:
       target=None)
 
 
+def _small_arrays(n: int) -> dict:
+  return {f"k{i:05d}": jnp.full((2,), float(i % 7)) for i in range(n)}
+
+
+def _long_lived_sum(n: int) -> Workload:
+  """A closure jitted once and called many times, over ``n`` small arrays
+  (the pattern JAX's documentation recommends): the cache must be stock."""
+  p = _small_arrays(n)
+  x = jnp.ones(2)
+
+  def make(p):
+    return lambda v: v + sum(p[k] for k in sorted(p))
+  stock_f = STOCK_JIT(make(p))
+  cached_f = closure_jit.jit(make(p))
+  return Workload(
+      f"long-lived closure over {n} small arrays",
+      lambda: stock_f(x).block_until_ready(),
+      lambda: cached_f(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
+def _long_lived_4x4() -> Workload:
+  w = jnp.full((4, 4), 0.1)
+  x = jnp.ones((4, 4))
+
+  def make(w):
+    return lambda v: jnp.tanh(v @ w)
+  stock_f = STOCK_JIT(make(w))
+  cached_f = closure_jit.jit(make(w))
+  return Workload(
+      "long-lived closure tanh(x@w) 4x4",
+      lambda: stock_f(x).block_until_ready(),
+      lambda: cached_f(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
+def _recreated_sum(n: int) -> Workload:
+  """Re-created closures over ``n`` small arrays, against the hoisted
+  function that takes the dict as an argument."""
+  ps = [_small_arrays(n) for _ in range(2)]
+  x = jnp.ones(2)
+
+  def make(p):
+    return lambda v: v + sum(p[k] for k in sorted(p))
+
+  @STOCK_JIT
+  def hoisted(v, p):
+    return v + sum(p[k] for k in sorted(p))
+  it = iter(range(1 << 62))
+  p_next = lambda: ps[next(it) % 2]
+  return Workload(
+      f"re-created closure over {n} small arrays",
+      lambda: STOCK_JIT(make(p_next()))(x).block_until_ready(),
+      lambda: closure_jit.jit(make(p_next()))(x).block_until_ready(),
+      lambda: hoisted(x, p_next()).block_until_ready(),
+      target=1.15 if n <= 1000 else None, stock_calls=2)
+
+
 def _patched_hoisted() -> Workload:
   """A long-lived jitted closure-free function, called with the patch on:
   ``jax.jit`` returns the stock object itself, so the call costs the same."""
@@ -126,7 +189,12 @@ def _patched_hoisted() -> Workload:
 
 
 WORKLOADS = (functools.partial(_seed001, 4), functools.partial(_seed001, 256),
-             _mlp100, _closure_free, _regrad, _patched_hoisted)
+             _mlp100, _closure_free, _regrad,
+             functools.partial(_recreated_sum, 1000),
+             functools.partial(_recreated_sum, 10000),
+             _patched_hoisted, _long_lived_4x4,
+             functools.partial(_long_lived_sum, 100),
+             functools.partial(_long_lived_sum, 1000))
 
 
 def _median_us(call: Callable[[], object], n: int) -> tuple[float, int, int]:
@@ -141,8 +209,10 @@ def _median_us(call: Callable[[], object], n: int) -> tuple[float, int, int]:
   return statistics.median(times) * 1e6, traces(), compiles()
 
 
-def run(calls: int = 2000, rounds: int = 3) -> list[dict]:
-  """Median per-call times (µs) and counts for every workload.
+def run(calls: int = 2000, rounds: int = 3,
+        match: tuple[str, ...] = ()) -> list[dict]:
+  """Median per-call times (µs) and counts for every workload (or those
+  whose name contains one of ``match``).
 
   The cache and hoisted paths alternate over ``rounds`` rounds and the best
   median of each is kept, so a burst of load on a shared machine hits both.
@@ -150,6 +220,8 @@ def run(calls: int = 2000, rounds: int = 3) -> list[dict]:
   rows = []
   for make in WORKLOADS:
     w = make()
+    if match and not any(m in w.name for m in match):
+      continue
     cache.clear()
     stock_us, stock_tr, stock_co = _median_us(w.stock, w.stock_calls)
     cached, hoisted = [], []
@@ -159,7 +231,7 @@ def run(calls: int = 2000, rounds: int = 3) -> list[dict]:
     c_us = min(t[0] for t in cached)
     h_us = min(t[0] for t in hoisted)
     rows.append({
-        "workload": w.name,
+        "workload": w.name, "baseline": w.baseline,
         "stock_us": stock_us, "cache_us": c_us, "hoisted_us": h_us,
         "stock_over_cache": stock_us / c_us,
         "cache_over_hoisted": c_us / h_us, "target": w.target,
@@ -187,14 +259,15 @@ def _verdict(row: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-  head = ("| workload | stock µs | cache µs | hoisted µs | stock/cache | "
-          "cache/hoisted (target) | stock traces+compiles per call | "
+  head = ("| workload | stock µs | cache µs | baseline µs | stock/cache | "
+          "cache/baseline (target) | stock traces+compiles per call | "
           "cache traces+compiles in timed calls |")
   lines = [head, "|" + "---|" * 8]
   for r in rows:
+    base = r.get("baseline", "hoisted")
     lines.append(
         f"| {r['workload']} | {r['stock_us']:.1f} | {r['cache_us']:.1f} | "
-        f"{r['hoisted_us']:.1f} | {r['stock_over_cache']:.0f}x | "
+        f"{r['hoisted_us']:.1f} ({base}) | {r['stock_over_cache']:.2f}x | "
         f"{r['cache_over_hoisted']:.2f} {_verdict(r)} | "
         f"{r['stock_traces_per_call']:.0f} + {r['stock_compiles_per_call']:.0f} | "
         f"{r['cache_traces']} + {r['cache_compiles']} of {r['cache_calls']} |")

@@ -603,6 +603,10 @@ class _MatchSource:
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
     self.by_index: dict[int, str] = {}   # memo index -> that variable
+    # id -> globals dict of the functions the key was analysed from: the
+    # matcher compares the dict itself (cheaper than its id), which the entry
+    # anchors anyway
+    self.globals_by_id: dict[int, dict] = {}
 
   def bind(self, value) -> str:
     name = f"K{len(self.env)}"
@@ -664,9 +668,12 @@ class _MatchSource:
     add = self.lines.append
     self.functions.append(f)
     self.by_index[index] = f
+    g = self.globals_by_id.get(gid)
+    same_globals = (f"{f}.__globals__ is not {self.bind(g)}" if g is not None
+                    else f"id({f}.__globals__) != {gid}")
     add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
-        f"{self.bind(code)} or id({f}.__globals__) != {gid} or "
-        f"{f}.__kwdefaults__ is not None): return None")
+        f"{self.bind(code)} or {same_globals} "
+        f"or {f}.__kwdefaults__ is not None): return None")
     # analyse keys a function of jax, numpy or the standard library by
     # identity instead
     if part[1] != 0:
@@ -682,8 +689,53 @@ class _MatchSource:
       self.check(f"{f}_d[{i}]", p)
     for name, p in zip(code_plan(code).global_names, globs):
       self.check(f"{f}.__globals__.get({name!r}, MISSING)", p)
+    names = code_plan(code).global_names
     for chain, p in zip(code_plan(code).chains, chains):
+      kind, name, _ = chain
+      if p is _NOCHAIN:
+        # The base is checked above: by identity when it is a module or a
+        # class (then whether it is one of the user's is settled), or by its
+        # own key otherwise (then it is not a namespace either).
+        base = (globs[names.index(name)] if kind == "global" else
+                cells[code.co_freevars.index(name)]
+                if name in code.co_freevars else None)
+        if base is not None and not isinstance(base, _Tag) and (
+            isinstance(base, (_ModuleType, type)) or type(base) is tuple):
+          continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+
+
+def _globals_reached(fun) -> dict:
+  """id -> globals dict of every function a walk of ``fun`` can reach."""
+  found = {}
+  pending = [fun]
+  seen = set()
+  while pending and len(seen) < _GUARD_SEARCH_NODES:   # unfound: compared by id
+    f = pending.pop()
+    if id(f) in seen:
+      continue
+    seen.add(id(f))
+    if type(f) is _FunctionType:
+      found[id(f.__globals__)] = f.__globals__
+      values = [c.cell_contents for c in (f.__closure__ or ())
+                if _filled(c)] + list(f.__defaults__ or ())
+      values += [f.__globals__.get(n) for n in code_plan(f.__code__).global_names]
+      pending.extend(values)
+    elif type(f) is functools.partial:
+      pending.extend([f.func, *f.args, *f.keywords.values()])
+    elif type(f) in (list, tuple):
+      pending.extend(f)
+    elif type(f) is dict:
+      pending.extend(f.values())
+  return found
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents
+  except ValueError:
+    return False
+  return True
 
 
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
@@ -704,6 +756,7 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
       or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
     return None
   src = _MatchSource()
+  src.globals_by_id = _globals_reached(fun)
   src.function("f", key)
   if len(src.functions) > 1:
     ids = ", ".join(f"id({f})" for f in src.functions)

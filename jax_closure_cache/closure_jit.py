@@ -371,6 +371,38 @@ def _drop_direct(self) -> None:
     pass
 
 
+class _Spec:
+  """The options of a jitted function, shared by every wrapper made with
+  them (one lookup per ``jit()``; compared by identity on the hot path).
+
+  ``key`` is the options key with ``lift_numpy``; ``table`` the identity
+  rows for these options. Lifting adds an argument, which a user-given
+  ``in_shardings`` does not describe: with it, arrays are kept by identity
+  (``lift_arrays`` False).
+  """
+  __slots__ = ("options", "key", "lift_numpy", "lift_arrays", "table")
+
+  def __init__(self, options, key, lift_numpy):
+    self.options = options
+    self.key = key
+    self.lift_numpy = lift_numpy
+    self.lift_arrays = "in_shardings" not in options
+    self.table = _table(key)
+
+
+_specs: dict[tuple, _Spec] = {}
+
+
+def _spec(options: dict, options_key: tuple, lift_numpy: bool) -> _Spec:
+  key = (options_key, lift_numpy)
+  spec = _specs.get(key)
+  if spec is None:
+    if len(_specs) >= 1 << 12:   # options built afresh in a loop
+      _specs.clear()
+    spec = _specs.setdefault(key, _Spec(options, key, lift_numpy))
+  return spec
+
+
 class ClosureJitted:
   """A jitted callable: stock's ``jax.jit`` for a function object already
   traced, one shared executable for re-created closures with equal keys.
@@ -385,9 +417,7 @@ class ClosureJitted:
   the entry its first call used, with the arrays it read then -- whatever
   its closure holds later.
   """
-  __slots__ = ("_fun", "_code", "_options", "_options_key",
-               "_lift_numpy", "_lift_arrays", "_stock", "_row", "_table",
-               "__weakref__")
+  __slots__ = ("_fun", "_code", "_spec", "_stock", "_row", "__weakref__")
   _direct = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
@@ -395,15 +425,10 @@ class ClosureJitted:
     self._fun = fun
     # Top-level plain functions may take the inline cache (_quick).
     self._code = fun.__code__ if type(fun) is types.FunctionType else None
-    self._options = options
-    self._options_key = (options_key, lift_numpy)
-    self._lift_numpy = lift_numpy
-    # Lifting adds an argument, which a user-given in_shardings does not
-    # describe: with in_shardings, arrays are keyed by identity and baked.
-    self._lift_arrays = "in_shardings" not in options
+    self._spec = (_specs.get((options_key, lift_numpy))
+                  or _spec(options, options_key, lift_numpy))
     self._stock = None
     self._row = None   # this function object's row, once called
-    self._table = _tables.get(self._options_key) or _table(self._options_key)
 
   # -- what jax.jit's result offers ------------------------------------------
   @property
@@ -422,11 +447,11 @@ class ClosureJitted:
     return self.stock().__getstate__()
 
   def __reduce__(self):
-    return (_join, (self._options_key, self._fun))
+    return (_join, (self._spec.key, self._fun))
 
   def _cache_size(self) -> int:
     """Executables compiled for this function object."""
-    row = self._row or _row_of(self._fun, self._options_key)
+    row = self._row or _row_of(self._fun, self._spec.key)
     if row is None:
       return 0
     if type(row) is _OWNED:
@@ -446,7 +471,7 @@ class ClosureJitted:
     """Stock ``jax.jit`` of the user's own function (made once)."""
     s = self._stock
     if s is None:
-      s = self._stock = _compat.STOCK_JIT(self._fun, **self._options)
+      s = self._stock = _compat.STOCK_JIT(self._fun, **self._spec.options)
     return s
 
   def lower(self, *args, **kwargs):
@@ -469,7 +494,8 @@ class ClosureJitted:
     fun = self._fun
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
-    table = self._table
+    spec = self._spec
+    table = spec.table
     try:
       row = table.get(_ref(fun))
     except TypeError:   # not weakly referenceable, or unhashable
@@ -481,8 +507,9 @@ class ClosureJitted:
     # cache for this code object, then the shared jitted function.
     quick = _quick.get(self._code)
     if quick is not None:
+      spec_key = spec.key
       for q in quick:
-        if q.options_key == self._options_key:
+        if q.options_key is spec_key:
           leaves = q.match(fun)
           if leaves is not None:
             entry = q.entry()
@@ -562,7 +589,7 @@ class ClosureJitted:
     one it has been answered by, so it stays on the entry)."""
     entry, key, leaves, _ = row
     try:
-      a = _analyse(self._fun, self._lift_numpy, self._lift_arrays)
+      a = _analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays)
       same = (a.key == key[1] and len(a.leaves) == len(leaves)
               and all(x is y for x, y in zip(a.leaves, leaves)))
     except (Uncacheable, TypeError):
@@ -574,12 +601,12 @@ class ClosureJitted:
 
   def _pin(self, entry, key, leaves) -> None:
     self._row = row = [entry, key, leaves, 0]
-    _remember(self._table, self._fun, row)
+    _remember(self._spec.table, self._fun, row)
 
   def _own(self):
     """Hand this function object to stock for good; returns its row."""
     self._row = row = _ref(self.stock())
-    _remember(self._table, self._fun, row)
+    _remember(self._spec.table, self._fun, row)
     return row
 
   def _call_slow(self, args, kwargs):
@@ -587,8 +614,8 @@ class ClosureJitted:
     miss or fall back."""
     fun = self._fun
     try:
-      a = _analyse(fun, self._lift_numpy, self._lift_arrays)
-      key = (self._options_key, a.key)
+      a = _analyse(fun, self._spec.lift_numpy, self._spec.lift_arrays)
+      key = (self._spec.key, a.key)
       entry = _entries.get(key)
     except Uncacheable as e:
       return self._fallback(e.reason, args, kwargs, e.detail)
@@ -657,8 +684,8 @@ class ClosureJitted:
     self.stock()   # made now: validates the options as stock jit() would
     entry = _Entry()
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
-    entry.jitted = _make_lifted_jit(self._fun, entry, self._options,
-                                    self._lift_numpy, self._lift_arrays)
+    entry.jitted = _make_lifted_jit(self._fun, entry, self._spec.options,
+                                    self._spec.lift_numpy, self._spec.lift_arrays)
     current = _current
     started = time.perf_counter()
     try:
@@ -692,7 +719,7 @@ class ClosureJitted:
     """
     _entries.discard(key)
     try:
-      after = closure.analyse(self._fun, self._lift_numpy, self._lift_arrays)
+      after = closure.analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays)
     except Uncacheable as e:
       diagnostics.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return
@@ -741,7 +768,7 @@ class ClosureJitted:
 
 
 def _split(w: ClosureJitted):
-  return w._options_key, w._fun
+  return w._spec.key, w._fun
 
 
 def _join(static, fun) -> ClosureJitted:
@@ -883,6 +910,10 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   return g
 
 
+_new_wrapper = object.__new__
+_HOT_SPECS = {False: _spec({}, (), False), True: _spec({}, (), True)}
+
+
 def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
         **options) -> Any:
   """Closure-aware drop-in for ``jax.jit``.
@@ -908,7 +939,14 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
   if lift_numpy is None:
     lift_numpy = _Defaults.lift_numpy
   if not options and type(fun) is types.FunctionType and fun.__closure__:
-    return ClosureJitted(fun, options, (), lift_numpy)   # the hot case
+    # The hot case (a re-created closure, every call): what __init__ does,
+    # without its frame.
+    w = _new_wrapper(ClosureJitted)
+    w._fun = fun
+    w._code = fun.__code__
+    w._spec = _HOT_SPECS[lift_numpy]
+    w._stock = w._row = None
+    return w
   try:
     options_key = _options_key(options) if options else ()
   except TypeError as e:

@@ -9,11 +9,15 @@ def test_bench_jit_table_smoke(tmp_path):
   out_file = tmp_path / "bench.json"
   out = subprocess.run(
       [sys.executable, "-m", "jax_closure_cache", "bench", "--only", "jit",
-       "--calls", "3", "--rounds", "1", "--json", str(out_file)],
+       "--calls", "3", "--rounds", "1", "--match", "seed001,long-lived",
+       "--json", str(out_file)],
       capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr
   assert "seed001 tanh(x@w) 4x4" in out.stdout and "Machine:" in out.stdout
   report = json.loads(out_file.read_text())
-  assert len(report["jit"]) == 6
+  assert len(report["jit"]) == 6   # two seed001 rows, four long-lived ones
   for row in report["jit"]:
     assert row["cache_compiles"] == 0 and row["cache_traces"] == 0
+  baselines = {r["workload"]: r["baseline"] for r in report["jit"]}
+  assert baselines["long-lived closure over 100 small arrays"] == "stock"
+  assert baselines["seed001 tanh(x@w) 4x4"] == "hoisted"
