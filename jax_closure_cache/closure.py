@@ -637,6 +637,11 @@ class _MatchSource:
         self.check(f"{v}.args[{j}]", p)
       for k, p in keywords:
         self.check(f"{v}.keywords[{k!r}]", p)
+    elif (type(part) is tuple and part[0] is _TREE and part[2]
+          and all(p is LIFTED for p in part[2]) and _plain_tree(part[1])):
+      # dicts, lists and tuples of arrays (a params tree): read in place,
+      # in the order tree_flatten would give, without flattening
+      self.plain_tree(v, part[1])
     elif type(part) is tuple and part[0] is _TREE:
       leaves, treedef = f"{v}_leaves", f"{v}_def"
       add(f"    {leaves}, {treedef} = tree_flatten({v})")
@@ -656,6 +661,43 @@ class _MatchSource:
           f"{self.bind(part[1])}: return None")
     else:
       add(f"    if {v} is not {self.bind(part)}: return None")
+
+  def plain_tree(self, e: str, treedef) -> None:
+    """Checks that variable ``e`` has the structure ``treedef`` (dicts,
+    lists and tuples only) with an uncommitted array at every leaf, which
+    are appended to ``out`` in tree_flatten's order (sorted dict keys)."""
+    add = self.lines.append
+    kind, keys = treedef.node_data()
+    children = treedef.children()
+    n = len(children)
+    if kind is dict:
+      add(f"    if type({e}) is not dict or {e}.keys() != "
+          f"{self.bind(frozenset(keys))}: return None")
+      items = [f"{e}[{k!r}]" for k in keys]
+    else:
+      add(f"    if type({e}) is not {self.bind(kind)} or len({e}) != {n}: "
+          "return None")
+      items = [f"{e}[{i}]" for i in range(n)]
+    if all(c.num_nodes == 1 and c.num_leaves == 1 for c in children):
+      # a node of leaves: one C-level gather, one check loop
+      gather = (f"list(map({e}.__getitem__, {self.bind(tuple(keys))}))"
+                if kind is dict else f"list({e})")
+      xs = f"{e}_xs"
+      add(f"    {xs} = {gather}")
+      add(f"    for x in {xs}:")
+      add(f"      if type(x) is not ArrayImpl or x._committed: return None")
+      add(f"    out.extend({xs})")
+      return
+    for i, (item, child) in enumerate(zip(items, children)):
+      if child.num_nodes == 1 and child.num_leaves == 1:
+        x = f"{e}_{i}"
+        add(f"    {x} = {item}")
+        add(f"    if type({x}) is not ArrayImpl or {x}._committed: return None")
+        add(f"    out.append({x})")
+      else:
+        x = f"{e}_{i}"
+        add(f"    {x} = {item}")
+        self.plain_tree(x, child)
 
   def function(self, f: str, part) -> None:
     """Checks of the function in variable ``f`` against an ``_FN`` part, in
@@ -703,6 +745,23 @@ class _MatchSource:
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+
+
+def _plain_tree(treedef, budget: int = 4096) -> bool:
+  """Whether ``treedef`` has only dict, list and tuple nodes above its
+  leaves (so a matcher can read it in place), in at most ``budget`` nodes."""
+  if treedef.num_nodes > budget:
+    return False
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    if t.num_nodes == 1 and t.num_leaves == 1:
+      continue
+    data = t.node_data()
+    if data is None or data[0] not in (dict, list, tuple) or not t.children():
+      return False
+    pending.extend(t.children())
+  return True
 
 
 def _globals_reached(fun) -> dict:

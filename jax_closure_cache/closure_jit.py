@@ -497,9 +497,13 @@ class ClosureJitted:
     spec = self._spec
     table = spec.table
     try:
-      row = table.get(_ref(fun))
+      # One weak reference, with the table's pop as callback, serves both
+      # to look the object up and, if its first call is a hit below, as the
+      # key of its new row.
+      ref = _ref(fun, table.pop)
+      row = table.get(ref)
     except TypeError:   # not weakly referenceable, or unhashable
-      pass
+      ref = None
     if row is not None:   # called before, through another wrapper
       self._row = row
       return self._call_row(row, args, kwargs)
@@ -520,7 +524,7 @@ class ClosureJitted:
               if _monitoring_module._event_listeners:
                 _record_event("/jax_closure_cache/hit")
               row = self._row = [entry, q.key, leaves, 0]
-              table[_ref(fun, table.pop)] = row   # a plain function: hashable
+              table[ref] = row   # a plain function: weakly referenceable
               # The lifted function reads _current.fun when it traces,
               # before any user code runs: set it right before the call,
               # clear it after, so the cache never keeps ``fun`` alive.
