@@ -15,7 +15,7 @@ Public API::
     mode()                             # "monkey-patch" or "patched-jax"
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
-    storm_threshold(), set_storm_threshold(n)   # warn past n entries per code
+    storm_threshold(), set_storm_threshold(n)   # log past n keys per function
 
 Importing this package does not import jax: names load on first use, so the
 start-up hook can import it in every process for next to nothing. When the
