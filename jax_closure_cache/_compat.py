@@ -120,6 +120,12 @@ def monitoring_active() -> bool:
   return bool(_monitoring._event_listeners)
 
 
+def register_cache(cache, for_what: str) -> None:
+  """``jax.clear_caches()`` calls ``cache.cache_clear()`` (JAX's registry)."""
+  from jax._src import util as _util
+  _util.register_cache(cache, for_what)
+
+
 def explain_cache_misses() -> bool:
   """JAX's own ``jax_explain_cache_misses`` option."""
   return _config.explain_cache_misses.value

@@ -203,11 +203,34 @@ def stats() -> dict:
           "entries": sum(len(s) for s in list(_stores))}
 
 
-def clear() -> None:
-  """Drop every entry of every store and zero the counters."""
+def clear_entries() -> None:
+  """Drop every entry of every store (and what the hooks keep); counts stay."""
   for store in list(_stores):
     store.clear()
   for hook in _clear_hooks:
     hook()
+
+
+def clear() -> None:
+  """Drop every entry of every store and zero the counters."""
+  clear_entries()
   with counters.lock:
     counters.reset()
+
+
+class _JaxCacheHandle:
+  """What JAX's ``register_cache`` expects of a cache, so that
+  ``jax.clear_caches()`` clears this one's entries as well."""
+
+  def cache_clear(self) -> None:
+    clear_entries()
+
+  def cache_info(self):
+    return {"entries": sum(len(s) for s in list(_stores))}
+
+  def cache_keys(self):
+    return [k for s in list(_stores) for k in list(s._data)]
+
+
+# JAX holds registered caches weakly: this module keeps the handle alive.
+_jax_handle = _JaxCacheHandle()

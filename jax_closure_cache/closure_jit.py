@@ -48,6 +48,7 @@ _LIFT_NUMPY_ENV = "JAX_CLOSURE_CACHE_LIFT_NUMPY"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 _entries = cache.new_store()     # (options key, closure key) -> _Entry
+_compat.register_cache(cache._jax_handle, "jax_closure_cache entries")
 _canonical = cache.new_store()   # (options key, function key) -> _Canonical
 _unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 

@@ -123,3 +123,18 @@ def test_method_decorated_in_class_body_binds_like_stock(jit):
   with pytest.raises(TypeError, match="non-array argument"):
     M(2.0).apply(jnp.ones(2))   # self is not an array: stock's error
   np.testing.assert_array_equal(M(2.0).apply_static(jnp.ones(2)), jnp.full(2, 2.0))
+
+
+def test_jax_clear_caches_clears_the_closure_cache():
+  make = lambda w: jcc.jit(lambda x: x * w)
+  x = jnp.ones(2)
+  for i in range(3):
+    make(jnp.full(2, float(i)))(x)
+  assert jcc.stats()["entries"] >= 1 and jcc.stats()["hits"] == 1
+  jax.clear_caches()
+  assert jcc.stats()["entries"] == 0
+  w7 = jnp.full(2, 7.0)
+  with counting() as c:   # the first object again: stock's, compiled anew
+    out = make(w7)(x)
+  assert c["compiles"] == 1
+  np.testing.assert_array_equal(out, jnp.full(2, 7.0))
