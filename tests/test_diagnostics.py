@@ -100,56 +100,49 @@ def test_nothing_is_logged_when_off(caplog, monkeypatch):
   assert messages(caplog) == []
 
 
-def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(caplog):
+@pytest.fixture
+def storms(caplog):
+  """Storm threshold 3 for the test; yields a function listing the storm
+  records logged so far."""
   caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   old = jcc.storm_threshold()
   jcc.set_storm_threshold(3)
-  try:
-    def make(step):
-      return lambda x: x * step
-    with warnings.catch_warnings():
-      warnings.simplefilter("error")   # a -W error suite must not fail
-      for i in range(8):
-        jcc.jit(make(0.1 * i))(jnp.ones(2))
-    storms = [r for r in caplog.records if "has compiled" in r.getMessage()]
-    assert len(storms) == 1
-    text = storms[0].getMessage()
-    assert "cell 'step' keeps changing" in text and "argument" in text
-    assert storms[0].levelno == logging.WARNING
-    assert storms[0].pathname == __file__   # the user's file, not ours
-    assert storms[0].lineno == make.__code__.co_firstlineno + 1
-  finally:
-    jcc.set_storm_threshold(old)
+  yield lambda: [r for r in caplog.records if "has compiled" in r.getMessage()]
+  jcc.set_storm_threshold(old)
 
 
-def test_storm_guard_counts_per_user_function_not_per_launcher(caplog):
+def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(storms):
+  def make(step):
+    return lambda x: x * step
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")   # a -W error suite must not fail
+    for i in range(8):
+      jcc.jit(make(0.1 * i))(jnp.ones(2))
+  found = storms()
+  assert len(found) == 1
+  text = found[0].getMessage()
+  assert "cell 'step' keeps changing" in text and "argument" in text
+  assert found[0].levelno == logging.WARNING
+  assert found[0].pathname == __file__   # the user's file, not ours
+  assert found[0].lineno == make.__code__.co_firstlineno + 1
+
+
+def test_storm_guard_counts_per_user_function_not_per_launcher(storms):
   """Twelve different loop bodies, each compiled once, are no storm, although
   they share the launcher's code."""
-  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
-  old = jcc.storm_threshold()
-  jcc.set_storm_threshold(3)
   ns = {}
   exec("".join(f"def body{i}(i, c):\n  return c + {i}\n" for i in range(12)), ns)
-  try:
-    for i in range(12):
-      jcc.lax.fori_loop(0, 3, ns[f"body{i}"], jnp.float32(0))
-  finally:
-    jcc.set_storm_threshold(old)
-  assert not [r for r in caplog.records if "has compiled" in r.getMessage()]
+  for i in range(12):
+    jcc.lax.fori_loop(0, 3, ns[f"body{i}"], jnp.float32(0))
+  assert storms() == []
 
 
-def test_storm_message_prints_dtypes_readably(caplog):
-  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
-  old = jcc.storm_threshold()
-  jcc.set_storm_threshold(2)
-  try:
-    def make(dt):
-      return lambda x: x.astype(dt)
-    for dt in (jnp.float32, jnp.int32, jnp.float16, jnp.int8):
-      jcc.jit(make(dt))(jnp.ones(2))
-  finally:
-    jcc.set_storm_threshold(old)
-  text = [r.getMessage() for r in caplog.records if "has compiled" in r.getMessage()][0]
+def test_storm_message_prints_dtypes_readably(storms):
+  def make(dt):
+    return lambda x: x.astype(dt)
+  for dt in (jnp.float32, jnp.int32, jnp.float16, jnp.int8, jnp.uint8):
+    jcc.jit(make(dt))(jnp.ones(2))
+  text = storms()[0].getMessage()
   assert "object at 0x" not in text and "float32" in text, text
 
 
