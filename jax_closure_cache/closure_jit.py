@@ -493,8 +493,9 @@ class ClosureJitted:
     if row is not None:   # this wrapper was called before
       return self._call_again(row, args, kwargs)
     fun = self._fun
-    if _DISABLE_JIT.value:
-      return fun(*args, **kwargs)
+    # No disable_jit check before a hit: the entry's stock jitted object
+    # honours it (running the lifted function, rebuilt with these leaves,
+    # eagerly), and every other path checks it in _call_slow.
     spec = self._spec
     table = spec.table
     try:
@@ -618,6 +619,8 @@ class ClosureJitted:
     """First call of a function object: build the key, look it up, and hit,
     miss or fall back."""
     fun = self._fun
+    if _DISABLE_JIT.value:
+      return fun(*args, **kwargs)
     try:
       a = _analyse(fun, self._spec.lift_numpy, self._spec.lift_arrays)
       key = (self._spec.key, a.key)

@@ -214,6 +214,14 @@ def test_disable_jit_is_honoured():
     jcc.jit(make(jnp.ones(2)))(jnp.ones(2))
   assert len(seen) == 2 and not issubclass(seen[0], jax.core.Tracer)
   np.testing.assert_array_equal(out, jnp.full(2, 2.0))
+  # with a shared entry stored, a fresh closure still runs eagerly
+  warm(lambda: jcc.jit(make(jnp.ones(2)))(jnp.ones(2)))
+  seen.clear()
+  w5 = jnp.full(2, 5.0)
+  with jax.disable_jit():
+    out = jcc.jit(make(w5))(jnp.ones(2))
+  assert seen and not any(issubclass(t, jax.core.Tracer) for t in seen)
+  np.testing.assert_array_equal(out, jnp.full(2, 6.0))
 
 
 def test_no_closed_over_array_is_kept_alive():
