@@ -97,7 +97,8 @@ _TREE = _Tag("TREE")         # (_TREE, treedef, leaves)
 _PARTIAL = _Tag("PARTIAL")   # (_PARTIAL, func, args, keywords)
 _METHOD = _Tag("METHOD")     # (_METHOD, func, self)
 _WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
-_OBJ = _Tag("OBJ")           # (_OBJ, type, ((name, value), ...))
+_OBJ = _Tag("OBJ")           # (_OBJ, index, type, ((name, value), ...)); arrays by identity
+_COPY = _Tag("COPY")         # (_COPY, index, type, ((name, value), ...)); arrays lifted
 _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
 _ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
@@ -290,6 +291,42 @@ def _is_plain_type(cls: type) -> bool:
   plain = plain and "__dict__" in dir(cls)
   _plain_types[cls] = plain
   return plain
+
+
+_copyable_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+# Class attributes that make a shallow copy by __dict__ unsafe: creation or
+# attribute hooks, and a class's own idea of how to copy itself.
+_COPY_HOOKS = ("__new__", "__setattr__", "__delattr__", "__getattribute__",
+               "__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__",
+               "__getstate__", "__setstate__")
+
+
+def _is_copyable_type(cls: type) -> bool:
+  """Instances of ``cls`` (a plain type) can be rebuilt as
+  ``object.__new__(cls)`` plus a copy of their ``__dict__``: no class in the
+  MRO defines a creation, attribute or copy hook, or a data descriptor
+  (a property, whose value the copy could not set), and none is a list,
+  tuple or dict."""
+  try:
+    return _copyable_types[cls]
+  except KeyError:
+    pass
+  ok = True
+  for c in cls.__mro__[:-1]:
+    d = c.__dict__
+    if c in _CONTAINER_BASES or any(h in d for h in _COPY_HOOKS):
+      ok = False
+      break
+    for name, attr in d.items():
+      if name in ("__dict__", "__weakref__"):
+        continue
+      if hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__"):
+        ok = False
+        break
+    if not ok:
+      break
+  _copyable_types[cls] = ok
+  return ok
 
 
 def _contents(v) -> list:
@@ -529,7 +566,10 @@ class Analysis:
             "by its attributes")
       return self.identity(v, root=True)
     saved = self.in_object, self.depth
-    self.in_object = True
+    # An object the rebuild can copy keeps arrays lifted (the trace runs on
+    # a shallow copy holding tracers); any other keeps them by identity.
+    copyable = not self.in_object and not contents and _is_copyable_type(t)
+    self.in_object = not copyable
     self.nesting += 1
     self.depth -= 1
     self.budget -= size   # shared by the whole outermost object
@@ -541,7 +581,7 @@ class Analysis:
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1
-    return (_OBJ, i, t, items)
+    return (_COPY if copyable else _OBJ, i, t, items)
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,
@@ -842,7 +882,7 @@ def _has_lifted(k) -> bool:
   if type(k) is tuple and k:
     if k[0] is _CYCLE and len(k) == 2:
       return True
-    if k[0] is _OBJ:   # objects are never rebuilt (their arrays are not lifted)
+    if k[0] is _OBJ:   # kept whole: their arrays are kept by identity
       return False
     return any(_has_lifted(x) for x in k)
   return False
@@ -886,7 +926,23 @@ class _Rebuild:
     if tag is _WRAPPER:
       static, inner = _wrapper_rules[k[1]].split(v)
       return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
-    raise AssertionError(f"lifted leaf under {tag}")  # objects never lift
+    if tag is _COPY:
+      return self.copy(v, k)
+    raise AssertionError(f"lifted leaf under {tag}")
+
+  def copy(self, obj, k):
+    """A shallow copy of a plain object with its lifted attributes replaced;
+    the user's object is never modified (a trace that sets an attribute sets
+    it on the copy)."""
+    _, index, t, items = k
+    new = object.__new__(t)
+    self.memo[index] = new
+    attrs = dict(vars(obj))
+    for name, kx in items:
+      if _has_lifted(kx):
+        attrs[name] = self.value(attrs[name], kx)
+    vars(new).update(attrs)
+    return new
 
   def function(self, f, k):
     _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k, _ = k

@@ -275,6 +275,14 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     yield prefix + "self", key[2]
   elif type(key) is tuple and key and key[0] is closure._WRAPPER:
     yield from named_parts(None, key[3], prefix + "jitted -> ")
+  elif type(key) is tuple and key and (key[0] is closure._OBJ
+                                       or key[0] is closure._COPY):
+    for item in key[3]:
+      if len(item) == 2 and isinstance(item[0], str):   # an attribute
+        yield from named_parts(None, item[1], f"{prefix}.{item[0]}")
+      else:   # the items of a list, tuple or dict subclass
+        for i, part in enumerate(item):
+          yield from named_parts(None, part, f"{prefix}[{i}]")
   else:
     yield prefix.rstrip(" ->") or "value", key
 
@@ -300,7 +308,7 @@ def render(part) -> tuple[str, str]:
     if tag is closure._ID:
       label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
       return label, "kept by identity"
-    if tag is closure._OBJ:
+    if tag is closure._OBJ or tag is closure._COPY:
       return f"{part[2].__name__}(...)", "object keyed by attributes"
     if tag is closure._FN:
       return part[2].co_qualname, "function"
