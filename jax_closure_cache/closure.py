@@ -103,6 +103,8 @@ _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
 _ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
 _NOCHAIN = _Tag("NOCHAIN")   # an attribute chain whose base is no module or class
+_DYN = _Tag("DYN")           # (_DYN, int or float): a Python scalar passed as an argument
+_SCALAR = _Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
 
 
 # -- per-code-object facts ---------------------------------------------------
@@ -364,20 +366,25 @@ class Analysis:
   """One walk over a callable's closure; ``key``, ``leaves``, ``anchors`` and
   ``roots`` are the results (see the module docstring)."""
   __slots__ = ("key", "leaves", "anchors", "roots", "top", "memo",
-               "lift_numpy", "in_object", "nesting", "budget", "depth")
+               "lift_numpy", "in_object", "nesting", "budget", "depth",
+               "dynamic", "scalars")
 
   # ``top`` is the analysed function (memo index 0); ``memo`` maps ids of
   # nested functions and objects to memo indices; ``nesting``, ``budget`` and
   # ``depth`` track plain objects. They are set when first needed: this
   # constructor runs on every cached call.
 
-  def __init__(self, lift_numpy: bool, lift_arrays: bool):
+  def __init__(self, lift_numpy: bool, lift_arrays: bool, dynamic=None):
     self.leaves: list = []
     self.anchors: list = []
     self.roots: list = []
     self.lift_numpy = lift_numpy
     # Inside a plain object (or with lifting off) arrays are kept by identity.
     self.in_object = not lift_arrays
+    # Ordinals (in walk order) of the Python int and float values to pass as
+    # arguments (auto-dynamic scalars), or None; ``scalars`` counts them.
+    self.dynamic = dynamic
+    self.scalars = 0
 
   def identity(self, v, root: bool = False):
     self.anchors.append(v)
@@ -393,10 +400,16 @@ class Analysis:
         return self.identity(v)
       self.leaves.append(v)
       return LIFTED
+    if t is int or t is float:
+      if self.dynamic is not None:
+        n = self.scalars
+        self.scalars = n + 1
+        if n in self.dynamic and not self.in_object:
+          self.leaves.append(v)   # a weakly typed scalar argument
+          return (_DYN, t)
+      return (t, v) if t is int else _float_key(v)
     if t in _ATOMS:
       return (t, v)
-    if t is float:
-      return _float_key(v)
     if t is _Tag:
       return v
     if t is _FunctionType:
@@ -585,7 +598,7 @@ class Analysis:
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,
-            lift_arrays: bool = True) -> Analysis:
+            lift_arrays: bool = True, dynamic=None) -> Analysis:
   """Key, lifted leaves, anchors and guard roots of ``fun`` (see module doc).
 
   With ``lift_arrays=False`` every array is keyed by identity and left in
@@ -595,12 +608,49 @@ def analyse(fun: Callable, lift_numpy: bool = False,
     Uncacheable: ``fun`` closes over a tracer, or over a value that is
       neither hashable nor a pytree.
   """
-  a = Analysis(lift_numpy, lift_arrays)
+  a = Analysis(lift_numpy, lift_arrays, dynamic)
   if type(fun) is _FunctionType:
     a.key = a.function(fun, top=True)   # by contents even at module level
   else:
     a.key = a.value(fun)
   return a
+
+
+# -- auto-dynamic scalars -------------------------------------------------------
+
+def _is_scalar_part(k) -> bool:
+  return (type(k) is tuple and len(k) == 2
+          and (k[0] is int or k[0] is float or k[0] is _DYN))
+
+
+def _mask(k, scalars: list):
+  """``k`` with every int or float part replaced by ``(type, _SCALAR)``
+  (a dynamic one by its type too), appending the parts to ``scalars`` in
+  walk order: the order in which :meth:`Analysis.value` counts them."""
+  if _is_scalar_part(k):
+    scalars.append(k)
+    return (k[1] if k[0] is _DYN else k[0], _SCALAR)
+  if type(k) is tuple:
+    return tuple([_mask(x, scalars) for x in k])
+  return k
+
+
+def scalars_that_differ(old_key, new_key) -> "frozenset[int] | None":
+  """Ordinals of the Python int/float values that differ between two keys
+  equal in everything else (same types at the same positions), or None if
+  anything else differs."""
+  old_scalars, new_scalars = [], []
+  if _mask(old_key, old_scalars) != _mask(new_key, new_scalars):
+    return None
+  return frozenset(i for i, (a, b) in enumerate(zip(old_scalars, new_scalars))
+                   if a != b and a[0] is not _DYN and b[0] is not _DYN)
+
+
+def dynamic_ordinals(key) -> frozenset:
+  """Ordinals of the scalars ``key`` passes as arguments."""
+  scalars: list = []
+  _mask(key, scalars)
+  return frozenset(i for i, k in enumerate(scalars) if k[0] is _DYN)
 
 
 # -- quick match: the hot path's check against one known key -----------------
@@ -614,6 +664,8 @@ def _is_simple_part(part) -> bool:
   if part is LIFTED or part is _MISSING or part is _NOCHAIN:
     return True
   if type(part) is tuple:
+    if len(part) == 2 and part[0] is _DYN:
+      return True
     if len(part) == 2 and part[0] is _CYCLE:
       return True
     if len(part) == 3 and part[0] is _TREE:
@@ -661,6 +713,9 @@ class _MatchSource:
     add(f"    {v} = {expr}")
     if part is LIFTED:
       add(f"    if type({v}) is not ArrayImpl or {v}._committed: return None")
+      add(f"    out.append({v})")
+    elif type(part) is tuple and part[0] is _DYN:
+      add(f"    if type({v}) is not {self.bind(part[1])}: return None")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is _FN:
       self.function(v, part)
@@ -880,7 +935,7 @@ def _has_lifted(k) -> bool:
   if k is LIFTED:
     return True
   if type(k) is tuple and k:
-    if k[0] is _CYCLE and len(k) == 2:
+    if (k[0] is _CYCLE or k[0] is _DYN) and len(k) == 2:
       return True
     if k[0] is _OBJ:   # kept whole: their arrays are kept by identity
       return False
@@ -907,6 +962,8 @@ class _Rebuild:
     tag = k[0]
     if tag is _CYCLE:
       return self.memo.get(k[1], v)
+    if tag is _DYN:
+      return next(self.leaves)
     if not _has_lifted(k):
       return v
     if tag is _FN:

@@ -83,8 +83,23 @@ def _remember_quick(table: dict, code, key, match, entry) -> None:
   table[code] = quick
 
 
+_AUTO_DYNAMIC_ENV = "JAX_CLOSURE_CACHE_AUTO_DYNAMIC"
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
 class _Defaults:
   lift_numpy = os.environ.get(_LIFT_NUMPY_ENV, "").strip().lower() in _TRUE
+  auto_dynamic = (os.environ.get(_AUTO_DYNAMIC_ENV, "").strip().lower()
+                  not in _FALSE)
+
+
+def set_auto_dynamic_default(value: bool) -> None:
+  """Default of ``jit(..., auto_dynamic=...)`` (``enable(auto_dynamic=...)``)."""
+  _Defaults.auto_dynamic = bool(value)
+
+
+def auto_dynamic_default() -> bool:
+  return _Defaults.auto_dynamic
 
 
 def set_lift_numpy_default(value: bool) -> None:
@@ -119,7 +134,7 @@ _record_event = diagnostics.jax.monitoring.record_event
 class _Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals")
+               "avals", "dynamic")
 
   def __init__(self):
     super().__init__()
@@ -130,6 +145,7 @@ class _Entry(cache.Entry):
     self.checked = 0   # value of ``traces`` when the guards were derived
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     self.avals: list = []   # the lifted leaves' types at the last trace
+    self.dynamic = None     # ordinals of the scalars passed as arguments
 
 
 def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
@@ -255,10 +271,11 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
 
   def lifted(leaves, /, *args, **kwargs):
     current = _current.fun
-    a = closure.analyse(current, lift_numpy, lift_arrays)
+    e = entry_ref()
+    a = closure.analyse(current, lift_numpy, lift_arrays,
+                        None if e is None else e.dynamic)
     if len(a.leaves) != len(leaves):
       raise AssertionError("closure layout changed between key and trace")
-    e = entry_ref()
     if e is not None:
       avals = [getattr(x, "aval", None) for x in leaves]
       if e.traces and diagnostics.explaining():
@@ -327,6 +344,17 @@ def _clear_tables() -> None:
 
 
 cache.register_clear_hook(_clear_tables)
+# Auto-dynamic scalars, per (function code, user code, options key): the
+# ordinals of the Python ints and floats passed as arguments, those that
+# must stay static (tracing with them as arguments failed), and the key of
+# the last miss, to compare the next one with. Keys hold no arrays.
+_dynamic: dict[tuple, frozenset] = {}
+_never_dynamic: dict[tuple, frozenset] = {}
+_last_keys: dict[tuple, tuple] = {}
+for _d in (_dynamic, _never_dynamic, _last_keys):
+  cache.register_clear_hook(_d.clear)
+_DYNAMIC_MAX = 1 << 12   # codes made in a loop: start over past this
+
 # Code objects that have had one function object jitted: the first object of
 # a code is stock's; the second compiles the shared lifted entry.
 _codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
@@ -381,12 +409,14 @@ class _Spec:
   ``in_shardings`` does not describe: with it, arrays are kept by identity
   (``lift_arrays`` False).
   """
-  __slots__ = ("options", "key", "lift_numpy", "lift_arrays", "table")
+  __slots__ = ("options", "key", "lift_numpy", "lift_arrays", "table",
+               "auto_dynamic")
 
-  def __init__(self, options, key, lift_numpy):
+  def __init__(self, options, key, lift_numpy, auto_dynamic):
     self.options = options
     self.key = key
     self.lift_numpy = lift_numpy
+    self.auto_dynamic = auto_dynamic
     self.lift_arrays = "in_shardings" not in options
     self.table = _table(key)
 
@@ -394,13 +424,14 @@ class _Spec:
 _specs: dict[tuple, _Spec] = {}
 
 
-def _spec(options: dict, options_key: tuple, lift_numpy: bool) -> _Spec:
-  key = (options_key, lift_numpy)
+def _spec(options: dict, options_key: tuple, lift_numpy: bool,
+          auto_dynamic: bool) -> _Spec:
+  key = (options_key, lift_numpy, auto_dynamic)
   spec = _specs.get(key)
   if spec is None:
     if len(_specs) >= 1 << 12:   # options built afresh in a loop
       _specs.clear()
-    spec = _specs.setdefault(key, _Spec(options, key, lift_numpy))
+    spec = _specs.setdefault(key, _Spec(options, key, lift_numpy, auto_dynamic))
   return spec
 
 
@@ -422,12 +453,14 @@ class ClosureJitted:
   _direct = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
-               lift_numpy: bool):
+               lift_numpy: bool, auto_dynamic: bool | None = None):
     self._fun = fun
     # Top-level plain functions may take the inline cache (_quick).
     self._code = fun.__code__ if type(fun) is types.FunctionType else None
-    self._spec = (_specs.get((options_key, lift_numpy))
-                  or _spec(options, options_key, lift_numpy))
+    if auto_dynamic is None:
+      auto_dynamic = _Defaults.auto_dynamic
+    self._spec = (_specs.get((options_key, lift_numpy, auto_dynamic))
+                  or _spec(options, options_key, lift_numpy, auto_dynamic))
     self._stock = None
     self._row = None   # this function object's row, once called
 
@@ -461,6 +494,47 @@ class ClosureJitted:
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)
+
+  def _dynamic_key(self):
+    return (_code_of(self._fun), _code_of(self._user()), self._spec.key)
+
+  def _dynamic_set(self):
+    """The scalar ordinals this code passes as arguments (None: none)."""
+    if not self._spec.auto_dynamic or not _dynamic:
+      return None
+    return _dynamic.get(self._dynamic_key())
+
+  def _make_dynamic(self, key, a):
+    """On a miss whose key differs from the last miss of the same code only
+    in Python int/float values, pass those values as arguments from now on.
+    Returns the new (key, analysis), or None."""
+    spec = self._spec
+    if not spec.auto_dynamic:
+      return None
+    dk = self._dynamic_key()
+    previous = _last_keys.get(dk)
+    if len(_last_keys) >= _DYNAMIC_MAX:
+      _last_keys.clear()
+    _last_keys[dk] = key
+    if previous is None:
+      return None
+    changed = closure.scalars_that_differ(previous[1], key[1])
+    if not changed:
+      return None
+    changed -= _never_dynamic.get(dk, frozenset())
+    if not changed:
+      return None
+    dynamic = _dynamic.get(dk, frozenset()) | changed
+    if len(_dynamic) >= _DYNAMIC_MAX:
+      _dynamic.clear()
+    _dynamic[dk] = dynamic
+    try:
+      a = _analyse(self._fun, spec.lift_numpy, spec.lift_arrays, dynamic)
+    except (Uncacheable, TypeError):
+      return None
+    if diagnostics.explaining():
+      diagnostics.became_dynamic(self._user(), previous, key)
+    return (spec.key, a.key), a
 
   def _user(self):
     """The user's function whose code and location diagnostics report, and
@@ -595,7 +669,8 @@ class ClosureJitted:
     one it has been answered by, so it stays on the entry)."""
     entry, key, leaves, _ = row
     try:
-      a = _analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays)
+      a = _analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays,
+                   entry.dynamic)
       same = (a.key == key[1] and len(a.leaves) == len(leaves)
               and all(x is y for x, y in zip(a.leaves, leaves)))
     except (Uncacheable, TypeError):
@@ -622,7 +697,8 @@ class ClosureJitted:
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
     try:
-      a = _analyse(fun, self._spec.lift_numpy, self._spec.lift_arrays)
+      a = _analyse(fun, self._spec.lift_numpy, self._spec.lift_arrays,
+                   self._dynamic_set())
       key = (self._spec.key, a.key)
       entry = _entries.get(key)
     except Uncacheable as e:
@@ -652,11 +728,24 @@ class ClosureJitted:
     return self.stock()(*args, **kwargs)
 
   def _retry_stock(self, key, args, kwargs):
-    """Answer with stock's outcome; remember the code if only lifting failed."""
+    """Answer with stock's outcome; remember the code if only lifting failed
+    (or, if it passed scalars as arguments, that those stay static)."""
     self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
     _entries.discard(key)
     code = _code_of(self._user())
+    dynamic = closure.dynamic_ordinals(key[1])
+    if dynamic:
+      dk = self._dynamic_key()
+      _never_dynamic[dk] = _never_dynamic.get(dk, frozenset()) | dynamic
+      _dynamic[dk] = _dynamic.get(dk, frozenset()) - dynamic
+      cache.count_fallback("trace_error")
+      diagnostics.fallback(
+          self._user(), code, "trace_error",
+          "tracing with a Python scalar passed as an argument failed (it is "
+          "needed as a concrete value: a shape, a bound, a Python if); it "
+          "stays static for this code")
+      return out
     if code is not None:
       _unliftable.add(code)
     cache.count_fallback("trace_error")
@@ -671,6 +760,8 @@ class ClosureJitted:
       # function keeps stock's executable and speed. Only a second object
       # of the same code (a re-created closure) compiles the shared entry.
       _codes_seen.add(code)
+      if self._spec.auto_dynamic:   # the next miss compares with this key
+        _last_keys[self._dynamic_key()] = key
       started = time.perf_counter()
       self._own()
       out = self.stock()(*args, **kwargs)
@@ -680,6 +771,15 @@ class ClosureJitted:
       return out
     if code is not None and code in _unliftable:
       return self._fallback("unliftable", args, kwargs)
+    made = self._make_dynamic(key, a)
+    if made is not None:
+      key, a = made
+      entry = _entries.get(key)
+      if entry is not None and not entry.guards:   # another value's entry
+        next(_counters.hits)
+        diagnostics.hit(entry.record)
+        self._pin(entry, key, a.leaves)
+        return self._call_entry(entry, key, a.leaves, args, kwargs)
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
     if baked is not None:
       # An array kept by identity (committed to a device, or inside an
@@ -692,6 +792,7 @@ class ClosureJitted:
     self.stock()   # made now: validates the options as stock jit() would
     entry = _Entry()
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
+    entry.dynamic = a.dynamic
     entry.jitted = _make_lifted_jit(self._fun, entry, self._spec.options,
                                     self._spec.lift_numpy, self._spec.lift_arrays)
     current = _current
@@ -727,7 +828,8 @@ class ClosureJitted:
     """
     _entries.discard(key)
     try:
-      after = closure.analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays)
+      after = closure.analyse(self._fun, self._spec.lift_numpy,
+                              self._spec.lift_arrays, entry.dynamic)
     except Uncacheable as e:
       diagnostics.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return
@@ -780,11 +882,11 @@ def _split(w: ClosureJitted):
 
 
 def _join(static, fun) -> ClosureJitted:
-  options_key, lift_numpy = static
+  options_key, lift_numpy, auto_dynamic = static
   options = dict(options_key)
   if "compiler_options" in options:   # frozen to pairs by _options_key
     options["compiler_options"] = dict(options["compiler_options"])
-  return ClosureJitted(fun, options, options_key, lift_numpy)
+  return ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
 
 
 closure.register_wrapper(ClosureJitted, _split, _join)
@@ -851,8 +953,38 @@ _canonical_functions: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
 cache.register_clear_hook(_canonical_functions.clear)
 
 
+_canonical_last: dict[tuple, tuple] = {}   # (code, options) -> last key
+cache.register_clear_hook(_canonical_last.clear)
+
+
+def _scalars_keep_changing(fun, fun_key, options, options_key,
+                           lift_numpy) -> bool:
+  """Whether a closure-free function's key differs from the last one of its
+  code only in Python int/float globals (a schedule read from a module
+  global). Then its code is handed to ClosureJitted, which passes them as
+  arguments: the code counts as seen (its first object was stock's) and the
+  last key is where ClosureJitted's comparison finds it."""
+  code = fun.__code__
+  ck = (code, options_key, lift_numpy)
+  previous = _canonical_last.get(ck)
+  if len(_canonical_last) >= _DYNAMIC_MAX:
+    _canonical_last.clear()
+  _canonical_last[ck] = fun_key
+  if previous is None or previous == fun_key:
+    return False
+  changed = closure.scalars_that_differ(previous, fun_key)
+  spec = _spec(options, options_key, lift_numpy, True)
+  if not changed or changed <= _never_dynamic.get((code, code, spec.key),
+                                                  frozenset()):
+    return False
+  _codes_seen.add(code)
+  _last_keys.setdefault((code, code, spec.key), (spec.key, previous))
+  return True
+
+
 def _canonical_jitted(fun: types.FunctionType, options: dict,
-                      options_key: tuple, lift_numpy: bool):
+                      options_key: tuple, lift_numpy: bool,
+                      auto_dynamic: bool = False):
   """The shared stock jitted object for ``fun``, or None if it needs lifting."""
   full_options_key = (options_key, lift_numpy)
   row = _row_of(fun, full_options_key)
@@ -877,6 +1009,9 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
   if (a.leaves or _helpers_may_capture_arrays(a.roots)
       or any(isinstance(x, _JaxArray) for x in a.anchors)):
     return None   # lifting needed, or an array a shared object would keep
+  if auto_dynamic and _scalars_keep_changing(fun, a.key, options, options_key,
+                                             lift_numpy):
+    return None   # a ClosureJitted passes them as arguments
   key = (full_options_key, a.key)
   try:
     found = _canonical.get(key)
@@ -919,17 +1054,21 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
 
 
 _new_wrapper = object.__new__
-_HOT_SPECS = {False: _spec({}, (), False), True: _spec({}, (), True)}
+_HOT_SPECS = {(n, d): _spec({}, (), n, d) for n in (False, True)
+              for d in (False, True)}
 
 
 def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
-        **options) -> Any:
+        auto_dynamic: bool | None = None, **options) -> Any:
   """Closure-aware drop-in for ``jax.jit``.
 
   Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
   given to ``enable(lift_numpy=...)`` or ``JAX_CLOSURE_CACHE_LIFT_NUMPY``,
   else False), which passes closed-over numpy arrays as arguments instead of
-  baking them. Without ``fun`` it returns a decorator.
+  baking them, and ``auto_dynamic`` (default: ``enable(auto_dynamic=...)``
+  or ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC``, else True), which passes a closed-
+  over Python int or float that keeps changing as a weakly typed argument.
+  Without ``fun`` it returns a decorator.
 
   Example::
 
@@ -943,16 +1082,19 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
       (6.0, 8.0)
   """
   if fun is None:
-    return functools.partial(jit, lift_numpy=lift_numpy, **options)
+    return functools.partial(jit, lift_numpy=lift_numpy,
+                             auto_dynamic=auto_dynamic, **options)
   if lift_numpy is None:
     lift_numpy = _Defaults.lift_numpy
+  if auto_dynamic is None:
+    auto_dynamic = _Defaults.auto_dynamic
   if not options and type(fun) is types.FunctionType and fun.__closure__:
     # The hot case (a re-created closure, every call): what __init__ does,
     # without its frame.
     w = _new_wrapper(ClosureJitted)
     w._fun = fun
     w._code = fun.__code__
-    w._spec = _HOT_SPECS[lift_numpy]
+    w._spec = _HOT_SPECS[lift_numpy, auto_dynamic]
     w._stock = w._row = None
     return w
   try:
@@ -965,10 +1107,13 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    jitted = _canonical_jitted(fun, options, options_key, lift_numpy)
-    if jitted is not None:
-      return jitted
+    if not (_dynamic and auto_dynamic and _dynamic.get(
+        (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
+      jitted = _canonical_jitted(fun, options, options_key, lift_numpy,
+                                 auto_dynamic)
+      if jitted is not None:
+        return jitted
   elif not isinstance(fun, (types.FunctionType, functools.partial,
                             types.MethodType, ClosureJitted)):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
-  return ClosureJitted(fun, options, options_key, lift_numpy)
+  return ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)

@@ -94,8 +94,30 @@ def _static_bound(bound):
   return None
 
 
+class _Static:
+  """A launcher's static parameters (loop bounds, ``length``, ``unroll``...),
+  keyed by value and exact types, never made dynamic: they are how stock
+  is called, not values of the user's closure."""
+  __slots__ = ("value",)
+
+  def __init__(self, *value):
+    self.value = value
+
+  def _id(self):
+    return tuple([type(v) for v in self.value]), self.value
+
+  def __eq__(self, other):
+    return type(other) is _Static and self._id() == other._id()
+
+  def __hash__(self):
+    return hash(self._id())
+
+
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):
+  params = _Static(static_lower, static_upper, unroll)
+
   def launch_fori_loop(lower, upper, init_val):
+    static_lower, static_upper, unroll = params.value
     return _stock_fori_loop(static_lower if lower is None else lower,
                             static_upper if upper is None else upper,
                             body_fun, init_val, unroll=unroll)
@@ -116,7 +138,10 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
 
 
 def _scan_launcher(f, length, reverse, unroll, split_transpose):
+  params = _Static(length, reverse, unroll, split_transpose)
+
   def launch_scan(init, xs):
+    length, reverse, unroll, split_transpose = params.value
     return _stock_scan(f, init, xs, length=length, reverse=reverse,
                        unroll=unroll, _split_transpose=split_transpose)
   return launch_scan
@@ -133,8 +158,10 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
 
 
 def _map_launcher(f, batch_size):
+  params = _Static(batch_size)
+
   def launch_map(xs):
-    return _stock_map(f, xs, batch_size=batch_size)
+    return _stock_map(f, xs, batch_size=params.value[0])
   return launch_map
 
 

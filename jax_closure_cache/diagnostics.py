@@ -218,6 +218,15 @@ def _hashable(key):
     return id(key)
 
 
+def became_dynamic(fun, old_full_key, new_full_key) -> None:
+  """Explain that Python scalars became arguments (auto-dynamic)."""
+  what = "; ".join(differences(fun, old_full_key[1], new_full_key[1])) or \
+      "a Python scalar changed"
+  logger.warning("closure-cache: %s: %s; from now on passed as a weakly "
+                 "typed argument (one executable for every value)",
+                 location(fun), what)
+
+
 def not_stored(fun, reason: str, detail: str) -> None:
   """A missed entry that was not stored: say why (explanations only)."""
   if explaining():
@@ -291,6 +300,8 @@ def render(part) -> tuple[str, str]:
   """(value, kind) of a key part, for messages."""
   if part is closure.LIFTED:
     return "array", "lifted"
+  if type(part) is tuple and len(part) == 2 and part[0] is closure._DYN:
+    return f"any {part[1].__name__}", "passed as an argument (auto-dynamic)"
   if part is closure._NOCHAIN:
     return "not a module or class", "attribute chain"
   if part is closure._MISSING:

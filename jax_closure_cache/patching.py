@@ -81,11 +81,13 @@ def _lift_numpy_state():
   return _compat.implementation("closure_jit")
 
 
-def enable(*, lift_numpy: bool | None = None, force: bool = False) -> None:
+def enable(*, lift_numpy: bool | None = None,
+           auto_dynamic: bool | None = None, force: bool = False) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
 
   Args:
     lift_numpy: if given, the default of ``jit(..., lift_numpy=...)``.
+    auto_dynamic: if given, the default of ``jit(..., auto_dynamic=...)``.
     force: enable even if the installed jax is not the pinned release.
 
   With a jax that carries the upstream patch this sets its
@@ -103,6 +105,8 @@ def enable(*, lift_numpy: bool | None = None, force: bool = False) -> None:
     _check_version(force)
     if lift_numpy is not None:
       _lift_numpy_state().set_lift_numpy_default(lift_numpy)
+    if auto_dynamic is not None:
+      _lift_numpy_state().set_auto_dynamic_default(auto_dynamic)
     if _compat.jax_carries_patch():
       jax.config.update("jax_closure_cache", True)
       return
@@ -126,16 +130,19 @@ def disable() -> None:
 
 
 @contextlib.contextmanager
-def enabled(*, lift_numpy: bool | None = None, force: bool = False):
+def enabled(*, lift_numpy: bool | None = None,
+            auto_dynamic: bool | None = None, force: bool = False):
   """Enable for the ``with`` block, then restore the previous state."""
   with _lock:
     was_enabled = is_enabled()
     saved_lift_numpy = _lift_numpy_state().lift_numpy_default()
-    enable(lift_numpy=lift_numpy, force=force)
+    saved_auto_dynamic = _lift_numpy_state().auto_dynamic_default()
+    enable(lift_numpy=lift_numpy, auto_dynamic=auto_dynamic, force=force)
   try:
     yield
   finally:
     with _lock:
       _lift_numpy_state().set_lift_numpy_default(saved_lift_numpy)
+      _lift_numpy_state().set_auto_dynamic_default(saved_auto_dynamic)
       if not was_enabled:
         disable()

@@ -28,11 +28,15 @@ ROUTING_PROBE = (
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
+  from jax_closure_cache import _compat
+  defaults = _compat.implementation("closure_jit")
+  auto_dynamic = defaults.auto_dynamic_default()
   jcc.disable()
   jcc.clear()
   yield
   jcc.disable()
   jcc.clear()
+  defaults.set_auto_dynamic_default(auto_dynamic)
   assert jax.jit is STOCK_JIT
   assert jax.lax.while_loop is STOCK_WHILE_LOOP
 

@@ -31,8 +31,8 @@ def test_miss_names_the_changed_cell(explain):
   def make(scale):
     return lambda x: x * scale
   x = jnp.ones(2)
-  jcc.jit(make(2.0))(x)
-  jcc.jit(make(3.0))(x)
+  jcc.jit(make(2.0), auto_dynamic=False)(x)
+  jcc.jit(make(3.0), auto_dynamic=False)(x)
   text = messages(explain)[-1]
   assert "cell 'scale' changed: 2.0 -> 3.0 (static float)" in text
   assert "test_diagnostics.py" in text   # file:line of the function
@@ -43,8 +43,8 @@ def test_miss_names_a_changed_default(explain):
     def f(x, n=n):
       return x + n
     return f
-  jcc.jit(make(3))(jnp.ones(2))
-  jcc.jit(make(4))(jnp.ones(2))
+  jcc.jit(make(3), auto_dynamic=False)(jnp.ones(2))
+  jcc.jit(make(4), auto_dynamic=False)(jnp.ones(2))
   assert "default 'n' changed: 3 -> 4 (static int)" in messages(explain)[-1]
 
 
@@ -116,8 +116,8 @@ def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(storms):
     return lambda x: x * step
   with warnings.catch_warnings():
     warnings.simplefilter("error")   # a -W error suite must not fail
-    for i in range(8):
-      jcc.jit(make(0.1 * i))(jnp.ones(2))
+    for i in range(8):   # static values (auto-dynamic would lift them)
+      jcc.jit(make(0.1 * i), auto_dynamic=False)(jnp.ones(2))
   found = storms()
   assert len(found) == 1
   text = found[0].getMessage()

@@ -79,6 +79,8 @@ def test_lru_evicts_the_least_recently_used():
   try:
     make = lambda s: (lambda x: x * s)
     x = jnp.ones(2)
+    jcc.enable(auto_dynamic=False)   # scalars keyed by value: one entry each
+    jcc.disable()
     jcc.jit(make(1.0))(x)   # A
     jcc.jit(make(2.0))(x)   # B
     jcc.jit(make(1.0))(x)   # A used again

@@ -1,0 +1,114 @@
+"""Auto-dynamic Python scalars: a closed-over (or global) int or float that
+keeps changing is passed as a weakly typed argument after its first change,
+so a schedule compiles at most twice in all; a value needed concretely stays
+static. Results are compared with stock jax.jit on a fresh function object
+(dtypes and weak types exactly, values to the last ulp allowed by README
+rule 2); a key that ignored the value would give a previous step's answer."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_closure_cache as jcc
+from conftest import assert_like_stock, counting
+
+
+def schedule(steps):
+  return [0.1 * 0.9 ** step for step in range(steps)]
+
+
+def test_learning_rate_schedule_compiles_at_most_twice():
+  x = jnp.linspace(-1.0, 1.0, 4)
+  make = lambda lr: (lambda p: p - lr * jnp.tanh(p))
+  with counting() as c:
+    outs = [jcc.jit(make(lr))(x) for lr in schedule(12)]
+  assert c["compiles"] <= 2
+  for lr, out in zip(schedule(12), outs):
+    assert_like_stock(out, make(lr), x, rtol=1e-6)
+  assert jcc.stats()["hits"] == 10
+
+
+def test_global_schedule_of_a_closure_free_function():
+  ns = {"jnp": jnp}
+  exec("def step(p):\n  return p - LR * jnp.tanh(p)\n", ns)
+  x = jnp.linspace(-1.0, 1.0, 4)
+  fresh = lambda: type(ns["step"])(ns["step"].__code__, ns)
+  outs = []
+  with counting() as c:
+    for lr in schedule(10):
+      ns["LR"] = lr
+      outs.append(jcc.jit(fresh())(x))
+  assert c["compiles"] <= 2
+  for lr, out in zip(schedule(10), outs):
+    ns["LR"] = lr
+    assert_like_stock(out, fresh(), x, rtol=1e-6)
+
+
+def test_int_counter_keeps_weak_int_semantics():
+  x = jnp.arange(3, dtype=jnp.int32)
+  make = lambda k: (lambda v: v + k)
+  with counting() as c:
+    outs = [jcc.jit(make(k))(x) for k in range(6)]
+  assert c["compiles"] <= 2
+  for k, out in enumerate(outs):
+    assert_like_stock(out, make(k), x)   # int32, weak type as stock
+
+
+def test_bool_is_never_dynamic():
+  x = jnp.ones(2)
+  make = lambda b: (lambda v: v * 2 if b else v)
+  for b in (True, False, True, False):
+    assert_like_stock(jcc.jit(make(b))(x), make(b), x)
+
+
+def test_concrete_use_stays_static_with_stock_results(monkeypatch, caplog):
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  x = jnp.ones(3)
+  make = lambda n: (lambda p: p * jnp.arange(n).sum())
+  for n in (2, 3, 4, 5, 4):
+    assert_like_stock(jcc.jit(make(n))(x), make(n), x)
+  assert jcc.stats()["fallback_reasons"] == {"trace_error": 1}
+  text = " ".join(r.getMessage() for r in caplog.records)
+  assert "from now on passed as a weakly typed argument" in text
+  assert "it stays static for this code" in text
+
+
+def test_auto_dynamic_off_keys_scalars_by_value():
+  x = jnp.ones(2)
+  make = lambda s: jcc.jit(lambda v: v * s, auto_dynamic=False)
+  for s in (1.0, 2.0, 3.0):
+    make(s)(x)
+  with counting() as c:
+    out = make(4.0)(x)
+  assert c["compiles"] == 1
+  np.testing.assert_array_equal(out, jnp.full(2, 4.0))
+
+
+def test_auto_dynamic_off_from_environment():
+  code = ("import jax.numpy as jnp, jax_closure_cache as j\n"
+          "from jax._src import test_util as jtu\n"
+          "x = jnp.ones(2)\n"
+          "with jtu.count_jit_compilation_cache_miss() as c:\n"
+          "  for s in (1.0, 2.0, 3.0, 4.0):\n"
+          "    j.jit((lambda s: (lambda v: v * s))(s))(x)\n"
+          "  n = c()\n"
+          "print(n)\n")
+  env = dict(os.environ, JAX_CLOSURE_CACHE_AUTO_DYNAMIC="0")
+  out = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert int(out.stdout.split()[-1]) == 4
+
+
+def test_enable_auto_dynamic_false_and_enabled_restores():
+  from jax_closure_cache import closure_jit
+  assert closure_jit.auto_dynamic_default() is True
+  with jcc.enabled(auto_dynamic=False):
+    assert closure_jit.auto_dynamic_default() is False
+  assert closure_jit.auto_dynamic_default() is True
