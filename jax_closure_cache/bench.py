@@ -170,6 +170,29 @@ def _recreated_sum(n: int) -> Workload:
       target=1.15 if n <= 1000 else None, stock_calls=2)
 
 
+def _schedule() -> Workload:
+  """A learning-rate schedule read through a closure: a new Python float
+  every step (auto-dynamic scalars), against the function that takes lr as
+  an argument."""
+  x = jnp.linspace(-1.0, 1.0, 16)
+  lrs = [0.1 * 0.99 ** step for step in range(100)]
+
+  def make(lr):
+    return lambda p: p - lr * jnp.tanh(p)
+
+  @STOCK_JIT
+  def hoisted(p, lr):
+    return p - lr * jnp.tanh(p)
+  it = iter(range(1 << 62))
+  lr_next = lambda: lrs[next(it) % 100]
+  return Workload(
+      "lr schedule over 100 steps (Python float in a closure)",
+      lambda: STOCK_JIT(make(lr_next()))(x).block_until_ready(),
+      lambda: closure_jit.jit(make(lr_next()))(x).block_until_ready(),
+      lambda: hoisted(x, lr_next()).block_until_ready(),
+      target=1.3)
+
+
 def _patched_hoisted() -> Workload:
   """A long-lived jitted closure-free function, called with the patch on:
   ``jax.jit`` returns the stock object itself, so the call costs the same."""
@@ -191,7 +214,7 @@ def _patched_hoisted() -> Workload:
 WORKLOADS = (functools.partial(_seed001, 4), functools.partial(_seed001, 256),
              _mlp100, _closure_free, _regrad,
              functools.partial(_recreated_sum, 1000),
-             functools.partial(_recreated_sum, 10000),
+             functools.partial(_recreated_sum, 10000), _schedule,
              _patched_hoisted, _long_lived_4x4,
              functools.partial(_long_lived_sum, 100),
              functools.partial(_long_lived_sum, 1000))
