@@ -894,48 +894,6 @@ closure.register_wrapper(ClosureJitted, _split, _join)
 
 # -- canonical stock objects for closure-free functions --------------------
 
-_HELPER_SCAN_NODES = 256
-
-
-def _helpers_may_capture_arrays(roots: list) -> bool:
-  """Whether a trace could capture an array the key does not cover.
-
-  ``roots`` are what the key kept by identity. Module-level helper functions
-  are followed through the globals they read; any array there, or any opaque
-  object, means yes.
-  """
-  import jax
-  seen = set()
-  pending = list(roots)
-  while pending:
-    if len(seen) > _HELPER_SCAN_NODES:
-      return True
-    obj = pending.pop()
-    if id(obj) in seen:
-      continue
-    seen.add(id(obj))
-    if not isinstance(obj, types.FunctionType):
-      return True   # an object kept by identity: its contents are unknown
-    g = obj.__globals__
-    for name in closure.code_plan(obj.__code__).global_names:
-      v = g.get(name)
-      if v is None or isinstance(v, (types.ModuleType, type)):
-        continue
-      if isinstance(v, types.FunctionType):
-        if closure.is_module_level(v):
-          pending.append(v)
-        else:
-          return True
-        continue
-      try:
-        leaves = jax.tree_util.tree_leaves(v)
-      except Exception:   # e.g. a dict whose keys do not sort: unknown
-        return True
-      if any(isinstance(x, jax.Array) for x in leaves):
-        return True
-  return False
-
-
 class _Canonical(cache.Entry):
   """A canonical stock jitted object and the anchors of its key."""
   __slots__ = ("jitted", "anchors", "record")
@@ -1006,9 +964,12 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     a = closure.analyse(fun, lift_numpy)
   except Uncacheable:
     return None
-  if (a.leaves or _helpers_may_capture_arrays(a.roots)
+  # Lifting needed; an object kept by identity, whose contents the key does
+  # not cover (module-level helpers are walked, so only objects are roots);
+  # or an array a shared object would keep alive.
+  if (a.leaves or a.roots
       or any(isinstance(x, _JaxArray) for x in a.anchors)):
-    return None   # lifting needed, or an array a shared object would keep
+    return None
   if auto_dynamic and _scalars_keep_changing(fun, a.key, options, options_key,
                                              lift_numpy):
     return None   # a ClosureJitted passes them as arguments
