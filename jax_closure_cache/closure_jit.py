@@ -513,9 +513,6 @@ class ClosureJitted:
       return None
     dk = self._dynamic_key()
     previous = _last_keys.get(dk)
-    if len(_last_keys) >= _DYNAMIC_MAX:
-      _last_keys.clear()
-    _last_keys[dk] = key
     if previous is None:
       return None
     changed = closure.scalars_that_differ(previous[1], key[1])
@@ -535,6 +532,23 @@ class ClosureJitted:
     if diagnostics.explaining():
       diagnostics.became_dynamic(self._user(), previous, key)
     return (spec.key, a.key), a
+
+  def _remember_last_key(self) -> None:
+    """After a miss's call, the key of the state it left, for the next miss
+    of this code to compare with. The state after the call, not before: a
+    counter the trace itself bumps (``nonlocal n; n += 1``, ``count[0] +=
+    1``) is then equal in both, so it never becomes dynamic, and the trace-
+    time side effect keeps reaching the user's own cell, as with stock."""
+    spec = self._spec
+    if not spec.auto_dynamic:
+      return
+    try:
+      after = _analyse(self._fun, spec.lift_numpy, spec.lift_arrays)
+      if len(_last_keys) >= _DYNAMIC_MAX:
+        _last_keys.clear()
+      _last_keys[self._dynamic_key()] = (spec.key, after.key)
+    except (Uncacheable, TypeError):
+      pass
 
   def _user(self):
     """The user's function whose code and location diagnostics report, and
@@ -760,11 +774,10 @@ class ClosureJitted:
       # function keeps stock's executable and speed. Only a second object
       # of the same code (a re-created closure) compiles the shared entry.
       _codes_seen.add(code)
-      if self._spec.auto_dynamic:   # the next miss compares with this key
-        _last_keys[self._dynamic_key()] = key
       started = time.perf_counter()
       self._own()
       out = self.stock()(*args, **kwargs)
+      self._remember_last_key()
       cache.count_miss()
       diagnostics.miss(self._user(), code, key, time.perf_counter() - started,
                        first_object=True)
@@ -810,6 +823,7 @@ class ClosureJitted:
     current.fun = None
     cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
+    self._remember_last_key()
     self._pin(entry, key, a.leaves)
     self._store(key, entry, a.leaves, args, kwargs, traced, cost)
     return out
@@ -923,6 +937,8 @@ def _scalars_keep_changing(fun, fun_key, options, options_key,
   arguments: the code counts as seen (its first object was stock's) and the
   last key is where ClosureJitted's comparison finds it."""
   code = fun.__code__
+  if closure.code_plan(code).writes_globals:
+    return False   # a trace that assigns globals changes its own key
   ck = (code, options_key, lift_numpy)
   previous = _canonical_last.get(ck)
   if len(_canonical_last) >= _DYNAMIC_MAX:

@@ -112,3 +112,24 @@ def test_enable_auto_dynamic_false_and_enabled_restores():
   with jcc.enabled(auto_dynamic=False):
     assert closure_jit.auto_dynamic_default() is False
   assert closure_jit.auto_dynamic_default() is True
+
+
+def test_a_counter_the_trace_bumps_never_becomes_dynamic():
+  """JAX's test_dot_precision_forces_retrace: the body bumps a nonlocal
+  counter at trace time. The counter changes between calls because of the
+  trace, not the user, so it stays static and every retrace (here forced by
+  a matmul-precision context) reaches the user's own cell, as with stock."""
+  n = 0
+
+  def g(x):
+    nonlocal n
+    n += 1
+    return jnp.dot(x, x)
+  f = lambda x: jcc.lax.cond(True, g, g, x)
+  x = jnp.zeros((2, 2))
+  f(x)
+  f(x)
+  assert n == 1
+  with jax.default_matmul_precision("tensorfloat32"):
+    f(x)
+  assert n == 2
