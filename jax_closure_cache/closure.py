@@ -679,7 +679,12 @@ def _is_simple_part(part) -> bool:
               and len(globs) == len(code_plan(code).global_names)
               and all(map(_is_simple_part,
                           (*cells, *(defaults or ()), *globs, *chains))))
-    return len(part) == 2 and (part[0] in _ATOMS or part[0] is float)
+    # an atom, a float, or a value-hashed object (a frozen dataclass, an
+    # enum, a launcher's static parameters): checked by type and equality
+    # (a value keyed by a representation, such as a NumPy scalar's bytes,
+    # is not: the object itself would never equal its part)
+    return len(part) == 2 and (part[0] in _ATOMS or part[0] is float or (
+        isinstance(part[0], type) and type(part[1]) is part[0]))
   return not isinstance(part, _Tag)
 
 
