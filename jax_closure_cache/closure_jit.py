@@ -13,7 +13,7 @@
 
 Invariants:
 * A stored entry's trace captured no array that the key does not cover,
-  unless a :class:`~jax_closure_cache.closure.Guard` records where it was
+  unless a :class:`~jax_closure_cache.closure_guards.Guard` records where it was
   found; guards are checked on every hit and re-derived after every new trace
   of the entry.
 * Whatever goes wrong on the cached path, the call is answered by stock
@@ -36,6 +36,9 @@ from typing import Any, Callable
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import closure
+from jax_closure_cache import closure_guards
+from jax_closure_cache import closure_match
+from jax_closure_cache import closure_rebuild
 from jax_closure_cache import diagnostics
 from jax_closure_cache.closure import Uncacheable
 
@@ -282,7 +285,7 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
         diagnostics.explain_retrace(current, a.key, e.avals, avals)
       e.avals = avals
       e.traces += 1
-    return closure.rebuild(current, a.key, leaves)(*args, **kwargs)
+    return closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
 
   name = getattr(fun, "__name__", None) or type(fun).__name__
   lifted.__name__ = name
@@ -725,7 +728,7 @@ class ClosureJitted:
     if (self._code is not None and not entry.guards
         and self._code not in _no_quick
         and len(_quick.get(self._code, ())) < _QUICK_PER_CODE):
-      match = closure.quick_matcher(fun, a.key)
+      match = closure_match.quick_matcher(fun, a.key)
       if match is None:
         _no_quick.add(self._code)   # its keys are not simple: stop trying
       else:
@@ -799,7 +802,7 @@ class ClosureJitted:
       # object) is baked into the trace: a stored entry would keep it alive.
       return self._fallback(
           "array_by_identity", args, kwargs,
-          f"a {closure.describe_array(baked)} array is kept by identity "
+          f"a {closure_guards.describe_array(baked)} array is kept by identity "
           "(committed, or inside an object) and would be baked into a shared "
           "executable that keeps it alive")
     self.stock()   # made now: validates the options as stock jit() would
@@ -860,9 +863,9 @@ class ClosureJitted:
         return
       finally:
         current.fun = None
-    guards = closure.find_guards(_compat.captured_constants(traced),
+    guards = closure_guards.find_guards(_compat.captured_constants(traced),
                                  after.roots, {id(x) for x in after.anchors})
-    if isinstance(guards, closure.Unguarded):
+    if isinstance(guards, closure_guards.Unguarded):
       cache.count_not_stored("untracked_capture")
       diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
       return
@@ -884,7 +887,7 @@ class ClosureJitted:
       entry.record = diagnostics.miss(self._user(), _code_of(self._user()),
                                       key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
-      match = closure.quick_matcher(self._fun, key[1])
+      match = closure_match.quick_matcher(self._fun, key[1])
       if match is None:
         _no_quick.add(self._code)
       else:
@@ -1015,7 +1018,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
   # The inline cache skips the helper scan, so only functions that read no
   # module-level helper take it.
   if not a.roots and len(_canonical_quick.get(code, ())) < _QUICK_PER_CODE:
-    match = closure.quick_matcher(fun, a.key)
+    match = closure_match.quick_matcher(fun, a.key)
     if match is not None:
       _remember_quick(_canonical_quick, code, key, match, found)
   _remember(_table(full_options_key), fun, _ref(found.jitted))
@@ -1026,7 +1029,7 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
                          f.__defaults__, f.__closure__)
   g.__kwdefaults__ = f.__kwdefaults__
-  closure.copy_function_metadata(f, g)
+  closure_rebuild.copy_function_metadata(f, g)
   return g
 
 

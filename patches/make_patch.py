@@ -37,7 +37,8 @@ PACKAGE = os.path.join(ROOT, "jax_closure_cache")
 PATCH = os.path.join(HERE, "jax-0.10.2-closure-cache.patch")
 JAX_VERSION = "0.10.2"
 
-VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_jit.py",
+VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_match.py",
+            "closure_rebuild.py", "closure_guards.py", "closure_jit.py",
             "control_flow.py", "diagnostics.py")
 TARGET_DIR = "jax/_src/closure_cache"
 

@@ -1,0 +1,162 @@
+"""Guards: where an array a trace captured, but the key does not cover, was
+found, so a hit can check it is still there.
+
+Guards hold their root and the array through weak references: a stored
+guard keeps nothing alive, and a dead one no longer holds.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jax_closure_cache.closure import (
+    _ATOMS, _FunctionType, _ModuleType, _Tracer, code_plan, is_module_level)
+
+
+class Guard(NamedTuple):
+  """``root`` reached through ``path`` must still be ``expected``.
+
+  Both are held through weak references (``root_ref``, ``expected_ref``), so
+  a stored guard keeps neither alive; a dead one no longer holds.
+  """
+  root_ref: Any
+  path: tuple
+  expected_ref: Any
+
+  @classmethod
+  def make(cls, root, path, expected) -> "Guard | None":
+    try:
+      return cls(_strong_or_weak(root), path, weakref.ref(expected))
+    except TypeError:
+      return None
+
+  def holds(self) -> bool:
+    obj = self.root_ref()
+    expected = self.expected_ref()
+    if obj is None or expected is None:
+      return False
+    try:
+      for kind, k in self.path:
+        if kind == "attr":
+          obj = getattr(obj, k)
+        elif kind == "item":
+          obj = obj[k]
+        elif kind == "global":
+          obj = obj.__globals__[k]
+        elif kind == "cell":
+          obj = obj.__closure__[k].cell_contents
+        else:  # "default"
+          obj = obj.__defaults__[k]
+    except Exception:
+      return False
+    return obj is expected
+
+
+def _strong_or_weak(obj):
+  """A weak reference, or for a module-level function (the key holds it
+  anyway) a callable returning it."""
+  if type(obj) is _FunctionType and is_module_level(obj):
+    return lambda: obj
+  return weakref.ref(obj)
+
+
+_GUARD_SEARCH_NODES = 4096
+
+
+class Unguarded(NamedTuple):
+  """Why a trace's captured value could not be guarded: ``detail`` names it
+  (shape and dtype of an array, and where it was looked for)."""
+  detail: str
+
+
+def describe_array(x) -> str:
+  aval = getattr(x, "aval", None)
+  if aval is not None and hasattr(aval, "str_short"):
+    return aval.str_short()
+  return f"{type(x).__name__}"
+
+
+def find_guards(captured: list, roots: list, covered_ids: set):
+  """Guards for every array in ``captured`` that the key does not cover.
+
+  Returns a list of :class:`Guard`, or an :class:`Unguarded` when some
+  captured value cannot be guarded: a tracer (it would outlive its trace),
+  or an array found under no root (its source is unknown, so no check could
+  catch a change). Arrays are looked for breadth-first under ``roots``,
+  through attributes, container items, and functions' cells, defaults and
+  read globals.
+  """
+  wanted = {}
+  for c in captured:
+    if isinstance(c, _Tracer):
+      return Unguarded(f"the trace captured a tracer ({type(c).__name__})")
+    if isinstance(c, jax.Array) and id(c) not in covered_ids:
+      wanted[id(c)] = c
+  if not wanted:
+    return []
+  guards = []
+  seen = set()
+  queue = [(r, r, ()) for r in roots]
+  head = 0
+  while head < len(queue) and wanted and head < _GUARD_SEARCH_NODES:
+    root, obj, path = queue[head]
+    head += 1
+    if id(obj) in seen:
+      continue
+    seen.add(id(obj))
+    if id(obj) in wanted:
+      guard = Guard.make(root, path, obj)
+      if guard is None:
+        return Unguarded(f"{_root_name(root)} cannot be weakly referenced")
+      guards.append(guard)
+      del wanted[id(obj)]
+      continue
+    for step, child in _children(obj):
+      queue.append((root, child, path + (step,)))
+  if not wanted:
+    return guards
+  where = ", ".join(_root_name(r) for r in roots[:4]) or "no object kept by identity"
+  arrays = ", ".join(describe_array(x) for x in list(wanted.values())[:3])
+  return Unguarded(
+      f"the trace captured {len(wanted)} array(s) ({arrays}) that the key does "
+      f"not cover and that were not found under {where}"
+      + (" (search budget spent)" if head >= _GUARD_SEARCH_NODES else ""))
+
+
+def _root_name(r) -> str:
+  name = getattr(r, "__qualname__", None) or type(r).__name__
+  return f"{name}"
+
+
+def _children(obj):
+  t = type(obj)
+  if t in _ATOMS or t is float or isinstance(obj, (jax.Array, np.ndarray)):
+    return ()
+  if t is dict:
+    return [(("item", k), v) for k, v in obj.items()]
+  if t is list or t is tuple:
+    return [(("item", i), v) for i, v in enumerate(obj)]
+  if t is _FunctionType:
+    g = obj.__globals__
+    out = [(("global", n), g[n]) for n in code_plan(obj.__code__).global_names
+           if n in g and type(g[n]) is not _ModuleType]
+    if obj.__closure__:
+      for i, c in enumerate(obj.__closure__):
+        try:
+          out.append((("cell", i), c.cell_contents))
+        except ValueError:
+          pass
+    if obj.__defaults__:
+      out.extend((("default", i), d) for i, d in enumerate(obj.__defaults__))
+    return out
+  if t is _ModuleType or isinstance(obj, type):
+    return ()
+  try:
+    attrs = vars(obj)
+  except TypeError:
+    return ()
+  return [(("attr", k), v) for k, v in attrs.items()]

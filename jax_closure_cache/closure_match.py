@@ -1,0 +1,297 @@
+"""The inline cache's matchers: code generated per stored key.
+
+``quick_matcher(fun, key)`` returns ``match`` with ``match(f)`` equal to
+``f``'s lifted leaves exactly when ``closure.analyse(f).key == key``, else
+None. It reads each value once, in the walk's order, and builds no key;
+every object it compares with is bound by name, never written into the
+source. It plays the part torch.compile's guards play.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from jax_closure_cache.closure import (
+    LIFTED, _ATOMS, _ArrayImpl, _CYCLE, _DYN, _FN, _FunctionType, _MISSING,
+    _ModuleType, _NOCHAIN, _PARTIAL, _TREE, _Tag, _float_key, _tree_flatten,
+    chain_value, code_plan, is_stable)
+
+
+def _is_simple_part(part) -> bool:
+  """A key part that a value can be checked against without building a key:
+  a lifted array, an atom or float, a missing global, an identity object, a
+  pytree of those, a ``functools.partial`` of those, or a nested function (no
+  keyword defaults, no back-reference) whose cells, defaults and read globals
+  are all simple."""
+  if part is LIFTED or part is _MISSING or part is _NOCHAIN:
+    return True
+  if type(part) is tuple:
+    if len(part) == 2 and part[0] is _DYN:
+      return True
+    if len(part) == 2 and part[0] is _CYCLE:
+      return True
+    if len(part) == 3 and part[0] is _TREE:
+      return all(map(_is_simple_part, part[2]))
+    if len(part) == 4 and part[0] is _PARTIAL:
+      return all(map(_is_simple_part,
+                     (part[1], *part[2], *(p for _, p in part[3]))))
+    if len(part) == 9 and part[0] is _FN:
+      _, _, code, _, cells, defaults, kwdefaults, globs, chains = part
+      return (kwdefaults is None
+              and len(globs) == len(code_plan(code).global_names)
+              and all(map(_is_simple_part,
+                          (*cells, *(defaults or ()), *globs, *chains))))
+    # an atom, a float, or a value-hashed object (a frozen dataclass, an
+    # enum, a launcher's static parameters): checked by type and equality
+    # (a value keyed by a representation, such as a NumPy scalar's bytes,
+    # is not: the object itself would never equal its part)
+    return len(part) == 2 and (part[0] in _ATOMS or part[0] is float or (
+        isinstance(part[0], type) and type(part[1]) is part[0]))
+  return not isinstance(part, _Tag)
+
+
+class _MatchSource:
+  """Source lines of a generated matcher, and the objects they name."""
+
+  def __init__(self):
+    self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
+                "FunctionType": _FunctionType, "float_key": _float_key,
+                "partial": functools.partial,
+                "tree_flatten": _tree_flatten,
+                "is_stable": is_stable, "chain_value": chain_value}
+    self.lines: list[str] = []
+    self.functions: list[str] = []   # variables holding walked functions
+    self.by_index: dict[int, str] = {}   # memo index -> that variable
+    # id -> globals dict of the functions the key was analysed from: the
+    # matcher compares the dict itself (cheaper than its id), which the entry
+    # anchors anyway
+    self.globals_by_id: dict[int, dict] = {}
+
+  def bind(self, value) -> str:
+    name = f"K{len(self.env)}"
+    self.env[name] = value
+    return name
+
+  def check(self, expr: str, part) -> None:
+    """Lines that return None unless ``expr`` keys to ``part``; lifted
+    arrays are appended to ``out`` in walk order."""
+    add = self.lines.append
+    v = f"v{len(self.lines)}"
+    add(f"    {v} = {expr}")
+    if part is LIFTED:
+      add(f"    if type({v}) is not ArrayImpl or {v}._committed: return None")
+      add(f"    out.append({v})")
+    elif type(part) is tuple and part[0] is _DYN:
+      add(f"    if type({v}) is not {self.bind(part[1])}: return None")
+      add(f"    out.append({v})")
+    elif type(part) is tuple and part[0] is _FN:
+      self.function(v, part)
+    elif type(part) is tuple and part[0] is _CYCLE:
+      # the same object as an earlier walked function (distinct otherwise)
+      add(f"    if {v} is not {self.by_index[part[1]]}: return None")
+    elif type(part) is tuple and part[0] is _PARTIAL:
+      _, func, args, keywords = part
+      names = tuple(k for k, _ in keywords)
+      add(f"    if type({v}) is not partial or len({v}.args) != {len(args)} "
+          f"or tuple({v}.keywords) != {self.bind(names)}: return None")
+      self.check(f"{v}.func", func)
+      for j, p in enumerate(args):
+        self.check(f"{v}.args[{j}]", p)
+      for k, p in keywords:
+        self.check(f"{v}.keywords[{k!r}]", p)
+    elif (type(part) is tuple and part[0] is _TREE and part[2]
+          and all(p is LIFTED for p in part[2]) and _plain_tree(part[1])):
+      # dicts, lists and tuples of arrays (a params tree): read in place,
+      # in the order tree_flatten would give, without flattening
+      self.plain_tree(v, part[1])
+    elif type(part) is tuple and part[0] is _TREE:
+      leaves, treedef = f"{v}_leaves", f"{v}_def"
+      add(f"    {leaves}, {treedef} = tree_flatten({v})")
+      add(f"    if {treedef} != {self.bind(part[1])}: return None")
+      if all(p is LIFTED for p in part[2]):   # the common params pytree
+        add(f"    for x in {leaves}:")
+        add("      if type(x) is not ArrayImpl or x._committed: return None")
+        add(f"    out.extend({leaves})")
+      else:
+        for j, leaf_part in enumerate(part[2]):
+          self.check(f"{leaves}[{j}]", leaf_part)
+    elif type(part) is tuple and part[0] is float:
+      add(f"    if type({v}) is not float or float_key({v}) != "
+          f"{self.bind(part)}: return None")
+    elif type(part) is tuple:
+      add(f"    if type({v}) is not {self.bind(part[0])} or {v} != "
+          f"{self.bind(part[1])}: return None")
+    else:
+      add(f"    if {v} is not {self.bind(part)}: return None")
+
+  def plain_tree(self, e: str, treedef) -> None:
+    """Checks that variable ``e`` has the structure ``treedef`` (dicts,
+    lists and tuples only) with an uncommitted array at every leaf, which
+    are appended to ``out`` in tree_flatten's order (sorted dict keys)."""
+    add = self.lines.append
+    kind, keys = treedef.node_data()
+    children = treedef.children()
+    n = len(children)
+    if kind is dict:
+      add(f"    if type({e}) is not dict or {e}.keys() != "
+          f"{self.bind(frozenset(keys))}: return None")
+      items = [f"{e}[{k!r}]" for k in keys]
+    else:
+      add(f"    if type({e}) is not {self.bind(kind)} or len({e}) != {n}: "
+          "return None")
+      items = [f"{e}[{i}]" for i in range(n)]
+    if all(c.num_nodes == 1 and c.num_leaves == 1 for c in children):
+      # a node of leaves: one C-level gather, one check loop
+      gather = (f"list(map({e}.__getitem__, {self.bind(tuple(keys))}))"
+                if kind is dict else f"list({e})")
+      xs = f"{e}_xs"
+      add(f"    {xs} = {gather}")
+      add(f"    for x in {xs}:")
+      add("      if type(x) is not ArrayImpl or x._committed: return None")
+      add(f"    out.extend({xs})")
+      return
+    for i, (item, child) in enumerate(zip(items, children)):
+      if child.num_nodes == 1 and child.num_leaves == 1:
+        x = f"{e}_{i}"
+        add(f"    {x} = {item}")
+        add(f"    if type({x}) is not ArrayImpl or {x}._committed: return None")
+        add(f"    out.append({x})")
+      else:
+        x = f"{e}_{i}"
+        add(f"    {x} = {item}")
+        self.plain_tree(x, child)
+
+  def function(self, f: str, part) -> None:
+    """Checks of the function in variable ``f`` against an ``_FN`` part, in
+    the walk's order: cells, defaults, read globals.
+
+    The globals dict is compared by id: the part holds only its id, and a
+    match is used only while its entry, which anchors that dict, is alive.
+    """
+    _, index, code, gid, cells, defaults, _, globs, chains = part
+    add = self.lines.append
+    self.functions.append(f)
+    self.by_index[index] = f
+    g = self.globals_by_id.get(gid)
+    same_globals = (f"{f}.__globals__ is not {self.bind(g)}" if g is not None
+                    else f"id({f}.__globals__) != {gid}")
+    add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
+        f"{self.bind(code)} or {same_globals} "
+        f"or {f}.__kwdefaults__ is not None): return None")
+    # analyse keys a function of jax, numpy or the standard library by
+    # identity instead
+    if part[1] != 0:
+      add(f"    if {f}.__closure__ is None and is_stable({f}): return None")
+    add(f"    {f}_d = {f}.__defaults__")
+    if defaults is None:
+      add(f"    if {f}_d is not None: return None")
+    else:
+      add(f"    if {f}_d is None or len({f}_d) != {len(defaults)}: return None")
+    for i, p in enumerate(cells):
+      self.check(f"{f}.__closure__[{i}].cell_contents", p)
+    for i, p in enumerate(defaults or ()):
+      self.check(f"{f}_d[{i}]", p)
+    for name, p in zip(code_plan(code).global_names, globs):
+      self.check(f"{f}.__globals__.get({name!r}, MISSING)", p)
+    names = code_plan(code).global_names
+    for chain, p in zip(code_plan(code).chains, chains):
+      kind, name, _ = chain
+      if p is _NOCHAIN:
+        # The base is checked above: by identity when it is a module or a
+        # class (then whether it is one of the user's is settled), or by its
+        # own key otherwise (then it is not a namespace either).
+        base = (globs[names.index(name)] if kind == "global" else
+                cells[code.co_freevars.index(name)]
+                if name in code.co_freevars else None)
+        if base is not None and not isinstance(base, _Tag) and (
+            isinstance(base, (_ModuleType, type)) or type(base) is tuple):
+          continue
+      self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+
+
+_REACH_NODES = 4096   # past it, a globals dict is compared by id
+
+
+def _plain_tree(treedef, budget: int = 4096) -> bool:
+  """Whether ``treedef`` has only dict, list and tuple nodes above its
+  leaves (so a matcher can read it in place), in at most ``budget`` nodes."""
+  if treedef.num_nodes > budget:
+    return False
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    if t.num_nodes == 1 and t.num_leaves == 1:
+      continue
+    data = t.node_data()
+    if data is None or data[0] not in (dict, list, tuple) or not t.children():
+      return False
+    pending.extend(t.children())
+  return True
+
+
+def _globals_reached(fun) -> dict:
+  """id -> globals dict of every function a walk of ``fun`` can reach."""
+  found = {}
+  pending = [fun]
+  seen = set()
+  while pending and len(seen) < _REACH_NODES:   # unfound: compared by id
+    f = pending.pop()
+    if id(f) in seen:
+      continue
+    seen.add(id(f))
+    if type(f) is _FunctionType:
+      found[id(f.__globals__)] = f.__globals__
+      values = [c.cell_contents for c in (f.__closure__ or ())
+                if _filled(c)] + list(f.__defaults__ or ())
+      values += [f.__globals__.get(n) for n in code_plan(f.__code__).global_names]
+      pending.extend(values)
+    elif type(f) is functools.partial:
+      pending.extend([f.func, *f.args, *f.keywords.values()])
+    elif type(f) in (list, tuple):
+      pending.extend(f)
+    elif type(f) is dict:
+      pending.extend(f.values())
+  return found
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents
+  except ValueError:
+    return False
+  return True
+
+
+def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
+  """The hot path's inline cache for one key of a top-level function.
+
+  Returns ``match`` such that ``match(f)`` is ``f``'s lifted leaves exactly
+  when ``analyse(f).key == key``, and None otherwise; or returns None itself
+  when some part of ``key`` is not simple (:func:`_is_simple_part`).
+  ``match`` is generated for this key, like a ``dataclasses`` method, so it
+  reads each value once with no key to build; every object it compares with
+  is bound by name, never written into the source. Nested functions must be
+  distinct objects, as the walk would otherwise have keyed the second
+  occurrence as a back-reference. It plays the part torch.compile's guards
+  play.
+  """
+  if (type(fun) is not _FunctionType or type(key) is not tuple
+      or key[0] is not _FN or not _is_simple_part(key)
+      or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
+    return None
+  src = _MatchSource()
+  src.globals_by_id = _globals_reached(fun)
+  src.function("f", key)
+  if len(src.functions) > 1:
+    ids = ", ".join(f"id({f})" for f in src.functions)
+    src.lines.append(f"    if len({{{ids}}}) != {len(src.functions)}: return None")
+  text = "\n".join(
+      ["def match(f):", "  out = []", "  try:", *src.lines,
+       "  except Exception:   # an unfilled cell, a flatten that fails",
+       "    return None", "  return out"])
+  exec(compile(text, f"<closure-cache match {key[2].co_name}>", "exec"),
+       src.env)
+  return src.env["match"]
+
+

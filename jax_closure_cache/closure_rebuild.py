@@ -1,0 +1,156 @@
+"""The rebuild: ``fun`` with the lifted positions of its key filled.
+
+``rebuild(fun, key, leaves)`` returns a callable that computes what ``fun``
+computes, with the lifted positions holding ``leaves`` (tracers, at trace
+time). It is guided by ``key``, so walk and rebuild cannot disagree on
+order. Unchanged parts are the caller's own objects (cells included), so a
+trace that mutates closure state mutates the user's state, as a stock trace
+does; plain objects holding lifted arrays are shallow copies.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Callable
+
+from jax_closure_cache.closure import (
+    LIFTED, Uncacheable, _COPY, _CYCLE, _DYN, _FN, _METHOD, _MISSING, _OBJ,
+    _PARTIAL, _TREE, _Tag, _WRAPPER, _tree_flatten, _tree_unflatten,
+    _wrapper_rules, code_plan)
+
+
+def _has_lifted(k) -> bool:
+  """Whether the part holds a lifted leaf or a back-reference. A function
+  reached a second time (through another cell, a partial, a container) is a
+  back-reference; if its first occurrence is rebuilt, every holder of the
+  second must be rebuilt too, or it keeps calling the original, whose
+  arrays the trace would then capture as constants."""
+  if k is LIFTED:
+    return True
+  if type(k) is tuple and k:
+    if (k[0] is _CYCLE or k[0] is _DYN) and len(k) == 2:
+      return True
+    if k[0] is _OBJ:   # kept whole: their arrays are kept by identity
+      return False
+    return any(_has_lifted(x) for x in k)
+  return False
+
+
+def _is_cycle(k) -> bool:
+  return type(k) is tuple and len(k) == 2 and k[0] is _CYCLE
+
+
+class _Rebuild:
+  __slots__ = ("leaves", "memo")
+
+  def __init__(self, leaves):
+    self.leaves = iter(leaves)
+    self.memo: dict[int, Any] = {}   # memo index -> rebuilt function
+
+  def value(self, v, k):
+    if k is LIFTED:
+      return next(self.leaves)
+    if type(k) is not tuple or not k or type(k[0]) is not _Tag:
+      return v
+    tag = k[0]
+    if tag is _CYCLE:
+      return self.memo.get(k[1], v)
+    if tag is _DYN:
+      return next(self.leaves)
+    if not _has_lifted(k):
+      return v
+    if tag is _FN:
+      return self.function(v, k)
+    if tag is _TREE:
+      leaves, treedef = _tree_flatten(v)
+      return _tree_unflatten(
+          treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+    if tag is _PARTIAL:
+      func = self.value(v.func, k[1])
+      args = [self.value(a, ka) for a, ka in zip(v.args, k[2])]
+      kws = {name: self.value(v.keywords[name], ka) for name, ka in k[3]}
+      return functools.partial(func, *args, **kws)
+    if tag is _METHOD:
+      return types.MethodType(self.value(v.__func__, k[1]),
+                              self.value(v.__self__, k[2]))
+    if tag is _WRAPPER:
+      static, inner = _wrapper_rules[k[1]].split(v)
+      return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
+    if tag is _COPY:
+      return self.copy(v, k)
+    raise AssertionError(f"lifted leaf under {tag}")
+
+  def copy(self, obj, k):
+    """A shallow copy of a plain object with its lifted attributes replaced;
+    the user's object is never modified (a trace that sets an attribute sets
+    it on the copy)."""
+    _, index, t, items = k
+    new = object.__new__(t)
+    self.memo[index] = new
+    attrs = dict(vars(obj))
+    for name, kx in items:
+      if _has_lifted(kx):
+        attrs[name] = self.value(attrs[name], kx)
+    vars(new).update(attrs)
+    return new
+
+  def function(self, f, k):
+    _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k, _ = k
+    closure = f.__closure__
+    g = f.__globals__
+    plan = code_plan(code)
+    lifted_globals = any(_has_lifted(x) for x in globals_k)
+    if lifted_globals:
+      if plan.writes_globals:
+        raise Uncacheable("writes_globals", f"{f.__qualname__} assigns to a "
+                          "global and reads a global array")
+      g = dict(g)   # the rebuilt function reads its own copy
+    new_cells = None
+    if closure is not None:
+      new_cells = tuple(
+          types.CellType() if _has_lifted(ck) or _is_cycle(ck) else c
+          for c, ck in zip(closure, cells_k))
+    new = types.FunctionType(code, g, f.__name__, None, new_cells)
+    self.memo[index] = new
+    if closure is not None:
+      for c, nc, ck in zip(closure, new_cells, cells_k):
+        if nc is not c:
+          nc.cell_contents = self.value(c.cell_contents, ck)
+    if f.__defaults__ is not None:
+      new.__defaults__ = tuple(
+          self.value(x, kx) for x, kx in zip(f.__defaults__, defaults_k))
+    if f.__kwdefaults__ is not None:
+      new.__kwdefaults__ = {
+          name: self.value(f.__kwdefaults__[name], kx)
+          for name, kx in kwdefaults_k}
+    if lifted_globals:
+      for name, kx in zip(plan.global_names, globals_k):
+        if kx is not _MISSING:
+          g[name] = self.value(g[name], kx)
+    copy_function_metadata(f, new)
+    return new
+
+
+def copy_function_metadata(src: types.FunctionType,
+                           dst: types.FunctionType) -> None:
+  """What ``FunctionType(code, ...)`` does not copy from ``src``."""
+  dst.__qualname__ = src.__qualname__
+  dst.__module__ = src.__module__
+  dst.__doc__ = src.__doc__
+  dst.__annotations__ = src.__annotations__
+  dst.__dict__.update(src.__dict__)
+
+
+def rebuild(fun: Callable, key, leaves) -> Callable:
+  """``fun`` with the lifted positions of ``key`` filled from ``leaves``.
+
+  ``key`` must be ``analyse(fun).key`` and ``leaves`` as long as its leaves.
+  """
+  r = _Rebuild(leaves)
+  out = r.value(fun, key)
+  if next(r.leaves, _MISSING) is not _MISSING:
+    raise AssertionError("more leaves than lifted positions")
+  return out
+
+
