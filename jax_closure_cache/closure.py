@@ -117,11 +117,14 @@ class CodePlan(NamedTuple):
   global_names: tuple[str, ...]
   writes_globals: bool
   chains: tuple = ()
+  # free variables the code (or its nested code) assigns: ``nonlocal n``
+  written_cells: frozenset = frozenset()
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
 _GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
 _ATTR_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
 # A plain dict: a weak one costs a weakref per lookup on the hot path. It is
 # emptied when it grows past _PLANS_MAX (code made by exec in a loop).
 _plans: dict[types.CodeType, CodePlan] = {}
@@ -136,6 +139,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
     pass
   names: dict[str, None] = {}
   chains: dict[tuple, None] = {}
+  written: set = set()
   writes = False
   pending = [code]
   while pending:
@@ -159,10 +163,12 @@ def code_plan(code: types.CodeType) -> CodePlan:
       chain = None
       if op in _GLOBAL_WRITES:
         writes = True
+      elif op in _CELL_WRITES:
+        written.add(ins.argval)
     if chain is not None and chain[2]:
       chains[(chain[0], chain[1], tuple(chain[2]))] = None
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-  plan = CodePlan(tuple(names), writes, tuple(chains))
+  plan = CodePlan(tuple(names), writes, tuple(chains), frozenset(written))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan
@@ -365,7 +371,7 @@ class Analysis:
   ``roots`` are the results (see the module docstring)."""
   __slots__ = ("key", "leaves", "anchors", "roots", "top", "memo",
                "lift_numpy", "in_object", "nesting", "budget", "depth",
-               "dynamic", "scalars")
+               "dynamic", "scalars", "frozen")
 
   # ``top`` is the analysed function (memo index 0); ``memo`` maps ids of
   # nested functions and objects to memo indices; ``nesting``, ``budget`` and
@@ -383,6 +389,9 @@ class Analysis:
     # arguments (auto-dynamic scalars), or None; ``scalars`` counts them.
     self.dynamic = dynamic
     self.scalars = 0
+    # > 0 while walking a cell or global the code assigns: a scalar there is
+    # never passed as an argument (the assignment must reach the user's cell)
+    self.frozen = 0
 
   def identity(self, v, root: bool = False):
     self.anchors.append(v)
@@ -402,7 +411,7 @@ class Analysis:
       if self.dynamic is not None:
         n = self.scalars
         self.scalars = n + 1
-        if n in self.dynamic and not self.in_object:
+        if n in self.dynamic and not self.in_object and not self.frozen:
           self.leaves.append(v)   # a weakly typed scalar argument
           return (_DYN, t)
       return (t, v) if t is int else _float_key(v)
@@ -523,8 +532,12 @@ class Analysis:
     self.anchors.append(g)
     value = self.value
     closure = f.__closure__
+    written = plan.written_cells
     if closure is None:
       cells = ()
+    elif written and self.dynamic is not None:
+      cells = tuple([self.written_cell(c) if n in written else self.cell(c)
+                     for n, c in zip(code.co_freevars, closure)])
     else:
       try:
         cells = tuple([value(c.cell_contents) for c in closure])
@@ -532,11 +545,18 @@ class Analysis:
         cells = tuple([self.cell(c) for c in closure])
     d = f.__defaults__
     kw = f.__kwdefaults__
-    return (_FN, i, code, id(g), cells,
-            None if d is None else tuple([value(x) for x in d]),
-            None if kw is None else tuple([(k, value(x)) for k, x in kw.items()]),
-            tuple([value(g[n]) if n in g else _MISSING
-                   for n in plan.global_names]),
+    defaults = None if d is None else tuple([value(x) for x in d])
+    kwdefaults = (None if kw is None else
+                  tuple([(k, value(x)) for k, x in kw.items()]))
+    if plan.writes_globals:   # its globals' scalars are never arguments
+      self.frozen += 1
+    try:
+      globs = tuple([value(g[n]) if n in g else _MISSING
+                     for n in plan.global_names])
+    finally:
+      if plan.writes_globals:
+        self.frozen -= 1
+    return (_FN, i, code, id(g), cells, defaults, kwdefaults, globs,
             tuple([self.chain(f, *c) for c in plan.chains]) if plan.chains else ())
 
   def chain(self, f, kind, name, attributes):
@@ -552,6 +572,13 @@ class Analysis:
       return self.value(obj)
     finally:
       self.in_object = saved
+
+  def written_cell(self, c):
+    self.frozen += 1
+    try:
+      return self.cell(c)
+    finally:
+      self.frozen -= 1
 
   def cell(self, c):
     try:

@@ -826,7 +826,6 @@ class ClosureJitted:
     current.fun = None
     cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
-    self._remember_last_key()
     self._pin(entry, key, a.leaves)
     self._store(key, entry, a.leaves, args, kwargs, traced, cost)
     return out
@@ -844,6 +843,7 @@ class ClosureJitted:
     entry is asked for it again, which JAX answers from its cache.
     """
     _entries.discard(key)
+    self._remember_last_key()   # after every trace, a miss's or a hit's
     try:
       after = closure.analyse(self._fun, self._spec.lift_numpy,
                               self._spec.lift_arrays, entry.dynamic)

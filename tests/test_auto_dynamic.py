@@ -133,3 +133,46 @@ def test_a_counter_the_trace_bumps_never_becomes_dynamic():
   with jax.default_matmul_precision("tensorfloat32"):
     f(x)
   assert n == 2
+
+
+def test_a_cell_the_function_assigns_is_never_dynamic():
+  """JAX's test_rank_promotion_forces_retrace: a function re-created in a
+  loop assigns its nonlocal trace counter, which the user resets between
+  objects. The assignment must reach the user's cell, so the counter is
+  keyed by value, never passed as an argument."""
+  num_traces = 0
+  for i in range(3):
+    num_traces = 0
+
+    @jcc.jit
+    def f(x):
+      nonlocal num_traces
+      num_traces += 1
+      return x + x
+    x = jnp.zeros((2, 2))
+    f(x)
+    # stock's object, then the shared entry's trace, bump the user's cell;
+    # the third object starts in the second's state and hits (README rule 12)
+    assert num_traces == (1 if i < 2 else 0)
+    f(x)
+    assert num_traces == (1 if i < 2 else 0)
+
+
+def test_a_counter_bumped_by_a_hits_retrace_stays_static():
+  n = 0
+
+  def g(x):
+    nonlocal n
+    n += 1
+    return jnp.dot(x, x)
+  f = lambda x: jcc.lax.cond(True, g, g, x)
+  x = jnp.zeros((2, 2))
+  f(x)
+  f(x)
+  with jax.default_matmul_precision("tensorfloat32"):
+    f(x)   # a hit that traces again: n == 2
+    f(x)
+  assert n == 2
+  with jax.default_matmul_precision("float32"):
+    f(x)   # a new context traces again, reaching the user's n
+  assert n == 3
