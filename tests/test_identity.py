@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import closure_jit
+from jax_closure_cache import _compat
 from conftest import STOCK_JIT, counting
+
+closure_jit = _compat.implementation("closure_jit")   # JAX's copy if patched
 
 
 def make(s):
