@@ -115,27 +115,6 @@ def test_enable_auto_dynamic_false_and_enabled_restores():
   assert closure_jit.auto_dynamic_default() is True
 
 
-def test_a_counter_the_trace_bumps_never_becomes_dynamic():
-  """JAX's test_dot_precision_forces_retrace: the body bumps a nonlocal
-  counter at trace time. The counter changes between calls because of the
-  trace, not the user, so it stays static and every retrace (here forced by
-  a matmul-precision context) reaches the user's own cell, as with stock."""
-  n = 0
-
-  def g(x):
-    nonlocal n
-    n += 1
-    return jnp.dot(x, x)
-  f = lambda x: jcc.lax.cond(True, g, g, x)
-  x = jnp.zeros((2, 2))
-  f(x)
-  f(x)
-  assert n == 1
-  with jax.default_matmul_precision("tensorfloat32"):
-    f(x)
-  assert n == 2
-
-
 def test_a_cell_the_function_assigns_is_never_dynamic():
   """JAX's test_rank_promotion_forces_retrace: a function re-created in a
   loop assigns its nonlocal trace counter, which the user resets between
@@ -159,7 +138,12 @@ def test_a_cell_the_function_assigns_is_never_dynamic():
     assert num_traces == (1 if i < 2 else 0)
 
 
-def test_a_counter_bumped_by_a_hits_retrace_stays_static():
+def test_a_counter_the_trace_bumps_never_becomes_dynamic():
+  """JAX's test_dot_precision_forces_retrace: the body bumps a nonlocal
+  counter at trace time. The counter changes between calls because of the
+  trace (a miss's or a hit's), not the user, so it stays static and every
+  retrace (here forced by matmul-precision contexts) reaches the user's own
+  cell, as with stock."""
   n = 0
 
   def g(x):
@@ -170,8 +154,9 @@ def test_a_counter_bumped_by_a_hits_retrace_stays_static():
   x = jnp.zeros((2, 2))
   f(x)
   f(x)
+  assert n == 1
   with jax.default_matmul_precision("tensorfloat32"):
-    f(x)   # a hit that traces again: n == 2
+    f(x)   # a hit that traces again
     f(x)
   assert n == 2
   with jax.default_matmul_precision("float32"):
