@@ -1,25 +1,31 @@
-"""The closure-aware ``jit``: one shared executable per closure key.
+"""The closure-aware ``jit``: the fast front and the closure-keyed lookup.
 
 ``jit(fun)`` returns either
 
 * the very same stock jitted object for every re-creation of a closure-free
-  function (no closure, no array among the globals it and its module-level
-  helpers read): zero per-call overhead, or
-* a :class:`ClosureJitted`, which on each call analyses ``fun``
-  (:mod:`jax_closure_cache.closure`), looks the key up, and calls the entry's
-  shared *lifted* function -- stock ``jax.jit`` of
-  ``lifted(leaves, *args, **kwargs)`` -- with the closed-over arrays as
-  ``leaves``.
+  function whose key needs no lifting (no closure, no array among the
+  globals it and the helpers it reaches read): zero per-call overhead, or
+* a :class:`ClosureJitted`. Its first call decides, once per function
+  object (identity first): the first object of a code is stock's own; an
+  object already called keeps what its first call decided; a new object
+  with a stored key hits the entry's shared *lifted* function -- stock
+  ``jax.jit`` of ``lifted(leaves, *args, **kwargs)`` -- with the closed-over
+  arrays (and auto-dynamic scalars) as ``leaves``.
 
 Invariants:
+* A function object that has been called is answered as stock answers it:
+  by stock's jitted object of it, or by the entry its first call used with
+  the arrays it read then.
 * A stored entry's trace captured no array that the key does not cover,
-  unless a :class:`~jax_closure_cache.closure_guards.Guard` records where it was
-  found; guards are checked on every hit and re-derived after every new trace
-  of the entry.
+  unless a :class:`~jax_closure_cache.closure_guards.Guard` records where it
+  was found; guards are checked on every hit and re-derived after every new
+  trace of the entry.
 * Whatever goes wrong on the cached path, the call is answered by stock
   ``jax.jit`` of the user's own function, so its result or error is stock's.
-* The cache holds no lifted array: an entry keeps anchors (code, globals,
-  objects keyed by identity) and the shared jitted function, nothing else.
+* The cache never extends an object's life: an entry holds the objects its
+  key names by identity through weak references (module globals dicts
+  excepted), no lifted array, and the shared jitted function; identity rows
+  die with their function objects.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ Results are compared with stock jax.jit on a fresh function object."""
 
 import logging
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

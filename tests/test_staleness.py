@@ -6,15 +6,13 @@ Each case re-creates the function, changes what it reads, and compares with
 stock jax.jit on a fresh object (cache off); a key that ignored the value
 would return the previous answer and fail."""
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
 import helper_module
 from helper_module import scaled, twice_scaled
-from conftest import STOCK_JIT, assert_like_stock, counting
+from conftest import assert_like_stock, counting
 
 
 class Table:
