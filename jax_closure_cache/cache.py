@@ -154,6 +154,7 @@ class Counters:
     self.hits = itertools.count()
     self.misses = itertools.count()
     self.fallbacks = itertools.count()
+    self.retraces = itertools.count()
     self.reasons: collections.Counter = collections.Counter()
     self.not_stored: collections.Counter = collections.Counter()
 
@@ -177,6 +178,12 @@ def count_fallback(reason: str) -> None:
     c.reasons[reason] += 1
 
 
+def count_retrace() -> None:
+  """A call that found its entry but traced it again (new argument types or
+  structure, a new trace context)."""
+  next(counters.retraces)
+
+
 def count_not_stored(reason: str) -> None:
   """A miss whose entry was dropped after the call (counted as a miss)."""
   c = counters
@@ -190,8 +197,9 @@ def stats() -> dict:
   ``hits``, ``misses``, ``fallbacks`` (calls answered by stock jit) are ints;
   ``fallback_reasons`` maps each fallback reason to its count;
   ``not_stored`` maps reasons a missed entry was dropped (its trace captured
-  an array no key or guard covers) to counts; ``entries`` is the number of
-  entries held now.
+  an array no key or guard covers) to counts; ``retraces`` counts calls that
+  found their entry but traced it again (a hit is not always free of
+  tracing); ``entries`` is the number of entries held now.
   """
   c = counters
   with c.lock:
@@ -199,6 +207,7 @@ def stats() -> dict:
     not_stored = dict(c.not_stored)
   return {"hits": _read(c.hits), "misses": _read(c.misses),
           "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
+          "retraces": _read(c.retraces),
           "not_stored": not_stored,
           "entries": sum(len(s) for s in list(_stores))}
 

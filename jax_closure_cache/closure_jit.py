@@ -287,8 +287,10 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
       raise AssertionError("closure layout changed between key and trace")
     if e is not None:
       avals = [getattr(x, "aval", None) for x in leaves]
-      if e.traces and diagnostics.explaining():
-        diagnostics.explain_retrace(current, a.key, e.avals, avals)
+      if e.traces:
+        cache.count_retrace()
+        if diagnostics.explaining():
+          diagnostics.explain_retrace(current, a.key, e.avals, avals)
       e.avals = avals
       e.traces += 1
     return closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)

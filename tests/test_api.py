@@ -138,3 +138,15 @@ def test_jax_clear_caches_clears_the_closure_cache():
     out = make(w7)(x)
   assert c["compiles"] == 1
   np.testing.assert_array_equal(out, jnp.full(2, 7.0))
+
+
+def test_stats_count_a_hit_that_traced_again():
+  make = lambda w: jcc.jit(lambda x: x * w)
+  w = jnp.ones(2)
+  x2, x3, w3 = jnp.ones(2), jnp.ones(3), jnp.ones(3)
+  make(w)(x2)
+  make(w)(x2)   # the shared entry: its first trace is not a retrace
+  assert jcc.stats()["retraces"] == 0
+  out = make(w3)(x3)   # same key, new shapes: a hit that traces again
+  np.testing.assert_array_equal(out, jnp.ones(3))
+  assert jcc.stats()["retraces"] == 1 and jcc.stats()["hits"] == 1
