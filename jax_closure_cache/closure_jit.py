@@ -143,7 +143,7 @@ _record_event = diagnostics.jax.monitoring.record_event
 class _Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "dynamic")
+               "avals", "dynamic", "static")
 
   def __init__(self):
     super().__init__()
@@ -155,6 +155,7 @@ class _Entry(cache.Entry):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     self.avals: list = []   # the lifted leaves' types at the last trace
     self.dynamic = None     # ordinals of the scalars passed as arguments
+    self.static = None      # the arguments' static parts, described (explain)
 
 
 def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
@@ -287,10 +288,16 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
       raise AssertionError("closure layout changed between key and trace")
     if e is not None:
       avals = [getattr(x, "aval", None) for x in leaves]
+      if diagnostics.explaining():
+        # the arguments' static parts, described (never held: they may hold
+        # the user's functions)
+        static = diagnostics.describe_static_parts((args, kwargs))
+        if e.traces:
+          diagnostics.explain_retrace(current, a.key, e.avals, avals,
+                                      e.static, static)
+        e.static = static
       if e.traces:
         cache.count_retrace()
-        if diagnostics.explaining():
-          diagnostics.explain_retrace(current, a.key, e.avals, avals)
       e.avals = avals
       e.traces += 1
     return closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)

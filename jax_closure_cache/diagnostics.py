@@ -366,12 +366,47 @@ def explain_miss(fun, full_key, previous: list) -> list[str]:
   return best or ["entry was evicted or dropped; same key as before"]
 
 
-def explain_retrace(fun, key, old_avals, new_avals) -> None:
-  """A hit traced its shared function again: name the arrays that changed."""
+def describe_static_parts(tree) -> list[tuple[str, str]]:
+  """(path, description) of every node's static part (pytree aux data) in
+  ``tree``, functions by their qualified name, in flattening order."""
+  out = []
+  pending = [("args", jax.tree_util.tree_structure(tree))]
+  while pending:
+    path, treedef = pending.pop()
+    data = treedef.node_data()
+    if data is None:
+      continue
+    kind, aux = data
+    if aux is not None and kind not in (dict, list, tuple):
+      out.append((f"{path}: {kind.__name__}", _describe_aux(aux)))
+    for i, child in enumerate(treedef.children()):
+      pending.append((f"{path}[{i}]", child))
+  return out
+
+
+def _describe_aux(aux) -> str:
+  if isinstance(aux, (tuple, list)):
+    return "(" + ", ".join(_describe_aux(a) for a in aux) + ")"
+  if callable(aux) and hasattr(aux, "__qualname__"):
+    code = getattr(aux, "__code__", None)
+    where = f" at {code.co_filename}:{code.co_firstlineno}" if code else ""
+    return f"function {aux.__qualname__}{where} (object {id(aux):#x})"
+  return repr(aux)
+
+
+def explain_retrace(fun, key, old_avals, new_avals, old_static=None,
+                    new_static=None) -> None:
+  """A hit traced its shared function again: name the arrays that changed,
+  or the static part of an argument (a function in pytree aux data) that
+  did."""
   names = [n for n, p in named_parts(fun, key) if p is closure.LIFTED]
   changes = [f"{n} changed: {_aval(a)} -> {_aval(b)} (lifted array: same entry, "
              "new trace)"
              for n, a, b in zip(names, old_avals, new_avals) if a != b]
+  if old_static is not None and new_static is not None:
+    changes += [f"the static part of {p} changed: {a} -> {b}"
+                for (p, a), (q, b) in zip(old_static, new_static)
+                if p == q and a != b]
   logger.warning("closure-cache retrace for %s: %s", location(fun),
                  "; ".join(changes) or "argument types changed")
 

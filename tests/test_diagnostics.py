@@ -218,3 +218,25 @@ def test_run_reports_time_avoided_for_a_closure_free_inner_function(tmp_path):
   assert "2 hits, 1 misses" in out.stderr
   avoided = float(out.stderr.split("trace+compile time avoided:")[1].split()[0])
   assert avoided > 0.0, out.stderr
+
+
+def test_retrace_names_a_function_in_an_arguments_static_part(explain):
+  """A fresh function in a pytree's aux data changes the argument's
+  structure: the hit traces again, the explanation names the function and
+  the field, and stats() counts the retrace."""
+  import dataclasses
+
+  @jax.tree_util.register_dataclass
+  @dataclasses.dataclass
+  class S:
+    x: jax.Array
+    fn: object = dataclasses.field(metadata=dict(static=True))
+
+  w = jnp.ones(2)
+  make = lambda: jcc.jit(lambda s: s.fn(s.x) * w)
+  make()(S(jnp.ones(2), lambda v: v + 1))
+  make()(S(jnp.ones(2), lambda v: v + 1))
+  make()(S(jnp.ones(2), lambda v: v + 2))
+  assert jcc.stats()["retraces"] >= 1
+  text = " ".join(messages(explain))
+  assert "the static part of args" in text and "function" in text and "S" in text
