@@ -134,7 +134,6 @@ _DISABLE_JIT = _compat.DISABLE_JIT
 _JaxArray = _compat.jax.Array
 _analyse = closure.analyse
 _counters = cache.counters
-_monitoring_active = _compat.monitoring_active
 # Read as an attribute on the hot path (``clear_event_listeners`` rebinds it).
 _monitoring_module = _compat.monitoring_module
 _record_event = diagnostics.jax.monitoring.record_event
