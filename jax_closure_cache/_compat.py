@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jaxlib
 from jax._src import api as _api
+from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import traceback_util as _traceback_util
@@ -76,6 +77,7 @@ def count_compiles():
 from jax._src import lax as _internal_lax   # noqa: E402
 from jax._src.lax.control_flow import conditionals as _conditionals   # noqa: E402
 from jax._src.lax.control_flow import loops as _loops   # noqa: E402
+from jax._src.lax.control_flow import solves as _solves   # noqa: E402
 
 #: The control-flow functions as JAX defines them, taken from their defining
 #: modules, which ``enable()`` never patches.
@@ -86,7 +88,44 @@ STOCK_CONTROL_FLOW = {
     "map": _loops.map,
     "cond": _conditionals.cond,
     "switch": _conditionals.switch,
+    "custom_linear_solve": _solves.custom_linear_solve,
+    "custom_root": _solves.custom_root,
 }
+
+import jax.custom_derivatives   # noqa: E402
+from jax._src import custom_derivatives as _custom_derivatives   # noqa: E402
+
+#: ``jax.closure_convert`` as JAX defines it, and the owners whose attribute
+#: callers look up at call time (``jax.experimental.ode`` reads the public
+#: ``jax.custom_derivatives`` module's).
+STOCK_CLOSURE_CONVERT = _custom_derivatives.closure_convert
+CLOSURE_CONVERT_OWNERS = (jax, jax.custom_derivatives, _custom_derivatives)
+
+
+def closure_convert_uncached(fun, example_args):
+  """Stock ``closure_convert``'s trace without its ``lru_cache``, which holds
+  every function it saw (and what it closes over) until evicted."""
+  flat, in_tree = jax.tree_util.tree_flatten(example_args)
+  in_avals = tuple(map(_core.typeof, flat))
+  debug = _api_util.debug_info("closure_convert", fun, example_args, {})
+  return _custom_derivatives._closure_convert_for_avals.__wrapped__(
+      fun, in_tree, in_avals, debug)
+
+
+def closure_converted_constants(converted) -> list:
+  """The concrete values a stock ``converted_fun`` evaluates its jaxpr with
+  (its ``closure_consts`` cell)."""
+  cells = dict(zip(converted.__code__.co_freevars, converted.__closure__ or ()))
+  cell = cells.get("closure_consts")
+  return list(cell.cell_contents) if cell is not None else []
+
+
+def trace_signature(example_args):
+  """What stock keys a ``closure_convert`` trace on besides the function:
+  the arguments' tree, their abstract values and JAX's trace context."""
+  flat, in_tree = jax.tree_util.tree_flatten(example_args)
+  return in_tree, tuple(map(_core.typeof, flat)), _config.trace_context()
+
 
 #: Modules whose control-flow attributes callers look up at call time:
 #: ``jax.lax`` for users, and ``jax._src.lax``, through which JAX's own
@@ -147,6 +186,10 @@ EXPECTED_SIGNATURES = {
     "jax.lax.map": ("f", "xs", "batch_size"),
     "jax.lax.cond": ("pred", "true_fun", "false_fun", "operands", "operand"),
     "jax.lax.switch": ("index", "branches", "operands", "operand"),
+    "jax.lax.custom_linear_solve": ("matvec", "b", "solve", "transpose_solve",
+                                    "symmetric", "has_aux"),
+    "jax.lax.custom_root": ("f", "initial_guess", "solve", "tangent_solve",
+                            "has_aux"),
 }
 
 

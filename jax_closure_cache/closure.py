@@ -245,6 +245,31 @@ def _stable_module(module) -> bool:
   return stable
 
 
+# -- static values ------------------------------------------------------------
+
+class Static:
+  """Values a caller holds static (a launcher's loop bounds, a jitted
+  function's non-function static arguments), keyed by value and exact
+  top-level types, never made auto-dynamic: they are how a stock function
+  is called, not values a closure reads. ``value`` is the tuple given."""
+  __slots__ = ("value",)
+
+  def __init__(self, *value):
+    self.value = value
+
+  def _id(self):
+    return tuple([type(v) for v in self.value]), self.value
+
+  def __eq__(self, other):
+    return type(other) is Static and self._id() == other._id()
+
+  def __hash__(self):
+    return hash(self._id())
+
+  def __repr__(self):
+    return f"Static{self.value!r}"
+
+
 # -- callable wrappers that the walk sees through ---------------------------
 
 class _WrapperRule(NamedTuple):

@@ -39,6 +39,8 @@ import types
 import weakref
 from typing import Any, Callable
 
+import numpy as np
+
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import closure
@@ -182,9 +184,22 @@ def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
     try:
       held.append(weakref.ref(obj, drop))
     except TypeError:
+      if _library_object(obj):
+        held.append(obj)
+        continue
       return (f"a {type(obj).__name__} kept by identity cannot be weakly "
               "referenced, so storing it would keep it alive")
   return held
+
+
+def _library_object(obj) -> bool:
+  """An instance of a JAX, NumPy or standard-library class that is not an
+  array (a ``jax.default_matmul_precision`` decorator's state, reached
+  through the decorated function's closure): library code's own object,
+  held as module globals are; it holds none of the user's data."""
+  t = type(obj)
+  return (not isinstance(obj, (_JaxArray, np.ndarray))
+          and closure._stable_module(getattr(t, "__module__", None)))
 
 
 def _freeze(v):
@@ -917,7 +932,9 @@ def _join(static, fun) -> ClosureJitted:
   options = dict(options_key)
   if "compiler_options" in options:   # frozen to pairs by _options_key
     options["compiler_options"] = dict(options["compiler_options"])
-  return ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+  cls = (static_args.StaticArgsJitted if "static_argnums" in options
+         or "static_argnames" in options else ClosureJitted)
+  return cls(fun, options, options_key, lift_numpy, auto_dynamic)
 
 
 closure.register_wrapper(ClosureJitted, _split, _join)
@@ -1100,6 +1117,12 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
     return _compat.STOCK_JIT(fun, **options)
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
+  if "static_argnums" in options or "static_argnames" in options:
+    if isinstance(fun, (types.FunctionType, functools.partial,
+                        types.MethodType, ClosureJitted)):
+      # Functions among the static arguments are keyed by closure key.
+      return static_args.StaticArgsJitted(fun, options, options_key,
+                                          lift_numpy, auto_dynamic)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
     if not (_dynamic and auto_dynamic and _dynamic.get(
         (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
@@ -1111,3 +1134,7 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
                             types.MethodType, ClosureJitted)):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
   return ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+
+
+# Imported last: it subclasses ClosureJitted.
+from jax_closure_cache import static_args  # noqa: E402

@@ -1,7 +1,8 @@
 """Eager control flow through one cached launcher per closure key.
 
 Called outside any trace, ``while_loop(cond_fun, body_fun, init_val)`` (and
-``fori_loop``, ``scan``, ``cond``, ``switch``, ``map``) builds a *launcher*: a
+``fori_loop``, ``scan``, ``cond``, ``switch``, ``map``, ``custom_linear_solve``,
+``custom_root``) builds a *launcher*: a
 small closure over the function arguments and the static parameters (length,
 reverse, unroll, Python-int loop bounds, ...) that calls stock control flow
 on the dynamic operands. The launcher goes through the closure-aware jit, so
@@ -32,6 +33,7 @@ import functools
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import closure
 from jax_closure_cache import closure_jit
 
 _stock_while_loop = _compat.STOCK_CONTROL_FLOW["while_loop"]
@@ -40,6 +42,8 @@ _stock_scan = _compat.STOCK_CONTROL_FLOW["scan"]
 _stock_map = _compat.STOCK_CONTROL_FLOW["map"]
 _stock_cond = _compat.STOCK_CONTROL_FLOW["cond"]
 _stock_switch = _compat.STOCK_CONTROL_FLOW["switch"]
+_stock_custom_linear_solve = _compat.STOCK_CONTROL_FLOW["custom_linear_solve"]
+_stock_custom_root = _compat.STOCK_CONTROL_FLOW["custom_root"]
 _DISABLE_JIT = _compat.DISABLE_JIT
 _trace_state_clean = _compat.trace_state_clean
 
@@ -94,23 +98,9 @@ def _static_bound(bound):
   return None
 
 
-class _Static:
-  """A launcher's static parameters (loop bounds, ``length``, ``unroll``...),
-  keyed by value and exact types, never made dynamic: they are how stock
-  is called, not values of the user's closure."""
-  __slots__ = ("value",)
-
-  def __init__(self, *value):
-    self.value = value
-
-  def _id(self):
-    return tuple([type(v) for v in self.value]), self.value
-
-  def __eq__(self, other):
-    return type(other) is _Static and self._id() == other._id()
-
-  def __hash__(self):
-    return hash(self._id())
+# A launcher's static parameters (loop bounds, ``length``, ``unroll``...) are
+# keyed by value and exact types and never made dynamic.
+_Static = closure.Static
 
 
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):
@@ -212,6 +202,50 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
   return _launch(_switch_launcher(branches), _first(branches), index, *operands)
 
 
+# Custom solves trace their functions into jaxprs on every eager call and
+# bind a primitive whose implementation runs an inner while_loop: a fresh
+# matvec (``jax.scipy.sparse.linalg.cg``) or objective meant a compile per
+# call. Their launchers make the whole solve one cached executable.
+
+def _linear_solve_launcher(matvec, solve, transpose_solve, symmetric, has_aux):
+  params = _Static(symmetric, has_aux)
+
+  def launch_custom_linear_solve(b):
+    symmetric, has_aux = params.value
+    return _stock_custom_linear_solve(matvec, b, solve, transpose_solve,
+                                      symmetric=symmetric, has_aux=has_aux)
+  return launch_custom_linear_solve
+
+
+@functools.wraps(_stock_custom_linear_solve)
+def custom_linear_solve(matvec, b, solve, transpose_solve=None,
+                        symmetric=False, has_aux=False):
+  if not _routable():
+    return _stock_custom_linear_solve(matvec, b, solve, transpose_solve,
+                                      symmetric, has_aux)
+  return _launch(_linear_solve_launcher(matvec, solve, transpose_solve,
+                                        symmetric, has_aux), matvec, b)
+
+
+def _root_launcher(f, solve, tangent_solve, has_aux):
+  params = _Static(has_aux)
+
+  def launch_custom_root(initial_guess):
+    return _stock_custom_root(f, initial_guess, solve, tangent_solve,
+                              has_aux=params.value[0])
+  return launch_custom_root
+
+
+@functools.wraps(_stock_custom_root)
+def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
+  if not _routable():
+    return _stock_custom_root(f, initial_guess, solve, tangent_solve, has_aux)
+  return _launch(_root_launcher(f, solve, tangent_solve, has_aux), f,
+                 initial_guess)
+
+
 #: name -> the cached function, for the patch registry and ``lax``.
 CACHED = {"while_loop": while_loop, "fori_loop": fori_loop, "scan": scan,
-          "map": map, "cond": cond, "switch": switch}
+          "map": map, "cond": cond, "switch": switch,
+          "custom_linear_solve": custom_linear_solve,
+          "custom_root": custom_root}

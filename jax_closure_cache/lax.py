@@ -10,10 +10,12 @@ from jax_closure_cache import _compat
 # JAX's own copy when the installed jax carries the upstream patch.
 _control_flow = _compat.implementation("control_flow")
 cond = _control_flow.cond
+custom_linear_solve = _control_flow.custom_linear_solve
+custom_root = _control_flow.custom_root
 fori_loop = _control_flow.fori_loop
 map = _control_flow.map  # noqa: A001 -- mirrors jax.lax.map
 scan = _control_flow.scan
 switch = _control_flow.switch
 while_loop = _control_flow.while_loop
 
-__all__ = ["cond", "fori_loop", "map", "scan", "switch", "while_loop"]
+__all__ = ["cond", "custom_linear_solve", "custom_root", "fori_loop", "map", "scan", "switch", "while_loop"]

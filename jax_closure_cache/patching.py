@@ -33,16 +33,21 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   """(owner, attribute, replacement) for every place ``enable()`` patches.
 
   ``jax.jit`` (JAX's own modules call their internal ``api.jit`` and keep
-  stock behaviour), and the six control-flow functions wherever callers look
-  them up at call time (``_compat.CONTROL_FLOW_OWNERS``), but only where the
-  attribute is still JAX's own function.
+  stock behaviour), the control-flow functions and custom solves wherever
+  callers look them up at call time (``_compat.CONTROL_FLOW_OWNERS``), and
+  ``closure_convert`` (``_compat.CLOSURE_CONVERT_OWNERS``), but only where
+  the attribute is still JAX's own function.
   """
   from jax_closure_cache import control_flow
+  from jax_closure_cache import convert
   points = [(jax, "jit", closure_jit.jit)]
   for owner in _compat.CONTROL_FLOW_OWNERS:
     for name, replacement in control_flow.CACHED.items():
       if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:
         points.append((owner, name, replacement))
+  for owner in _compat.CLOSURE_CONVERT_OWNERS:
+    if getattr(owner, "closure_convert", None) is _compat.STOCK_CLOSURE_CONVERT:
+      points.append((owner, "closure_convert", convert.closure_convert))
   return points
 
 

@@ -39,7 +39,8 @@ JAX_VERSION = "0.10.2"
 
 VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_match.py",
             "closure_rebuild.py", "closure_guards.py", "closure_jit.py",
-            "control_flow.py", "diagnostics.py")
+            "control_flow.py", "convert.py", "diagnostics.py",
+            "static_args.py")
 TARGET_DIR = "jax/_src/closure_cache"
 
 _EXPLAIN_OPTION_END = (
@@ -67,13 +68,24 @@ closure_cache = bool_state(
      "  platform_dependent as platform_dependent,\n)\n"
      "from jax._src.closure_cache.hooks import (  # honour jax_closure_cache\n"
      "  cond as cond,\n  fori_loop as fori_loop,\n  map as map,\n"
-     "  scan as scan,\n  switch as switch,\n  while_loop as while_loop,\n)\n"),
+     "  scan as scan,\n  switch as switch,\n  while_loop as while_loop,\n"
+     "  custom_linear_solve as custom_linear_solve,\n"
+     "  custom_root as custom_root,\n)\n"),
     ("jax/_src/lax/__init__.py",
      "  while_loop as while_loop,\n  while_p as while_p,\n)\n",
      "  while_loop as while_loop,\n  while_p as while_p,\n)\n"
      "from jax._src.closure_cache.hooks import (  # honour jax_closure_cache\n"
      "  cond as cond,\n  fori_loop as fori_loop,\n  scan as scan,\n"
-     "  switch as switch,\n  while_loop as while_loop,\n)\n"),
+     "  switch as switch,\n  while_loop as while_loop,\n"
+     "  custom_linear_solve as custom_linear_solve,\n)\n"),
+    ("jax/__init__.py",
+     "from jax._src.custom_derivatives import closure_convert as closure_convert\n",
+     "from jax._src.closure_cache.hooks import closure_convert as closure_convert\n"),
+    ("jax/custom_derivatives.py",
+     "  remat_opt_p as remat_opt_p,\n)\n",
+     "  remat_opt_p as remat_opt_p,\n)\n"
+     "from jax._src.closure_cache.hooks import (  # honour jax_closure_cache\n"
+     "  closure_convert as closure_convert,\n)\n"),
 )
 
 _IMPORT = re.compile(r"^from jax_closure_cache(\.\w+)? import ", re.M)

@@ -1,0 +1,150 @@
+"""Eager ``jax.closure_convert`` with one trace per closure key.
+
+Stock ``closure_convert(fun, *example_args)`` traces ``fun`` into a jaxpr and
+returns a fresh ``converted_fun`` holding that jaxpr and the concrete arrays
+``fun`` closed over. Called eagerly with a fresh ``fun`` (``odeint`` does this
+for its vector field on every call), it traces every time, and the fresh
+``converted_fun`` then misses every cache keyed on it: ``odeint`` passes it
+as a static argument of a jitted wrapper.
+
+Here, outside any trace, a function whose closure key (see
+:mod:`jax_closure_cache.closure`) and argument signature were seen before
+reuses one shared trace of its *lifted* form (the closed-over arrays as
+leading arguments), and gets a small ``closure_converted`` closure over that
+shared function and its own arrays. That closure's key is the same for every
+re-creation, so the static-argument route
+(:mod:`jax_closure_cache.static_args`) hits one executable.
+
+Invariants:
+* Identity first: the first function object of a code, and every object
+  stock answered before, get stock's own result (and stock's own cache by
+  identity); an object answered here keeps its first answer.
+* An entry is stored only when its trace captured no array the key does not
+  cover; the store holds the shared trace, never a lifted array, and drops
+  the entry when an object the key names by identity dies.
+* The result is stock's in form: ``(converted, [])`` (eagerly there is no
+  tracer to hoist), and ``converted(*args)`` computes what ``fun(*args)``
+  computes.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+
+from jax_closure_cache import _compat
+from jax_closure_cache import cache
+from jax_closure_cache import closure
+from jax_closure_cache import closure_guards
+from jax_closure_cache import closure_jit
+from jax_closure_cache import closure_rebuild
+from jax_closure_cache import diagnostics
+from jax_closure_cache.closure import Uncacheable
+
+_stock_closure_convert = _compat.STOCK_CLOSURE_CONVERT
+
+_traces = cache.new_store()   # (closure key, trace signature) -> _Shared
+
+
+class _Shared(cache.Entry):
+  """Stock's converted function of the lifted form, shared by every
+  function object with an equal key."""
+  __slots__ = ("converted", "anchors")
+
+
+# Function objects answered here: fun -> {trace signature: converted}; the
+# value holds the function's own arrays, which the function holds too.
+_answered: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# Function objects answered by stock (identity first).
+_stocks: "weakref.WeakSet" = weakref.WeakSet()
+cache.register_clear_hook(_answered.clear)
+cache.register_clear_hook(_stocks.clear)
+
+
+def _bind(shared, leaves):
+  def closure_converted(*args_and_hoisted):
+    return shared(leaves, *args_and_hoisted)
+  return closure_converted
+
+
+# Our own closures are never a user's long-lived object: the static-argument
+# route treats them as re-created from their first one.
+closure_jit._codes_seen.add(_bind(None, ()).__code__)
+
+
+def closure_convert(fun, *example_args):
+  """``jax.closure_convert``; eagerly, one trace per closure key."""
+  if (not _compat.trace_state_clean() or type(fun) is not types.FunctionType
+      or fun in _stocks):
+    return _stock_closure_convert(fun, *example_args)
+  try:
+    signature = _compat.trace_signature(example_args)
+    hash(signature)
+  except TypeError:
+    return _stock_closure_convert(fun, *example_args)
+  answered = _answered.get(fun)
+  if answered is not None and signature in answered:
+    return answered[signature], []
+  code = fun.__code__
+  if code not in closure_jit._codes_seen:
+    # The first object of a code is stock's (a long-lived function keeps
+    # stock's own trace and cache).
+    closure_jit._codes_seen.add(code)
+    _stocks.add(fun)
+    return _stock_closure_convert(fun, *example_args)
+  try:
+    a = closure.analyse(fun)
+    key = (a.key, signature)
+    shared = _traces.get(key)
+  except (Uncacheable, TypeError):
+    _stocks.add(fun)
+    return _stock_closure_convert(fun, *example_args)
+  if any(isinstance(x, closure_jit._JaxArray) for x in a.anchors):
+    _stocks.add(fun)   # a shared trace would bake it and keep it alive
+    return _stock_closure_convert(fun, *example_args)
+  if shared is None:
+    shared = _trace(fun, a, key, example_args)
+    if shared is None:
+      _stocks.add(fun)
+      return _stock_closure_convert(fun, *example_args)
+  else:
+    next(closure_jit._counters.hits)
+  converted = _bind(shared.converted, tuple(a.leaves))
+  _answered.setdefault(fun, {})[signature] = converted
+  return converted, []
+
+
+def _trace(fun, a, key, example_args):
+  """Trace the lifted form of ``fun``; store it if its trace captured only
+  what the key covers. Returns the shared entry, or None (stock answers)."""
+  holder = [fun]
+
+  def lifted(leaves, *args):
+    return closure_rebuild.rebuild(holder[0], a.key, leaves)(*args)
+
+  try:
+    converted, hoisted = _compat.closure_convert_uncached(
+        lifted, (tuple(a.leaves), *example_args))
+  except Exception:
+    return None
+  finally:
+    holder.clear()   # the shared trace must not keep ``fun`` alive
+  if hoisted:
+    return None
+  cache.count_miss()
+  shared = _Shared()
+  shared.converted = converted
+  captured = _compat.closure_converted_constants(converted)
+  guards = closure_guards.find_guards(captured, [], {id(x) for x in a.anchors})
+  if guards:   # an array the key does not cover: answer, do not store
+    cache.count_not_stored("untracked_capture")
+    diagnostics.not_stored(fun, "untracked_capture",
+                           getattr(guards, "detail", "closure_convert captured "
+                                   "an array the key does not cover"))
+    return shared
+  held = closure_jit._hold_weakly(_traces, key, shared, a.anchors)
+  if isinstance(held, str):
+    return shared
+  shared.anchors = held
+  _traces.put(key, shared)
+  return shared

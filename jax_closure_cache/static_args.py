@@ -1,0 +1,249 @@
+"""Functions passed as static arguments, keyed by their closure key.
+
+Stock ``jax.jit(f, static_argnums=0)`` keys a static argument by its hash,
+which for a function is its identity: ``apply(lambda v: w @ v, x)`` traces
+and compiles on every call, and so does every library that hands a fresh
+function to a jitted wrapper as a static argument (``odeint`` passes the
+output of ``closure_convert``; solvers pass objectives).
+
+Here a call whose static arguments hold a function (a plain function, a
+``functools.partial``, a bound method, a jitted function of this package,
+or a tuple of those) binds them into a small closure over the user's
+function::
+
+    call_with_static_arguments(*dynamic_args, **dynamic_kwargs)
+
+whose cells are the user's function, the function-valued static arguments
+(walked like any closure: their arrays are lifted) and a
+:class:`~jax_closure_cache.closure.Static` of the other static values (keyed
+by value, as stock keys them). That closure goes through the cache like any
+re-created closure, so a fresh function with an equal key hits one shared
+executable.
+
+Invariants:
+* Identity first, per static function object: the first object of a code is
+  answered by stock's jitted function (stock then caches it by identity, as
+  without the cache); a function object called before is answered as its
+  first call was -- by stock, or by the entry it hit with the arrays it read
+  then -- and is handed to stock after ``PROMOTE_AFTER_CALLS`` calls if its
+  closure still reads the same values.
+* Calls whose static arguments hold no function, and every option this
+  module does not re-index (anything but ``static_argnums``,
+  ``static_argnames``, ``donate_argnums``), are the jit wrapper's usual path.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+from jax_closure_cache import closure
+from jax_closure_cache import closure_jit
+
+# What a static argument may be for this route: functions whose identity is
+# fresh per call in the patterns above. Closure-free functions of jax, numpy
+# and the standard library (``jnp.sin``) are long-lived: stock's identity
+# hash already hits for them.
+_FUNCTION_TYPES = (types.FunctionType, functools.partial, types.MethodType,
+                   closure_jit.ClosureJitted)
+
+
+def _is_function(v) -> bool:
+  t = type(v)
+  if t is types.FunctionType:
+    return v.__closure__ is not None or not closure.is_stable(v)
+  return t in _FUNCTION_TYPES or isinstance(v, closure_jit.ClosureJitted)
+
+
+def _holds_function(v) -> bool:
+  if type(v) is tuple:
+    return any([_is_function(x) for x in v])
+  return _is_function(v)
+
+
+def _binder(fun, functions, params):
+  """``fun`` with its static arguments bound: ``functions`` (walked by the
+  key) and ``params``, a Static of (positions, names, plain values)."""
+  def call_with_static_arguments(*args, **kwargs):
+    positions, names, plain = params.value
+    values = iter(functions)
+    plain_values = iter(plain)
+    full = list(args)
+    for i, is_function in positions:
+      full.insert(i, next(values) if is_function else next(plain_values))
+    for name, is_function in names:
+      kwargs[name] = next(values) if is_function else next(plain_values)
+    return fun(*full, **kwargs)
+  return call_with_static_arguments
+
+
+class _Bound(closure_jit.ClosureJitted):
+  """The binder of one call; its stock form is the user's stock jitted
+  function called with the static arguments back in place, and its user
+  (whose code decides first-object-is-stock's) the static function."""
+  __slots__ = ("_user_fun", "_outer_stock", "_static_args")
+
+  def _user(self):
+    return self._user_fun
+
+  def stock(self):
+    outer, (positions, names, values) = self._outer_stock, self._static_args
+
+    def stock_call(*args, **kwargs):
+      full = list(args)
+      it = iter(values)
+      for i in positions:
+        full.insert(i, next(it))
+      for name in names:
+        kwargs[name] = next(it)
+      return outer(*full, **kwargs)
+    return stock_call
+
+
+class _Layout:
+  """How one set of options splits a call (cached per options key)."""
+  __slots__ = ("argnums", "argnames", "inner_options", "inner_key")
+
+  def __init__(self, options: dict):
+    nums = options.get("static_argnums", ())
+    names = options.get("static_argnames", ())
+    self.argnums = (nums,) if isinstance(nums, int) else tuple(nums)
+    self.argnames = (names,) if isinstance(names, str) else tuple(names)
+    inner = {k: v for k, v in options.items()
+             if k not in ("static_argnums", "static_argnames")}
+    self.inner_options = inner
+    self.inner_key = None   # per call (donate_argnums depends on positions)
+
+
+_layouts: dict[tuple, _Layout] = {}
+
+
+def _layout(spec) -> _Layout:
+  layout = _layouts.get(spec.key)
+  if layout is None:
+    if len(_layouts) >= 1 << 12:
+      _layouts.clear()
+    layout = _layouts[spec.key] = _Layout(spec.options)
+  return layout
+
+
+def _inner_options(layout: _Layout, positions: list[int]) -> dict:
+  """Options of the bound call: donate_argnums re-indexed past the removed
+  static positions (a donated static argument is stock's error anyway)."""
+  options = layout.inner_options
+  donate = options.get("donate_argnums")
+  if donate is None:
+    return options
+  donate = (donate,) if isinstance(donate, int) else tuple(donate)
+  removed = sorted(positions)
+  shifted = tuple(d - sum(1 for p in removed if p < d) for d in donate
+                  if d not in removed)
+  return dict(options, donate_argnums=shifted)
+
+
+class StaticArgsJitted(closure_jit.ClosureJitted):
+  """A jitted function with static arguments; functions among them are
+  keyed by their closure key (see the module docstring)."""
+  __slots__ = ()
+
+  def __call__(self, *args, **kwargs):
+    layout = _layout(self._spec)
+    n = len(args)
+    found = False
+    for i in layout.argnums:
+      if -n <= i < n and _holds_function(args[i]):
+        found = True
+        break
+    else:
+      for name in layout.argnames:
+        if name in kwargs and _holds_function(kwargs[name]):
+          found = True
+          break
+    if not found or closure_jit._DISABLE_JIT.value:
+      return closure_jit.ClosureJitted.__call__(self, *args, **kwargs)
+    return _call_bound(self, layout, args, kwargs)
+
+
+def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
+  n = len(args)
+  positions = sorted({i % n for i in layout.argnums if -n <= i < n})
+  names = [k for k in layout.argnames if k in kwargs]
+  static_values = [args[i] for i in positions] + [kwargs[k] for k in names]
+  dynamic = tuple([a for i, a in enumerate(args) if i not in positions])
+  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+  flags = [_holds_function(v) for v in static_values]
+  functions = tuple([v for v, f in zip(static_values, flags) if f])
+  plain = tuple([v for v, f in zip(static_values, flags) if not f])
+  params = closure.Static(
+      tuple(zip(positions, flags[:len(positions)])),
+      tuple(zip(names, flags[len(positions):])), plain)
+  user = functions[0]
+  if type(user) is tuple:
+    user = next(x for x in user if _is_function(x))
+  spec = w._spec
+  stock = w.stock()
+  # Identity first: one function static argument, called before.
+  table = _table(spec)
+  single = len(functions) == 1 and type(functions[0]) is not tuple
+  row = None
+  if single:
+    try:
+      ref = closure_jit._ref(functions[0], table.pop)
+      row = table.get(ref)
+    except TypeError:
+      single = False
+  if row is not None and row[0] == params:
+    state = row[1]
+    if state is None:
+      return stock(*args, **kwargs)
+    state[3] += 1
+    if state[3] < closure_jit.PROMOTE_AFTER_CALLS:
+      bound = _make_bound(w, layout, positions, names, static_values,
+                          functions, params, user, stock)
+      return bound._call_entry(state[0], state[1], state[2], dynamic,
+                               dyn_kwargs)
+    table[ref] = (params, None)   # long-lived: stock's from now on
+    return stock(*args, **kwargs)
+  bound = _make_bound(w, layout, positions, names, static_values, functions,
+                      params, user, stock)
+  out = bound(*dynamic, **dyn_kwargs)
+  if single:
+    decided = bound._row
+    state = decided if type(decided) is list else None
+    table[ref] = (params, state)
+  return out
+
+
+def _make_bound(w, layout, positions, names, static_values, functions, params,
+                user, stock) -> _Bound:
+  options = _inner_options(layout, positions)
+  spec = w._spec
+  bound = _Bound(_binder(w._fun, functions, params), options,
+                 closure_jit._options_key(options) if options else (),
+                 spec.lift_numpy, spec.auto_dynamic)
+  bound._user_fun = user
+  bound._outer_stock = stock
+  bound._static_args = (positions, names, static_values)
+  return bound
+
+
+# options key -> {weakref(static function): (params, state)}; state None:
+# stock's; else the row [entry, key, leaves, calls] its first call decided.
+_tables: dict[tuple, dict] = {}
+
+
+def _table(spec) -> dict:
+  table = _tables.get(spec.key)
+  if table is None:
+    table = _tables[spec.key] = {}
+  return table
+
+
+def _clear() -> None:
+  for table in _tables.values():
+    table.clear()
+
+
+closure_jit.cache.register_clear_hook(_clear)
+closure.register_wrapper(StaticArgsJitted, closure_jit._split,
+                         closure_jit._join)

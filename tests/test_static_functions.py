@@ -1,0 +1,210 @@
+"""Functions as static arguments, eager custom solves and closure_convert.
+
+Every fresh function below closes over a different array, and every result
+is compared with stock on a fresh function object, so a key that ignored the
+closed-over values would fail here."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.sparse.linalg as spl
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import STOCK_JIT, counting, warm
+
+x = jnp.ones(3)
+
+
+def _apply(f, v):
+  return f(v)
+
+
+def _matvec(w):
+  return lambda v: jnp.tanh(w @ v)
+
+
+def _stock_apply(f, v):
+  return STOCK_JIT(_apply, static_argnums=0)(f, v)
+
+
+def test_fresh_closure_as_a_static_argument_hits():
+  apply = jcc.jit(_apply, static_argnums=0)
+  ws = [jnp.eye(3) * (i + 1.0) for i in range(6)]
+  warm(lambda: apply(_matvec(ws[0]), x))
+  for w in ws[1:]:
+    with counting() as c:
+      out = apply(_matvec(w), x)
+    assert c["compiles"] == 0 and c["traces"] == 0
+    np.testing.assert_array_equal(out, _stock_apply(_matvec(w), x))
+
+
+def test_static_partial_bound_method_and_jitted_function_hit():
+  class Layer:
+    def __init__(self, w):
+      self.w = w
+
+    def __call__(self, v):
+      return self.w @ v
+
+    def forward(self, v):
+      return jnp.sin(self.w @ v)
+
+  apply = jcc.jit(_apply, static_argnums=0)
+  makers = {
+      "partial": lambda w: functools.partial(jnp.dot, w),
+      "bound method": lambda w: Layer(w).forward,
+      "jitted": lambda w: jcc.jit(lambda v: w @ v + 1.0),
+  }
+  for name, make in makers.items():
+    warm(lambda: apply(make(jnp.eye(3)), x))
+    for i in (2.0, 3.0):
+      f = make(jnp.eye(3) * i)
+      with counting() as c:
+        out = apply(f, x)
+      assert c["compiles"] == 0, name
+      want = STOCK_JIT(_apply, static_argnums=0)(make(jnp.eye(3) * i), x)
+      np.testing.assert_allclose(out, want, rtol=1e-6, err_msg=name)
+
+
+def test_static_function_by_keyword_and_other_static_values():
+  def scaled(v, f, n):
+    return f(v) * n
+  jitted = jcc.jit(scaled, static_argnames=("f", "n"))
+  warm(lambda: jitted(x, f=_matvec(jnp.eye(3)), n=2))
+  for n in (2, 3):   # a plain static value is keyed by value, as stock does
+    w = jnp.eye(3) * n
+    out = jitted(x, f=_matvec(w), n=n)
+    want = STOCK_JIT(scaled, static_argnames=("f", "n"))(x, f=_matvec(w), n=n)
+    np.testing.assert_array_equal(out, want)
+  with counting() as c:
+    jitted(x, f=_matvec(jnp.eye(3) * 5), n=3)
+  assert c["compiles"] == 0
+
+
+def test_long_lived_static_function_is_stocks():
+  """Identity first: the same function object passed again is answered as
+  stock answers it, stale trace included, on a twin put through the same
+  steps."""
+  def make():
+    box = [jnp.eye(3)]
+    return box, (lambda v: box[0] @ v)
+  box, f = make()
+  twin_box, twin = make()
+  apply = jcc.jit(_apply, static_argnums=0)
+  stock = STOCK_JIT(_apply, static_argnums=0)
+  for step in range(3):
+    got, want = apply(f, x), stock(twin, x)
+    np.testing.assert_array_equal(got, want)
+    box[0] = twin_box[0] = jnp.eye(3) * (step + 2)
+
+
+def test_donate_argnums_still_name_the_users_arguments():
+  def step(f, p, v):
+    return f(v) + p
+  jitted = jcc.jit(step, static_argnums=0, donate_argnums=(1,))
+  for i in range(4):
+    p = jnp.full(3, float(i))
+    out = jitted(_matvec(jnp.eye(3) * i), p, x)
+    np.testing.assert_allclose(out, jnp.tanh(jnp.eye(3) * i @ x) + i,
+                               rtol=1e-6)
+
+
+def test_eager_cg_gmres_and_custom_root_with_fresh_functions():
+  jcc.enable()
+  lin = lambda w: (lambda v: w @ v)
+  b = jnp.arange(1.0, 4.0)
+  for solver in (spl.cg, spl.gmres):
+    warm(lambda: solver(lin(jnp.eye(3) * 2.0), b))
+    for s in (3.0, 4.0):
+      with counting() as c:
+        got = solver(lin(jnp.eye(3) * s), b)[0]
+      assert c["compiles"] == 0, solver.__name__
+      np.testing.assert_allclose(got, b / s, rtol=1e-5)
+
+  def root(w):
+    return lambda y: w * y - 1.0
+  newton = lambda f, y0: jax.lax.while_loop(
+      lambda y: jnp.abs(f(y)).max() > 1e-6, lambda y: y - f(y) / 2.0, y0)
+  tangent = lambda g, y: y / 2.0
+  y0 = jnp.full(3, 0.1)
+  warm(lambda: jax.lax.custom_root(root(2.0 * jnp.ones(3)), y0, newton,
+                                   tangent))
+  with counting() as c:
+    got = jax.lax.custom_root(root(2.0 * jnp.ones(3)), y0, newton, tangent)
+  assert c["compiles"] == 0
+  np.testing.assert_allclose(got, 0.5 * np.ones(3), rtol=1e-5)
+
+
+def test_eager_custom_linear_solve_matches_stock():
+  jcc.enable()
+  solve = lambda mv, b: b / 4.0
+  stock = jcc.disable
+  for s in (2.0, 3.0, 4.0):
+    w = jnp.eye(3) * s
+    jcc.enable()
+    got = jax.lax.custom_linear_solve(lambda v: w @ v, x, solve)
+    stock()
+    want = jax.lax.custom_linear_solve(lambda v: w @ v, x, solve)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_closure_convert_eagerly_shares_one_trace():
+  jcc.enable()
+  make = lambda w: (lambda v: jnp.sin(w * v))
+  first = make(jnp.ones(3))
+  converted, hoisted = jax.closure_convert(first, x)   # stock's
+  assert hoisted == []
+  again = jax.closure_convert(first, x)[0]   # stock's cache, by identity
+  assert again is converted
+  f2 = make(jnp.full(3, 2.0))
+  c2, _ = jax.closure_convert(f2, x)
+  assert jax.closure_convert(f2, x)[0] is c2   # identity first
+  for s in (3.0, 4.0):
+    w = jnp.full(3, s)
+    converted, hoisted = jax.closure_convert(make(w), x)
+    assert hoisted == []
+    np.testing.assert_allclose(converted(x), jnp.sin(w * x), rtol=1e-6)
+  assert jcc.stats()["hits"] >= 1
+
+
+_ODEINT = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax._src import test_util as jtu
+    from jax.experimental.ode import odeint
+    import jax_closure_cache as jcc
+    assert jcc.enabled()
+    y0, ts = jnp.ones(2), jnp.linspace(0.0, 1.0, 4)
+    field = lambda w: (lambda y, t: -w * y)
+    def eager(s):
+      return odeint(field(jnp.full(2, s)), y0, ts)
+    def under_jit(s):
+      w = jnp.full(2, s)
+      return jax.jit(lambda y: odeint(field(w), y, ts))(y0)
+    for name, run in (("eager", eager), ("jit", under_jit)):
+      run(1.0); run(1.5)
+      for s in (2.0, 3.0):
+        with jtu.count_jit_compilation_cache_miss() as c:
+          got = run(s)
+        want = np.exp(-s * np.asarray(ts))[:, None] * np.ones(2)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        assert c() == 0, (name, s, c())
+    print("ok", jcc.stats()["hits"])
+""")
+
+
+def test_odeint_with_a_fresh_vector_field_compiles_once():
+  # A subprocess: odeint's jitted wrapper is made when jax.experimental.ode
+  # is imported, so the cache must be on before that import (as it is with
+  # JAX_CLOSURE_CACHE=1 for a whole process).
+  env = dict(os.environ, JAX_CLOSURE_CACHE="1", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _ODEINT], capture_output=True,
+                       text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert out.stdout.startswith("ok"), out.stdout
