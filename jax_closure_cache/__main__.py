@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
   bench.add_argument("--rounds", type=int, default=3,
                      help="alternating rounds; best median kept (default 3)")
   bench.add_argument("--match", default="", metavar="A,B",
-                     help="jit table: only workloads whose name contains A or B")
+                     help="only workloads whose name (jit table) or key (control-flow "
+                     "table: decode, minimize, scan, fori, odeint, cg, gpt2) "
+                     "contains A or B")
   bench.add_argument("--only", choices=("jit", "control-flow"),
                      help="run one of the two tables")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
@@ -75,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
       print("\njit on re-created closures\n")
       print(bench_mod.format_table(rows))
     if args.only in (None, "control-flow"):
-      rows, skipped = bench_control_flow.run()
+      match = [m for m in args.match.split(",") if m]
+      rows, skipped = bench_control_flow.run(
+          [k for k in bench_control_flow.WORKLOADS if any(m in k for m in match)]
+          if match else None)
       report["control_flow"] = rows
       report["skipped"] = skipped
       print("\nEager control flow with fresh closures\n")

@@ -145,7 +145,63 @@ def _fori() -> Workload:
                   lambda i: hoisted(w, init), calls=400)
 
 
-# -- (d) the seed's real client: transformers' Flax GPT-2 generate ----------
+# -- (d) odeint and cg with a fresh function every call ----------------------
+
+def _module_copy(name: str, tag: str):
+  """A private copy of module ``name``: jitted functions it makes at import
+  are made by whichever ``jax.jit`` is current, so the stock and the cached
+  runs each get their own (neither's wrapper serves the other)."""
+  import importlib.util
+  spec = importlib.util.find_spec(name)
+  copy = importlib.util.spec_from_file_location(f"{name}__{tag}", spec.origin)
+  module = importlib.util.module_from_spec(copy)
+  copy.loader.exec_module(module)
+  return module
+
+
+def _odeint() -> Workload:
+  from jax_closure_cache import patching
+  stock_ode = _module_copy("jax.experimental.ode", "stock")
+  with patching.enabled():
+    cached_ode = _module_copy("jax.experimental.ode", "cached")
+  ws = [jnp.eye(8) * -(0.5 + i) for i in range(4)]
+  y0, ts = jnp.ones(8), jnp.linspace(0.0, 1.0, 8)
+
+  def run(lax, i):
+    w = ws[i % 4]
+    field = lambda y, t: jnp.tanh(w @ y)   # a fresh vector field every call
+    if lax is cached_lax:
+      with patching.enabled():
+        return cached_ode.odeint(field, y0, ts)
+    return stock_ode.odeint(field, y0, ts)
+
+  def field_with(y, t, w):
+    return jnp.tanh(w @ y)
+  return Workload("odeint, fresh vector field over 8x8 w (eager)", run,
+                  lambda i: stock_ode.odeint(field_with, y0, ts, ws[i % 4]),
+                  calls=40)
+
+
+def _cg() -> Workload:
+  from jax.scipy.sparse.linalg import cg
+  from jax_closure_cache import patching
+  mats = [jnp.eye(16) * (2.0 + i) + 0.1 for i in range(4)]
+  b = jnp.linspace(1.0, 2.0, 16)
+
+  def run(lax, i):
+    a = mats[i % 4]
+    matvec = lambda v: a @ v   # a fresh matvec every call
+    if lax is cached_lax:
+      with patching.enabled():   # cg calls custom_linear_solve via jax._src.lax
+        return cg(matvec, b)[0]
+    return cg(matvec, b)[0]
+
+  hoisted = STOCK_JIT(lambda a, b: cg(lambda v: a @ v, b)[0])
+  return Workload("scipy.sparse.linalg.cg, fresh matvec over 16x16 (eager)",
+                  run, lambda i: hoisted(mats[i % 4], b), calls=100)
+
+
+# -- (e) the seed's real client: transformers' Flax GPT-2 generate ----------
 
 def _gpt2():
   try:
@@ -169,11 +225,12 @@ def _gpt2():
 
 
 WORKLOADS = {"decode": _decode, "minimize": _minimize, "scan": _scan,
-             "fori": _fori, "gpt2": _gpt2}
+             "fori": _fori, "odeint": _odeint, "cg": _cg, "gpt2": _gpt2}
 
 #: cache-over-hoisted or speed-up targets, from the control-flow issue
 TARGETS = {"decode": "cache/hoisted ≤ 1.3",
            "minimize": "stock/cache ≥ 100, persistent/cache ≥ 20",
+           "odeint": "stock/cache ≥ 20", "cg": "stock/cache ≥ 20",
            "gpt2": "stock/cache ≥ 8, persistent/cache ≥ 2, 0 compiles"}
 
 

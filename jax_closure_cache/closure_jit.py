@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import threading
+import sys
 import time
 import types
 import weakref
@@ -107,6 +107,7 @@ class _Defaults:
 def set_auto_dynamic_default(value: bool) -> None:
   """Default of ``jit(..., auto_dynamic=...)`` (``enable(auto_dynamic=...)``)."""
   _Defaults.auto_dynamic = bool(value)
+  _update_hot_spec()
 
 
 def auto_dynamic_default() -> bool:
@@ -116,22 +117,31 @@ def auto_dynamic_default() -> bool:
 def set_lift_numpy_default(value: bool) -> None:
   """Default of ``jit(..., lift_numpy=...)`` (``enable(lift_numpy=...)``)."""
   _Defaults.lift_numpy = bool(value)
+  _update_hot_spec()
 
 
 def lift_numpy_default() -> bool:
   return _Defaults.lift_numpy
 
 
-class _Current(threading.local):
-  """The callable whose entry is being called on this thread.
+def _calling_function():
+  """The callable whose entry is being called on this thread: ``self._fun``
+  of the nearest ClosureJitted frame (``_CALLERS``) on the stack.
 
   The shared lifted function rebuilds *this* callable at trace time, so a
-  trace reads the caller's current objects, never a stale exemplar.
+  trace reads the caller's current objects, never a stale exemplar. Read
+  from the stack only when tracing, so a hit stores and clears nothing, and
+  nothing of the call outlives it.
   """
-  fun = None
+  frame = sys._getframe(2)
+  while frame is not None:
+    if frame.f_code in _CALLERS:
+      return frame.f_locals["self"]._fun
+    frame = frame.f_back
+  raise AssertionError("a shared lifted function traced outside a call")
 
 
-_current = _Current()
+_CALLERS: set = set()   # filled below ClosureJitted
 _DISABLE_JIT = _compat.DISABLE_JIT
 _JaxArray = _compat.jax.Array
 _analyse = closure.analyse
@@ -294,7 +304,7 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
   entry_ref = weakref.ref(entry)
 
   def lifted(leaves, /, *args, **kwargs):
-    current = _current.fun
+    current = _calling_function()
     e = entry_ref()
     a = closure.analyse(current, lift_numpy, lift_arrays,
                         None if e is None else e.dynamic)
@@ -361,6 +371,11 @@ _OWNED = weakref.ReferenceType
 # and equals only itself). Tables are emptied, never replaced.
 _tables: dict[tuple, dict] = {}
 _ref = weakref.ref
+_getweakrefcount = weakref.getweakrefcount
+_getrefcount = sys.getrefcount
+# References to a function held by a wrapper alone, as counted in the hot
+# path: the wrapper's slot, the local name, getrefcount's argument.
+_LONE_REFS = 3
 
 
 def _table(options_key) -> dict:
@@ -391,6 +406,9 @@ _DYNAMIC_MAX = 1 << 12   # codes made in a loop: start over past this
 # a code is stock's; the second compiles the shared lifted entry.
 _codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 cache.register_clear_hook(_codes_seen.clear)
+# The package's own closures made afresh for a user's function (never a
+# user's long-lived object): they take the shared entry from their first call.
+ALWAYS_SHARED: set[types.CodeType] = set()
 
 
 def _row_of(fun, options_key):
@@ -499,7 +517,19 @@ class ClosureJitted:
   # -- what jax.jit's result offers ------------------------------------------
   @property
   def __wrapped__(self):
+    self._publish_row()
     return self._fun
+
+  def _publish_row(self) -> None:
+    """Record this wrapper's row in the identity table, where another
+    wrapper of the same function object finds it (the hot path records it
+    only when something besides this wrapper holds the function)."""
+    row = self._row
+    if type(row) is list:
+      try:
+        self._spec.table.setdefault(_ref(self._fun, self._spec.table.pop), row)
+      except TypeError:
+        pass
 
   @property
   def __name__(self):
@@ -513,6 +543,7 @@ class ClosureJitted:
     return self.stock().__getstate__()
 
   def __reduce__(self):
+    self._publish_row()
     return (_join, (self._spec.key, self._fun))
 
   def _cache_size(self) -> int:
@@ -618,17 +649,17 @@ class ClosureJitted:
     # eagerly), and every other path checks it in _call_slow.
     spec = self._spec
     table = spec.table
-    try:
-      # One weak reference, with the table's pop as callback, serves both
-      # to look the object up and, if its first call is a hit below, as the
-      # key of its new row.
-      ref = _ref(fun, table.pop)
-      row = table.get(ref)
-    except TypeError:   # not weakly referenceable, or unhashable
-      ref = None
-    if row is not None:   # called before, through another wrapper
-      self._row = row
-      return self._call_row(row, args, kwargs)
+    # A row is keyed by a weak reference to the function: an object nothing
+    # refers to weakly has none (a fresh closure, every call), so the lookup
+    # is skipped for it.
+    if _getweakrefcount(fun):
+      try:
+        row = table.get(_ref(fun))
+      except TypeError:   # unhashable
+        row = None
+      if row is not None:   # called before, through another wrapper
+        self._row = row
+        return self._call_row(row, args, kwargs)
     # Hot path, kept to this frame plus the generated match: the inline
     # cache for this code object, then the shared jitted function.
     quick = _quick.get(self._code)
@@ -646,18 +677,18 @@ class ClosureJitted:
               if _monitoring_module._event_listeners:
                 _record_event("/jax_closure_cache/hit")
               row = self._row = [entry, q.key, leaves, 0]
-              table[ref] = row   # a plain function: weakly referenceable
-              # The lifted function reads _current.fun when it traces,
-              # before any user code runs: set it right before the call,
-              # clear it after, so the cache never keeps ``fun`` alive.
-              current = _current
-              current.fun = fun
+              if _getrefcount(fun) > _LONE_REFS:
+                # Someone else holds the object and may wrap it again: its
+                # row must be found. (Held by this wrapper alone, it can
+                # only be reached through it: __wrapped__ publishes it.)
+                table[_ref(fun, table.pop)] = row
+              # If it traces, the lifted function finds ``self`` in this
+              # frame (_calling_function).
               try:
-                out = entry.jitted(leaves, *args, **kwargs)
+                out = (entry.jitted(leaves, *args, **kwargs) if kwargs
+                       else entry.jitted(leaves, *args))
               except Exception:
-                current.fun = None
                 return self._retry_stock(q.key, args, kwargs)
-              current.fun = None
               if entry.traces != entry.checked:   # traced a new signature
                 self._store(q.key, entry, leaves, args, kwargs)
               return out
@@ -665,14 +696,10 @@ class ClosureJitted:
 
   def _call_entry(self, entry, key, leaves, args, kwargs):
     """The shared jitted function of ``entry``, reading ``self._fun``."""
-    current = _current
-    current.fun = self._fun
     try:
       out = entry.jitted(leaves, *args, **kwargs)
     except Exception:
-      current.fun = None
       return self._retry_stock(key, args, kwargs)
-    current.fun = None
     if entry.traces != entry.checked:   # traced a new signature
       self._store(key, entry, leaves, args, kwargs)
     return out
@@ -801,7 +828,8 @@ class ClosureJitted:
 
   def _miss(self, key, a, args, kwargs):
     code = _code_of(self._user())
-    if code is not None and code not in _codes_seen:
+    if (code is not None and code not in _codes_seen
+        and code not in ALWAYS_SHARED):
       # The first function object of this code is stock's: a long-lived
       # function keeps stock's executable and speed. Only a second object
       # of the same code (a re-created closure) compiles the shared entry.
@@ -840,19 +868,14 @@ class ClosureJitted:
     entry.dynamic = a.dynamic
     entry.jitted = _make_lifted_jit(self._fun, entry, self._spec.options,
                                     self._spec.lift_numpy, self._spec.lift_arrays)
-    current = _current
     started = time.perf_counter()
     try:
-      current.fun = self._fun
       # .trace() fills JAX's _infer_params cache, so the call below compiles
       # without tracing again; the Traced object yields the captured consts.
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-      current.fun = self._fun   # a nested cached call may have cleared it
       out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception:
-      current.fun = None
       return self._retry_stock(key, args, kwargs)
-    current.fun = None
     cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
     self._pin(entry, key, a.leaves)
@@ -884,14 +907,10 @@ class ClosureJitted:
                              "the trace changed how many arrays the closure holds")
       return
     if traced is None:
-      current = _current
-      current.fun = self._fun
       try:
         traced = entry.jitted.trace(leaves, *args, **kwargs)
       except Exception:
         return
-      finally:
-        current.fun = None
     guards = closure_guards.find_guards(_compat.captured_constants(traced),
                                  after.roots, {id(x) for x in after.anchors})
     if isinstance(guards, closure_guards.Unguarded):
@@ -923,7 +942,14 @@ class ClosureJitted:
         _remember_quick(_quick, self._code, key, match, entry)
 
 
+# The frames in which a shared lifted function may trace; each has ``self``.
+_CALLERS.update({ClosureJitted.__call__.__code__,
+                 ClosureJitted._call_entry.__code__,
+                 ClosureJitted._miss.__code__, ClosureJitted._store.__code__})
+
+
 def _split(w: ClosureJitted):
+  w._publish_row()   # the walk may hand its function to a new wrapper
   return w._spec.key, w._fun
 
 
@@ -1065,12 +1091,20 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
 
 
 _new_wrapper = object.__new__
+_FunctionType = types.FunctionType
 _HOT_SPECS = {(n, d): _spec({}, (), n, d) for n in (False, True)
               for d in (False, True)}
 
 
-def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
-        auto_dynamic: bool | None = None, **options) -> Any:
+# The spec of ``jit(fun)`` without options, for the current defaults.
+_hot_spec = [_HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]]
+
+
+def _update_hot_spec() -> None:
+  _hot_spec[0] = _HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]
+
+
+def jit(fun: Callable | None = None, /, **options) -> Any:
   """Closure-aware drop-in for ``jax.jit``.
 
   Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
@@ -1092,6 +1126,17 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
       >>> float(outer(jnp.float32(3.0))), float(outer(jnp.float32(4.0)))
       (6.0, 8.0)
   """
+  if not options and type(fun) is _FunctionType and fun.__closure__:
+    # The hot case (a re-created closure, every call): what __init__ does,
+    # without its frame.
+    w = _new_wrapper(ClosureJitted)
+    w._fun = fun
+    w._code = fun.__code__
+    w._spec = _hot_spec[0]
+    w._stock = w._row = None
+    return w
+  lift_numpy = options.pop("lift_numpy", None)
+  auto_dynamic = options.pop("auto_dynamic", None)
   if fun is None:
     return functools.partial(jit, lift_numpy=lift_numpy,
                              auto_dynamic=auto_dynamic, **options)
@@ -1099,15 +1144,6 @@ def jit(fun: Callable | None = None, /, *, lift_numpy: bool | None = None,
     lift_numpy = _Defaults.lift_numpy
   if auto_dynamic is None:
     auto_dynamic = _Defaults.auto_dynamic
-  if not options and type(fun) is types.FunctionType and fun.__closure__:
-    # The hot case (a re-created closure, every call): what __init__ does,
-    # without its frame.
-    w = _new_wrapper(ClosureJitted)
-    w._fun = fun
-    w._code = fun.__code__
-    w._spec = _HOT_SPECS[lift_numpy, auto_dynamic]
-    w._stock = w._row = None
-    return w
   try:
     options_key = _options_key(options) if options else ()
   except TypeError as e:

@@ -69,7 +69,7 @@ def _bind(shared, leaves):
 
 # Our own closures are never a user's long-lived object: the static-argument
 # route treats them as re-created from their first one.
-closure_jit._codes_seen.add(_bind(None, ()).__code__)
+closure_jit.ALWAYS_SHARED.add(_bind(None, ()).__code__)
 
 
 def closure_convert(fun, *example_args):

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.sparse.linalg as spl
 import numpy as np
-import pytest
 
 import jax_closure_cache as jcc
 from conftest import STOCK_JIT, counting, warm
@@ -83,8 +82,9 @@ def test_static_function_by_keyword_and_other_static_values():
     out = jitted(x, f=_matvec(w), n=n)
     want = STOCK_JIT(scaled, static_argnames=("f", "n"))(x, f=_matvec(w), n=n)
     np.testing.assert_array_equal(out, want)
+  w = jnp.eye(3) * 5
   with counting() as c:
-    jitted(x, f=_matvec(jnp.eye(3) * 5), n=3)
+    jitted(x, f=_matvec(w), n=3)
   assert c["compiles"] == 0
 
 
@@ -123,8 +123,9 @@ def test_eager_cg_gmres_and_custom_root_with_fresh_functions():
   for solver in (spl.cg, spl.gmres):
     warm(lambda: solver(lin(jnp.eye(3) * 2.0), b))
     for s in (3.0, 4.0):
+      a = jnp.eye(3) * s
       with counting() as c:
-        got = solver(lin(jnp.eye(3) * s), b)[0]
+        got = solver(lin(a), b)[0]
       assert c["compiles"] == 0, solver.__name__
       np.testing.assert_allclose(got, b / s, rtol=1e-5)
 
@@ -136,8 +137,9 @@ def test_eager_cg_gmres_and_custom_root_with_fresh_functions():
   y0 = jnp.full(3, 0.1)
   warm(lambda: jax.lax.custom_root(root(2.0 * jnp.ones(3)), y0, newton,
                                    tangent))
+  w = 2.0 * jnp.ones(3)
   with counting() as c:
-    got = jax.lax.custom_root(root(2.0 * jnp.ones(3)), y0, newton, tangent)
+    got = jax.lax.custom_root(root(w), y0, newton, tangent)
   assert c["compiles"] == 0
   np.testing.assert_allclose(got, 0.5 * np.ones(3), rtol=1e-5)
 
