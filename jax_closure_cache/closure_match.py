@@ -176,9 +176,15 @@ class _MatchSource:
     g = self.globals_by_id.get(gid)
     same_globals = (f"{f}.__globals__ is not {self.bind(g)}" if g is not None
                     else f"id({f}.__globals__) != {gid}")
-    add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
-        f"{self.bind(code)} or {same_globals} "
-        f"or {f}.__kwdefaults__ is not None): return None")
+    if index == 0:
+      # The top function: callers look the matcher up by the code of a
+      # plain function (``_quick[fun.__code__]``), so type and code hold.
+      add(f"    if {same_globals} or {f}.__kwdefaults__ is not None: "
+          "return None")
+    else:
+      add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
+          f"{self.bind(code)} or {same_globals} "
+          f"or {f}.__kwdefaults__ is not None): return None")
     # analyse keys a function of jax, numpy or the standard library by
     # identity instead
     if part[1] != 0:
@@ -266,8 +272,10 @@ def _filled(cell) -> bool:
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
   """The hot path's inline cache for one key of a top-level function.
 
-  Returns ``match`` such that ``match(f)`` is ``f``'s lifted leaves exactly
-  when ``analyse(f).key == key``, and None otherwise; or returns None itself
+  Returns ``match`` such that, for a plain function ``f`` with ``key``'s
+  code object (the callers' lookup guarantees both), ``match(f)`` is
+  ``f``'s lifted leaves exactly when ``analyse(f).key == key``, and None
+  otherwise; or returns None itself
   when some part of ``key`` is not simple (:func:`_is_simple_part`).
   ``match`` is generated for this key, like a ``dataclasses`` method, so it
   reads each value once with no key to build; every object it compares with
