@@ -148,6 +148,51 @@ def _long_lived_4x4() -> Workload:
       target=1.10, stock_calls=2000, baseline="stock")
 
 
+def _apply(f, v):
+  return f(v)
+
+
+def _static_fresh() -> Workload:
+  """A fresh closure passed as a static argument every call (as odeint and
+  solvers pass functions), against the hoisted function taking w."""
+  ws = [jnp.eye(4) * (i + 1.0) for i in range(4)]
+  x = jnp.ones((4, 4))
+  it = iter(range(1 << 62))
+  w_next = lambda: ws[next(it) % 4]
+
+  def make(w):
+    return lambda v: jnp.tanh(v @ w)
+  stock_apply = STOCK_JIT(_apply, static_argnums=0)
+  cached_apply = closure_jit.jit(_apply, static_argnums=0)
+
+  @STOCK_JIT
+  def hoisted(v, w):
+    return jnp.tanh(v @ w)
+  return Workload(
+      "fresh closure as a static argument, 4x4",
+      lambda: stock_apply(make(w_next()), x).block_until_ready(),
+      lambda: cached_apply(make(w_next()), x).block_until_ready(),
+      lambda: hoisted(x, w_next()).block_until_ready(), target=None,
+      stock_calls=2)
+
+
+def _static_long_lived() -> Workload:
+  """One function object passed as a static argument on every call:
+  identity first, so stock's own executable and, once long-lived, no frame
+  of ours."""
+  w, x = jnp.eye(4), jnp.ones((4, 4))
+  make = lambda w: (lambda v: jnp.tanh(v @ w))
+  f, twin = make(w), make(w)
+  stock_apply = STOCK_JIT(_apply, static_argnums=0)
+  cached_apply = closure_jit.jit(_apply, static_argnums=0)
+  return Workload(
+      "long-lived function as a static argument, 4x4",
+      lambda: stock_apply(twin, x).block_until_ready(),
+      lambda: cached_apply(f, x).block_until_ready(),
+      lambda: stock_apply(twin, x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
 def _recreated_sum(n: int) -> Workload:
   """Re-created closures over ``n`` small arrays, against the hoisted
   function that takes the dict as an argument."""
@@ -215,7 +260,8 @@ WORKLOADS = (functools.partial(_seed001, 4), functools.partial(_seed001, 256),
              _mlp100, _closure_free, _regrad,
              functools.partial(_recreated_sum, 1000),
              functools.partial(_recreated_sum, 10000), _schedule,
-             _patched_hoisted, _long_lived_4x4,
+             _static_fresh, _patched_hoisted, _long_lived_4x4,
+             _static_long_lived,
              functools.partial(_long_lived_sum, 100),
              functools.partial(_long_lived_sum, 1000))
 

@@ -143,10 +143,29 @@ def _inner_options(layout: _Layout, positions: list[int]) -> dict:
 
 class StaticArgsJitted(closure_jit.ClosureJitted):
   """A jitted function with static arguments; functions among them are
-  keyed by their closure key (see the module docstring)."""
-  __slots__ = ()
+  keyed by their closure key (see the module docstring).
+
+  ``_owned`` is ``[position, function, calls]`` for the last static function
+  answered by stock: calls with it go straight to stock's jitted object, and
+  after ``PROMOTE_AFTER_CALLS`` of them the wrapper is stock's for
+  good (no frame of ours per call, as for any long-lived jitted function).
+  It holds the function as stock's own cache does.
+  """
+  __slots__ = ("_owned",)
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._owned = None
 
   def __call__(self, *args, **kwargs):
+    owned = self._owned
+    if owned is not None:
+      i = owned[0]
+      if i < len(args) and args[i] is owned[1]:
+        owned[2] += 1
+        if owned[2] >= closure_jit.PROMOTE_AFTER_CALLS:
+          closure_jit._direct(self, self.stock())
+        return self.stock()(*args, **kwargs)
     layout = _layout(self._spec)
     n = len(args)
     found = False
@@ -195,6 +214,8 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   if row is not None and row[0] == params:
     state = row[1]
     if state is None:
+      if not names and len(positions) == 1:
+        w._owned = [positions[0], functions[0], 0]
       return stock(*args, **kwargs)
     state[3] += 1
     if state[3] < closure_jit.PROMOTE_AFTER_CALLS:

@@ -210,3 +210,20 @@ def test_odeint_with_a_fresh_vector_field_compiles_once():
                        text=True, timeout=300, env=env)
   assert out.returncode == 0, out.stdout + out.stderr
   assert out.stdout.startswith("ok"), out.stdout
+
+
+def test_long_lived_static_function_becomes_stocks_wrapper():
+  """Called with one stock-owned function for PROMOTE_AFTER_CALLS calls, the
+  wrapper runs no frame of ours; a fresh function afterwards gets stock's
+  answer (a retrace), never a stale one."""
+  from jax_closure_cache import _compat
+  limit = _compat.implementation("closure_jit").PROMOTE_AFTER_CALLS
+  apply = jcc.jit(_apply, static_argnums=0)
+  f = _matvec(jnp.eye(3))
+  for _ in range(limit + 1):
+    out = apply(f, x)
+  assert getattr(type(apply), "_direct", False)
+  np.testing.assert_array_equal(out, _stock_apply(_matvec(jnp.eye(3)), x))
+  w = jnp.eye(3) * 7
+  np.testing.assert_array_equal(apply(_matvec(w), x),
+                                _stock_apply(_matvec(w), x))
