@@ -15,7 +15,7 @@ def test_bench_jit_table_smoke(tmp_path):
   assert out.returncode == 0, out.stderr
   assert "seed001 tanh(x@w) 4x4" in out.stdout and "Machine:" in out.stdout
   report = json.loads(out_file.read_text())
-  assert len(report["jit"]) == 6   # two seed001 rows, four long-lived ones
+  assert len(report["jit"]) == 7   # two seed001 rows, five long-lived ones
   for row in report["jit"]:
     assert row["cache_compiles"] == 0 and row["cache_traces"] == 0
   baselines = {r["workload"]: r["baseline"] for r in report["jit"]}
