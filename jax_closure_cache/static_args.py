@@ -44,15 +44,12 @@ from jax_closure_cache import closure_jit
 # fresh per call in the patterns above. Closure-free functions of jax, numpy
 # and the standard library (``jnp.sin``) are long-lived: stock's identity
 # hash already hits for them.
-_FUNCTION_TYPES = (types.FunctionType, functools.partial, types.MethodType,
-                   closure_jit.ClosureJitted)
-
-
 def _is_function(v) -> bool:
   t = type(v)
   if t is types.FunctionType:
     return v.__closure__ is not None or not closure.is_stable(v)
-  return t in _FUNCTION_TYPES or isinstance(v, closure_jit.ClosureJitted)
+  return (t is functools.partial or t is types.MethodType
+          or isinstance(v, closure_jit.ClosureJitted))
 
 
 def _holds_function(v) -> bool:
@@ -87,6 +84,8 @@ class _Bound(closure_jit.ClosureJitted):
     return self._user_fun
 
   def stock(self):
+    if self._stock is not None:
+      return self._stock
     outer, (positions, names, values) = self._outer_stock, self._static_args
 
     def stock_call(*args, **kwargs):
@@ -97,22 +96,31 @@ class _Bound(closure_jit.ClosureJitted):
       for name in names:
         kwargs[name] = next(it)
       return outer(*full, **kwargs)
+    self._stock = stock_call
     return stock_call
 
 
 class _Layout:
-  """How one set of options splits a call (cached per options key)."""
-  __slots__ = ("argnums", "argnames", "inner_options", "inner_key")
+  """How one set of options splits a call (cached per options key), and
+  the bound call's options and options key per set of static positions."""
+  __slots__ = ("argnums", "argnames", "inner_options", "bound")
 
   def __init__(self, options: dict):
     nums = options.get("static_argnums", ())
     names = options.get("static_argnames", ())
     self.argnums = (nums,) if isinstance(nums, int) else tuple(nums)
     self.argnames = (names,) if isinstance(names, str) else tuple(names)
-    inner = {k: v for k, v in options.items()
-             if k not in ("static_argnums", "static_argnames")}
-    self.inner_options = inner
-    self.inner_key = None   # per call (donate_argnums depends on positions)
+    self.inner_options = {k: v for k, v in options.items()
+                          if k not in ("static_argnums", "static_argnames")}
+    self.bound: dict[tuple, tuple[dict, tuple]] = {}
+
+  def bound_options(self, positions: tuple) -> tuple[dict, tuple]:
+    found = self.bound.get(positions)
+    if found is None:
+      options = _inner_options(self, positions)
+      found = self.bound[positions] = (
+          options, closure_jit._options_key(options) if options else ())
+    return found
 
 
 _layouts: dict[tuple, _Layout] = {}
@@ -237,10 +245,9 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
 
 def _make_bound(w, layout, positions, names, static_values, functions, params,
                 user, stock) -> _Bound:
-  options = _inner_options(layout, positions)
+  options, options_key = layout.bound_options(tuple(positions))
   spec = w._spec
-  bound = _Bound(_binder(w._fun, functions, params), options,
-                 closure_jit._options_key(options) if options else (),
+  bound = _Bound(_binder(w._fun, functions, params), options, options_key,
                  spec.lift_numpy, spec.auto_dynamic)
   bound._user_fun = user
   bound._outer_stock = stock
