@@ -372,7 +372,8 @@ _OWNED = weakref.ReferenceType
 _tables: dict[tuple, dict] = {}
 _ref = weakref.ref
 _getweakrefcount = weakref.getweakrefcount
-_getrefcount = sys.getrefcount
+# Without reference counts (not CPython), every hit records its row.
+_getrefcount = getattr(sys, "getrefcount", lambda _: _LONE_REFS + 1)
 # References to a function held by a wrapper alone, as counted in the hot
 # path: the wrapper's slot, the local name, getrefcount's argument.
 _LONE_REFS = 3
@@ -648,13 +649,12 @@ class ClosureJitted:
     # honours it (running the lifted function, rebuilt with these leaves,
     # eagerly), and every other path checks it in _call_slow.
     spec = self._spec
-    table = spec.table
     # A row is keyed by a weak reference to the function: an object nothing
     # refers to weakly has none (a fresh closure, every call), so the lookup
     # is skipped for it.
     if _getweakrefcount(fun):
       try:
-        row = table.get(_ref(fun))
+        row = spec.table.get(_ref(fun))
       except TypeError:   # unhashable
         row = None
       if row is not None:   # called before, through another wrapper
@@ -681,6 +681,7 @@ class ClosureJitted:
                 # Someone else holds the object and may wrap it again: its
                 # row must be found. (Held by this wrapper alone, it can
                 # only be reached through it: __wrapped__ publishes it.)
+                table = spec.table
                 table[_ref(fun, table.pop)] = row
               # If it traces, the lifted function finds ``self`` in this
               # frame (_calling_function).
