@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow] [--match A,B]``
+``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow|scale] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="only workloads whose name (jit table) or key (control-flow "
                      "table: decode, minimize, scan, fori, odeint, cg, gpt2) "
                      "contains A or B")
-  bench.add_argument("--only", choices=("jit", "control-flow"),
-                     help="run one of the two tables")
+  bench.add_argument("--only", choices=("jit", "control-flow", "scale"),
+                     help="run one of the three tables (scale: sharded and "
+                     "two-process rows, each in its own processes)")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
                  "start-up hook and whether the cache is active")
   patch = sub.add_parser(
@@ -87,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
       print(bench_control_flow.format_table(rows))
       for line in skipped:
         print(f"skipped: {line}")
+    if args.only in (None, "scale"):
+      from jax_closure_cache import bench_scale
+      rows = bench_scale.run()
+      report["scale"] = rows
+      print("\nScaling out: sharded and multi-process closures\n")
+      print(bench_scale.format_table(rows))
     if args.json:
       with open(args.json, "w") as f:
         json.dump(report, f, indent=2)

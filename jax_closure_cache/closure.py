@@ -245,6 +245,25 @@ def _stable_module(module) -> bool:
   return stable
 
 
+# -- committed arrays ---------------------------------------------------------
+
+def kept_by_identity(x) -> bool:
+  """Whether a committed array is kept by identity rather than lifted.
+
+  An array on one device stays by identity: stock bakes it and computes on
+  the default device, where as an argument it would commit the result to
+  its own device. An array sharded over several devices, or spanning
+  devices of other processes (which stock cannot close over at all), is
+  lifted: as an argument it keys the executable by its sharding exactly as
+  jit keys any committed argument, and results follow that sharding as in
+  the hand-hoisted function.
+  """
+  try:
+    return x.is_fully_addressable and len(x.sharding.device_set) == 1
+  except Exception:   # no sharding to read: keep it by identity
+    return True
+
+
 # -- static values ------------------------------------------------------------
 
 class Static:
@@ -428,7 +447,7 @@ class Analysis:
   def value(self, v):
     t = type(v)
     if t is _ArrayImpl:
-      if self.in_object or v._committed:
+      if self.in_object or (v._committed and kept_by_identity(v)):
         return self.identity(v)
       self.leaves.append(v)
       return LIFTED
@@ -458,7 +477,8 @@ class Analysis:
     if isinstance(v, _Tracer):
       raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
     if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
-      if self.in_object or getattr(v, "_committed", True):
+      if self.in_object or (getattr(v, "_committed", True)
+                            and kept_by_identity(v)):
         return self.identity(v)
       self.leaves.append(v)
       return LIFTED

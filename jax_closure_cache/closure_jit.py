@@ -202,6 +202,16 @@ def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
   return held
 
 
+def _spans_processes(leaves) -> bool:
+  """Whether a lifted array spans devices of other processes: stock cannot
+  close over it at all (it raises), so even the first function object of a
+  code takes the shared entry, which passes it as an argument."""
+  for x in leaves:
+    if isinstance(x, _JaxArray) and not x.is_fully_addressable:
+      return True
+  return False
+
+
 def _library_object(obj) -> bool:
   """An instance of a JAX, NumPy or standard-library class that is not an
   array (a ``jax.default_matmul_precision`` decorator's state, reached
@@ -338,6 +348,11 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
     shifted["static_argnums"] = _shift(shifted["static_argnums"])
   if "donate_argnums" in shifted:
     shifted["donate_argnums"] = _shift(shifted["donate_argnums"])
+  if lift_arrays and isinstance(shifted.get("in_shardings"), (tuple, list)):
+    # The leaves' sharding is left unspecified (None): a committed leaf
+    # keeps its own, an uncommitted one is placed as stock places the
+    # constant it would have baked.
+    shifted["in_shardings"] = (None, *shifted["in_shardings"])
   return _compat.STOCK_JIT(lifted, **shifted)
 
 
@@ -456,9 +471,10 @@ class _Spec:
   them (one lookup per ``jit()``; compared by identity on the hot path).
 
   ``key`` is the options key with ``lift_numpy``; ``table`` the identity
-  rows for these options. Lifting adds an argument, which a user-given
-  ``in_shardings`` does not describe: with it, arrays are kept by identity
-  (``lift_arrays`` False).
+  rows for these options. Lifting adds an argument: a user-given
+  ``in_shardings`` tuple gains an unspecified sharding for it; a single
+  sharding for all arguments cannot be extended without knowing how many
+  there are, so with it arrays are kept by identity (``lift_arrays`` False).
   """
   __slots__ = ("options", "key", "lift_numpy", "lift_arrays", "table",
                "auto_dynamic")
@@ -468,7 +484,8 @@ class _Spec:
     self.key = key
     self.lift_numpy = lift_numpy
     self.auto_dynamic = auto_dynamic
-    self.lift_arrays = "in_shardings" not in options
+    self.lift_arrays = ("in_shardings" not in options or isinstance(
+        options["in_shardings"], (tuple, list)))
     self.table = _table(key)
 
 
@@ -830,7 +847,7 @@ class ClosureJitted:
   def _miss(self, key, a, args, kwargs):
     code = _code_of(self._user())
     if (code is not None and code not in _codes_seen
-        and code not in ALWAYS_SHARED):
+        and code not in ALWAYS_SHARED and not _spans_processes(a.leaves)):
       # The first function object of this code is stock's: a long-lived
       # function keeps stock's executable and speed. Only a second object
       # of the same code (a re-created closure) compiles the shared entry.

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from jax_closure_cache.closure import (
     LIFTED, _ATOMS, _ArrayImpl, _CYCLE, _DYN, _FN, _FunctionType, _MISSING,
     _ModuleType, _NOCHAIN, _PARTIAL, _TREE, _Tag, _float_key, _tree_flatten,
-    chain_value, code_plan, is_stable)
+    chain_value, code_plan, is_stable, kept_by_identity)
 
 
 def _is_simple_part(part) -> bool:
@@ -59,7 +59,8 @@ class _MatchSource:
                 "FunctionType": _FunctionType, "float_key": _float_key,
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
-                "is_stable": is_stable, "chain_value": chain_value}
+                "is_stable": is_stable, "chain_value": chain_value,
+                "kept_by_identity": kept_by_identity}
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
     self.by_index: dict[int, str] = {}   # memo index -> that variable
@@ -80,7 +81,7 @@ class _MatchSource:
     v = f"v{len(self.lines)}"
     add(f"    {v} = {expr}")
     if part is LIFTED:
-      add(f"    if type({v}) is not ArrayImpl or {v}._committed: return None")
+      add(f"    if type({v}) is not ArrayImpl or ({v}._committed and kept_by_identity({v})): return None")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is _DYN:
       add(f"    if type({v}) is not {self.bind(part[1])}: return None")
@@ -111,7 +112,7 @@ class _MatchSource:
       add(f"    if {treedef} != {self.bind(part[1])}: return None")
       if all(p is LIFTED for p in part[2]):   # the common params pytree
         add(f"    for x in {leaves}:")
-        add("      if type(x) is not ArrayImpl or x._committed: return None")
+        add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): return None")
         add(f"    out.extend({leaves})")
       else:
         for j, leaf_part in enumerate(part[2]):
@@ -148,14 +149,14 @@ class _MatchSource:
       xs = f"{e}_xs"
       add(f"    {xs} = {gather}")
       add(f"    for x in {xs}:")
-      add("      if type(x) is not ArrayImpl or x._committed: return None")
+      add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): return None")
       add(f"    out.extend({xs})")
       return
     for i, (item, child) in enumerate(zip(items, children)):
       if child.num_nodes == 1 and child.num_leaves == 1:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")
-        add(f"    if type({x}) is not ArrayImpl or {x}._committed: return None")
+        add(f"    if type({x}) is not ArrayImpl or ({x}._committed and kept_by_identity({x})): return None")
         add(f"    out.append({x})")
       else:
         x = f"{e}_{i}"

@@ -1,0 +1,124 @@
+"""Checks of closures over sharded arrays on 8 host devices.
+
+Run as a subprocess by test_sharded.py (the device count must be set before
+jax initialises). Every fresh closure closes over a new value; each result is
+compared with stock ``jax.jit`` (the cache is never enabled here: ``jcc.jit``
+and ``jcc.lax`` are called explicitly) on a fresh function object, values and
+sharding both, and compile counts come from JAX's own counters.
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax._src import test_util as jtu  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_closure_cache as jcc  # noqa: E402
+from jax_closure_cache import lax as cached_lax  # noqa: E402
+
+
+def same(got, want, what):
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6,
+                             err_msg=what)
+  assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (
+      what, got.sharding, want.sharding)
+
+
+def compiles(call):
+  with jtu.count_jit_compilation_cache_miss() as c:
+    out = call()
+  return out, c()
+
+
+def check_fresh(what, make, values, args, jit_options=None):
+  """``jcc.jit(make(v))(*args)`` for each value: calls 3.. compile nothing;
+  every result equals stock's, sharding included."""
+  options = jit_options or {}
+  for i, v in enumerate(values):
+    out, n = compiles(lambda: jcc.jit(make(v), **options)(*args))
+    want = jax.jit(make(v), **options)(*args)
+    same(out, want, f"{what} call {i}")
+    if i >= 2:
+      assert n == 0, (what, i, n)
+  print("ok", what)
+
+
+def main():
+  assert jax.device_count() == 8, jax.devices()
+  mesh = jax.make_mesh((4, 2), ("data", "model"))
+  put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+  x = put(jnp.ones((8, 8)), P("data", None))
+  tanh_mm = lambda w: (lambda v: jnp.tanh(v @ w))
+
+  ws = [put(jnp.eye(8) * (i + 1.0), P(None, "model")) for i in range(5)]
+  check_fresh("(data, model)-sharded weight", tanh_mm, ws, (x,))
+  check_fresh("replicated weight", tanh_mm,
+              [put(jnp.eye(8) * (i + 1.0), P()) for i in range(5)], (x,))
+  check_fresh("weight over both axes", tanh_mm,
+              [put(jnp.eye(8) * (i + 1.0), P(("data", "model"))) for i in
+               range(5)], (x,))
+  check_fresh("user in_shardings", tanh_mm, ws, (x,),
+              {"in_shardings": (NamedSharding(mesh, P("data", None)),),
+               "out_shardings": NamedSharding(mesh, P("data", None))})
+
+  # On a mesh of Auto axes stock bakes the array as an unsharded constant;
+  # the cache passes it as an argument, so the result's sharding is the
+  # hand-hoisted function's (README, "Scaling out"); values are stock's.
+  auto = jax.make_mesh((4, 2), ("data", "model"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  xa = jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("data", None)))
+  hoisted = jax.jit(lambda v, w: jnp.tanh(v @ w))
+  for i in range(4):
+    w = jax.device_put(jnp.eye(8) * (i + 1.0), NamedSharding(auto, P(None, "model")))
+    out, n = compiles(lambda: jcc.jit(tanh_mm(w))(xa))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(tanh_mm(w))(xa)),
+                               rtol=1e-6)
+    same(out, hoisted(xa, w), f"Auto mesh call {i}")
+    if i >= 2:
+      assert n == 0, ("Auto mesh", i, n)
+  print("ok Auto mesh follows the hoisted form")
+
+  # A single-device array committed to device 1 stays stock's: lifting it
+  # would commit the result to that device.
+  ones = [jax.device_put(jnp.ones(4) * i, jax.devices()[1]) for i in range(3)]
+  for v in ones:
+    got = jcc.jit(lambda u: u + v)(jnp.ones(4))
+    same(got, jax.jit(lambda u: u + v)(jnp.ones(4)), "single-device")
+  assert jcc.stats()["fallback_reasons"].get("array_by_identity", 0) >= 1
+
+  # An ambient mesh: stock keys it, and so does the shared entry.
+  with jax.set_mesh(mesh):
+    check_fresh("under set_mesh", tanh_mm, ws, (x,))
+
+  # shard_map inside a re-created closure.
+  def smap(w):
+    def f(v):
+      return jax.shard_map(lambda a, b: a @ b, mesh=mesh,
+                           in_specs=(P("data", None), P(None, "model")),
+                           out_specs=P("data", "model"))(v, w)
+    return f
+  check_fresh("shard_map body", smap, ws, (x,))
+
+  # Eager while_loop whose body closes over sharded params.
+  def loop(lax, w):
+    return lax.while_loop(lambda c: c[0] < 3,
+                          lambda c: (c[0] + 1, jnp.tanh(c[1] * w)), (0, x))[1]
+  row_sharded = [put(jnp.full((8, 8), i + 1.0), P("data", None))
+                 for i in range(5)]
+  for i, w in enumerate(row_sharded):
+    out, n = compiles(lambda: loop(cached_lax, w))
+    same(out, loop(jax.lax, w), f"while_loop call {i}")
+    if i >= 2:
+      assert n == 0, ("while_loop", i, n)
+  print("ok while_loop")
+  print("all ok", jcc.stats()["hits"])
+
+
+if __name__ == "__main__":
+  sys.exit(main())
