@@ -309,14 +309,14 @@ _DEFAULT = _Default()
 
 
 def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
-                     lift_arrays: bool):
+                     n_args: int):
   """Stock ``jax.jit`` of a function that takes the lifted leaves first."""
   entry_ref = weakref.ref(entry)
 
   def lifted(leaves, /, *args, **kwargs):
     current = _calling_function()
     e = entry_ref()
-    a = closure.analyse(current, lift_numpy, lift_arrays,
+    a = closure.analyse(current, lift_numpy, True,
                         None if e is None else e.dynamic)
     if len(a.leaves) != len(leaves):
       raise AssertionError("closure layout changed between key and trace")
@@ -348,11 +348,16 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
     shifted["static_argnums"] = _shift(shifted["static_argnums"])
   if "donate_argnums" in shifted:
     shifted["donate_argnums"] = _shift(shifted["donate_argnums"])
-  if lift_arrays and isinstance(shifted.get("in_shardings"), (tuple, list)):
+  if "in_shardings" in shifted:
     # The leaves' sharding is left unspecified (None): a committed leaf
     # keeps its own, an uncommitted one is placed as stock places the
-    # constant it would have baked.
-    shifted["in_shardings"] = (None, *shifted["in_shardings"])
+    # constant it would have baked. One sharding for every argument is
+    # spelled out for the entry's first call; a later call with another
+    # number of arguments fails there and is answered by stock.
+    user = shifted["in_shardings"]
+    if not isinstance(user, (tuple, list)):
+      user = (user,) * n_args
+    shifted["in_shardings"] = (None, *user)
   return _compat.STOCK_JIT(lifted, **shifted)
 
 
@@ -471,12 +476,10 @@ class _Spec:
   them (one lookup per ``jit()``; compared by identity on the hot path).
 
   ``key`` is the options key with ``lift_numpy``; ``table`` the identity
-  rows for these options. Lifting adds an argument: a user-given
-  ``in_shardings`` tuple gains an unspecified sharding for it; a single
-  sharding for all arguments cannot be extended without knowing how many
-  there are, so with it arrays are kept by identity (``lift_arrays`` False).
+  rows for these options. Lifting adds an argument, for which a user-given
+  ``in_shardings`` gains an unspecified sharding (``_make_lifted_jit``).
   """
-  __slots__ = ("options", "key", "lift_numpy", "lift_arrays", "table",
+  __slots__ = ("options", "key", "lift_numpy", "table",
                "auto_dynamic")
 
   def __init__(self, options, key, lift_numpy, auto_dynamic):
@@ -484,8 +487,6 @@ class _Spec:
     self.key = key
     self.lift_numpy = lift_numpy
     self.auto_dynamic = auto_dynamic
-    self.lift_arrays = ("in_shardings" not in options or isinstance(
-        options["in_shardings"], (tuple, list)))
     self.table = _table(key)
 
 
@@ -607,7 +608,7 @@ class ClosureJitted:
       _dynamic.clear()
     _dynamic[dk] = dynamic
     try:
-      a = _analyse(self._fun, spec.lift_numpy, spec.lift_arrays, dynamic)
+      a = _analyse(self._fun, spec.lift_numpy, True, dynamic)
     except (Uncacheable, TypeError):
       return None
     if diagnostics.explaining():
@@ -624,7 +625,7 @@ class ClosureJitted:
     if not spec.auto_dynamic:
       return
     try:
-      after = _analyse(self._fun, spec.lift_numpy, spec.lift_arrays)
+      after = _analyse(self._fun, spec.lift_numpy)
       if len(_last_keys) >= _DYNAMIC_MAX:
         _last_keys.clear()
       _last_keys[self._dynamic_key()] = (spec.key, after.key)
@@ -760,7 +761,7 @@ class ClosureJitted:
     one it has been answered by, so it stays on the entry)."""
     entry, key, leaves, _ = row
     try:
-      a = _analyse(self._fun, self._spec.lift_numpy, self._spec.lift_arrays,
+      a = _analyse(self._fun, self._spec.lift_numpy, True,
                    entry.dynamic)
       same = (a.key == key[1] and len(a.leaves) == len(leaves)
               and all(x is y for x, y in zip(a.leaves, leaves)))
@@ -788,7 +789,7 @@ class ClosureJitted:
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
     try:
-      a = _analyse(fun, self._spec.lift_numpy, self._spec.lift_arrays,
+      a = _analyse(fun, self._spec.lift_numpy, True,
                    self._dynamic_set())
       key = (self._spec.key, a.key)
       entry = _entries.get(key)
@@ -885,7 +886,7 @@ class ClosureJitted:
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
     entry.dynamic = a.dynamic
     entry.jitted = _make_lifted_jit(self._fun, entry, self._spec.options,
-                                    self._spec.lift_numpy, self._spec.lift_arrays)
+                                    self._spec.lift_numpy, len(args))
     started = time.perf_counter()
     try:
       # .trace() fills JAX's _infer_params cache, so the call below compiles
@@ -916,7 +917,7 @@ class ClosureJitted:
     self._remember_last_key()   # after every trace, a miss's or a hit's
     try:
       after = closure.analyse(self._fun, self._spec.lift_numpy,
-                              self._spec.lift_arrays, entry.dynamic)
+                              True, entry.dynamic)
     except Uncacheable as e:
       diagnostics.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return

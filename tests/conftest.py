@@ -27,6 +27,18 @@ ROUTING_PROBE = (
 
 
 @pytest.fixture(autouse=True)
+def helper_module_globals():
+  """Tests re-bind helper_module's globals; each test starts with its own
+  (``W`` is not weakly typed, so a test that left a weakly typed one made a
+  later test's new, non-weak value a legitimate retrace)."""
+  import helper_module
+  saved = dict(vars(helper_module))
+  yield
+  for name in ("W", "SCALE"):
+    setattr(helper_module, name, saved[name])
+
+
+@pytest.fixture(autouse=True)
 def fresh_cache():
   from jax_closure_cache import _compat
   defaults = _compat.implementation("closure_jit")

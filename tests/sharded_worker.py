@@ -67,6 +67,9 @@ def main():
               {"in_shardings": (NamedSharding(mesh, P("data", None)),),
                "out_shardings": NamedSharding(mesh, P("data", None))})
 
+  check_fresh("one in_sharding for every argument", tanh_mm, ws, (x,),
+              {"in_shardings": NamedSharding(mesh, P("data", None))})
+
   # On a mesh of Auto axes stock bakes the array as an unsharded constant;
   # the cache passes it as an argument, so the result's sharding is the
   # hand-hoisted function's (README, "Scaling out"); values are stock's.

@@ -21,7 +21,8 @@ def test_sharded_closures_on_eight_devices():
                        capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stdout + out.stderr
   for what in ("(data, model)-sharded weight", "replicated weight",
-               "weight over both axes", "user in_shardings", "under set_mesh",
+               "weight over both axes", "user in_shardings",
+               "one in_sharding for every argument", "under set_mesh",
                "shard_map body", "while_loop", "Auto mesh"):
     assert f"ok {what}" in out.stdout, (what, out.stdout)
 
