@@ -3,7 +3,7 @@ whose closure over globally sharded params is re-created every step.
 
 ``run_pair(mode)`` starts two processes of this module on 127.0.0.1 (a free
 port, 4 CPU devices each, gloo collectives), each bounded by ``timeout``
-seconds and killed on failure, and returns process 0's JSON report:
+seconds and killed on failure, and returns both processes' JSON reports:
 
 * ``mode="check"``: per step, compile counts of the cached step, and whether
   its loss and local shards of the new params equal the hand-hoisted step's
@@ -36,7 +36,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def run_pair(mode: str = "check", timeout: float = 240.0) -> dict:
+def run_pair(mode: str = "check", timeout: float = 240.0) -> list[dict]:
   """Run the two processes; raise RuntimeError with their output on failure."""
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -61,7 +61,7 @@ def run_pair(mode: str = "check", timeout: float = 240.0) -> dict:
   if any(p.returncode for p in procs):
     raise RuntimeError("\n".join(f"process {i} exit {p.returncode}:\n{o}\n{e}"
                                  for i, (p, (o, e)) in enumerate(zip(procs, outs))))
-  return json.loads(outs[0][0].strip().splitlines()[-1])
+  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 def _worker(mode: str, port: int, pid: int) -> dict:
