@@ -504,6 +504,9 @@ class Analysis:
     if t is types.MethodType:
       return (_METHOD, self.value(v.__func__), self.value(v.__self__))
     rule = _wrapper_rules.get(t)
+    if rule is None and "_keyed_as" in t.__dict__:
+      t = t.__dict__["_keyed_as"]   # a fast front's class (closure_front)
+      rule = _wrapper_rules[t]
     if rule is not None:
       static, inner = rule.split(v)
       return (_WRAPPER, t, static, self.value(inner))

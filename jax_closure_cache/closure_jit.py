@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import sys
 import time
@@ -45,6 +46,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import closure
 from jax_closure_cache import closure_guards
+from jax_closure_cache import closure_front
 from jax_closure_cache import closure_match
 from jax_closure_cache import closure_rebuild
 from jax_closure_cache import diagnostics
@@ -76,22 +78,59 @@ cache.register_clear_hook(_no_quick.clear)
 
 
 class _Quick:
-  __slots__ = ("options_key", "key", "match", "entry")
+  __slots__ = ("options_key", "key", "match", "entry", "source")
 
-  def __init__(self, options_key, key, match, entry):
+  def __init__(self, options_key, key, source, entry):
     self.options_key = options_key
     self.key = key
-    self.match = match
+    self.source = source   # the matcher's checks, for the fast front
+    self.match = closure_match.compile_matcher(source)
     self.entry = weakref.ref(entry)
 
 
-def _remember_quick(table: dict, code, key, match, entry) -> None:
+_quick_ids = itertools.count()
+
+
+def _remember_quick(table: dict, fun, key, entry) -> bool:
+  """Add a matcher for ``key`` (of plain function ``fun``) to ``table``'s
+  row for ``fun.__code__``; False if ``key`` has no matcher."""
+  source = closure_match.match_source(fun, key[1],
+                                      f"Q{next(_quick_ids)}_K")
+  if source is None:
+    return False
+  code = fun.__code__
   quick = [q for q in table.get(code, ()) if q.key != key and q.entry() is not None]
-  quick.insert(0, _Quick(key[0], key, match, entry))
+  quick.insert(0, _Quick(key[0], key, source, entry))
   del quick[_QUICK_PER_CODE:]
   if len(table) >= 1 << 16:   # code made by exec in a loop: start over
     table.clear()
   table[code] = quick
+  if table is _quick:
+    _refresh_front(code, quick)
+  return True
+
+
+# The fast front (closure_front): code object -> the ClosureJitted subclass
+# whose generated __call__ matches that code's stored keys of the hot spec
+# inline. jit(fun) makes its wrapper of that class. Bounded: a code past the
+# bound, or whose keys have no front, gets the generic class.
+_FRONTS_MAX = 1024
+_fronts: dict[types.CodeType, type] = {}
+cache.register_clear_hook(_fronts.clear)
+
+
+def _refresh_front(code, quick: list) -> None:
+  spec = _hot_spec[0]
+  mine = [(q.key, q.source, q.entry) for q in quick
+          if q.options_key is spec.key]
+  cls = (closure_front.front_class(ClosureJitted, spec, mine, _HIT_ENV)
+         if mine else None)
+  if cls is None:
+    _fronts.pop(code, None)
+    return
+  if code not in _fronts and len(_fronts) >= _FRONTS_MAX:
+    _fronts.clear()
+  _fronts[code] = cls
 
 
 _AUTO_DYNAMIC_ENV = "JAX_CLOSURE_CACHE_AUTO_DYNAMIC"
@@ -135,7 +174,8 @@ def _calling_function():
   """
   frame = sys._getframe(2)
   while frame is not None:
-    if frame.f_code in _CALLERS:
+    code = frame.f_code
+    if code in _CALLERS or code.co_filename == closure_front.FILENAME:
       return frame.f_locals["self"]._fun
     frame = frame.f_back
   raise AssertionError("a shared lifted function traced outside a call")
@@ -689,28 +729,7 @@ class ClosureJitted:
           if leaves is not None:
             entry = q.entry()
             if entry is not None and not entry.guards:
-              next(_counters.hits)
-              entry.used = True
-              entry.record.hits += 1
-              if _monitoring_module._event_listeners:
-                _record_event("/jax_closure_cache/hit")
-              row = self._row = [entry, q.key, leaves, 0]
-              if _getrefcount(fun) > _LONE_REFS:
-                # Someone else holds the object and may wrap it again: its
-                # row must be found. (Held by this wrapper alone, it can
-                # only be reached through it: __wrapped__ publishes it.)
-                table = spec.table
-                table[_ref(fun, table.pop)] = row
-              # If it traces, the lifted function finds ``self`` in this
-              # frame (_calling_function).
-              try:
-                out = (entry.jitted(leaves, *args, **kwargs) if kwargs
-                       else entry.jitted(leaves, *args))
-              except Exception:
-                return self._retry_stock(q.key, args, kwargs)
-              if entry.traces != entry.checked:   # traced a new signature
-                self._store(q.key, entry, leaves, args, kwargs)
-              return out
+              return _hit(self, fun, q.key, entry, leaves, args, kwargs)
     return self._call_slow(args, kwargs)
 
   def _call_entry(self, entry, key, leaves, args, kwargs):
@@ -803,11 +822,8 @@ class ClosureJitted:
     if (self._code is not None and not entry.guards
         and self._code not in _no_quick
         and len(_quick.get(self._code, ())) < _QUICK_PER_CODE):
-      match = closure_match.quick_matcher(fun, a.key)
-      if match is None:
+      if not _remember_quick(_quick, fun, key, entry):
         _no_quick.add(self._code)   # its keys are not simple: stop trying
-      else:
-        _remember_quick(_quick, self._code, key, match, entry)
     next(_counters.hits)
     diagnostics.hit(entry.record)
     self._pin(entry, key, a.leaves)
@@ -954,14 +970,18 @@ class ClosureJitted:
       entry.record = diagnostics.miss(self._user(), _code_of(self._user()),
                                       key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
-      match = closure_match.quick_matcher(self._fun, key[1])
-      if match is None:
+      if not _remember_quick(_quick, self._fun, key, entry):
         _no_quick.add(self._code)
-      else:
-        _remember_quick(_quick, self._code, key, match, entry)
 
 
-# The frames in which a shared lifted function may trace; each has ``self``.
+_HIT_ENV = {"COUNTERS": _counters, "MONITORING": _monitoring_module,
+            "RECORD_EVENT": _record_event, "getrefcount": _getrefcount,
+            "getweakrefcount": _getweakrefcount, "REF": _ref,
+            "LONE_REFS": _LONE_REFS}
+_hit = closure_front.hit_function(_HIT_ENV)
+
+# The frames in which a shared lifted function may trace; each has ``self``
+# (the fast front's and _hit's are recognised by their filename).
 _CALLERS.update({ClosureJitted.__call__.__code__,
                  ClosureJitted._call_entry.__code__,
                  ClosureJitted._miss.__code__, ClosureJitted._store.__code__})
@@ -1094,9 +1114,7 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
   # The inline cache skips the helper scan, so only functions that read no
   # module-level helper take it.
   if not a.roots and len(_canonical_quick.get(code, ())) < _QUICK_PER_CODE:
-    match = closure_match.quick_matcher(fun, a.key)
-    if match is not None:
-      _remember_quick(_canonical_quick, code, key, match, found)
+    _remember_quick(_canonical_quick, fun, key, found)
   _remember(_table(full_options_key), fun, _ref(found.jitted))
   return found.jitted
 
@@ -1148,7 +1166,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   if not options and type(fun) is _FunctionType and fun.__closure__:
     # The hot case (a re-created closure, every call): what __init__ does,
     # without its frame.
-    w = _new_wrapper(ClosureJitted)
+    w = _new_wrapper(_fronts.get(fun.__code__, ClosureJitted))
     w._fun = fun
     w._code = fun.__code__
     w._spec = _hot_spec[0]

@@ -54,13 +54,17 @@ def _is_simple_part(part) -> bool:
 class _MatchSource:
   """Source lines of a generated matcher, and the objects they name."""
 
-  def __init__(self):
+  def __init__(self, prefix: str = "K"):
+    self.name = ""         # the top function's, for tracebacks
+    self.prefix = prefix   # of the names bound (several sources may share
+    # one namespace: closure_front)
     self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
                 "FunctionType": _FunctionType, "float_key": _float_key,
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
                 "is_stable": is_stable, "chain_value": chain_value,
-                "kept_by_identity": kept_by_identity}
+                "kept_by_identity": kept_by_identity,
+                "ALL_LIFTED": _ALL_LIFTED}
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
     self.by_index: dict[int, str] = {}   # memo index -> that variable
@@ -69,8 +73,12 @@ class _MatchSource:
     # anchors anyway
     self.globals_by_id: dict[int, dict] = {}
 
+  def literal(self, value) -> str:
+    """``value`` as source: its repr for a str or int, else a bound name."""
+    return repr(value) if type(value) in (str, int) else self.bind(value)
+
   def bind(self, value) -> str:
-    name = f"K{len(self.env)}"
+    name = f"{self.prefix}{len(self.env)}"
     self.env[name] = value
     return name
 
@@ -111,8 +119,7 @@ class _MatchSource:
       add(f"    {leaves}, {treedef} = tree_flatten({v})")
       add(f"    if {treedef} != {self.bind(part[1])}: return None")
       if all(p is LIFTED for p in part[2]):   # the common params pytree
-        add(f"    for x in {leaves}:")
-        add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): return None")
+        self.all_lifted(leaves)
         add(f"    out.extend({leaves})")
       else:
         for j, leaf_part in enumerate(part[2]):
@@ -126,6 +133,18 @@ class _MatchSource:
     else:
       add(f"    if {v} is not {self.bind(part)}: return None")
 
+  def all_lifted(self, xs: str) -> None:
+    """Lines that return None unless every element of ``xs`` is a liftable
+    array. The loop only breaks, and the one ``return None`` is a statement
+    of the matcher's own block, so the fast front can turn every
+    ``return None`` of a matcher into a ``break`` (closure_front)."""
+    add = self.lines.append
+    add(f"    for x in {xs}:")
+    add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): break")
+    add("    else:")
+    add("      x = ALL_LIFTED")
+    add("    if x is not ALL_LIFTED: return None")
+
   def plain_tree(self, e: str, treedef) -> None:
     """Checks that variable ``e`` has the structure ``treedef`` (dicts,
     lists and tuples only) with an uncommitted array at every leaf, which
@@ -135,21 +154,22 @@ class _MatchSource:
     children = treedef.children()
     n = len(children)
     if kind is dict:
-      add(f"    if type({e}) is not dict or {e}.keys() != "
-          f"{self.bind(frozenset(keys))}: return None")
-      items = [f"{e}[{k!r}]" for k in keys]
+      # Every key is read below (a missing one raises KeyError: no match),
+      # so equal lengths mean equal key sets.
+      add(f"    if type({e}) is not dict or len({e}) != {n}: return None")
+      items = [f"{e}[{self.literal(k)}]" for k in keys]
     else:
       add(f"    if type({e}) is not {self.bind(kind)} or len({e}) != {n}: "
           "return None")
       items = [f"{e}[{i}]" for i in range(n)]
-    if all(c.num_nodes == 1 and c.num_leaves == 1 for c in children):
-      # a node of leaves: one C-level gather, one check loop
+    if (n > _STRAIGHT_LINE and
+        all(c.num_nodes == 1 and c.num_leaves == 1 for c in children)):
+      # a big node of leaves: one C-level gather, one check loop
       gather = (f"list(map({e}.__getitem__, {self.bind(tuple(keys))}))"
                 if kind is dict else f"list({e})")
       xs = f"{e}_xs"
       add(f"    {xs} = {gather}")
-      add(f"    for x in {xs}:")
-      add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): return None")
+      self.all_lifted(xs)
       add(f"    out.extend({xs})")
       return
     for i, (item, child) in enumerate(zip(items, children)):
@@ -218,6 +238,10 @@ class _MatchSource:
 
 
 _REACH_NODES = 4096   # past it, a globals dict is compared by id
+# Nodes of up to this many leaves are read item by item in straight-line
+# code, which costs about half the gather-and-loop form's per small dict.
+_STRAIGHT_LINE = 8
+_ALL_LIFTED = object()   # a loop over leaves ended without a mismatch
 
 
 def _plain_tree(treedef, budget: int = 4096) -> bool:
@@ -285,22 +309,39 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
   occurrence as a back-reference. It plays the part torch.compile's guards
   play.
   """
+  src = match_source(fun, key)
+  return None if src is None else compile_matcher(src)
+
+
+def compile_matcher(src: _MatchSource) -> Callable[[Any], list | None]:
+  """``match(f)`` from the checks of :func:`match_source`."""
+  text = "\n".join(
+      ["def match(f):", "  out = []", "  try:", *src.lines,
+       "  except Exception:   # an unfilled cell, a flatten that fails",
+       "    return None", "  return out"])
+  exec(compile(text, f"<closure-cache match {src.name}>", "exec"), src.env)
+  return src.env["match"]
+
+
+def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
+  """The checks of :func:`quick_matcher` for ``key`` as source lines (a
+  block indented by four spaces that reads the function in ``f``, appends
+  the lifted leaves to ``out``, may raise, and says "no match" only by a
+  ``return None`` statement of its own level), with the objects they name
+  (bound as ``prefix`` and a number); or None when some part of ``key`` is
+  not simple."""
   if (type(fun) is not _FunctionType or type(key) is not tuple
       or key[0] is not _FN or not _is_simple_part(key)
       or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
     return None
-  src = _MatchSource()
+  src = _MatchSource(prefix)
   src.globals_by_id = _globals_reached(fun)
   src.function("f", key)
   if len(src.functions) > 1:
     ids = ", ".join(f"id({f})" for f in src.functions)
     src.lines.append(f"    if len({{{ids}}}) != {len(src.functions)}: return None")
-  text = "\n".join(
-      ["def match(f):", "  out = []", "  try:", *src.lines,
-       "  except Exception:   # an unfilled cell, a flatten that fails",
-       "    return None", "  return out"])
-  exec(compile(text, f"<closure-cache match {key[2].co_name}>", "exec"),
-       src.env)
-  return src.env["match"]
+  src.name = key[2].co_name
+  src.globals_by_id = {}   # what is compared is bound in env; hold no more
+  return src
 
 

@@ -37,7 +37,8 @@ PACKAGE = os.path.join(ROOT, "jax_closure_cache")
 PATCH = os.path.join(HERE, "jax-0.10.2-closure-cache.patch")
 JAX_VERSION = "0.10.2"
 
-VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_match.py",
+VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_front.py",
+            "closure_match.py",
             "closure_rebuild.py", "closure_guards.py", "closure_jit.py",
             "control_flow.py", "convert.py", "diagnostics.py",
             "static_args.py")

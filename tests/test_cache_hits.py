@@ -354,3 +354,52 @@ def test_closure_over_closure_hits_when_only_the_array_changes():
       out = jcc.jit(make(w, 1.0))(x)
     assert c["compiles"] == 0
     assert_like_stock(out, make(jnp.full(3, float(i)), 1.0), x)
+
+
+def test_fast_front_answers_as_the_generic_call():
+  """The generated front (closure_front) takes the hit in one frame; a new
+  input shape traces through it, a closure that reads another value is not
+  its hit, and a function referenced weakly keeps its identity row."""
+  import weakref
+  from jax_closure_cache import closure_jit
+  x4, x8 = jnp.ones((4, 4)), jnp.ones((8, 8))
+  for i in range(2):
+    jcc.jit(make_inner(jnp.eye(4) * i))(x4)
+  w = jcc.jit(make_inner(jnp.eye(4) * 3))
+  assert type(w) is not closure_jit.ClosureJitted
+  assert isinstance(w, closure_jit.ClosureJitted)
+  assert type(w).__name__ == "ClosureJitted"
+  with counting() as c:
+    out = w(x4)
+  assert c == {"traces": 0, "compiles": 0}
+  assert_like_stock(out, w.__wrapped__, x4)
+  # a new shape traces the shared entry from the front's own frame
+  f8 = make_inner(jnp.eye(8) * 2)
+  with counting() as c:
+    out = jcc.jit(f8)(x8)
+  assert c["compiles"] == 1
+  assert_like_stock(out, f8, x8)
+  # a value the front compares differs: not its hit (a stale one would
+  # return tanh)
+  def make_mode(w, mode):
+    def inner(x):
+      return (jnp.tanh if mode == "tanh" else jnp.sin)(x @ w)
+    return inner
+  for i in range(3):
+    jcc.jit(make_mode(jnp.eye(4) * i, "tanh"))(x4)
+  assert type(jcc.jit(make_mode(x4, "tanh"))) is not closure_jit.ClosureJitted
+  f = make_mode(jnp.eye(4) * 5, "sin")
+  out = jcc.jit(f)(x4)
+  assert_like_stock(out, f, x4)
+  # a function the user refers to weakly: its first wrapper's row is found
+  g = make_inner(jnp.eye(4) * 7)
+  ref = weakref.ref(g)
+  first = jcc.jit(g)(x4)
+  with counting() as c:
+    again = jcc.jit(g)(x4)
+  assert c == {"traces": 0, "compiles": 0} and ref() is g
+  np.testing.assert_array_equal(first, again)
+  # a front of the same code reused after its keys' entries are cleared
+  jcc.clear()
+  out = jcc.jit(make_inner(jnp.eye(4) * 9))(x4)
+  assert_like_stock(out, make_inner(jnp.eye(4) * 9), x4)

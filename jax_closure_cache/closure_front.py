@@ -1,0 +1,131 @@
+"""The fast front: what a re-created closure's call costs on a hit.
+
+Layer three of the design (the closure key is ``closure``, the shared
+lookup ``closure_jit``). A hit is the inline cache's match of the function
+followed by a call of the stored entry's jitted function; this module
+generates both as one Python frame.
+
+For a code object whose stored keys have matchers (``closure_match``),
+:func:`front_class` makes a subclass of ``ClosureJitted`` whose
+``__call__`` is generated: each stored key's checks inline, then the hit
+(:data:`HIT`), else the generic ``__call__``. ``jit(fun)`` picks that
+class for ``fun.__code__`` when it makes a wrapper, so a hit runs no frame
+of ours but this one and the entry's C++ dispatch.
+
+Invariants:
+
+* The generated ``__call__`` answers exactly as the generic one: it takes
+  the hit only for a wrapper not called before (``_row is None``) of the
+  hot spec, whose function nothing refers to weakly (so it has no identity
+  row), and for a key whose entry is alive and has no guards; everything
+  else goes to the generic ``__call__`` unchanged.
+* The generic path's hit is :func:`hit_function` of the same source, so
+  the two cannot drift apart.
+* Entries are read through weak references; a class holds no user object
+  but what the matchers compare with by identity, as the quick matchers do.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+#: Filename of every generated front, so ``_calling_function`` recognises
+#: their frames (each has ``self``) without a registry that would grow.
+FILENAME = "<closure-cache front>"
+
+#: The hit, run with ``self``, ``f`` (its function), ``key``, ``entry`` (its
+#: stored entry, alive and guard-free), ``out`` (the lifted leaves),
+#: ``args`` and ``kwargs`` bound. It pins the entry to this wrapper (the row),
+#: publishes the row when the function may be wrapped again, and calls.
+HIT = """\
+next(COUNTERS.hits)
+entry.used = True
+entry.record.hits += 1
+if MONITORING._event_listeners:
+  RECORD_EVENT("/jax_closure_cache/hit")
+row = self._row = [entry, key, out, 0]
+if getrefcount(f) > LONE:
+  # Someone else holds the object and may wrap it again: its row must be
+  # found. (Held by this wrapper alone, it can only be reached through it:
+  # __wrapped__ publishes it.)
+  table = self._spec.table
+  table[REF(f, table.pop)] = row
+# Spelled out for one and two arguments: a call through ``*args`` costs
+# the C++ dispatch about 0.2 us more. If it traces, the lifted function
+# finds ``self`` in this frame (_calling_function).
+try:
+  if kwargs:
+    res = entry.jitted(out, *args, **kwargs)
+  elif len(args) == 1:
+    res = entry.jitted(out, args[0])
+  elif len(args) == 2:
+    res = entry.jitted(out, args[0], args[1])
+  else:
+    res = entry.jitted(out, *args)
+except Exception:
+  return self._retry_stock(key, args, kwargs)
+if entry.traces != entry.checked:   # traced a new signature
+  self._store(key, entry, out, args, kwargs)
+return res
+"""
+
+
+def hit_function(env: dict):
+  """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
+  function, for the generic ``__call__``. ``env`` binds the names HIT uses
+  (COUNTERS, MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
+  and LONE_REFS: the references to a function held by a wrapper alone, as
+  a front counts them)."""
+  text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
+          + textwrap.indent(HIT, "  "))
+  namespace = dict(env)
+  # the caller's own name for the function is one more reference
+  namespace["LONE"] = env["LONE_REFS"] + 1
+  exec(compile(text, FILENAME, "exec"), namespace)
+  return namespace["hit"]
+
+
+def front_class(base: type, spec, quicks, env: dict) -> type | None:
+  """A subclass of ``base`` whose ``__call__`` takes the hit inline for
+  ``quicks`` (``(key, source, entry_ref)`` triples, newest first, all of
+  one code object and of ``spec``; each ``source`` from
+  ``closure_match.match_source(fun, key, f"Q{i}_K")``), or None when a matcher's source
+  does not have the shape this needs."""
+  names = dict(env)
+  names.update(SPEC=spec, GENERIC=base.__call__, LONE=env["LONE_REFS"])
+  body = ["def __call__(self, *args, **kwargs):",
+          "  f = self._fun",
+          "  if self._row is None and self._spec is SPEC and "
+          "not getweakrefcount(f):"]
+  for i, (key, src, entry_ref) in enumerate(quicks):
+    lines = []
+    for line in src.lines:
+      if line.endswith(": return None") and line.startswith("    if "):
+        line = line[:-len("return None")] + "break"
+      elif "return None" in line:
+        return None   # a miss not at the block's own level
+      lines.append(line)
+    names.update(src.env)   # bound names are unique: ``Q{i}_K{n}``
+    names[f"KEY{i}"] = key
+    names[f"ENTRY{i}"] = entry_ref
+    body += ["    while True:   # stored key %d; break: not this one" % i,
+             "      out = []",
+             "      try:",
+             *("    " + line for line in lines),
+             "      except Exception:   # an unfilled cell, a failing flatten",
+             "        break",
+             f"      entry = ENTRY{i}()",
+             "      if entry is None or entry.guards:",
+             "        break",
+             f"      key = KEY{i}",
+             textwrap.indent(HIT, "      ").rstrip("\n")]
+  body.append("  return GENERIC(self, *args, **kwargs)")
+  exec(compile("\n".join(body), FILENAME, "exec"), names)
+  cls = type(base.__name__, (base,), {
+      "__slots__": (), "__call__": names["__call__"],
+      "__module__": base.__module__, "__qualname__": base.__qualname__,
+      "__doc__": base.__doc__,
+      # keyed, split and joined as ``base`` (closure.register_wrapper)
+      "_keyed_as": base})
+  return cls
+
