@@ -136,6 +136,47 @@ CONTROL_FLOW_OWNERS = (jax.lax, _internal_lax)
 trace_state_clean = _core.trace_state_clean
 
 
+# -- the memoized trace lookup (layer two: trace_cache) ------------------------
+
+from jax._src import pjit as _pjit   # noqa: E402
+from jax._src.interpreters import partial_eval as _pe   # noqa: E402
+from jax._src.lax.control_flow import common as _control_flow_common   # noqa: E402
+from jax._src import stages as _stages   # noqa: E402
+from jax._src.tree_util import FlatTree   # noqa: E402,F401
+from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402,F401
+
+#: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
+#: the pjit functions around it, as JAX defines them.
+STOCK_TRACE_TO_JAXPR = _pe.trace_to_jaxpr
+STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
+STOCK_INFER_PARAMS = _pjit._infer_params
+STOCK_GET_FASTPATH_DATA = _pjit._get_fastpath_data
+#: ``cond``/``switch`` merge their branches' constants with this, cached on
+#: the constants' ids (so on every call's own arrays).
+STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
+#: ``Traced.lower``: its ``Lowered`` carries only the jaxpr's own hoisted
+#: constants as the arguments ``Compiled`` passes first.
+STOCK_TRACED_LOWER = _stages.Traced.lower
+ClosedJaxpr = _core.ClosedJaxpr
+typeof = _core.typeof
+eval_jaxpr = _core.eval_jaxpr
+trace_context = _config.trace_context
+
+
+def jit_debug_info(fun, args, kwargs):
+  """The debug info pjit traces ``fun`` with (no static arguments)."""
+  return _api_util.debug_info("jit", fun, args, kwargs)
+
+#: (module, attribute) of each function layer two replaces; callers look
+#: them up as module globals at call time: ``pe.trace_to_jaxpr`` from pjit
+#: and the control-flow modules, the pjit ones from ``cache_miss`` and
+#: ``jit_trace``.
+TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
+                      (_pjit, "_infer_params"), (_pjit, "_get_fastpath_data"),
+                      (_control_flow_common, "_dedup_consts"),
+                      (_stages.Traced, "lower"))
+
+
 # -- monitoring ----------------------------------------------------------------
 
 from jax._src import monitoring as _monitoring   # noqa: E402

@@ -65,7 +65,8 @@ class LRUStore:
   clears) entries whose bit is set.
   """
 
-  def __init__(self):
+  def __init__(self, kind: str = "entries"):
+    self.kind = kind   # the stats() count this store's size goes to
     self._data: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
 
@@ -117,8 +118,8 @@ class LRUStore:
       self._evict()
 
 
-def new_store() -> LRUStore:
-  store = LRUStore()
+def new_store(kind: str = "entries") -> LRUStore:
+  store = LRUStore(kind)
   _stores.add(store)
   return store
 
@@ -199,7 +200,9 @@ def stats() -> dict:
   ``not_stored`` maps reasons a missed entry was dropped (its trace captured
   an array no key or guard covers) to counts; ``retraces`` counts calls that
   found their entry but traced it again (a hit is not always free of
-  tracing); ``entries`` is the number of entries held now.
+  tracing); ``entries`` is the number of shared executables' entries held
+  now, and ``shared_traces`` the number of traces the memoized trace
+  lookup holds for re-created closures (``trace_cache``).
   """
   c = counters
   with c.lock:
@@ -209,7 +212,12 @@ def stats() -> dict:
           "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
           "retraces": _read(c.retraces),
           "not_stored": not_stored,
-          "entries": sum(len(s) for s in list(_stores))}
+          "entries": _held("entries"),
+          "shared_traces": _held("shared_traces")}
+
+
+def _held(kind: str) -> int:
+  return sum(len(s) for s in list(_stores) if s.kind == kind)
 
 
 def clear_entries() -> None:

@@ -98,6 +98,7 @@ _WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
 _OBJ = _Tag("OBJ")           # (_OBJ, index, type, ((name, value), ...)); arrays by identity
 _COPY = _Tag("COPY")         # (_COPY, index, type, ((name, value), ...)); arrays lifted
 _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
+_WEAKREF = _Tag("WEAKREF")   # (_WEAKREF, referent or None): read through it
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
 _ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
 _NOCHAIN = _Tag("NOCHAIN")   # an attribute chain whose base is no module or class
@@ -503,6 +504,11 @@ class Analysis:
               tuple([(k, value(a)) for k, a in v.keywords.items()]))
     if t is types.MethodType:
       return (_METHOD, self.value(v.__func__), self.value(v.__self__))
+    if t is weakref.ReferenceType:
+      # What calling it returns is what code reads through it (JAX's
+      # fori_loop holds the body so): keyed like the referent itself.
+      target = v()
+      return (_WEAKREF, None if target is None else self.value(target))
     rule = _wrapper_rules.get(t)
     if rule is None and "_keyed_as" in t.__dict__:
       t = t.__dict__["_keyed_as"]   # a fast front's class (closure_front)

@@ -50,6 +50,7 @@ from jax_closure_cache import closure_front
 from jax_closure_cache import closure_match
 from jax_closure_cache import closure_rebuild
 from jax_closure_cache import diagnostics
+from jax_closure_cache import trace_cache
 from jax_closure_cache.closure import Uncacheable
 
 JIT_OPTIONS = frozenset({
@@ -352,6 +353,10 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
                      n_args: int):
   """Stock ``jax.jit`` of a function that takes the lifted leaves first."""
   entry_ref = weakref.ref(entry)
+  # Static arguments are passed as they are, so pjit's signature for the
+  # user's function would differ: such entries trace on their own.
+  shares_traces = not ("static_argnums" in options
+                       or "static_argnames" in options)
 
   def lifted(leaves, /, *args, **kwargs):
     current = _calling_function()
@@ -374,8 +379,14 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
         cache.count_retrace()
       e.avals = avals
       e.traces += 1
+    if shares_traces:
+      # through the trace lookup's store, so .trace/.lower find this trace
+      out = trace_cache.call_shared(current, a, leaves, args, kwargs)
+      if out is not None:
+        return out
     return closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
 
+  trace_cache.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__
   lifted.__name__ = name
   lifted.__qualname__ = getattr(fun, "__qualname__", name)

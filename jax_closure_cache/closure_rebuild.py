@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from typing import Any, Callable
 
 from jax_closure_cache.closure import (
     LIFTED, Uncacheable, _COPY, _CYCLE, _DYN, _FN, _METHOD, _MISSING, _OBJ,
-    _PARTIAL, _TREE, _Tag, _WRAPPER, _tree_flatten, _tree_unflatten,
+    _PARTIAL, _TREE, _Tag, _WEAKREF, _WRAPPER, _tree_flatten, _tree_unflatten,
     _wrapper_rules, code_plan)
 
 
@@ -42,11 +43,12 @@ def _is_cycle(k) -> bool:
 
 
 class _Rebuild:
-  __slots__ = ("leaves", "memo")
+  __slots__ = ("leaves", "memo", "keep")
 
   def __init__(self, leaves):
     self.leaves = iter(leaves)
     self.memo: dict[int, Any] = {}   # memo index -> rebuilt function
+    self.keep: list = []   # rebuilt objects only weak references reach
 
   def value(self, v, k):
     if k is LIFTED:
@@ -79,6 +81,10 @@ class _Rebuild:
       return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
     if tag is _COPY:
       return self.copy(v, k)
+    if tag is _WEAKREF:
+      target = self.value(v(), k[1])
+      self.keep.append(target)   # alive as long as the rebuilt function
+      return weakref.ref(target)
     raise AssertionError(f"lifted leaf under {tag}")
 
   def copy(self, obj, k):
@@ -151,6 +157,12 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   out = r.value(fun, key)
   if next(r.leaves, _MISSING) is not _MISSING:
     raise AssertionError("more leaves than lifted positions")
+  if r.keep:
+    try:   # the rebuilt function holds what its weak references reach
+      out.__closure_cache_keep__ = r.keep
+    except AttributeError:
+      raise Uncacheable("weakref", "a weak reference under an object "
+                        "without attributes") from None
   return out
 
 

@@ -38,6 +38,7 @@ from jax_closure_cache import closure
 from jax_closure_cache import closure_guards
 from jax_closure_cache import closure_jit
 from jax_closure_cache import closure_rebuild
+from jax_closure_cache import trace_cache
 from jax_closure_cache import diagnostics
 from jax_closure_cache.closure import Uncacheable
 
@@ -121,6 +122,7 @@ def _trace(fun, a, key, example_args):
 
   def lifted(leaves, *args):
     return closure_rebuild.rebuild(holder[0], a.key, leaves)(*args)
+  trace_cache.own_code(lifted.__code__)
 
   try:
     converted, hoisted = _compat.closure_convert_uncached(

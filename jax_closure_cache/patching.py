@@ -36,10 +36,12 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   stock behaviour), the control-flow functions and custom solves wherever
   callers look them up at call time (``_compat.CONTROL_FLOW_OWNERS``), and
   ``closure_convert`` (``_compat.CLOSURE_CONVERT_OWNERS``), but only where
-  the attribute is still JAX's own function.
+  the attribute is still JAX's own function; and the memoized trace lookup
+  with the pjit functions around it (``_compat.TRACE_PATCH_POINTS``).
   """
   from jax_closure_cache import control_flow
   from jax_closure_cache import convert
+  from jax_closure_cache import trace_cache
   points = [(jax, "jit", closure_jit.jit)]
   for owner in _compat.CONTROL_FLOW_OWNERS:
     for name, replacement in control_flow.CACHED.items():
@@ -48,6 +50,9 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   for owner in _compat.CLOSURE_CONVERT_OWNERS:
     if getattr(owner, "closure_convert", None) is _compat.STOCK_CLOSURE_CONVERT:
       points.append((owner, "closure_convert", convert.closure_convert))
+  # layer two: the closure key inside JAX's memoized trace lookup
+  for owner, name in _compat.TRACE_PATCH_POINTS:
+    points.append((owner, name, trace_cache.REPLACEMENTS[name]))
   return points
 
 
