@@ -344,7 +344,11 @@ def infer_params(fun, ji, args, kwargs):
   _pending.consts = None
   p, args_flat = _compat.STOCK_INFER_PARAMS(fun, ji, args, kwargs)
   if p.consts and p.params["jaxpr"] in _lifted_jaxprs:
-    _pending.consts = p.consts
+    # weakly: ``.trace()`` infers too, and nothing consumes it then
+    try:
+      _pending.consts = [weakref.ref(c) for c in p.consts]
+    except TypeError:   # then no C++ fast path (get_fastpath_data)
+      pass
   return p, args_flat
 
 
@@ -357,7 +361,7 @@ def get_fastpath_data(executable, out_tree, args_flat, out_flat, effects,
   _pending.consts = None
   n = len(consts) if consts else 0
   if n and len(args_flat) >= n and all(
-      a is c for a, c in zip(args_flat, consts)):
+      a is c() for a, c in zip(args_flat, consts)):
     if not all(type(c) is _compat.ArrayImpl for c in consts):
       return None   # the C++ path takes arrays only: stay on Python's
     return _compat.STOCK_GET_FASTPATH_DATA(

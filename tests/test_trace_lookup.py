@@ -1,0 +1,237 @@
+"""Layer two: the closure key inside JAX's memoized trace lookup
+(``trace_cache``). Stock ``jax.jit`` objects, ``.trace``/``.lower``/
+``.eval_shape`` and JAX's own control-flow functions (not this package's
+launchers) share one trace per closure key; results equal stock's with the
+cache off on a fresh function object."""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import _compat
+from conftest import PATCHED, STOCK_JIT, assert_like_stock, counting
+
+pytestmark = pytest.mark.skipif(
+    PATCHED, reason="the upstream patch does not carry layer two yet")
+
+STOCK_CF = _compat.STOCK_CONTROL_FLOW
+x = jnp.ones((4, 4))
+
+
+def make(w):
+  return lambda v: jnp.tanh(v @ w)
+
+
+def stock_off(run, *args):
+  """``run(*args)`` with the cache off."""
+  was = jcc.is_enabled()
+  jcc.disable()
+  try:
+    return run(*args)
+  finally:
+    if was:
+      jcc.enable()
+
+
+def test_stock_jit_of_recreated_closures_shares_one_trace_and_executable():
+  jcc.enable()
+  counts = []
+  for i in range(5):
+    f = make(jnp.eye(4) * (i + 1))
+    with counting() as c:
+      out = STOCK_JIT(f)(x)
+    counts.append((c["traces"], c["compiles"]))
+    assert_like_stock(out, f, x, rtol=1e-6)
+  # the first object is stock's own, the second traces the lifted form
+  assert counts[2:] == [(0, 0)] * 3, counts
+
+
+def test_fast_path_of_a_reused_stock_jitted_object_passes_its_own_leaves():
+  """The C++ fast path of each jitted object carries that closure's leaves:
+  two objects called alternately never see each other's arrays."""
+  jcc.enable()
+  for i in range(2):
+    STOCK_JIT(make(jnp.eye(4) * i))(x)
+  fa, fb = make(jnp.eye(4) * 2), make(jnp.eye(4) * 3)
+  ja, jb = STOCK_JIT(fa), STOCK_JIT(fb)
+  for _ in range(3):
+    assert_like_stock(ja(x), fa, x, rtol=1e-6)
+    assert_like_stock(jb(x), fb, x, rtol=1e-6)
+
+
+def test_aot_shares_the_calls_trace_and_passes_leaves_as_parameters():
+  jcc.enable()
+  for i in range(3):
+    jax.jit(make(jnp.eye(4) * i))(x)
+  w = jnp.eye(4) * 5
+  f = make(w)
+  jitted = jax.jit(f)
+  with counting() as c:
+    traced = jitted.trace(x)
+    shape = jitted.eval_shape(x)
+    lowered = jitted.lower(x)
+  assert c["traces"] == 0
+  assert traced.jaxpr.in_avals[0].shape == (4, 4)
+  assert len(traced.jaxpr.in_avals) == 2   # the leaf, then x
+  assert shape.shape == (4, 4) and shape.dtype == jnp.float32
+  text = lowered.as_text()
+  assert "stablehlo.constant" not in text
+  assert "%arg1" in text
+  out = lowered.compile()(x)
+  assert_like_stock(out, f, x, rtol=1e-6)
+  # stock bakes w: its text has the constant, ours never does
+  stock_text = stock_off(lambda: STOCK_JIT(make(w)).lower(x).as_text())
+  assert "stablehlo.constant" in stock_text
+
+
+@pytest.mark.parametrize("name", ["while_loop", "scan", "cond", "switch",
+                                  "fori_loop", "map"])
+def test_jax_control_flow_with_fresh_closures_shares_one_executable(name):
+  """JAX's own functions (no launcher): their bodies' traces are shared, so
+  eager dispatch finds one executable."""
+  run = {
+      "while_loop": lambda w: STOCK_CF["while_loop"](
+          lambda c: c[0] < 3, lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)),
+          (0, x))[1],
+      "scan": lambda w: STOCK_CF["scan"](
+          lambda c, _: (jnp.tanh(c @ w), None), x, None, length=3)[0],
+      "cond": lambda w: STOCK_CF["cond"](
+          True, lambda v: v @ w, lambda v: v - w, x),
+      "switch": lambda w: STOCK_CF["switch"](
+          1, [lambda v: v @ w, lambda v: v - w], x),
+      "fori_loop": lambda w: STOCK_CF["fori_loop"](
+          0, 3, lambda i, c: jnp.tanh(c @ w), x),
+      "map": lambda w: STOCK_CF["map"](lambda v: v @ w, x),
+  }[name]
+  jcc.enable()
+  counts = []
+  for i in range(5):
+    w = jnp.eye(4) * (i + 1) / 4
+    with counting() as c:
+      out = run(w)
+    counts.append((c["traces"], c["compiles"]))
+    np.testing.assert_array_equal(out, stock_off(run, w))
+  assert counts[2:] == [(0, 0)] * 3, counts
+
+
+def test_cond_branches_sharing_an_array_differ_from_branches_that_do_not():
+  """``_dedup_consts`` is keyed on which constants are the same object: a
+  pattern change is a different jaxpr, never the other's."""
+  jcc.enable()
+
+  def run(a, b):
+    return STOCK_CF["cond"](False, lambda v: v @ a, lambda v: v - b, x)
+  for i in range(3):
+    w = jnp.eye(4) * i
+    np.testing.assert_array_equal(run(w, w), stock_off(run, w, w))
+  u, v = jnp.eye(4) * 7, jnp.full((4, 4), 2.0)
+  np.testing.assert_array_equal(run(u, v), stock_off(run, u, v))
+
+
+def test_a_trace_that_needs_a_leaf_value_falls_back_to_stock():
+  jcc.enable()
+
+  def make_branchy(w):
+    def f(v):
+      if np.asarray(w)[0, 0] > 0:   # concrete: the lifted trace cannot
+        return v @ w
+      return v - w
+    return f
+  for s in (1.0, 2.0, -1.0, 3.0):
+    f = make_branchy(jnp.eye(4) * s)
+    assert_like_stock(STOCK_JIT(f)(x), f, x)
+
+
+def test_an_array_read_through_an_object_is_never_stale():
+  """An object kept by identity (a root) is not covered by the key: such
+  traces are not stored, so a re-assigned attribute is always read."""
+  jcc.enable()
+
+  class Holder:
+    pass
+  h = Holder()
+
+  def make_reader(w):
+    return lambda v: v @ w + h.b
+  for i in range(4):
+    h.b = jnp.full((4, 4), float(i))
+    f = make_reader(jnp.eye(4))
+    assert_like_stock(STOCK_JIT(f)(x), f, x)
+
+
+def test_a_function_object_answered_once_keeps_its_answer_like_stock():
+  """Identity first: a function object traced before answers with its
+  first trace for the same signature, as stock's own cache would, even
+  after its cell changes (compared with a stock twin put through the same
+  steps)."""
+  def make_cell(w):
+    def f(v):
+      return v @ w
+    return f
+  jcc.enable()
+  for i in range(3):
+    STOCK_JIT(make_cell(jnp.eye(4) * i))(x)
+  f = make_cell(jnp.eye(4) * 5)
+  twin = make_cell(jnp.eye(4) * 5)
+  ours = STOCK_JIT(f)
+  first = ours(x)
+  jcc.disable()
+  stock_twin = STOCK_JIT(twin)
+  want_first = stock_twin(x)
+  twin.__closure__[0].cell_contents = jnp.eye(4) * 9
+  want_again = stock_twin(x)
+  jcc.enable()
+  f.__closure__[0].cell_contents = jnp.eye(4) * 9
+  again = ours(x)
+  np.testing.assert_array_equal(first, want_first)
+  np.testing.assert_array_equal(again, want_again)
+
+
+def test_the_store_never_keeps_a_leaf_alive():
+  jcc.enable()
+  refs = []
+  for i in range(5):
+    w = jnp.eye(4) * i
+    refs.append(weakref.ref(w))
+    f = make(w)
+    jitted = STOCK_JIT(f)
+    jitted(x)
+    jitted(x)   # the C++ fast path, with the leaves as const args
+    jax.jit(f).lower(x)
+    STOCK_CF["while_loop"](lambda c: c[0] < 2,
+                           lambda c: (c[0] + 1, c[1] @ w), (0, x))
+    del w, f, jitted
+  gc.collect()
+  assert [r() for r in refs] == [None] * 5
+  assert jcc.stats()["shared_traces"] > 0
+
+
+def test_clear_caches_clears_the_shared_traces():
+  jcc.enable()
+  for i in range(3):
+    STOCK_JIT(make(jnp.eye(4) * i))(x)
+  assert jcc.stats()["shared_traces"] > 0
+  jax.clear_caches()
+  assert jcc.stats()["shared_traces"] == 0
+  f = make(jnp.eye(4) * 4)
+  with counting() as c:
+    out = STOCK_JIT(f)(x)
+  assert c["traces"] >= 1   # cleared: traced again
+  assert_like_stock(out, f, x, rtol=1e-6)
+
+
+def test_disable_restores_every_trace_lookup_patch():
+  from jax._src import pjit, stages
+  from jax._src.interpreters import partial_eval as pe
+  originals = (pe.trace_to_jaxpr, pjit._trace_for_jit, pjit._infer_params,
+               pjit._get_fastpath_data, stages.Traced.lower)
+  jcc.enable()
+  assert pe.trace_to_jaxpr is not originals[0]
+  jcc.disable()
+  assert (pe.trace_to_jaxpr, pjit._trace_for_jit, pjit._infer_params,
+          pjit._get_fastpath_data, stages.Traced.lower) == originals
