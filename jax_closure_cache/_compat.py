@@ -158,6 +158,7 @@ STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
 #: constants as the arguments ``Compiled`` passes first.
 STOCK_TRACED_LOWER = _stages.Traced.lower
 ClosedJaxpr = _core.ClosedJaxpr
+separate_consts = _pe.separate_consts
 typeof = _core.typeof
 eval_jaxpr = _core.eval_jaxpr
 trace_context = _config.trace_context

@@ -217,7 +217,17 @@ def stats() -> dict:
 
 
 def _held(kind: str) -> int:
-  return sum(len(s) for s in list(_stores) if s.kind == kind)
+  return (sum(len(s) for s in list(_stores) if s.kind == kind)
+          + sum(size() for k, size in _sizes if k == kind))
+
+
+_sizes: list = []   # (kind, size function) of stores kept elsewhere
+
+
+def register_size(kind: str, size) -> None:
+  """Count ``size()`` in :func:`stats` under ``kind`` (a store this module
+  does not own, such as the trace lookup's)."""
+  _sizes.append((kind, size))
 
 
 def clear_entries() -> None:

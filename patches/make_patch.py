@@ -41,7 +41,8 @@ VENDORED = ("_compat.py", "cache.py", "closure.py", "closure_front.py",
             "closure_match.py",
             "closure_rebuild.py", "closure_guards.py", "closure_jit.py",
             "control_flow.py", "convert.py", "diagnostics.py",
-            "static_args.py", "trace_cache.py")
+            "static_args.py", "trace_cache.py", "upstream/__init__.py",
+            "upstream/closure_key.py")
 TARGET_DIR = "jax/_src/closure_cache"
 
 _EXPLAIN_OPTION_END = (

@@ -235,3 +235,19 @@ def test_disable_restores_every_trace_lookup_patch():
   jcc.disable()
   assert (pe.trace_to_jaxpr, pjit._trace_for_jit, pjit._infer_params,
           pjit._get_fastpath_data, stages.Traced.lower) == originals
+
+
+def test_a_function_reached_twice_is_rebuilt_wherever_it_is_held():
+  """``inner`` is reached through ``mid`` and directly: the lifted trace
+  must rebuild both holders, or one would bake the first closure's array
+  into the shared jaxpr (a stale result for every later closure)."""
+  def make_nested(w):
+    inner = lambda y: y * w
+    mid = lambda y: inner(y) * 2.0
+    return lambda y: mid(y) + inner(y)
+  jcc.enable()
+  v = jnp.ones(3)
+  for i in range(5):
+    f = make_nested(jnp.full(3, float(i)))
+    assert_like_stock(STOCK_JIT(f)(v), f, v)
+    assert_like_stock(jax.jit(f).lower(v).compile()(v), f, v)
