@@ -3,8 +3,8 @@
 The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
 the build, so that it lands in site-packages next to the package: Python runs
 its one line at every start, which imports the package (and not jax) only
-when ``JAX_CLOSURE_CACHE`` is set. The upstream patch is copied into the
-package for ``python -m jax_closure_cache patch``.
+when ``JAX_CLOSURE_CACHE`` is set. The upstream patch series is copied into
+the package for ``python -m jax_closure_cache patch``.
 """
 
 import os
@@ -14,18 +14,22 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "jax_closure_cache_startup.pth"
-PATCH = "jax-0.10.2-closure-cache.patch"
+SERIES = os.path.join(HERE, "patches", "series")
 
 
 class BuildPyWithStartupHook(build_py):
   """Also installs the start-up hook at the root of site-packages and the
-  upstream patch inside the package (``patch apply`` reads it there)."""
+  upstream patch series inside the package (``patch apply`` reads it
+  there, from ``jax_closure_cache/patches/``)."""
 
   def _extras(self):
     return [(os.path.join(HERE, "jax_closure_cache", PTH),
-             os.path.join(self.build_lib, PTH)),
-            (os.path.join(HERE, "patches", PATCH),
-             os.path.join(self.build_lib, "jax_closure_cache", PATCH))]
+             os.path.join(self.build_lib, PTH))] + [
+                (os.path.join(SERIES, name),
+                 os.path.join(self.build_lib, "jax_closure_cache", "patches",
+                              name))
+                for name in sorted(os.listdir(SERIES))
+                if name.endswith(".patch")]
 
   def run(self):
     super().run()

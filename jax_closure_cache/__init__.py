@@ -19,9 +19,10 @@ Public API::
 
 Importing this package does not import jax: names load on first use, so the
 start-up hook can import it in every process for next to nothing. When the
-installed jax carries the upstream patch (``patches/``), ``jit``, ``stats``
-and the rest come from JAX's own copy of these modules and ``enable()`` sets
-JAX's ``jax_closure_cache`` option, so the two never stack. With
+installed jax carries the upstream series (``patches/``), JAX's own trace
+lookup is closure-keyed behind its ``jax_closure_cache`` option: ``enable()``
+sets that option and installs only the fast front (``jit`` and the control-
+flow launchers), which then shares JAX's store. With
 ``JAX_CLOSURE_CACHE=1`` in the environment, ``jax.jit`` is patched right when
 jax is (or already was) imported.
 """

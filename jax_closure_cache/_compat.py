@@ -147,7 +147,9 @@ from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402,F401
 
 #: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
 #: the pjit functions around it, as JAX defines them.
-STOCK_TRACE_TO_JAXPR = _pe.trace_to_jaxpr
+# With the series applied, the memoized function is ``_trace_to_jaxpr`` and
+# ``trace_to_jaxpr`` the option's dispatcher.
+STOCK_TRACE_TO_JAXPR = getattr(_pe, "_trace_to_jaxpr", _pe.trace_to_jaxpr)
 STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
 STOCK_INFER_PARAMS = _pjit._infer_params
 STOCK_GET_FASTPATH_DATA = _pjit._get_fastpath_data
@@ -269,6 +271,8 @@ def check_patch_points() -> list[tuple[str, bool, str]]:
           captured_constants(STOCK_JIT(lambda x: x).trace(1.0)), list),
       "jax._src.monitoring._event_listeners": lambda: isinstance(
           monitoring_active(), bool),
+      "trace lookup patch points": lambda: all(
+          callable(getattr(owner, name)) for owner, name in TRACE_PATCH_POINTS),
   }
   for name, check in checks.items():
     try:
@@ -283,15 +287,23 @@ def check_patch_points() -> list[tuple[str, bool, str]]:
 # -- the upstream patch ----------------------------------------------------------
 
 def jax_carries_patch() -> bool:
-  """Whether the installed jax has the ``jax_closure_cache`` option, i.e. the
-  upstream patch (``patches/``) is applied to it."""
+  """Whether the installed jax carries the upstream series (``patches/``):
+  its ``jax_closure_cache`` option and closure-keyed trace lookup."""
   return hasattr(_config, "closure_cache")
 
 
 def implementation(module: str):
-  """The module that implements the cache: JAX's own copy of it when jax
-  carries the patch (so the two never stack), else this package's."""
+  """The package module ``module`` (one implementation in both modes: the
+  upstream series adds only the closure key and the trace lookup to JAX)."""
+  import importlib
+  return importlib.import_module(f"jax_closure_cache.{module}")
+
+
+def closure_key_module():
+  """Layer two's module: JAX's own ``jax._src.closure_key`` when jax carries
+  the series (so the package's front and JAX share one store), else the
+  package's copy of the same file, ``upstream/closure_key.py``."""
   import importlib
   if jax_carries_patch():
-    return importlib.import_module(f"jax._src.closure_cache.{module}")
-  return importlib.import_module(f"jax_closure_cache.{module}")
+    return importlib.import_module("jax._src.closure_key")
+  return importlib.import_module("jax_closure_cache.upstream.closure_key")

@@ -47,8 +47,6 @@ def _enable_safely() -> None:
   """Enable from the environment; never break the user's program."""
   try:
     from jax_closure_cache import _compat, patching
-    if _compat.jax_carries_patch():
-      return   # jax reads JAX_CLOSURE_CACHE itself, as its own option
     if not _compat.versions_match():
       import warnings
       import jax

@@ -1,16 +1,19 @@
-"""Apply, check and revert the upstream patch on an installed copy of jax.
+"""Apply, check and revert the upstream patch series on an installed jax.
 
-The patch (``patches/jax-0.10.2-closure-cache.patch``, shipped inside the
-package) is a unified diff whose paths start with ``jax/``; a target is a
-folder that contains a ``jax/`` package (site-packages, or any copy). Files
-outside ``jax/`` in the patch (JAX's test file) are for the upstream pull
-request and are never written into a target.
+The series (``patches/series/000N-*.patch``, shipped inside the package as
+``jax_closure_cache/patches/``) is a pull request against JAX's sources:
+unified diffs whose paths start with ``jax/`` or ``tests/``. A target is a
+folder that contains a ``jax/`` package (site-packages, or any copy): the
+patches' changes to ``jax/**.py`` are applied there, in order; JAX's tests
+and ``BUILD`` files are for the pull request and never written into a
+target.
 
 Invariants:
 * ``apply`` and ``revert`` compute every file's new content in memory first
-  (a dry run); if any hunk does not match exactly, nothing is written.
+  (a dry run of the whole series); if any hunk does not match exactly,
+  nothing is written.
 * ``revert`` after ``apply`` restores every file byte for byte and removes
-  the files the patch added.
+  the files the series added.
 * The target must be jax 0.10.2 (read from ``jax/version.py``, not imported).
 
 Exit codes (also of ``python -m jax_closure_cache patch ...``):
@@ -27,8 +30,6 @@ import re
 import tempfile
 
 from jax_closure_cache import _compat
-
-PATCH_NAME = f"jax-{_compat.JAX_VERSION}-closure-cache.patch"
 
 OK, NOTHING_TO_DO, CONFLICT, BAD_TARGET = 0, 1, 2, 3
 
@@ -56,14 +57,21 @@ class FilePatch:
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 
-def patch_path() -> str:
-  """The patch shipped with the package, or the checkout's copy."""
+def series_paths() -> list[str]:
+  """The series shipped with the package, or the checkout's, in order."""
   here = os.path.dirname(os.path.abspath(__file__))
-  for path in (os.path.join(here, PATCH_NAME),
-               os.path.join(os.path.dirname(here), "patches", PATCH_NAME)):
-    if os.path.exists(path):
-      return path
-  raise PatchError(BAD_TARGET, f"{PATCH_NAME} not found next to the package")
+  for folder in (os.path.join(here, "patches"),
+                 os.path.join(os.path.dirname(here), "patches", "series")):
+    if os.path.isdir(folder):
+      names = sorted(n for n in os.listdir(folder) if n.endswith(".patch"))
+      if names:
+        return [os.path.join(folder, n) for n in names]
+  raise PatchError(BAD_TARGET, "the patch series is not next to the package")
+
+
+def _applies_to_target(path: str) -> bool:
+  """Whether a file of the series belongs in an installed jax."""
+  return path.startswith("jax/") and path.endswith(".py")
 
 
 def parse(text: str) -> list[FilePatch]:
@@ -123,34 +131,51 @@ def default_target() -> str:
   return os.path.dirname(os.path.dirname(spec.origin))
 
 
-def _plan(target: str, reverse: bool) -> dict[str, str | None]:
-  """New content of every touched file (None: delete), or PatchError."""
+def _plan(target: str, reverse: bool,
+          upto: int | None = None) -> dict[str, str | None]:
+  """New content of every touched file (None: delete) after the series (its
+  first ``upto`` patches), or PatchError."""
   version = _jax_version(target)
   if version != _compat.JAX_VERSION:
     raise PatchError(BAD_TARGET, f"{target} does not hold jax "
                      f"{_compat.JAX_VERSION} (found {version or 'no jax'})")
-  with open(patch_path()) as f:
-    files = [fp for fp in parse(f.read()) if fp.path.startswith("jax/")]
-  plan: dict[str, str | None] = {}
-  for fp in files:
-    full = os.path.join(target, fp.path)
-    exists = os.path.exists(full)
-    if fp.new_file:
-      text = "".join(t for _, t in fp.hunks[0].lines)
-      if reverse:
-        if not exists:
-          raise PatchError(NOTHING_TO_DO, f"{fp.path} is absent")
-        with open(full) as f:
-          if f.read() != text:
+  series = []
+  for path in series_paths()[:upto]:
+    with open(path) as f:
+      series.append([fp for fp in parse(f.read())
+                     if _applies_to_target(fp.path)])
+  if reverse:
+    series.reverse()
+  plan: dict[str, str | None] = {}   # full path -> content after the series
+
+  def content(full):
+    if full in plan:
+      return plan[full]
+    if not os.path.exists(full):
+      return None
+    with open(full) as f:
+      return f.read()
+
+  for files in series:
+    for fp in files:
+      full = os.path.join(target, fp.path)
+      current = content(full)
+      if fp.new_file:
+        text = "".join(t for _, t in fp.hunks[0].lines)
+        if reverse:
+          if current is None:
+            raise PatchError(NOTHING_TO_DO, f"{fp.path} is absent")
+          if current != text:
             raise PatchError(CONFLICT, f"{fp.path} differs from the patch's")
-        plan[full] = None
+          plan[full] = None
+        else:
+          if current is not None:
+            raise PatchError(NOTHING_TO_DO, f"{fp.path} already exists")
+          plan[full] = text
       else:
-        if exists:
-          raise PatchError(NOTHING_TO_DO, f"{fp.path} already exists")
-        plan[full] = text
-    else:
-      with open(full) as f:
-        plan[full] = _apply_hunks(f.read(), fp.hunks, reverse)
+        if current is None:
+          raise PatchError(CONFLICT, f"{fp.path} is missing")
+        plan[full] = _apply_hunks(current, fp.hunks, reverse)
   return plan
 
 
@@ -158,7 +183,7 @@ def status(target: str) -> tuple[int, str]:
   """(code, message): 0 applied, 1 not applied, 2 conflicting, 3 bad target."""
   try:
     _plan(target, reverse=True)
-    return OK, f"applied: {target}/jax carries the closure-cache patch"
+    return OK, f"applied: {target}/jax carries the closure-key series"
   except PatchError as on_reverse:
     if on_reverse.code == BAD_TARGET:
       return BAD_TARGET, str(on_reverse)
@@ -184,6 +209,12 @@ def _write(plan: dict[str, str | None]) -> None:
     if os.path.exists(full):
       os.chmod(tmp, os.stat(full).st_mode)
     os.replace(tmp, full)
+
+
+def apply_first(target: str, count: int) -> None:
+  """Apply only the series' first ``count`` patches to a pristine target
+  (each patch must work on its own; tests check that)."""
+  _write(_plan(target, reverse=False, upto=count))
 
 
 def apply(target: str) -> tuple[int, str]:

@@ -50,9 +50,11 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   for owner in _compat.CLOSURE_CONVERT_OWNERS:
     if getattr(owner, "closure_convert", None) is _compat.STOCK_CLOSURE_CONVERT:
       points.append((owner, "closure_convert", convert.closure_convert))
-  # layer two: the closure key inside JAX's memoized trace lookup
-  for owner, name in _compat.TRACE_PATCH_POINTS:
-    points.append((owner, name, trace_cache.REPLACEMENTS[name]))
+  # layer two: the closure key inside JAX's memoized trace lookup (a jax
+  # carrying the upstream series has it natively, behind its option)
+  if not _compat.jax_carries_patch():
+    for owner, name in _compat.TRACE_PATCH_POINTS:
+      points.append((owner, name, trace_cache.REPLACEMENTS[name]))
   return points
 
 
@@ -64,8 +66,6 @@ def is_enabled() -> bool:
   """Whether ``jax.jit`` (and control flow) are currently the cached ones."""
   from jax_closure_cache import activation
   activation.finish_pending()   # enabling by the environment may be pending
-  if _compat.jax_carries_patch():
-    return bool(jax.config.jax_closure_cache)
   return bool(_applied)
 
 
@@ -81,9 +81,10 @@ def _check_version(force: bool) -> None:
 
 
 def mode() -> str:
-  """``"patched-jax"`` when the installed jax carries the upstream patch
-  (then ``enable()`` sets its ``jax_closure_cache`` option and patches
-  nothing), else ``"monkey-patch"``."""
+  """``"patched-jax"`` when the installed jax carries the upstream series
+  (then ``enable()`` sets its ``jax_closure_cache`` option, which keys JAX's
+  own trace lookup on closures, and installs only the fast front), else
+  ``"monkey-patch"``."""
   return "patched-jax" if _compat.jax_carries_patch() else "monkey-patch"
 
 
@@ -100,8 +101,8 @@ def enable(*, lift_numpy: bool | None = None,
     auto_dynamic: if given, the default of ``jit(..., auto_dynamic=...)``.
     force: enable even if the installed jax is not the pinned release.
 
-  With a jax that carries the upstream patch this sets its
-  ``jax_closure_cache`` option instead of patching anything.
+  With a jax that carries the upstream series this also sets its
+  ``jax_closure_cache`` option, and leaves its trace lookup unpatched.
 
   Example::
 
@@ -117,11 +118,10 @@ def enable(*, lift_numpy: bool | None = None,
       _lift_numpy_state().set_lift_numpy_default(lift_numpy)
     if auto_dynamic is not None:
       _lift_numpy_state().set_auto_dynamic_default(auto_dynamic)
-    if _compat.jax_carries_patch():
-      jax.config.update("jax_closure_cache", True)
-      return
     if _applied:
       return
+    if _compat.jax_carries_patch():
+      jax.config.update("jax_closure_cache", True)
     for owner, name, replacement in _patch_points():
       original = getattr(owner, name)
       _applied.append(Patch(owner, name, original, replacement))
@@ -132,7 +132,7 @@ def disable() -> None:
   """Put back every original that ``enable()`` replaced, in reverse order
   (with a patched jax: set its ``jax_closure_cache`` option off)."""
   with _lock:
-    if _compat.jax_carries_patch():
+    if _compat.jax_carries_patch() and _applied:
       jax.config.update("jax_closure_cache", False)
     while _applied:
       p = _applied.pop()

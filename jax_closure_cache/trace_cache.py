@@ -31,7 +31,9 @@ import threading
 import weakref
 
 from jax_closure_cache import _compat
-from jax_closure_cache.upstream import closure_key
+
+# JAX's own module when jax carries the series, else the package's copy.
+closure_key = _compat.closure_key_module()
 
 from jax_closure_cache import cache
 

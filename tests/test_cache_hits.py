@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import PATCHED, warm, STOCK_JIT, assert_like_stock, counting
+from conftest import warm, STOCK_JIT, assert_like_stock, counting
 
 
 def make_inner(w):
@@ -356,8 +356,6 @@ def test_closure_over_closure_hits_when_only_the_array_changes():
     assert_like_stock(out, make(jnp.full(3, float(i)), 1.0), x)
 
 
-@pytest.mark.skipif(PATCHED, reason="inspects the package's own front "
-                    "classes; patched-jax mode runs the vendored copy")
 def test_fast_front_answers_as_the_generic_call():
   """The generated front (closure_front) takes the hit in one frame; a new
   input shape traces through it, a closure that reads another value is not

@@ -1,5 +1,6 @@
-"""The upstream patch: fresh against the package, atomic apply, exact revert,
-and the JAX-style test file passing against a patched copy of jax."""
+"""The upstream series: fresh against the package (its new module is the
+package's ``upstream/closure_key.py``), atomic apply, exact revert, and the
+JAX-style test file passing against a patched copy of jax, patch by patch."""
 
 import hashlib
 import os
@@ -12,7 +13,8 @@ import pytest
 from jax_closure_cache import _compat, patch_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MAKE_PATCH = os.path.join(REPO, "patches", "make_patch.py")
+MAKE_SERIES = os.path.join(REPO, "patches", "make_series.py")
+JAX_REPO = "/work/.mirror/jax-ml+jax/repo"
 needs_pristine_jax = pytest.mark.skipif(
     _compat.jax_carries_patch(), reason="the installed jax carries the patch")
 
@@ -38,11 +40,48 @@ def jax_copy(tmp_path_factory):
 
 
 @needs_pristine_jax
-@pytest.mark.skipif(not os.path.exists(MAKE_PATCH), reason="no checkout")
-def test_committed_patch_is_a_fresh_generation():
-  out = subprocess.run([sys.executable, MAKE_PATCH, "--check"],
+@pytest.mark.skipif(not os.path.isdir(JAX_REPO),
+                    reason="needs a checkout of jax-v0.10.2 (BUILD, tests)")
+def test_committed_series_is_a_fresh_generation():
+  out = subprocess.run([sys.executable, MAKE_SERIES, "--check",
+                        "--jax-repo", JAX_REPO],
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_series_adds_the_packages_own_closure_key_module():
+  """One source: the module the series adds to JAX is the file the package
+  runs in monkey-patch mode, byte for byte."""
+  with open(patch_tool.series_paths()[0]) as f:
+    files = patch_tool.parse(f.read())
+  added = [fp for fp in files if fp.path == "jax/_src/closure_key.py"]
+  assert len(added) == 1 and added[0].new_file
+  text = "".join(t for _, t in added[0].hunks[0].lines)
+  with open(os.path.join(REPO, "jax_closure_cache", "upstream",
+                         "closure_key.py")) as f:
+    assert f.read() == text
+
+
+def test_series_size_and_shape():
+  """At most 800 changed lines in all, three patches, no package code but
+  the one module, no re-binding of jax.jit or jax.lax, no environment
+  variable read, events under /jax/."""
+  changed = 0
+  for path in patch_tool.series_paths():
+    with open(path) as f:
+      text = f.read()
+    added = [l[1:] for l in text.splitlines()
+             if l.startswith("+") and not l.startswith("+++")]
+    changed += sum(1 for l in text.splitlines()
+                   if l[:1] in "+-" and not l.startswith(("+++", "---")))
+    body = "\n".join(added)
+    assert "import jax_closure_cache" not in body
+    assert "from jax_closure_cache" not in body
+    assert "os.environ" not in body and "getenv" not in body
+    assert "jax.jit =" not in body and "lax.while_loop =" not in body
+    assert "/jax_closure_cache/" not in body
+  assert len(patch_tool.series_paths()) == 3
+  assert changed <= 800, changed
 
 
 @needs_pristine_jax
@@ -50,8 +89,9 @@ def test_apply_check_revert_round_trip(jax_copy):
   pristine = tree_digest(jax_copy)
   assert patch_tool.status(jax_copy)[0] == patch_tool.NOTHING_TO_DO
   assert patch_tool.apply(jax_copy)[0] == patch_tool.OK
-  assert os.path.exists(os.path.join(jax_copy, "jax/_src/closure_cache/closure.py"))
-  assert not os.path.exists(os.path.join(jax_copy, "tests"))   # PR-only file
+  assert os.path.exists(os.path.join(jax_copy, "jax/_src/closure_key.py"))
+  assert not os.path.exists(os.path.join(jax_copy, "tests"))   # PR-only files
+  assert not os.path.exists(os.path.join(jax_copy, "jax/_src/BUILD"))
   assert patch_tool.status(jax_copy)[0] == patch_tool.OK
   assert patch_tool.apply(jax_copy)[0] == patch_tool.NOTHING_TO_DO
   assert patch_tool.revert(jax_copy)[0] == patch_tool.OK
@@ -61,20 +101,21 @@ def test_apply_check_revert_round_trip(jax_copy):
 
 @needs_pristine_jax
 def test_apply_is_atomic_on_a_conflict(jax_copy):
-  lax_init = os.path.join(jax_copy, "jax", "lax", "__init__.py")
-  with open(lax_init) as f:
+  pjit = os.path.join(jax_copy, "jax", "_src", "pjit.py")
+  with open(pjit) as f:
     original = f.read()
-  with open(lax_init, "w") as f:   # a local edit where a hunk lands
-    f.write(original.replace("  platform_dependent as platform_dependent,\n)\n",
-                             "  platform_dependent as platform_dependent,\n)  # edited\n"))
+  anchor = "        pgle_profiler, const_args)\n"
+  assert original.count(anchor) == 1
+  with open(pjit, "w") as f:   # a local edit where patch 2's hunk lands
+    f.write(original.replace(anchor, "        pgle_profiler, const_args)  # edited\n"))
   try:
     before = tree_digest(jax_copy)
     code, message = patch_tool.status(jax_copy)
     assert code == patch_tool.CONFLICT, message
     assert patch_tool.apply(jax_copy)[0] == patch_tool.CONFLICT
-    assert tree_digest(jax_copy) == before   # nothing was written
+    assert tree_digest(jax_copy) == before   # nothing was written, not even patch 1
   finally:
-    with open(lax_init, "w") as f:
+    with open(pjit, "w") as f:
       f.write(original)
 
 
@@ -92,7 +133,7 @@ def test_wrong_target_is_refused(tmp_path):
 def test_jax_style_test_file_passes_on_patched_copy(jax_copy):
   assert patch_tool.apply(jax_copy)[0] == patch_tool.OK
   try:
-    test_file = os.path.join(REPO, "patches", "closure_cache_test.py")
+    test_file = os.path.join(REPO, "patches", "closure_key_test.py")
     env = dict(os.environ, PYTHONPATH=jax_copy)
     out = subprocess.run([sys.executable, test_file], env=env, cwd=jax_copy,
                          capture_output=True, text=True, timeout=600)
@@ -100,3 +141,26 @@ def test_jax_style_test_file_passes_on_patched_copy(jax_copy):
     assert "OK" in out.stderr
   finally:
     patch_tool.revert(jax_copy)
+
+
+@needs_pristine_jax
+@pytest.mark.parametrize("count", [1, 2])
+def test_each_patch_passes_its_own_tests_on_its_own(count, tmp_path):
+  """The first ``count`` patches alone, with the test file as they leave it."""
+  target = tmp_path / "site"
+  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
+  patch_tool.apply_first(str(target), count)
+  sys.path.insert(0, os.path.join(REPO, "patches"))
+  try:
+    import make_series
+  finally:
+    sys.path.pop(0)
+  test_file = tmp_path / "closure_key_test.py"
+  test_file.write_text(make_series.test_stage(count))
+  env = dict(os.environ, PYTHONPATH=str(target))
+  out = subprocess.run([sys.executable, str(test_file)], env=env,
+                       cwd=str(target), capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+  assert "OK" in out.stderr

@@ -51,6 +51,7 @@ import numpy as np
 
 from jax._src import config
 from jax._src import core
+from jax._src import monitoring
 from jax._src import tree_util
 from jax._src import util
 from jax._src.lib import _jax
@@ -130,8 +131,8 @@ class _Walk:
       return (_CYCLE, index)
     index = self.memo[id(f)] = len(self.memo)
     code = f.__code__
-    names = _global_names(code)
-    if _writes_globals(code):
+    names, writes = _code_names(code)
+    if writes:
       raise Unkeyable("assigns to a global")
     cells = tuple(self.value(c.cell_contents) if _filled(c) else _EMPTY
                   for c in f.__closure__ or ())
@@ -148,27 +149,15 @@ class _Walk:
 def _code_names(code: types.CodeType) -> tuple[tuple[str, ...], bool]:
   """The global names ``code`` (and the code it nests) may read, and whether
   it assigns to a global."""
+  import dis
   names, writes, pending = [], False, [code]
   while pending:
     c = pending.pop()
     names.extend(c.co_names)
     writes |= any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")
-                  for i in _instructions(c))
+                  for i in dis.get_instructions(c))
     pending.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
   return tuple(dict.fromkeys(names)), writes
-
-
-def _instructions(code):
-  import dis
-  return dis.get_instructions(code)
-
-
-def _global_names(code) -> tuple[str, ...]:
-  return _code_names(code)[0]
-
-
-def _writes_globals(code) -> bool:
-  return _code_names(code)[1]
 
 
 def _filled(cell) -> bool:
@@ -234,7 +223,7 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
     g = f.__globals__
     if any(map(has_leaf, reads)):
       g = dict(g)                 # the rebuilt function reads its own copy
-      for n, rk in zip(_global_names(code), reads):
+      for n, rk in zip(_code_names(code)[0], reads):
         if has_leaf(rk):
           g[n] = value(f.__globals__[n], rk)
     new = types.FunctionType(code, g, f.__name__, None, new_cells or None)
@@ -360,6 +349,8 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return answer
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
+  monitoring.record_event("/jax/closure_cache/miss" if answer is None
+                          else "/jax/closure_cache/hit")
   if answer is None:
     _traced_as_usual.add(fun)
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
@@ -376,6 +367,7 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   shared as it is (a key without leaves)."""
   try:
     key, leaves, anchors = closure_key(fun)
+    _remember(fun, key)
     key = (key, tuple(map(core.typeof, leaves)), sig)
     shared = _store.get(key)
   except (Unkeyable, TypeError):
@@ -490,3 +482,63 @@ def _put(key, shared: _Shared, anchors) -> None:
     return   # an anchor that cannot be held weakly: not stored
   _store.put(key, shared)
 
+
+
+# -- explanations ------------------------------------------------------------------
+
+# The last closure key seen for each code object, for explain_miss.
+_last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remember(fun, key) -> None:
+  code = getattr(fun, "__code__", None)
+  if code is not None:
+    previous = _last_key.get(code)
+    _last_key[code] = (key, previous[0] if previous else None)
+
+
+def explain_miss(fun) -> str:
+  """For ``pe.explain``: why ``fun`` did not share a trace with an earlier
+  function of the same code."""
+  try:
+    key, _, _ = closure_key(fun)
+  except Unkeyable as e:
+    return f"  jax_closure_cache: no closure key ({e})"
+  code = getattr(fun, "__code__", None)
+  last = _last_key.get(code) if code is not None else None
+  before = None if last is None else (last[1] if last[0] == key else last[0])
+  if before is None or before == key:
+    return ("  jax_closure_cache: the first function of its closure key, "
+            "traced as usual")
+  where = _first_difference(before, key, fun)
+  return f"  jax_closure_cache: its closure differs at {where}"
+
+
+def _first_difference(a, b, fun, path="") -> str:
+  """Where keys ``a`` and ``b`` first differ, named by cell, default and
+  global names, with both values."""
+  value = type(a) is tuple and len(a) == 2 and isinstance(a[0], type)
+  if type(a) is tuple and type(b) is tuple and len(a) == len(b) and not value:
+    if a and a[0] == "fn" and b[0] == "fn":
+      code = a[2]
+      names = ([f"cell {n!r}" for n in code.co_freevars],
+               [f"default {i}" for i in range(len(a[5]))], [],
+               [f"global {n!r}" for n in _code_names(code)[0]])
+      for part, labels in zip((4, 5, 6, 7), names):
+        for i, (x, y) in enumerate(zip(a[part], b[part])):
+          if x != y:
+            label = labels[i] if i < len(labels) else f"part {i}"
+            return _first_difference(x, y, fun, f"{path}{label} ")
+    for x, y in zip(a, b):
+      if x != y:
+        return _first_difference(x, y, fun, path)
+  return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
+
+
+def _show(k) -> str:
+  if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
+    value = float.fromhex(k[1]) if k[0] is float else k[1]
+    return f"{k[0].__name__} {value!r}"
+  if k == _LEAF:
+    return "an array"
+  return type(k).__name__ if not isinstance(k, tuple) else str(k[0])

@@ -1,0 +1,299 @@
+"""Generate the upstream patch series, ``patches/series/000N-*.patch``.
+
+A pull request against JAX's own sources at tag jax-v0.10.2 (source layout:
+``jax/...``, ``tests/...``): one new module, ``jax/_src/closure_key.py``,
+which is ``jax_closure_cache/upstream/closure_key.py`` byte for byte (the
+package runs that file in monkey-patch mode), and small edits to JAX's own
+files, in three patches that each apply, and pass their tests, on their own:
+
+1. the closure key and the closure-keyed trace lookup behind the
+   ``jax_closure_cache`` option (``config.py``, ``partial_eval.py``);
+2. pjit, the ahead-of-time stages and the C++ fast path pass a shared
+   jaxpr's constants as arguments; control flow's ``_dedup_consts`` keyed
+   on the sharing pattern;
+3. explanations of misses (``pe.explain``) and ``/jax/closure_cache/*``
+   events.
+
+The ``.py`` sources are read from the installed jax (identical to the tag's
+files); ``BUILD`` files and JAX's tests from a checkout of the tag
+(``--jax-repo``, default ``/work/.mirror/jax-ml+jax/repo``). ``--check``
+fails when a committed patch differs from a fresh generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SERIES = os.path.join(HERE, "series")
+MODULE = os.path.join(ROOT, "jax_closure_cache", "upstream", "closure_key.py")
+TEST = os.path.join(HERE, "closure_key_test.py")
+TAG = "jax-v0.10.2"
+
+NAMES = ("0001-closure-key-trace-lookup.patch",
+         "0002-pjit-aot-and-fast-path-pass-shared-constants.patch",
+         "0003-explain-closure-key-misses.patch")
+
+_CONFIG_ANCHOR = (
+    "          'otherwise the level is DEBUG.'))\n")
+_PE_DEF = ("@weakref_lru_cache(maxsize=None, explain=explain)\n"
+           "def trace_to_jaxpr(\n")
+_PE_END = ("  return ClosedJaxpr(jaxpr, consts), out_avals\n\n\n"
+           "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n")
+_PJIT_SEPARATE = (
+    "  if any(isinstance(c, core.Tracer) or core.typeof(c).has_qdd "
+    "for c in jaxpr.consts):\n")
+_PJIT_FASTPATH = (
+    "    maybe_fastpath_data = _get_fastpath_data(\n"
+    "        executable, out_tree, args_flat, out_flat, jaxpr.effects, "
+    "jaxpr.consts,\n"
+    "        pgle_profiler, const_args)\n")
+_STAGES_LOWER = (
+    "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
+    "                   in_types=lo._in_types, out_types=lo._out_types)\n")
+_DEDUP = "  jaxprs = [_dedup_consts(jaxpr, len(consts), const_ids) for jaxpr in jaxprs]\n"
+_EXPLAIN = (
+    "      p(\"  but seen another function defined on the same line; maybe the "
+    "function is\\n\"\n"
+    "        \"  being re-defined repeatedly, preventing caching?\")\n")
+
+#: Per patch: (path, anchor that occurs exactly once, replacement).
+EDITS = (
+    (  # 1: the closure key and the trace lookup
+        ("jax/_src/config.py", _CONFIG_ANCHOR, _CONFIG_ANCHOR + """
+closure_cache = bool_state(
+    name='jax_closure_cache',
+    default=False,
+    help=('Memoize traces on the contents of a function\\'s closure instead '
+          'of on the function object, so that re-created closures (a nested '
+          'def, a lambda in a loop, a functools.partial) share one trace and '
+          'one executable; closed-over arrays become arguments. See '
+          'jax/_src/closure_key.py.'))
+"""),
+        ("jax/_src/interpreters/partial_eval.py",
+         "from jax._src import ad_util\n",
+         "from jax._src import ad_util\nfrom jax._src import closure_key\n"),
+        ("jax/_src/interpreters/partial_eval.py", _PE_DEF,
+         "@weakref_lru_cache(maxsize=None, explain=explain)\n"
+         "def _trace_to_jaxpr(\n"),
+        ("jax/_src/interpreters/partial_eval.py", _PE_END,
+         "  return ClosedJaxpr(jaxpr, consts), out_avals\n\n"
+         "def trace_to_jaxpr(fun: Callable, in_avals: FlatTree,\n"
+         "                   debug_info: core.DebugInfo, *context_for_cache_key,\n"
+         "                   **kwargs) -> tuple[ClosedJaxpr, FlatTree]:\n"
+         "  \"\"\"Traces ``fun`` to a jaxpr, memoized on the function object\n"
+         "  or, with ``jax_closure_cache`` on, on its closure key.\"\"\"\n"
+         "  if config.closure_cache.value:\n"
+         "    return closure_key.trace_to_jaxpr(\n"
+         "        _trace_to_jaxpr, fun, in_avals, debug_info,\n"
+         "        *context_for_cache_key, **kwargs)\n"
+         "  return _trace_to_jaxpr(fun, in_avals, debug_info,\n"
+         "                         *context_for_cache_key, **kwargs)\n"
+         "trace_to_jaxpr.evict_weakref = _trace_to_jaxpr.evict_weakref  "
+         "# type: ignore[attr-defined]\n\n\n"
+         "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n"),
+    ),
+    (  # 2: pjit, the stages, the fast path, control flow
+        ("jax/_src/pjit.py", "from jax._src import config\n",
+         "from jax._src import closure_key\nfrom jax._src import config\n"),
+        ("jax/_src/pjit.py", _PJIT_SEPARATE,
+         "  if (any(isinstance(c, core.Tracer) or core.typeof(c).has_qdd\n"
+         "          for c in jaxpr.consts)\n"
+         "      or closure_key.is_shared(jaxpr)):  # one executable, many closures\n"),
+        ("jax/_src/pjit.py", _PJIT_FASTPATH,
+         "    # A shared jaxpr's constants: the fast path passes them first.\n"
+         "    n = len(p.consts) if all(type(c) is xc.ArrayImpl for c in p.consts) else 0\n"
+         "    maybe_fastpath_data = _get_fastpath_data(\n"
+         "        executable, out_tree, args_flat[n:], out_flat, jaxpr.effects,\n"
+         "        jaxpr.consts, pgle_profiler, [*const_args, *args_flat[:n]])\n"),
+        ("jax/_src/stages.py", _STAGES_LOWER,
+         "    consts = (self._consts if all(type(c) is xc.ArrayImpl\n"
+         "                                  for c in self._consts) else ())\n"
+         "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
+         "                   in_types=lo._in_types, out_types=lo._out_types,\n"
+         "                   const_args=consts)\n"),
+        ("jax/_src/stages.py",
+         "  __slots__ = [\"_lowering\", \"args_info\", \"out_tree\", \"_no_kwargs\",\n"
+         "               \"_in_types\", \"_out_types\"]\n",
+         "  __slots__ = [\"_lowering\", \"args_info\", \"out_tree\", \"_no_kwargs\",\n"
+         "               \"_in_types\", \"_out_types\", \"_const_args\"]\n"),
+        ("jax/_src/stages.py",
+         "               in_types=None, out_types=None):\n\n"
+         "    self._lowering = lowering\n",
+         "               in_types=None, out_types=None, const_args=()):\n\n"
+         "    self._lowering = lowering\n"
+         "    self._const_args = list(const_args)  # passed after the lowering's\n"),
+        ("jax/_src/stages.py",
+         "    return Compiled(self._lowering.compile(**kw), self._lowering.const_args,\n",
+         "    return Compiled(self._lowering.compile(**kw),\n"
+         "                    [*self._lowering.const_args, *self._const_args],\n"),
+        ("jax/_src/lax/control_flow/common.py", _DEDUP,
+         "  # keyed on which constants are the same object, not on their ids\n"
+         "  first: dict[int, int] = {}\n"
+         "  pattern = tuple(first.setdefault(i, k) for k, i in enumerate(const_ids))\n"
+         "  jaxprs = [_dedup_consts(jaxpr, len(consts), pattern) for jaxpr in jaxprs]\n"),
+    ),
+    (  # 3: explanations and events
+        ("jax/_src/interpreters/partial_eval.py", _EXPLAIN,
+         _EXPLAIN +
+         "      if config.closure_cache.value:\n"
+         "        p(closure_key.explain_miss(fun))\n"),
+    ),
+)
+
+BUILD_EDITS = (
+    ("jax/_src/BUILD",
+     "pytype_strict_library(\n    name = \"api_util\",\n",
+     "pytype_strict_library(\n"
+     "    name = \"closure_key\",\n"
+     "    srcs = [\"closure_key.py\"],\n"
+     "    type_checking = \"pyrefly\",\n"
+     "    deps = [\n"
+     "        \":config\",\n"
+     "        \":core\",\n"
+     "        \":monitoring\",\n"
+     "        \":tree_util\",\n"
+     "        \":util\",\n"
+     "        \"//jax/_src/lib\",\n"
+     "    ] + py_deps(\"numpy\"),\n"
+     ")\n\n"
+     "pytype_strict_library(\n    name = \"api_util\",\n"),
+    ("jax/_src/BUILD",
+     "    srcs = [\"interpreters/partial_eval.py\"],\n"
+     "    type_checking = \"pyrefly\",\n"
+     "    visibility = [\"//jax:internal\"] + jax_visibility(\"partial_eval\"),\n"
+     "    deps = [\n"
+     "        \":ad_util\",\n"
+     "        \":api_util\",\n",
+     "    srcs = [\"interpreters/partial_eval.py\"],\n"
+     "    type_checking = \"pyrefly\",\n"
+     "    visibility = [\"//jax:internal\"] + jax_visibility(\"partial_eval\"),\n"
+     "    deps = [\n"
+     "        \":ad_util\",\n"
+     "        \":api_util\",\n"
+     "        \":closure_key\",\n"),
+    ("tests/BUILD",
+     "jax_multiplatform_test(\n    name = \"lax_control_flow_test\",\n",
+     "jax_multiplatform_test(\n"
+     "    name = \"closure_key_test\",\n"
+     "    srcs = [\"closure_key_test.py\"],\n"
+     ")\n\n"
+     "jax_multiplatform_test(\n    name = \"lax_control_flow_test\",\n"),
+)
+
+
+def installed_jax_root() -> str:
+  spec = importlib.util.find_spec("jax")
+  return os.path.dirname(os.path.dirname(spec.origin))
+
+
+def read_source(path: str, jax_repo: str | None) -> str | None:
+  """A file of the tag: ``jax/**.py`` from the installed jax, the rest from
+  the checkout (None when there is none)."""
+  if path.startswith("jax/") and path.endswith(".py"):
+    with open(os.path.join(installed_jax_root(), path)) as f:
+      return f.read()
+  if jax_repo is None or not os.path.isdir(jax_repo):
+    return None
+  out = subprocess.run(["git", "-C", jax_repo, "show", f"{TAG}:{path}"],
+                       capture_output=True, text=True)
+  return out.stdout if out.returncode == 0 else None
+
+
+def _replace_once(text: str, anchor: str, new: str, path: str) -> str:
+  if text.count(anchor) != 1:
+    raise SystemExit(f"{path}: anchor found {text.count(anchor)} times: "
+                     f"{anchor[:60]!r}")
+  return text.replace(anchor, new)
+
+
+def test_stage(k: int) -> str:
+  """The JAX-style test file as patch ``k`` leaves it: its sections up to
+  ``# -- patch k`` (sections are introduced by ``  # -- patch N:`` lines)."""
+  with open(TEST) as f:
+    lines = f.read().splitlines(keepends=True)
+  out, keep = [], True
+  for line in lines:
+    if line.startswith("  # -- patch "):
+      keep = int(line.split()[3].rstrip(":")) <= k
+    elif line.startswith("if __name__ =="):
+      keep = True
+    if keep:
+      out.append(line)
+  return "".join(out)
+
+
+def _diff(path: str, old: str | None, new: str) -> str:
+  a = [] if old is None else old.splitlines(keepends=True)
+  b = new.splitlines(keepends=True)
+  lines = list(difflib.unified_diff(
+      a, b, "/dev/null" if old is None else f"a/{path}", f"b/{path}", n=3))
+  return "".join(lines)
+
+
+def generate(jax_repo: str | None) -> dict[str, str]:
+  """{patch name: text}."""
+  state: dict[str, str | None] = {}
+
+  def current(path):
+    if path not in state:
+      state[path] = read_source(path, jax_repo)
+    return state[path]
+
+  patches = {}
+  for k, (name, edits) in enumerate(zip(NAMES, EDITS), start=1):
+    parts = []
+    changed: dict[str, str] = {}
+    for path, anchor, new in edits:
+      text = changed.get(path, current(path))
+      changed[path] = _replace_once(text, anchor, new, path)
+    if k == 1:
+      with open(MODULE) as f:
+        parts.append(_diff("jax/_src/closure_key.py", None, f.read()))
+      for path, anchor, new in BUILD_EDITS:
+        text = changed.get(path, current(path))
+        if text is None:
+          raise SystemExit(f"{path} needs a checkout of {TAG} (--jax-repo)")
+        changed[path] = _replace_once(text, anchor, new, path)
+    old_test = None if k == 1 else test_stage(k - 1)
+    for path in sorted(changed):
+      parts.append(_diff(path, current(path), changed[path]))
+      state[path] = changed[path]
+    parts.append(_diff("tests/closure_key_test.py", old_test, test_stage(k)))
+    header = (f"Subject: [PATCH {k}/{len(NAMES)}] "
+              f"{name[5:-6].replace('-', ' ')}\n\n")
+    patches[name] = header + "".join(parts)
+  return patches
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--check", action="store_true")
+  parser.add_argument("--jax-repo", default="/work/.mirror/jax-ml+jax/repo")
+  args = parser.parse_args(argv)
+  patches = generate(args.jax_repo)
+  stale = []
+  for name, text in patches.items():
+    path = os.path.join(SERIES, name)
+    if args.check:
+      if not os.path.exists(path) or open(path).read() != text:
+        stale.append(path)
+      continue
+    os.makedirs(SERIES, exist_ok=True)
+    with open(path, "w") as f:
+      f.write(text)
+    print(f"wrote {path}")
+  if stale:
+    print("stale: " + ", ".join(stale) + ": run python patches/make_series.py")
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
