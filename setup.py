@@ -34,6 +34,7 @@ class BuildPyWithStartupHook(build_py):
   def run(self):
     super().run()
     for src, dst in self._extras():
+      self.mkpath(os.path.dirname(dst))
       self.copy_file(src, dst)
 
   def get_outputs(self, include_bytecode=1):
