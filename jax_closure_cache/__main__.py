@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow|scale] [--match A,B]``
+``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow|scale|upstream] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -33,9 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                      help="only workloads whose name (jit table) or key (control-flow "
                      "table: decode, minimize, scan, fori, odeint, cg, gpt2) "
                      "contains A or B")
-  bench.add_argument("--only", choices=("jit", "control-flow", "scale"),
-                     help="run one of the three tables (scale: sharded and "
-                     "two-process rows, each in its own processes)")
+  bench.add_argument("--only", choices=("jit", "control-flow", "scale",
+                                        "upstream"),
+                     help="run one of the four tables (scale: sharded and "
+                     "two-process rows, each in its own processes; upstream: "
+                     "the series with its option off against pristine jax)")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
                  "start-up hook and whether the cache is active")
   patch = sub.add_parser(
@@ -94,11 +96,26 @@ def main(argv: list[str] | None = None) -> int:
       report["scale"] = rows
       print("\nScaling out: sharded and multi-process closures\n")
       print(bench_scale.format_table(rows))
+    if args.only in (None, "upstream"):
+      from jax_closure_cache import bench_upstream
+      if _compat_carries_series():
+        print("\nupstream: skipped (the installed jax carries the series)")
+      else:
+        rows = bench_upstream.run()
+        report["upstream"] = rows
+        print("\nThe upstream series with its option off, against pristine "
+              "jax\n")
+        print(bench_upstream.table(rows))
     if args.json:
       with open(args.json, "w") as f:
         json.dump(report, f, indent=2)
     return 0
   return 2
+
+
+def _compat_carries_series() -> bool:
+  from jax_closure_cache import _compat
+  return _compat.jax_carries_patch()
 
 
 def startup_hook_path() -> str | None:

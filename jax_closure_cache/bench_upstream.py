@@ -1,0 +1,109 @@
+"""Benchmark rows for the upstream series with its option off: a copy of the
+installed jax carrying the series against the pristine install, each timed
+in its own processes (one jax per process), rounds alternating between the
+two.
+
+* a long-lived jitted closure (``tanh(x @ w)``, 4x4), called many times: the
+  C++ fast path, which the series does not touch;
+* a long-lived closure-free jitted function;
+* an eager ``while_loop`` with long-lived ``cond`` and ``body``: every call
+  traces through ``pe.trace_to_jaxpr``, where the series adds its option
+  check (a hit of JAX's cache on the function object).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGET = 1.02   # patched (option off) over pristine
+WORKLOADS = ("long-lived closure tanh(x@w) 4x4",
+             "long-lived closure-free function",
+             "eager while_loop, long-lived body")
+
+
+def _worker(calls: int) -> dict:
+  import jax
+  import jax.numpy as jnp
+  from jax._src import config
+
+  option = getattr(config, "closure_cache", None)
+  assert option is None or not option.value   # the option is off
+  w, x = jnp.full((4, 4), 0.1), jnp.ones((4, 4))
+  closure = jax.jit(lambda v: jnp.tanh(v @ w))
+  free = jax.jit(lambda v: v * 2 + 1)
+  cond = lambda c: c[0] < 3
+  body = lambda c: (c[0] + 1, jnp.tanh(c[1] @ w))
+  runs = {WORKLOADS[0]: lambda: closure(x),
+          WORKLOADS[1]: lambda: free(x),
+          WORKLOADS[2]: lambda: jax.lax.while_loop(cond, body, (0, x))[1]}
+  out = {}
+  for name, run in runs.items():
+    n = calls if name != WORKLOADS[2] else max(calls // 10, 50)
+    for _ in range(20):
+      jax.block_until_ready(run())
+    times = []
+    for _ in range(n):
+      t = time.perf_counter()
+      jax.block_until_ready(run())
+      times.append(time.perf_counter() - t)
+    out[name] = statistics.median(times) * 1e6
+  out["carries_series"] = hasattr(config, "closure_cache")
+  return out
+
+
+def _run(pythonpath: str | None, calls: int) -> dict:
+  env = dict(os.environ)
+  env.pop("JAX_CLOSURE_CACHE", None)
+  if pythonpath:
+    env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+  code = ("import json, sys; from jax_closure_cache import bench_upstream as b; "
+          f"print(json.dumps(b._worker({calls})))")
+  out = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=600)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-2000:])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(calls: int = 2000, rounds: int = 3) -> list[dict]:
+  """Rows: pristine and patched medians (best round's ratio is not chosen:
+  the median over rounds of each side is reported)."""
+  from jax_closure_cache import patch_tool
+  with tempfile.TemporaryDirectory() as folder:
+    shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                    os.path.join(folder, "jax"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code, message = patch_tool.apply(folder)
+    if code != patch_tool.OK:
+      raise RuntimeError(message)
+    pristine, patched = [], []
+    for _ in range(rounds):
+      pristine.append(_run(None, calls))
+      patched.append(_run(folder, calls))
+  assert not any(r["carries_series"] for r in pristine)
+  assert all(r["carries_series"] for r in patched)
+  rows = []
+  for name in WORKLOADS:
+    a = statistics.median(r[name] for r in pristine)
+    b = statistics.median(r[name] for r in patched)
+    rows.append({"workload": name, "pristine_us": a, "patched_us": b,
+                 "ratio": b / a, "target": TARGET})
+  return rows
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| workload | pristine jax µs | patched jax, option off µs | "
+           "patched/pristine (target) |", "|---|---|---|---|"]
+  for r in rows:
+    met = "met" if r["ratio"] <= r["target"] else "MISSED"
+    lines.append(f"| {r['workload']} | {r['pristine_us']:.1f} | "
+                 f"{r['patched_us']:.1f} | {r['ratio']:.2f} "
+                 f"(≤ {r['target']}: {met}) |")
+  return "\n".join(lines)
