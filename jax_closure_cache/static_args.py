@@ -164,6 +164,10 @@ class StaticArgsJitted(closure_jit.ClosureJitted):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._owned = None
+    # Stock's own jitted object, made now: its argument validation raises
+    # here, at jit() time, as stock's does (an unknown static_argnames, an
+    # out-of-range static_argnums, static and donated names intersecting).
+    self.stock()
 
   def __call__(self, *args, **kwargs):
     owned = self._owned

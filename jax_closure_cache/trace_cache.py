@@ -38,7 +38,8 @@ closure_key = _compat.closure_key_module()
 from jax_closure_cache import cache
 
 _own_codes = closure_key._own_codes
-cache.register_size("shared_traces", lambda: len(closure_key._store))
+cache.register_size("shared_traces",
+                    lambda: closure_key._store.cache_info()["entries"])
 cache.register_clear_hook(closure_key._store.cache_clear)
 
 
@@ -54,6 +55,16 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
   return closure_key.trace_to_jaxpr(
       _compat.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
+
+
+def _evict_weakref(fun) -> None:
+  """What ``clear_cache()`` of a jitted ``fun`` calls: stock's eviction,
+  and the trace lookup's (``closure_key.evict``)."""
+  _compat.STOCK_TRACE_TO_JAXPR.evict_weakref(fun)
+  closure_key.evict(fun)
+
+
+trace_to_jaxpr.evict_weakref = _evict_weakref
 
 
 def call_shared(fun, a, leaves, args, kwargs):

@@ -40,9 +40,7 @@ def _stock(run):
 class ClosureKeyTest(jtu.JaxTestCase):
 
   def assertSharedFromThird(self, run, arrays):
-    """``run(w)`` for fresh ``w``: equal to the option off, and from the
-    third call (the first is traced as usual, the second traced with its
-    arrays abstracted) nothing traced or compiled."""
+    # as with the option off; from the third call nothing traced or compiled
     counts = []
     for w in arrays:
       out, c = _counts(lambda: run(w))

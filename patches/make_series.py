@@ -70,11 +70,9 @@ EDITS = (
 closure_cache = bool_state(
     name='jax_closure_cache',
     default=False,
-    help=('Memoize traces on the contents of a function\\'s closure instead '
-          'of on the function object, so that re-created closures (a nested '
-          'def, a lambda in a loop, a functools.partial) share one trace and '
-          'one executable; closed-over arrays become arguments. See '
-          'jax/_src/closure_key.py.'))
+    help=('Memoize traces on what a function\\'s closure holds, not on the '
+          'function object: re-created closures share one trace and one '
+          'executable. See jax/_src/closure_key.py.'))
 """),
         ("jax/_src/interpreters/partial_eval.py",
          "from jax._src import ad_util\n",
@@ -95,8 +93,10 @@ closure_cache = bool_state(
          "        *context_for_cache_key, **kwargs)\n"
          "  return _trace_to_jaxpr(fun, in_avals, debug_info,\n"
          "                         *context_for_cache_key, **kwargs)\n"
-         "trace_to_jaxpr.evict_weakref = _trace_to_jaxpr.evict_weakref  "
-         "# type: ignore[attr-defined]\n\n\n"
+         "def _evict(fun):  # clear_cache() of a jitted fun\n"
+         "  _trace_to_jaxpr.evict_weakref(fun)\n"
+         "  closure_key.evict(fun)\n"
+         "trace_to_jaxpr.evict_weakref = _evict  # type: ignore[attr-defined]\n\n\n"
          "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n"),
     ),
     (  # 2: pjit, the stages, the fast path, control flow

@@ -73,7 +73,8 @@ def test_series_size_and_shape():
     added = [l[1:] for l in text.splitlines()
              if l.startswith("+") and not l.startswith("+++")]
     changed += sum(1 for l in text.splitlines()
-                   if l[:1] in "+-" and not l.startswith(("+++", "---")))
+                   if l.startswith(("+", "-"))
+                   and not l.startswith(("+++ ", "--- ")))
     body = "\n".join(added)
     assert "import jax_closure_cache" not in body
     assert "from jax_closure_cache" not in body

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.sparse.linalg as spl
 import numpy as np
+import pytest
 
 import jax_closure_cache as jcc
 from conftest import STOCK_JIT, counting, warm
@@ -273,3 +274,16 @@ def test_long_lived_static_function_becomes_stocks_wrapper():
   w = jnp.eye(3) * 7
   np.testing.assert_array_equal(apply(_matvec(w), x),
                                 _stock_apply(_matvec(w), x))
+
+
+@pytest.mark.parametrize("options", [
+    {"static_argnames": "x", "donate_argnames": "x"},
+    {"static_argnames": ("x", "not_an_argument")},
+    {"static_argnums": (0, 3)}])
+def test_invalid_static_options_raise_at_jit_time_like_stock(options):
+  f = lambda x, y, z: x
+  with pytest.raises(ValueError) as stock_error:
+    STOCK_JIT(f, **options)
+  with pytest.raises(ValueError) as ours:
+    jcc.jit(f, **options)
+  assert str(ours.value) == str(stock_error.value)

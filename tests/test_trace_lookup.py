@@ -251,3 +251,21 @@ def test_a_function_reached_twice_is_rebuilt_wherever_it_is_held():
     f = make_nested(jnp.full(3, float(i)))
     assert_like_stock(STOCK_JIT(f)(v), f, v)
     assert_like_stock(jax.jit(f).lower(v).compile()(v), f, v)
+
+
+def test_clear_cache_of_a_jitted_function_forgets_its_key():
+  """``clear_cache()`` evicts stock's trace of the object and the trace
+  lookup's traces of its key (what holds its executable alive)."""
+  jcc.enable()
+  for i in range(3):
+    STOCK_JIT(make(jnp.eye(4) * i))(x)
+  held = jcc.stats()["shared_traces"]
+  f = make(jnp.eye(4) * 7)
+  jitted = STOCK_JIT(f)
+  jitted(x)
+  jitted.clear_cache()
+  assert jcc.stats()["shared_traces"] < held
+  with counting() as c:
+    out = STOCK_JIT(f)(x)
+  assert c["traces"] >= 1   # forgotten: traced again
+  assert_like_stock(out, f, x, rtol=1e-6)

@@ -260,8 +260,7 @@ class _Shared:
 
   def __init__(self):
     self.jaxpr = self.out_avals = self.answer = None
-    self.consts: tuple = ()
-    self.anchors: list = []
+    self.consts, self.anchors = (), []
 
 
 
@@ -306,9 +305,6 @@ class _TraceStore:
 
   def cache_keys(self):
     return list(self._data)
-
-  def __len__(self) -> int:
-    return len(self._data)
 
 
 _store = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
@@ -365,13 +361,10 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   """``(answer, None)`` from the store, or ``(None, share)`` to trace ``fun``
   as usual; ``share`` is ``(key, leaves, anchors)`` when that answer may be
   shared as it is (a key without leaves)."""
-  try:
-    key, leaves, anchors = closure_key(fun)
-    _remember(fun, key)
-    key = (key, tuple(map(core.typeof, leaves)), sig)
-    shared = _store.get(key)
-  except (Unkeyable, TypeError):
+  found = _find(fun, sig)
+  if found is None:
     return None, None
+  key, leaves, anchors, shared = found
   if not leaves:
     return (None, (key, leaves, anchors)) if shared is None else (
         shared.answer, None)
@@ -393,21 +386,28 @@ def shared_trace(traced: Callable, fun: Callable, in_avals, debug_info,
   cache in front of jit that knows ``fun`` is one of many), to be closed
   over ``[*consts, *leaves]``; or None if ``fun`` has no key with leaves or
   its lifted trace fails."""
-  try:
-    key, leaves, anchors = closure_key(fun)
-    sig = (in_avals, debug_info, context_for_cache_key,
-           config.trace_context())
-    key = (key, tuple(map(core.typeof, leaves)), sig)
-    shared = _store.get(key)
-  except (Unkeyable, TypeError):
+  found = _find(fun, (in_avals, debug_info, context_for_cache_key,
+                     config.trace_context()))
+  if found is None or not found[1]:
     return None
-  if not leaves:
-    return None
+  key, leaves, anchors, shared = found
   shared = _traced(traced, shared, fun, key, leaves, anchors, in_avals,
                    debug_info, context_for_cache_key)
   if shared is None:
     return None
   return shared.jaxpr, shared.consts, shared.out_avals, leaves
+
+
+def _find(fun, sig):
+  """``(key, leaves, anchors, stored)`` for ``fun`` and signature ``sig``,
+  or None if ``fun`` has no closure key."""
+  try:
+    key, leaves, anchors = closure_key(fun)
+    _remember(fun, key)
+    key = (key, tuple(map(core.typeof, leaves)), sig)
+    return key, leaves, anchors, _store.get(key)
+  except (Unkeyable, TypeError):
+    return None
 
 
 def _traced(traced, shared, fun, key, leaves, anchors, in_avals, debug_info,
@@ -421,6 +421,20 @@ def _traced(traced, shared, fun, key, leaves, anchors, in_avals, debug_info,
     _shared_jaxprs.add(shared.jaxpr)
     _put(key, shared, anchors)
   return shared
+
+
+def evict(fun: Callable) -> None:
+  """Forget ``fun``'s answers and its key's traces (``clear_cache()`` of a
+  jitted ``fun``): other functions of the key just trace again."""
+  _answered.pop(fun, None)
+  _traced_as_usual.discard(fun)
+  try:
+    key = closure_key(fun)[0]
+  except (Unkeyable, TypeError):
+    return
+  for k in _store.cache_keys():
+    if k[0] == key:
+      _store.discard(k, _store.get(k))
 
 
 def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
@@ -539,6 +553,4 @@ def _show(k) -> str:
   if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
     value = float.fromhex(k[1]) if k[0] is float else k[1]
     return f"{k[0].__name__} {value!r}"
-  if k == _LEAF:
-    return "an array"
-  return type(k).__name__ if not isinstance(k, tuple) else str(k[0])
+  return "an array" if k == _LEAF else str(k[0] if type(k) is tuple else k)
