@@ -194,6 +194,20 @@ class _WithLeaves:
     return getattr(self._shared, name)
 
 
+def _with_cache_api(replacement, original):
+  """``replacement`` with the cache methods ``original`` (a JAX cache)
+  offers, calling through to it (JAX's own tests clear caches by name), as
+  the series' ``pe.trace_to_jaxpr`` does."""
+  for name in ("cache_clear", "cache_info", "cache_keys", "evict_weakref"):
+    if hasattr(original, name) and not hasattr(replacement, name):
+      setattr(replacement, name, getattr(original, name))
+  return replacement
+
+
+_with_cache_api(trace_to_jaxpr, _compat.STOCK_TRACE_TO_JAXPR)
+_with_cache_api(dedup_consts, _compat.STOCK_DEDUP_CONSTS)
+
+
 #: The replacement of each of ``_compat.TRACE_PATCH_POINTS``.
 REPLACEMENTS = {"trace_to_jaxpr": trace_to_jaxpr,
                 "_trace_for_jit": trace_for_jit,

@@ -96,7 +96,9 @@ closure_cache = bool_state(
          "def _evict(fun):  # clear_cache() of a jitted fun\n"
          "  _trace_to_jaxpr.evict_weakref(fun)\n"
          "  closure_key.evict(fun)\n"
-         "trace_to_jaxpr.evict_weakref = _evict  # type: ignore[attr-defined]\n\n\n"
+         "trace_to_jaxpr.evict_weakref = _evict  # type: ignore[attr-defined]\n"
+         "trace_to_jaxpr.cache_clear = _trace_to_jaxpr.cache_clear  # type: ignore[attr-defined]\n"
+         "trace_to_jaxpr.cache_info = _trace_to_jaxpr.cache_info  # type: ignore[attr-defined]\n\n\n"
          "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n"),
     ),
     (  # 2: pjit, the stages, the fast path, control flow

@@ -269,3 +269,20 @@ def test_clear_cache_of_a_jitted_function_forgets_its_key():
     out = STOCK_JIT(f)(x)
   assert c["traces"] >= 1   # forgotten: traced again
   assert_like_stock(out, f, x, rtol=1e-6)
+
+
+def test_replaced_caches_keep_their_cache_methods():
+  """JAX's own tests clear caches by name (``lax_control_flow_test``'s
+  ``setUp`` clears ``common._dedup_consts``): the replacements offer what
+  the caches they replace offer."""
+  from jax._src.interpreters import partial_eval as pe
+  from jax._src.lax.control_flow import common
+  jcc.enable()
+  for i in range(3):
+    STOCK_JIT(make(jnp.eye(4) * i))(x)
+  for cached in (pe.trace_to_jaxpr, common._dedup_consts):
+    cached.cache_clear()
+    assert cached.cache_info() is not None
+  f = make(jnp.eye(4) * 5)
+  out = STOCK_JIT(f)(x)   # stock's trace cache was cleared: still right
+  assert_like_stock(out, f, x, rtol=1e-6)
