@@ -31,11 +31,10 @@ import threading
 import weakref
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 
 # JAX's own module when jax carries the series, else the package's copy.
 closure_key = _compat.closure_key_module()
-
-from jax_closure_cache import cache
 
 _own_codes = closure_key._own_codes
 cache.register_size("shared_traces",
@@ -101,10 +100,14 @@ def call_shared(fun, a, leaves, args, kwargs):
 
 # -- pjit: the leaves as arguments of one executable ---------------------------
 
-_lock = threading.Lock()
-# The separated form of every shared jaxpr pjit saw.
-_separated: "weakref.WeakSet" = weakref.WeakSet()
 _pending = threading.local()   # the constants of the call pjit is inferring
+
+
+def _shared_constants(consts) -> bool:
+  """Whether pjit's separated constants are a shared jaxpr's, as the series
+  decides: outside a trace only a shared jaxpr separates constants that are
+  all arrays (stock separates tracers, and references with their state)."""
+  return bool(consts) and all(type(c) is _compat.ArrayImpl for c in consts)
 
 
 def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
@@ -122,8 +125,6 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   params["in_shardings"] = (_compat.UNSPECIFIED,) * n + p.params["in_shardings"]
   params["in_layouts"] = (None,) * n + p.params["in_layouts"]
   params["donated_invars"] = (False,) * n + p.params["donated_invars"]
-  with _lock:
-    _separated.add(jaxpr)
   return p._replace(consts=list(consts), params=params)
 
 
@@ -132,12 +133,9 @@ def infer_params(fun, ji, args, kwargs):
   :func:`get_fastpath_data` right after."""
   _pending.consts = None
   p, args_flat = _compat.STOCK_INFER_PARAMS(fun, ji, args, kwargs)
-  if p.consts and p.params["jaxpr"] in _separated:
+  if _shared_constants(p.consts):
     # weakly: ``.trace()`` infers too, and nothing consumes it then
-    try:
-      _pending.consts = [weakref.ref(c) for c in p.consts]
-    except TypeError:   # then no C++ fast path (get_fastpath_data)
-      pass
+    _pending.consts = [weakref.ref(c) for c in p.consts]
   return p, args_flat
 
 
@@ -151,8 +149,6 @@ def get_fastpath_data(executable, out_tree, args_flat, out_flat, effects,
   n = len(consts) if consts else 0
   if n and len(args_flat) >= n and all(
       a is c() for a, c in zip(args_flat, consts)):
-    if not all(type(c) is _compat.ArrayImpl for c in consts):
-      return None   # the C++ path takes arrays only: stay on Python's
     return _compat.STOCK_GET_FASTPATH_DATA(
         executable, out_tree, args_flat[n:], out_flat, effects,
         consts_for_constvars, pgle_profiler, [*const_args, *args_flat[:n]])
@@ -177,7 +173,7 @@ def traced_lower(traced, **options):
   ``.lower(x).compile()(x)`` takes the user's arguments alone. The lowering
   itself (cached, shared by every closure of the key) is not modified."""
   lowered = _compat.STOCK_TRACED_LOWER(traced, **options)
-  if traced._consts and traced.jaxpr in _separated:
+  if _shared_constants(traced._consts):
     lowered._lowering = _WithLeaves(lowered._lowering, traced._consts)
   return lowered
 

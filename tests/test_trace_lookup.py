@@ -60,6 +60,13 @@ def test_fast_path_of_a_reused_stock_jitted_object_passes_its_own_leaves():
   for _ in range(3):
     assert_like_stock(ja(x), fa, x, rtol=1e-6)
     assert_like_stock(jb(x), fb, x, rtol=1e-6)
+  # and they are on the C++ fast path, as stock's own objects would be
+  from jax._src import test_util as jtu
+  with jtu.count_pjit_cpp_cache_miss() as misses:
+    for _ in range(3):
+      ja(x)
+      jb(x)
+  assert misses() == 0
 
 
 def test_aot_shares_the_calls_trace_and_passes_leaves_as_parameters():
