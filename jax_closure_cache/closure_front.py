@@ -15,8 +15,9 @@ of ours but this one and the entry's C++ dispatch.
 Invariants:
 
 * The generated ``__call__`` answers exactly as the generic one: it takes
-  the hit only for a wrapper not called before (``_row is None``) of the
-  hot spec, whose function nothing refers to weakly (so it has no identity
+  the hit only for a wrapper not called before (``_row is None``; its
+  class fixes the code and the hot spec), whose function nothing refers to
+  weakly (so it has no identity
   row), and for a key whose entry is alive and has no guards; everything
   else goes to the generic ``__call__`` unchanged.
 * The generic path's hit is :func:`hit_function` of the same source, so
@@ -38,9 +39,7 @@ FILENAME = "<closure-cache front>"
 #: ``args`` and ``kwargs`` bound. It pins the entry to this wrapper (the row),
 #: publishes the row when the function may be wrapped again, and calls.
 HIT = """\
-next(COUNTERS.hits)
-entry.used = True
-entry.record.hits += 1
+entry.record.front += 1   # counts in stats() and as the entry's use
 if MONITORING._event_listeners:
   RECORD_EVENT("/jax_closure_cache/hit")
 row = self._row = [entry, key, out, 0]
@@ -73,7 +72,7 @@ return res
 def hit_function(env: dict):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
-  (COUNTERS, MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
+  (MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
   and LONE_REFS: the references to a function held by a wrapper alone, as
   a front counts them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
@@ -85,21 +84,24 @@ def hit_function(env: dict):
   return namespace["hit"]
 
 
-def front_class(base: type, spec, quicks, env: dict) -> type | None:
+def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
   """A subclass of ``base`` whose ``__call__`` takes the hit inline for
   ``quicks`` (``(key, source, entry_ref)`` triples, newest first, all of
-  one code object and of ``spec``; each ``source`` from
-  ``closure_match.match_source(fun, key, f"Q{i}_K")``), or None when a matcher's source
-  does not have the shape this needs."""
+  ``code`` and of ``spec``; each ``source`` from
+  ``closure_match.match_source(fun, key, f"Q{i}_K")``), or None when a
+  matcher's source does not have the shape this needs.
+
+  Its instances are wrappers of functions of ``code`` with ``spec``: both
+  are class attributes (shadowing ``base``'s slots, never assigned), so
+  ``jit`` sets two fewer attributes per wrapper."""
   names = dict(env)
-  names.update(SPEC=spec, GENERIC=base.__call__, LONE=env["LONE_REFS"])
+  names.update(GENERIC=base.__call__, LONE=env["LONE_REFS"])
   body = ["def __call__(self, *args, **kwargs):",
           "  f = self._fun",
-          "  if self._row is None and self._spec is SPEC and "
-          "not getweakrefcount(f):"]
+          "  if self._row is None and not getweakrefcount(f):"]
   for i, (key, src, entry_ref) in enumerate(quicks):
     lines = []
-    for line in src.lines:
+    for line in src.block():
       if line.endswith(": return None") and line.startswith("    if "):
         line = line[:-len("return None")] + "break"
       elif "return None" in line:
@@ -109,7 +111,6 @@ def front_class(base: type, spec, quicks, env: dict) -> type | None:
     names[f"KEY{i}"] = key
     names[f"ENTRY{i}"] = entry_ref
     body += ["    while True:   # stored key %d; break: not this one" % i,
-             "      out = []",
              "      try:",
              *("    " + line for line in lines),
              "      except Exception:   # an unfilled cell, a failing flatten",
@@ -124,7 +125,7 @@ def front_class(base: type, spec, quicks, env: dict) -> type | None:
   cls = type(base.__name__, (base,), {
       "__slots__": (), "__call__": names["__call__"],
       "__module__": base.__module__, "__qualname__": base.__qualname__,
-      "__doc__": base.__doc__,
+      "__doc__": base.__doc__, "_code": code, "_spec": spec,
       # keyed, split and joined as ``base`` (closure.register_wrapper)
       "_keyed_as": base})
   return cls

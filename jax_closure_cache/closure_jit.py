@@ -124,7 +124,7 @@ def _refresh_front(code, quick: list) -> None:
   spec = _hot_spec[0]
   mine = [(q.key, q.source, q.entry) for q in quick
           if q.options_key is spec.key]
-  cls = (closure_front.front_class(ClosureJitted, spec, mine, _HIT_ENV)
+  cls = (closure_front.front_class(ClosureJitted, spec, code, mine, _HIT_ENV)
          if mine else None)
   if cls is None:
     _fronts.pop(code, None)
@@ -195,19 +195,32 @@ _record_event = diagnostics.jax.monitoring.record_event
 class _Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "dynamic", "static")
+               "avals", "dynamic", "static", "_used", "_swept")
 
   def __init__(self):
+    self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     super().__init__()
     self.jitted = None
     self.anchors: list = []
     self.guards: list = []
     self.traces = 0    # incremented inside every trace of the lifted function
     self.checked = 0   # value of ``traces`` when the guards were derived
-    self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     self.avals: list = []   # the lifted leaves' types at the last trace
     self.dynamic = None     # ordinals of the scalars passed as arguments
     self.static = None      # the arguments' static parts, described (explain)
+
+  # The second-chance bit of cache.LRUStore, which the fast front does not
+  # set: it counts its hits on the record, and a count moved since the last
+  # sweep reads as set.
+  @property
+  def used(self) -> bool:
+    return self._used or self.record.front != self._swept
+
+  @used.setter
+  def used(self, value: bool) -> None:
+    self._used = value
+    if not value:
+      self._swept = self.record.front
 
 
 def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
@@ -985,7 +998,7 @@ class ClosureJitted:
         _no_quick.add(self._code)
 
 
-_HIT_ENV = {"COUNTERS": _counters, "MONITORING": _monitoring_module,
+_HIT_ENV = {"MONITORING": _monitoring_module,
             "RECORD_EVENT": _record_event, "getrefcount": _getrefcount,
             "getweakrefcount": _getweakrefcount, "REF": _ref,
             "LONE_REFS": _LONE_REFS}
@@ -1150,6 +1163,7 @@ _hot_spec = [_HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]]
 
 def _update_hot_spec() -> None:
   _hot_spec[0] = _HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]
+  _fronts.clear()   # each front is of one spec (its class attribute)
 
 
 def jit(fun: Callable | None = None, /, **options) -> Any:
@@ -1177,7 +1191,14 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   if not options and type(fun) is _FunctionType and fun.__closure__:
     # The hot case (a re-created closure, every call): what __init__ does,
     # without its frame.
-    w = _new_wrapper(_fronts.get(fun.__code__, ClosureJitted))
+    cls = _fronts.get(fun.__code__)
+    if cls is not None:
+      # A front carries its code and the hot spec as class attributes.
+      w = _new_wrapper(cls)
+      w._fun = fun
+      w._stock = w._row = None
+      return w
+    w = _new_wrapper(ClosureJitted)
     w._fun = fun
     w._code = fun.__code__
     w._spec = _hot_spec[0]

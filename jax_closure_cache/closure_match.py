@@ -73,6 +73,17 @@ class _MatchSource:
     # anchors anyway
     self.globals_by_id: dict[int, dict] = {}
 
+  def block(self) -> list[str]:
+    """The checks with ``out`` made: when every leaf is one appended
+    variable, the appends give way to one list display after the checks
+    (cheaper than appends); else ``out = []`` comes first."""
+    appends = [line for line in self.lines if line.startswith("    out.")]
+    if all(line.startswith("    out.append(") for line in appends):
+      leaves = ", ".join(line[len("    out.append("):-1] for line in appends)
+      return [line for line in self.lines if line not in appends] + [
+          f"    out = [{leaves}]"]
+    return ["    out = []", *self.lines]
+
   def literal(self, value) -> str:
     """``value`` as source: its repr for a str or int, else a bound name."""
     return repr(value) if type(value) in (str, int) else self.bind(value)
@@ -197,30 +208,33 @@ class _MatchSource:
     g = self.globals_by_id.get(gid)
     same_globals = (f"{f}.__globals__ is not {self.bind(g)}" if g is not None
                     else f"id({f}.__globals__) != {gid}")
+    # Once the dict is known to be ``g``, its globals are read through
+    # ``g.get`` bound once (one attribute read fewer per global).
+    get = (self.bind(g.get) if g is not None else f"{f}.__globals__.get")
+    # no defaults: tested with the rest (the top function's usual case)
+    no_defaults = f" or {f}.__defaults__ is not None" if defaults is None else ""
     if index == 0:
       # The top function: callers look the matcher up by the code of a
       # plain function (``_quick[fun.__code__]``), so type and code hold.
-      add(f"    if {same_globals} or {f}.__kwdefaults__ is not None: "
-          "return None")
+      add(f"    if {same_globals} or {f}.__kwdefaults__ is not None"
+          f"{no_defaults}: return None")
     else:
       add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
           f"{self.bind(code)} or {same_globals} "
-          f"or {f}.__kwdefaults__ is not None): return None")
+          f"or {f}.__kwdefaults__ is not None{no_defaults}): return None")
     # analyse keys a function of jax, numpy or the standard library by
     # identity instead
     if part[1] != 0:
       add(f"    if {f}.__closure__ is None and is_stable({f}): return None")
-    add(f"    {f}_d = {f}.__defaults__")
-    if defaults is None:
-      add(f"    if {f}_d is not None: return None")
-    else:
+    if defaults is not None:
+      add(f"    {f}_d = {f}.__defaults__")
       add(f"    if {f}_d is None or len({f}_d) != {len(defaults)}: return None")
     for i, p in enumerate(cells):
       self.check(f"{f}.__closure__[{i}].cell_contents", p)
     for i, p in enumerate(defaults or ()):
       self.check(f"{f}_d[{i}]", p)
     for name, p in zip(code_plan(code).global_names, globs):
-      self.check(f"{f}.__globals__.get({name!r}, MISSING)", p)
+      self.check(f"{get}({name!r}, MISSING)", p)
     names = code_plan(code).global_names
     for chain, p in zip(code_plan(code).chains, chains):
       kind, name, _ = chain
@@ -316,7 +330,7 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
 def compile_matcher(src: _MatchSource) -> Callable[[Any], list | None]:
   """``match(f)`` from the checks of :func:`match_source`."""
   text = "\n".join(
-      ["def match(f):", "  out = []", "  try:", *src.lines,
+      ["def match(f):", "  try:", *src.block(),
        "  except Exception:   # an unfilled cell, a flatten that fails",
        "    return None", "  return out"])
   exec(compile(text, f"<closure-cache match {src.name}>", "exec"), src.env)

@@ -97,6 +97,35 @@ def test_lru_evicts_the_least_recently_used():
     jcc.set_capacity(old)
 
 
+def test_a_hit_of_the_fast_front_counts_as_a_use_for_eviction():
+  """The fast front counts its hits on the entry's record alone; that count
+  must both reach stats() and keep the entry from eviction."""
+  from jax_closure_cache import closure_front
+  old = jcc.capacity()
+  jcc.set_capacity(2)
+  try:
+    make = lambda s: (lambda x: x * s)
+    x = jnp.ones(2)
+    jcc.enable(auto_dynamic=False)   # scalars keyed by value: one entry each
+    jcc.disable()
+    jcc.jit(make(9.0))(x)   # the code's first object: stock's own jit
+    jcc.jit(make(1.0))(x)   # A
+    jcc.jit(make(2.0))(x)   # B
+    hits = jcc.stats()["hits"]
+    w = jcc.jit(make(1.0))
+    assert type(w).__call__.__code__.co_filename == closure_front.FILENAME
+    w(x)                    # A, hit by the front
+    assert jcc.stats()["hits"] == hits + 1
+    jcc.jit(make(3.0))(x)   # C: evicts B, not A
+    misses = jcc.stats()["misses"]
+    assert_like_stock(jcc.jit(make(1.0))(x), make(1.0), x)   # A survived
+    assert jcc.stats()["misses"] == misses
+    assert_like_stock(jcc.jit(make(2.0))(x), make(2.0), x)   # B was evicted
+    assert jcc.stats()["misses"] == misses + 1
+  finally:
+    jcc.set_capacity(old)
+
+
 # -- property: random closure contents ---------------------------------------
 
 def nested_fn(c):
