@@ -80,10 +80,9 @@ def call_shared(fun, a, leaves, args, kwargs):
   in_avals = args_ft.map(_compat.typeof)
   if any(aval.has_qdd for aval in in_avals):
     return None
-  found = closure_key.shared_trace(
-      _compat.STOCK_TRACE_TO_JAXPR, fun, in_avals,
-      _compat.jit_debug_info(fun, args, kwargs),
-      0)   # pjit's quasi-dynamic-data index: 0 without mutable arrays
+  found = _shared_trace(fun, in_avals,
+                       _compat.jit_debug_info(fun, args, kwargs),
+                       0)   # pjit's quasi-dynamic-data index: 0 without mutable arrays
   if found is None:
     return None
   jaxpr, consts, out_avals, arrays = found
@@ -96,6 +95,27 @@ def call_shared(fun, a, leaves, args, kwargs):
     return None
   out = _compat.eval_jaxpr(jaxpr, [*consts, *tracers], *args_ft.vals)
   return out_avals.update(out).unflatten()
+
+
+def _shared_trace(fun, in_avals, debug_info, *context_for_cache_key):
+  """``(jaxpr, consts, out_avals, leaves)``: the trace lookup's shared trace
+  of ``fun``'s key (traced and stored if needed, with no first-object rule:
+  the front knows ``fun`` is one of many), to be closed over ``[*consts,
+  *leaves]``; or None if ``fun`` has no key with leaves or its lifted trace
+  fails. Built from the lookup's own steps (``_find``, ``_traced``), which
+  JAX has no other caller for, so the module the series adds stays without
+  it."""
+  found = closure_key._find(fun, (in_avals, debug_info, context_for_cache_key,
+                                  _compat.trace_context()))
+  if found is None or not found[1]:
+    return None
+  key, leaves, anchors, shared = found
+  shared = closure_key._traced(_compat.STOCK_TRACE_TO_JAXPR, shared, fun, key,
+                               leaves, anchors, in_avals, debug_info,
+                               context_for_cache_key)
+  if shared is None:
+    return None
+  return shared.jaxpr, shared.consts, shared.out_avals, leaves
 
 
 # -- pjit: the leaves as arguments of one executable ---------------------------

@@ -67,23 +67,6 @@ class ClosureKeyTest(jtu.JaxTestCase):
         lambda w: lax.fori_loop(0, 2, lambda i, c: c @ w, x), ws)
     self.assertSharedFromThird(lambda w: lax.map(lambda v: v @ w, x), ws)
 
-  def testCaching2(self):
-    # lax_control_flow_test.testCaching2 asks that a re-defined cond and body
-    # not be traced again. Re-created from one definition, they are not: the
-    # third while_loop runs no Python of theirs.
-    def loop(limit, step):
-      def cond(x):
-        return x < limit
-      def body(x):
-        return x + step
-      return lax.while_loop(cond, body, 0)
-    for _ in range(2):
-      loop(5, 2)
-    out, counts = _counts(lambda: loop(5, 2))
-    self.assertEqual(counts, (0, 0))
-    self.assertEqual(out, 6)
-    self.assertEqual(loop(7, 3), 9)  # other values: another key
-
   def test_a_function_reached_twice_is_rebuilt_everywhere(self):
     def make(w):
       inner = lambda y: y * w

@@ -263,8 +263,6 @@ class _Shared:
     self.consts, self.anchors = (), []
 
 
-
-
 class _TraceStore:
   """A bounded mapping, least recently used first out; ``jax.clear_caches``
   clears it (``util.register_cache``)."""
@@ -379,25 +377,6 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
           shared.out_avals), None
 
 
-def shared_trace(traced: Callable, fun: Callable, in_avals, debug_info,
-                 *context_for_cache_key):
-  """``(jaxpr, consts, out_avals, leaves)``: the shared trace of ``fun``'s
-  key (tracing and storing it if needed, with no first-object rule: for a
-  cache in front of jit that knows ``fun`` is one of many), to be closed
-  over ``[*consts, *leaves]``; or None if ``fun`` has no key with leaves or
-  its lifted trace fails."""
-  found = _find(fun, (in_avals, debug_info, context_for_cache_key,
-                     config.trace_context()))
-  if found is None or not found[1]:
-    return None
-  key, leaves, anchors, shared = found
-  shared = _traced(traced, shared, fun, key, leaves, anchors, in_avals,
-                   debug_info, context_for_cache_key)
-  if shared is None:
-    return None
-  return shared.jaxpr, shared.consts, shared.out_avals, leaves
-
-
 def _find(fun, sig):
   """``(key, leaves, anchors, stored)`` for ``fun`` and signature ``sig``,
   or None if ``fun`` has no closure key."""
@@ -495,7 +474,6 @@ def _put(key, shared: _Shared, anchors) -> None:
   except TypeError:
     return   # an anchor that cannot be held weakly: not stored
   _store.put(key, shared)
-
 
 
 # -- explanations ------------------------------------------------------------------
