@@ -184,10 +184,14 @@ def is_module_level(fun: types.FunctionType) -> bool:
 #: Top-level packages whose functions are taken as stable: their globals are
 #: not walked (a user does not reassign ``jax.numpy``'s module globals), and
 #: they are keyed by identity. Everything else a traced function reaches,
-#: module-level helpers included, is walked to the function budget.
+#: module-level helpers included, is walked to the function budget. This
+#: package is one: its ``jit`` stands in for ``jax.jit`` (a user function
+#: that reads ``jit`` after ``from jax import jit`` reaches it), and its
+#: globals are the cache's own state, which changes with every store and
+#: never changes what a function computes.
 STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
-                             "opt_einsum", "scipy"}) | frozenset(
-                                 getattr(sys, "stdlib_module_names", ()))
+                             "opt_einsum", "scipy", "jax_closure_cache"}) | \
+    frozenset(getattr(sys, "stdlib_module_names", ()))
 #: At most this many functions are walked for one key (helpers reached
 #: through globals, nested closures); past it the function is stock's.
 FUNCTION_BUDGET = 128

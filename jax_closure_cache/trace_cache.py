@@ -37,6 +37,10 @@ from jax_closure_cache import cache
 closure_key = _compat.closure_key_module()
 
 _own_codes = closure_key._own_codes
+# The package's functions are library code to the trace lookup's key too
+# (closure.STABLE_PACKAGES says why): a user function that reads this
+# package's ``jit`` keys it by identity instead of walking the cache's state.
+closure_key._STABLE = closure_key._STABLE | {"jax_closure_cache"}
 cache.register_size("shared_traces",
                     lambda: closure_key._store.cache_info()["entries"])
 cache.register_clear_hook(closure_key._store.cache_clear)

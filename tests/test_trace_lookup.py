@@ -293,3 +293,54 @@ def test_replaced_caches_keep_their_cache_methods():
   f = make(jnp.eye(4) * 5)
   out = STOCK_JIT(f)(x)   # stock's trace cache was cleared: still right
   assert_like_stock(out, f, x, rtol=1e-6)
+
+
+# A module global the functions below read: a dict whose keys do not sort
+# (code objects), as the cache's own front table is.
+UNSORTABLE = {make.__code__: 1, stock_off.__code__: 2}
+
+
+def test_a_closure_reading_a_dict_that_does_not_flatten_is_traced_as_usual():
+  """tree_flatten raises ValueError on dict keys that do not sort; the trace
+  lookup's key must then give up (trace as stock does), never raise."""
+  jcc.enable()
+
+  def body_of(w):
+    return lambda c: c * w + len(UNSORTABLE)
+  for i in range(4):
+    w = jnp.full(3, float(i))
+    out = STOCK_CF["while_loop"](lambda c: c[0] < 1,
+                                 lambda c: (c[0] + 1, body_of(w)(c[1])),
+                                 (0, jnp.ones(3)))[1]
+    expected = stock_off(lambda: STOCK_CF["while_loop"](
+        lambda c: c[0] < 1, lambda c: (c[0] + 1, body_of(w)(c[1])),
+        (0, jnp.ones(3)))[1])
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_a_closure_that_calls_the_patched_jit_by_its_global_name_is_shared():
+  """``from jax import jit`` after enable() binds this package's ``jit``; a
+  function reading it reaches the package, whose functions are keyed by
+  identity (its globals are the cache's state, which changes with every
+  store and holds dicts keyed by code objects)."""
+  jcc.enable()
+  jit = jax.jit   # the package's, as a module's ``from jax import jit`` binds
+  assert jit is not STOCK_JIT
+  # Two codes in the front table, so it does not flatten.
+  for code_maker in (lambda w: (lambda v: v * w), lambda w: (lambda v: v + w)):
+    for i in range(3):
+      jit(code_maker(jnp.full(3, float(i))))(jnp.ones(3))
+
+  def make_outer(w):
+    def outer(v):
+      return jit(lambda u: u * 2.0)(v) @ w
+    return outer
+  counts = []
+  for i in range(5):
+    w = jnp.eye(4) * (i + 1)
+    with counting() as c:
+      out = jit(make_outer(w))(x)
+    counts.append((c["traces"], c["compiles"]))
+    assert_like_stock(out, make_outer(w), x, rtol=1e-6)
+  assert counts[2:] == [(0, 0)] * 3, counts
+  assert jcc.stats()["fallbacks"] == 0

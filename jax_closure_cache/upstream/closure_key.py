@@ -112,7 +112,10 @@ class _Walk:
     if isinstance(v, np.generic):
       return (t, v.tobytes())
     if t in (tuple, list, dict):
-      leaves, treedef = tree_util.tree_flatten(v)
+      try:
+        leaves, treedef = tree_util.tree_flatten(v)
+      except ValueError as e:   # dict keys that do not sort
+        raise Unkeyable(f"a {t.__name__} that does not flatten") from e
       return ("tree", treedef, self.values(leaves))
     if isinstance(v, type):
       return self.identity(v)
@@ -301,9 +304,6 @@ class _TraceStore:
   def cache_info(self):
     return {"entries": len(self._data)}
 
-  def cache_keys(self):
-    return list(self._data)
-
 
 _store = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
 util.register_cache(_store, "closure-keyed traces")
@@ -411,7 +411,7 @@ def evict(fun: Callable) -> None:
     key = closure_key(fun)[0]
   except (Unkeyable, TypeError):
     return
-  for k in _store.cache_keys():
+  for k in list(_store._data):
     if k[0] == key:
       _store.discard(k, _store.get(k))
 
