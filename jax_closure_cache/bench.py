@@ -53,7 +53,7 @@ def _seed001(n: int) -> Workload:
       lambda: STOCK_JIT(make(w_next()))(x).block_until_ready(),
       lambda: closure_jit.jit(make(w_next()))(x).block_until_ready(),
       lambda: hoisted(x, w_next()).block_until_ready(),
-      target=1.5 if n == 4 else 1.05)
+      target=1.25 if n == 4 else 1.05)   # the card-shape issue's targets
 
 
 def _mlp100() -> Workload:
@@ -81,7 +81,7 @@ def _mlp100() -> Workload:
       lambda: STOCK_JIT(make(params))(x).block_until_ready(),
       lambda: closure_jit.jit(make(params))(x).block_until_ready(),
       lambda: hoisted(params, x).block_until_ready(),
-      target=1.3, stock_calls=3)
+      target=1.2, stock_calls=3)   # the card-shape issue's target
 
 
 def _closure_free() -> Workload:
