@@ -184,14 +184,11 @@ def is_module_level(fun: types.FunctionType) -> bool:
 #: Top-level packages whose functions are taken as stable: their globals are
 #: not walked (a user does not reassign ``jax.numpy``'s module globals), and
 #: they are keyed by identity. Everything else a traced function reaches,
-#: module-level helpers included, is walked to the function budget. This
-#: package is one: its ``jit`` stands in for ``jax.jit`` (a user function
-#: that reads ``jit`` after ``from jax import jit`` reaches it), and its
-#: globals are the cache's own state, which changes with every store and
-#: never changes what a function computes.
+#: module-level helpers included, is walked to the function budget (this
+#: package's module-level functions aside: :func:`is_stable`).
 STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
-                             "opt_einsum", "scipy", "jax_closure_cache"}) | \
-    frozenset(getattr(sys, "stdlib_module_names", ()))
+                             "opt_einsum", "scipy"}) | frozenset(
+                                 getattr(sys, "stdlib_module_names", ()))
 #: At most this many functions are walked for one key (helpers reached
 #: through globals, nested closures); past it the function is stock's.
 FUNCTION_BUDGET = 128
@@ -235,8 +232,25 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
 
 
 def is_stable(fun: types.FunctionType) -> bool:
-  """Whether ``fun`` belongs to jax, numpy or the standard library."""
-  return _stable_module(fun.__module__)
+  """Whether ``fun`` belongs to jax, numpy or the standard library, or is
+  one of this package's module-level functions (:func:`own_module_level`)."""
+  return _stable_module(fun.__module__) or own_module_level(fun)
+
+
+def own_module_level(fun: types.FunctionType) -> bool:
+  """Whether ``fun`` is a module-level function of this package, keyed by
+  identity like jax's: its ``jit`` stands in for ``jax.jit`` (a user
+  function that reads ``jit`` after ``from jax import jit`` reaches it),
+  and its globals are the cache's own state, which changes with every store
+  (and holds dicts keyed by code objects) but never what a function
+  computes. Nested functions, such as the benchmark's workloads, are walked
+  as any user's."""
+  module = fun.__module__
+  return (type(module) is str and module.partition(".")[0] == _PACKAGE
+          and "<locals>" not in fun.__qualname__)
+
+
+_PACKAGE = __name__.partition(".")[0]
 
 
 def _stable_module(module) -> bool:

@@ -55,6 +55,9 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   if not _compat.jax_carries_patch():
     for owner, name in _compat.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_cache.REPLACEMENTS[name]))
+  # in both modes: the closure key's walk keys this package's functions by
+  # identity, as the package's own walk does
+  points.append((trace_cache.closure_key, "_is_stable", trace_cache.is_stable))
   return points
 
 

@@ -32,18 +32,25 @@ import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
+from jax_closure_cache import closure
 
 # JAX's own module when jax carries the series, else the package's copy.
 closure_key = _compat.closure_key_module()
 
 _own_codes = closure_key._own_codes
-# The package's functions are library code to the trace lookup's key too
-# (closure.STABLE_PACKAGES says why): a user function that reads this
-# package's ``jit`` keys it by identity instead of walking the cache's state.
-closure_key._STABLE = closure_key._STABLE | {"jax_closure_cache"}
 cache.register_size("shared_traces",
                     lambda: closure_key._store.cache_info()["entries"])
 cache.register_clear_hook(closure_key._store.cache_clear)
+
+
+def is_stable(f) -> bool:
+  """The trace lookup's ``_is_stable`` while enabled (a patch point in both
+  modes): also this package's module-level functions, which a user function
+  reading this package's ``jit`` reaches (``closure.own_module_level``)."""
+  return _STOCK_IS_STABLE(f) or closure.own_module_level(f)
+
+
+_STOCK_IS_STABLE = closure_key._is_stable
 
 
 def own_code(code) -> None:

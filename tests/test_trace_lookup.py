@@ -344,3 +344,24 @@ def test_a_closure_that_calls_the_patched_jit_by_its_global_name_is_shared():
     assert_like_stock(out, make_outer(w), x, rtol=1e-6)
   assert counts[2:] == [(0, 0)] * 3, counts
   assert jcc.stats()["fallbacks"] == 0
+
+
+def test_nested_functions_of_the_package_are_walked_as_a_users():
+  """Only this package's module-level functions are keyed by identity: a
+  function nested in one of its modules (the benchmark's workloads) is
+  re-created like a user's and must share like one."""
+  ns = {"__name__": "jax_closure_cache.example", "jnp": jnp}
+  exec("def make_cond():\n"
+       "  def cond(c):\n"
+       "    return c[0] < 2\n"
+       "  return cond\n", ns)
+  jcc.enable()
+  counts = []
+  for i in range(5):
+    w = jnp.full(3, float(i))
+    body = lambda c: (c[0] + 1, c[1] * w)
+    with counting() as c:
+      out = jax.lax.while_loop(ns["make_cond"](), body, (0, jnp.ones(3)))[1]
+    counts.append((c["traces"], c["compiles"]))
+    np.testing.assert_array_equal(out, np.full(3, float(i)) ** 2)
+  assert counts[2:] == [(0, 0)] * 3, counts
