@@ -16,10 +16,10 @@ Invariants:
 
 * The generated ``__call__`` answers exactly as the generic one: it takes
   the hit only for a wrapper not called before (``_row is None``; its
-  class fixes the code and the hot spec), whose function nothing refers to
-  weakly (so it has no identity
-  row), and for a key whose entry is alive and has no guards; everything
-  else goes to the generic ``__call__`` unchanged.
+  class fixes the code and the hot spec), whose function nothing refers
+  to weakly (so it has no identity row), and for a key whose entry is
+  alive and has no guards; everything else goes to the generic
+  ``__call__`` unchanged.
 * The generic path's hit is :func:`hit_function` of the same source, so
   the two cannot drift apart.
 * Entries are read through weak references; a class holds no user object
