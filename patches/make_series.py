@@ -183,6 +183,14 @@ closure_cache = bool_state(
          "    return Compiled(self._lowering.compile(**kw), self._lowering.const_args,\n",
          "    return Compiled(self._lowering.compile(**kw),\n"
          "                    [*self._lowering.const_args, *self._const_args],\n"),
+        ("jax/_src/stages.py",
+         "    in_avals_ = self._lowering.compile_args[\"global_in_avals\"]\n"
+         "    kept_var_idx = self._lowering.compile_args[\"kept_var_idx\"]\n"
+         "    non_dce_avals = self._lowering.compile_args[\"all_args_info\"].in_avals\n",
+         "    n = len(self._const_args)  # passed first; not the user's arguments\n"
+         "    in_avals_ = self._lowering.compile_args[\"global_in_avals\"][n:]\n"
+         "    kept_var_idx = {i - n for i in self._lowering.compile_args[\"kept_var_idx\"]}\n"
+         "    non_dce_avals = self._lowering.compile_args[\"all_args_info\"].in_avals[n:]\n"),
         ("jax/_src/lax/control_flow/common.py", _DEDUP,
          "  # keyed on which constants are the same object, not on their ids\n"
          "  first: dict[int, int] = {}\n"

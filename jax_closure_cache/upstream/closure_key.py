@@ -304,6 +304,9 @@ class _TraceStore:
   def cache_info(self):
     return {"entries": len(self._data)}
 
+  def cache_keys(self):
+    return list(self._data)
+
 
 _store = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
 util.register_cache(_store, "closure-keyed traces")
@@ -411,7 +414,7 @@ def evict(fun: Callable) -> None:
     key = closure_key(fun)[0]
   except (Unkeyable, TypeError):
     return
-  for k in list(_store._data):
+  for k in _store.cache_keys():
     if k[0] == key:
       _store.discard(k, _store.get(k))
 
