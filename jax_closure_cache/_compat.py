@@ -159,6 +159,8 @@ STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
 #: ``Traced.lower``: its ``Lowered`` carries only the jaxpr's own hoisted
 #: constants as the arguments ``Compiled`` passes first.
 STOCK_TRACED_LOWER = _stages.Traced.lower
+Lowered = _stages.Lowered
+tree_structure = jax.tree_util.tree_structure
 ClosedJaxpr = _core.ClosedJaxpr
 separate_consts = _pe.separate_consts
 typeof = _core.typeof

@@ -710,7 +710,39 @@ class ClosureJitted:
     return s
 
   def lower(self, *args, **kwargs):
-    return self.stock().lower(*args, **kwargs)
+    """Stock's ``.lower``, except for a re-created closure whose key has a
+    stored entry: then the entry's own lowering, with this closure's leaves
+    as the ``Lowered``'s constant arguments, so ``.lower(...).compile()``
+    finds the executable the calls compiled (no compile) and the lowered
+    text takes the leaves as parameters."""
+    found = self._entry_for_aot(kwargs)
+    if found is None:
+      return self.stock().lower(*args, **kwargs)
+    entry, leaves = found
+    try:
+      lowered = entry.jitted.lower(leaves, *args)
+    except Exception:   # a new signature whose lifted trace fails: stock's
+      return self.stock().lower(*args, **kwargs)
+    return trace_cache.lowered_with_leaves(lowered, leaves)
+
+  def _entry_for_aot(self, kwargs):
+    """``(entry, leaves)`` whose entry's lowering ``.lower`` may use: this
+    wrapper's pinned row, or the stored, guard-free entry of its function's
+    key; None for anything stock answers (a function object stock owns,
+    options, keyword arguments, or no entry)."""
+    if kwargs or self._spec.options or _DISABLE_JIT.value:
+      return None
+    row = self._row or _row_of(self._fun, self._spec.key)
+    if row is not None:
+      return (row[0], row[2]) if type(row) is list else None
+    try:
+      a = _analyse(self._fun, self._spec.lift_numpy, True, self._dynamic_set())
+      entry = _entries.get((self._spec.key, a.key))
+    except (Uncacheable, TypeError):
+      return None
+    if entry is None or entry.guards:
+      return None
+    return entry, a.leaves
 
   def trace(self, *args, **kwargs):
     return self.stock().trace(*args, **kwargs)
@@ -1008,6 +1040,7 @@ _hit = closure_front.hit_function(_HIT_ENV)
 # (the fast front's and _hit's are recognised by their filename).
 _CALLERS.update({ClosureJitted.__call__.__code__,
                  ClosureJitted._call_entry.__code__,
+                 ClosureJitted.lower.__code__,
                  ClosureJitted._miss.__code__, ClosureJitted._store.__code__})
 
 

@@ -209,16 +209,51 @@ def traced_lower(traced, **options):
   return lowered
 
 
+def lowered_with_leaves(lowered, leaves):
+  """``lowered`` (of a lifted function taking ``leaves`` first) as the
+  ``Lowered`` of the user's function: its arguments' info without the
+  leaves, which it passes after the lowering's own constants. The lowering
+  (pjit's cached one, whose executable the calls compiled) is not
+  modified."""
+  (_, *args_info), kwargs_info = lowered.args_info
+  args_info = (tuple(args_info), kwargs_info)
+  in_types = lowered._in_types   # (in_tree, in_avals) of the flat arguments
+  if in_types is not None:
+    in_types = (_compat.tree_structure(args_info), in_types[1][len(leaves):])
+  return _compat.Lowered(
+      _WithLeaves(lowered._lowering, leaves), args_info, lowered.out_tree,
+      lowered._no_kwargs, in_types, lowered._out_types)
+
+
 class _WithLeaves:
   """A lowering seen with a closure's leaves appended to its
-  ``const_args``; everything else is the shared lowering's."""
+  ``const_args``; everything else is the shared lowering's, but for what
+  ``Lowered.in_avals`` reads of its ``compile_args``, where the leaves (the
+  first arguments of the shared lowering) are taken out as constants are."""
 
   def __init__(self, lowering, leaves):
     self._shared = lowering
+    self._n = len(leaves)
     self.const_args = [*lowering.const_args, *leaves]
+
+  @property
+  def compile_args(self):
+    args = dict(self._shared.compile_args)
+    n = self._n
+    args["global_in_avals"] = list(args["global_in_avals"])[n:]
+    args["kept_var_idx"] = {i - n for i in args["kept_var_idx"] if i >= n}
+    args["all_args_info"] = _ArgsInfo(args["all_args_info"].in_avals[n:])
+    return args
 
   def __getattr__(self, name):
     return getattr(self._shared, name)
+
+
+class _ArgsInfo:
+  """What ``Lowered.in_avals`` reads of pxla's ``all_args_info``."""
+
+  def __init__(self, in_avals):
+    self.in_avals = in_avals
 
 
 def _with_cache_api(replacement, original):

@@ -94,6 +94,45 @@ def test_aot_shares_the_calls_trace_and_passes_leaves_as_parameters():
   assert "stablehlo.constant" in stock_text
 
 
+def test_aot_after_calls_reuses_the_calls_executable():
+  """``.lower(...).compile()`` of a re-created closure whose key the calls
+  stored lowers the calls' entry: nothing traced or compiled, the closure's
+  own arrays passed, and the ``Lowered``/``Compiled`` describe the user's
+  arguments alone, as stock's do."""
+  jcc.enable()
+  for i in range(3):
+    jax.jit(make(jnp.eye(4) * i))(x)
+  wa, wb = jnp.eye(4) * 5, jnp.eye(4) * 6
+  with counting() as c:
+    lowered_a = jax.jit(make(wa)).lower(x)
+    compiled_a = lowered_a.compile()
+    out_a = compiled_a(x)
+  assert (c["traces"], c["compiles"]) == (0, 0), c
+  compiled_b = jax.jit(make(wb)).lower(x).compile()
+  assert_like_stock(out_a, make(wa), x, rtol=1e-6)
+  assert_like_stock(compiled_b(x), make(wb), x, rtol=1e-6)
+  assert_like_stock(compiled_a(x), make(wa), x, rtol=1e-6)   # its own still
+  stock = stock_off(lambda: STOCK_JIT(make(wa)).lower(x))
+  assert lowered_a.in_tree == stock.in_tree
+  assert lowered_a.in_avals == stock.in_avals
+  assert lowered_a.out_info == stock.out_info
+  assert compiled_a.in_avals == stock.compile().in_avals
+  assert "stablehlo.constant" not in lowered_a.as_text()
+  with pytest.raises(TypeError):   # stock's error for other argument types
+    compiled_a(jnp.ones((3, 3)))
+
+
+def test_lowered_in_avals_of_a_shared_trace_are_the_users_arguments():
+  """The trace lookup's ``Lowered`` (no entry yet: ahead-of-time use first)
+  passes the leaves as constants; ``in_avals`` must not count them."""
+  jcc.enable()
+  for i in range(3):
+    jax.jit(make(jnp.eye(4) * i)).lower(x)
+  lowered = jax.jit(make(jnp.eye(4) * 7)).lower(x)
+  assert lowered.in_avals == ((x.aval,), {})
+  assert_like_stock(lowered.compile()(x), make(jnp.eye(4) * 7), x, rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", ["while_loop", "scan", "cond", "switch",
                                   "fori_loop", "map"])
 def test_jax_control_flow_with_fresh_closures_shares_one_executable(name):
@@ -214,6 +253,12 @@ def test_the_store_never_keeps_a_leaf_alive():
   gc.collect()
   assert [r() for r in refs] == [None] * 5
   assert jcc.stats()["shared_traces"] > 0
+
+
+def test_the_trace_store_offers_what_register_cache_documents():
+  store = _compat.closure_key_module()._store
+  for name in ("cache_clear", "cache_info", "cache_keys"):
+    assert callable(getattr(store, name)), name
 
 
 def test_clear_caches_clears_the_shared_traces():
