@@ -736,13 +736,19 @@ class ClosureJitted:
     if row is not None:
       return (row[0], row[2]) if type(row) is list else None
     try:
-      a = _analyse(self._fun, self._spec.lift_numpy, True, self._dynamic_set())
-      entry = _entries.get((self._spec.key, a.key))
+      a, _, entry = self._stored()
     except (Uncacheable, TypeError):
       return None
     if entry is None or entry.guards:
       return None
     return entry, a.leaves
+
+  def _stored(self):
+    """``(analysis, key, stored entry or None)`` of this wrapper's function.
+    Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
+    a = _analyse(self._fun, self._spec.lift_numpy, True, self._dynamic_set())
+    key = (self._spec.key, a.key)
+    return a, key, _entries.get(key)
 
   def trace(self, *args, **kwargs):
     return self.stock().trace(*args, **kwargs)
@@ -864,10 +870,7 @@ class ClosureJitted:
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
     try:
-      a = _analyse(fun, self._spec.lift_numpy, True,
-                   self._dynamic_set())
-      key = (self._spec.key, a.key)
-      entry = _entries.get(key)
+      a, key, entry = self._stored()
     except Uncacheable as e:
       return self._fallback(e.reason, args, kwargs, e.detail)
     except TypeError as e:   # unhashable pytree metadata in the key

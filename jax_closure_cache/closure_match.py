@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from jax_closure_cache import _compat
 from jax_closure_cache.closure import (
     LIFTED, _ATOMS, _ArrayImpl, _CYCLE, _DYN, _FN, _FunctionType, _MISSING,
     _ModuleType, _NOCHAIN, _PARTIAL, _TREE, _Tag, _float_key, _tree_flatten,
@@ -256,6 +257,8 @@ _REACH_NODES = 4096   # past it, a globals dict is compared by id
 # code, which costs about half the gather-and-loop form's per small dict.
 _STRAIGHT_LINE = 8
 _ALL_LIFTED = object()   # a loop over leaves ended without a mismatch
+# Whether a cell holds a value: layer two's test, shared.
+_filled = _compat.closure_key_module()._filled
 
 
 def _plain_tree(treedef, budget: int = 4096) -> bool:
@@ -299,13 +302,6 @@ def _globals_reached(fun) -> dict:
       pending.extend(f.values())
   return found
 
-
-def _filled(cell) -> bool:
-  try:
-    cell.cell_contents
-  except ValueError:
-    return False
-  return True
 
 
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
@@ -357,5 +353,3 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   src.name = key[2].co_name
   src.globals_by_id = {}   # what is compared is bound in env; hold no more
   return src
-
-

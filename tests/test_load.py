@@ -1,6 +1,7 @@
 """Safety under load: threads, many closures over large arrays, eviction,
 and a property test over random closure contents."""
 
+import contextlib
 import gc
 import os
 import threading
@@ -9,11 +10,10 @@ import weakref
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, assert_like_stock, counting
+from conftest import assert_like_stock, counting
 
 
 def scaled(w, b):
@@ -73,14 +73,22 @@ def test_ten_thousand_closures_over_1mb_arrays_stay_bounded():
   assert jcc.stats()["misses"] == 2
 
 
-def test_lru_evicts_the_least_recently_used():
+@contextlib.contextmanager
+def two_entries_keyed_by_value():
+  """Capacity 2, scalars keyed by value (one entry each); yields ``make``,
+  a closure factory, and ``x``."""
   old = jcc.capacity()
   jcc.set_capacity(2)
   try:
-    make = lambda s: (lambda x: x * s)
-    x = jnp.ones(2)
-    jcc.enable(auto_dynamic=False)   # scalars keyed by value: one entry each
+    jcc.enable(auto_dynamic=False)
     jcc.disable()
+    yield (lambda s: (lambda x: x * s)), jnp.ones(2)
+  finally:
+    jcc.set_capacity(old)
+
+
+def test_lru_evicts_the_least_recently_used():
+  with two_entries_keyed_by_value() as (make, x):
     jcc.jit(make(1.0))(x)   # A
     jcc.jit(make(2.0))(x)   # B
     jcc.jit(make(1.0))(x)   # A used again
@@ -93,21 +101,13 @@ def test_lru_evicts_the_least_recently_used():
     misses = jcc.stats()["misses"]
     assert_like_stock(jcc.jit(make(2.0))(x), make(2.0), x)     # B was evicted
     assert jcc.stats()["misses"] == misses + 1
-  finally:
-    jcc.set_capacity(old)
 
 
 def test_a_hit_of_the_fast_front_counts_as_a_use_for_eviction():
   """The fast front counts its hits on the entry's record alone; that count
   must both reach stats() and keep the entry from eviction."""
   from jax_closure_cache import closure_front
-  old = jcc.capacity()
-  jcc.set_capacity(2)
-  try:
-    make = lambda s: (lambda x: x * s)
-    x = jnp.ones(2)
-    jcc.enable(auto_dynamic=False)   # scalars keyed by value: one entry each
-    jcc.disable()
+  with two_entries_keyed_by_value() as (make, x):
     jcc.jit(make(9.0))(x)   # the code's first object: stock's own jit
     jcc.jit(make(1.0))(x)   # A
     jcc.jit(make(2.0))(x)   # B
@@ -122,8 +122,6 @@ def test_a_hit_of_the_fast_front_counts_as_a_use_for_eviction():
     assert jcc.stats()["misses"] == misses
     assert_like_stock(jcc.jit(make(2.0))(x), make(2.0), x)   # B was evicted
     assert jcc.stats()["misses"] == misses + 1
-  finally:
-    jcc.set_capacity(old)
 
 
 # -- property: random closure contents ---------------------------------------
