@@ -9,7 +9,7 @@ the package for ``python -m jax_closure_cache patch``.
 
 import os
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,6 +60,11 @@ setup(
         # the last transformers line with Flax, which runs on jax 0.10.2.
         "clients": ["transformers==4.57.6", "flax==0.12.8"],
     },
+    # The fast front's entrance in C (jax_closure_cache/_front.c): optional,
+    # so a machine without a compiler installs the pure-Python front, which
+    # behaves the same and is about 0.15 us slower per re-created closure.
+    ext_modules=[Extension("jax_closure_cache._front",
+                           ["jax_closure_cache/_front.c"], optional=True)],
     cmdclass={"build_py": BuildPyWithStartupHook},
     entry_points={
         "console_scripts": [

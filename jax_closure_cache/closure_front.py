@@ -28,6 +28,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import textwrap
 
 #: Filename of every generated front, so ``_calling_function`` recognises
@@ -130,3 +131,22 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
       "_keyed_as": base})
   return cls
 
+
+
+def entrance(jit, fronts: dict, base: type):
+  """``jit`` with its front path in C where the extension ``_front`` is
+  built: a callable that answers ``jit(fun)`` for a function whose code has
+  a class in ``fronts`` (a subclass of ``base``) by making that class's
+  wrapper itself, as ``jit`` would, and passes every other call to ``jit``.
+  It carries ``jit``'s name, docstring and signature (``__wrapped__``).
+  Without the extension, ``jit`` itself.
+
+  ``fronts`` must be the dict ``jit`` reads, cleared in place, never
+  rebound: the entrance holds that very object."""
+  try:
+    from jax_closure_cache import _front
+  except ImportError:
+    return jit
+  made = _front.Entrance(jit, fronts, base, base._fun, base._stock, base._row)
+  functools.update_wrapper(made, jit)
+  return made

@@ -288,12 +288,20 @@ _ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
                             "donate_argnums", "donate_argnames"})
 
 
+def _check_option_names(options: dict) -> None:
+  """Stock's TypeError for a keyword ``jax.jit`` does not take."""
+  for name in options:
+    if name == "fun":
+      raise TypeError("jit() got some positional-only arguments passed as "
+                      "keyword arguments: 'fun'")
+    if name not in JIT_OPTIONS:
+      raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
+
+
 def _options_key(options: dict) -> tuple:
   """Options as a hashable key; ``1`` and ``(1,)`` (or ``"n"`` and
   ``("n",)``) select the same arguments, so they give the same key."""
-  for name in options:
-    if name not in JIT_OPTIONS:
-      raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
+  _check_option_names(options)
   key = tuple(sorted(
       (k, (v,) if k in _ARG_SELECTORS and isinstance(v, (int, str)) else _freeze(v))
       for k, v in options.items()))
@@ -1243,6 +1251,8 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   lift_numpy = options.pop("lift_numpy", None)
   auto_dynamic = options.pop("auto_dynamic", None)
   if fun is None:
+    # stock's keyword-only signature rejects a wrong name at once
+    _check_option_names(options)
     return functools.partial(jit, lift_numpy=lift_numpy,
                              auto_dynamic=auto_dynamic, **options)
   if lift_numpy is None:
@@ -1279,3 +1289,9 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
 
 # Imported last: it subclasses ClosureJitted.
 from jax_closure_cache import static_args  # noqa: E402
+
+
+# The fast front's entrance: ``jit`` itself, or the same in C where the
+# extension is built (it makes a front's wrapper without jit's Python frame).
+_python_jit = jit
+jit = closure_front.entrance(_python_jit, _fronts, ClosureJitted)

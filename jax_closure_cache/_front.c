@@ -1,0 +1,235 @@
+/* The fast front's entrance: ``jit(fun)`` for a re-created closure, in C.
+
+Layer three of the design (closure_front.py) makes a re-created closure's hit
+one generated Python frame: the wrapper's ``__call__``. What is left above the
+hand-hoisted call is making that wrapper, and the Python frame of ``jit``
+itself did most of that. This module removes that frame and nothing else.
+
+``Entrance(slow, fronts, base, fun_slot, stock_slot, row_slot)`` is a
+callable. Called with one positional argument ``fun`` and no keywords, where
+``type(fun) is FunctionType``, ``fun.__closure__`` is non-empty and
+``fronts`` (a dict: code object -> class) has a class for ``fun.__code__``
+whose base is ``base``, it returns a new instance of that class with the
+three slots set to ``fun``, None and None. That is exactly what the Python
+``jit`` does on that path. Any other call is ``slow(*args, **kwargs)``.
+
+Invariants:
+
+* The instance is made as ``object.__new__(cls)`` makes it (``tp_alloc``,
+  then the three slots), so a class defining ``__new__`` or ``__init__`` is
+  never given here: the Python side only files ``ClosureJitted``'s generated
+  subclasses, and the base check stops anything else.
+* The slot offsets are read from ``base``'s own member descriptors, so they
+  cannot disagree with the class layout.
+* It holds ``slow``, ``fronts`` and ``base`` strongly and nothing else; it
+  has an instance dict for the attributes ``functools.update_wrapper``
+  copies (``__doc__``, ``__wrapped__``, ...), so ``inspect.signature`` and
+  ``help`` see the Python ``jit``.
+*/
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+typedef struct {
+  PyObject_HEAD
+  PyObject *slow;
+  PyObject *fronts;
+  PyTypeObject *base;
+  Py_ssize_t fun_offset, stock_offset, row_offset;
+  PyObject *dict;
+  vectorcallfunc vectorcall;
+} Entrance;
+
+static Py_ssize_t slot_offset(PyObject *descr, const char *what) {
+  if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+    PyErr_Format(PyExc_TypeError, "%s: a slot's member descriptor expected",
+                 what);
+    return -1;
+  }
+  PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+  if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+    PyErr_Format(PyExc_TypeError, "%s: a writable object slot expected", what);
+    return -1;
+  }
+  return m->offset;
+}
+
+static PyObject *entrance_vectorcall(PyObject *op, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames) {
+  Entrance *self = (Entrance *)op;
+  if (PyVectorcall_NARGS(nargsf) == 1 &&
+      (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
+    PyObject *fun = args[0];
+    if (Py_IS_TYPE(fun, &PyFunction_Type)) {
+      PyObject *closure = PyFunction_GET_CLOSURE(fun);
+      if (closure != NULL && PyTuple_Check(closure) &&
+          PyTuple_GET_SIZE(closure) > 0) {
+        PyObject *cls = PyDict_GetItemWithError(self->fronts,
+                                                PyFunction_GET_CODE(fun));
+        if (cls == NULL && PyErr_Occurred())
+          return NULL;
+        if (cls != NULL && PyType_Check(cls) &&
+            ((PyTypeObject *)cls)->tp_base == self->base) {
+          PyTypeObject *tp = (PyTypeObject *)cls;
+          PyObject *w = tp->tp_alloc(tp, 0);
+          if (w == NULL)
+            return NULL;
+          char *p = (char *)w;
+          Py_INCREF(fun);
+          *(PyObject **)(p + self->fun_offset) = fun;
+          Py_INCREF(Py_None);
+          *(PyObject **)(p + self->stock_offset) = Py_None;
+          Py_INCREF(Py_None);
+          *(PyObject **)(p + self->row_offset) = Py_None;
+          return w;
+        }
+      }
+    }
+  }
+  return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject *entrance_new(PyTypeObject *type, PyObject *args,
+                              PyObject *kwds) {
+  PyObject *slow, *fronts, *base, *fun_d, *stock_d, *row_d;
+  if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+    PyErr_SetString(PyExc_TypeError, "Entrance() takes no keyword arguments");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "OO!O!OOO:Entrance", &slow, &PyDict_Type,
+                        &fronts, &PyType_Type, &base, &fun_d, &stock_d,
+                        &row_d))
+    return NULL;
+  if (!PyCallable_Check(slow)) {
+    PyErr_SetString(PyExc_TypeError, "Entrance: slow must be callable");
+    return NULL;
+  }
+  Py_ssize_t fo = slot_offset(fun_d, "fun_slot");
+  Py_ssize_t so = fo < 0 ? -1 : slot_offset(stock_d, "stock_slot");
+  Py_ssize_t ro = so < 0 ? -1 : slot_offset(row_d, "row_slot");
+  if (ro < 0)
+    return NULL;
+  Entrance *self = (Entrance *)type->tp_alloc(type, 0);
+  if (self == NULL)
+    return NULL;
+  self->slow = Py_NewRef(slow);
+  self->fronts = Py_NewRef(fronts);
+  self->base = (PyTypeObject *)Py_NewRef(base);
+  self->fun_offset = fo;
+  self->stock_offset = so;
+  self->row_offset = ro;
+  self->vectorcall = entrance_vectorcall;
+  return (PyObject *)self;
+}
+
+static int entrance_traverse(Entrance *self, visitproc visit, void *arg) {
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->slow);
+  Py_VISIT(self->fronts);
+  Py_VISIT(self->base);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+static int entrance_clear(Entrance *self) {
+  Py_CLEAR(self->slow);
+  Py_CLEAR(self->fronts);
+  Py_CLEAR(self->base);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+static void entrance_dealloc(Entrance *self) {
+  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  entrance_clear(self);
+  tp->tp_free((PyObject *)self);
+  Py_DECREF(tp);
+}
+
+static PyObject *entrance_call(PyObject *self, PyObject *args,
+                               PyObject *kwargs) {
+  /* tp_call for callers that do not use vectorcall */
+  return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyObject *entrance_descr_get(PyObject *self, PyObject *obj,
+                                    PyObject *type) {
+  /* bound as a method when stored on a class, as a Python function is */
+  if (obj == NULL || obj == Py_None)
+    return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+static PyObject *entrance_get_slow(Entrance *self, void *closure) {
+  return Py_NewRef(self->slow);
+}
+
+static PyObject *entrance_repr(PyObject *self) {
+  /* it stands for the Python ``jit``: shown as that function */
+  return PyObject_Repr(((Entrance *)self)->slow);
+}
+
+static PyObject *entrance_reduce(PyObject *self, PyObject *unused) {
+  /* pickled by reference, as the function it stands for */
+  return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef entrance_methods[] = {
+    {"__reduce__", entrance_reduce, METH_NOARGS, NULL}, {NULL}};
+
+static PyGetSetDef entrance_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"slow", (getter)entrance_get_slow, NULL,
+     "the Python callable every other call goes to", NULL},
+    {NULL}};
+
+static PyMemberDef entrance_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Entrance, vectorcall),
+     READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Entrance, dict), READONLY},
+    {NULL}};
+
+static PyType_Slot entrance_slots[] = {
+    {Py_tp_new, entrance_new},
+    {Py_tp_dealloc, entrance_dealloc},
+    {Py_tp_traverse, entrance_traverse},
+    {Py_tp_clear, entrance_clear},
+    {Py_tp_call, entrance_call},
+    {Py_tp_descr_get, entrance_descr_get},
+    {Py_tp_getset, entrance_getset},
+    {Py_tp_methods, entrance_methods},
+    {Py_tp_repr, entrance_repr},
+    {Py_tp_members, entrance_members},
+    {Py_tp_doc, "jit's entrance for re-created closures (see the module)"},
+    {0, NULL}};
+
+static PyType_Spec entrance_spec = {
+    .name = "jax_closure_cache._front.Entrance",
+    .basicsize = sizeof(Entrance),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
+             Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .slots = entrance_slots};
+
+static int front_exec(PyObject *module) {
+  PyObject *type = PyType_FromModuleAndSpec(module, &entrance_spec, NULL);
+  if (type == NULL)
+    return -1;
+  int rc = PyModule_AddObjectRef(module, "Entrance", type);
+  Py_DECREF(type);
+  return rc;
+}
+
+static PyModuleDef_Slot front_module_slots[] = {
+    {Py_mod_exec, front_exec}, {0, NULL}};
+
+static struct PyModuleDef front_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "jax_closure_cache._front",
+    .m_doc = "The fast front's entrance in C: jit(fun) for a re-created "
+             "closure without a Python frame.",
+    .m_size = 0,
+    .m_slots = front_module_slots};
+
+PyMODINIT_FUNC PyInit__front(void) { return PyModuleDef_Init(&front_module); }

@@ -1,0 +1,150 @@
+"""The fast front's entrance in C (``_front.Entrance``) answers ``jit(fun)``
+exactly as the Python ``jit`` does: the same wrapper on its one path, the
+Python ``jit`` itself on every other, and ``jit``'s name, signature and
+pickling as a drop-in. Skipped where the extension is not built (it is
+optional); ``.ci/run`` checks that it is built there.
+"""
+
+import gc
+import inspect
+import pickle
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import closure_jit, closure_front
+from conftest import counting, assert_like_stock
+
+_front = pytest.importorskip("jax_closure_cache._front")
+
+CJ = closure_jit.ClosureJitted
+
+
+def make_inner(w):
+  def inner(x):
+    return jnp.tanh(x @ w)
+  return inner
+
+
+def _warm_front():
+  """Two re-created closures of ``make_inner``'s code: the second stores the
+  entry, whose matcher gives the code a front class."""
+  x = jnp.ones((4, 4))
+  for i in range(2):
+    jcc.jit(make_inner(jnp.eye(4) * i))(x)
+  assert make_inner(x).__code__ in closure_jit._fronts
+  return x
+
+
+def test_jit_is_the_entrance_and_reads_as_jit():
+  assert type(jcc.jit) is _front.Entrance
+  assert jcc.jit.slow is closure_jit._python_jit
+  assert jcc.jit.__name__ == "jit"
+  assert jcc.jit.__doc__ == closure_jit._python_jit.__doc__
+  assert (inspect.signature(jcc.jit)
+          == inspect.signature(closure_jit._python_jit))
+  assert repr(jcc.jit) == repr(closure_jit._python_jit)
+  assert pickle.loads(pickle.dumps(jcc.jit)) is jcc.jit
+
+
+def test_entrance_makes_the_wrapper_python_jit_makes():
+  x = _warm_front()
+  w = jnp.eye(4) * 5
+  f, g = make_inner(w), make_inner(w)
+  by_c, by_py = jcc.jit(f), closure_jit._python_jit(g)
+  assert type(by_c) is type(by_py)
+  assert type(by_c) is not CJ and type(by_c).__base__ is CJ
+  assert by_c._fun is f and by_c.__wrapped__ is f
+  assert by_c._row is None and by_c._stock is None
+  with counting() as c:
+    out = by_c(x)
+  assert c == {"traces": 0, "compiles": 0}
+  assert_like_stock(out, make_inner(w), x)
+  # a value other than the stored entries': the same wrapper, not a hit
+  h = make_inner(jnp.eye(4) * 2.5)
+  assert_like_stock(jcc.jit(h)(x), make_inner(jnp.eye(4) * 2.5), x)
+
+
+def test_every_other_call_goes_to_python_jit():
+  x = _warm_front()
+  calls = []
+
+  def slow(*args, **kwargs):
+    calls.append((args, kwargs))
+    return "slow"
+
+  e = _front.Entrance(slow, closure_jit._fronts, CJ, CJ._fun, CJ._stock,
+                      CJ._row)
+  f = make_inner(jnp.eye(4))
+  assert type(e(f)) is closure_jit._fronts[f.__code__]   # the one path
+  assert calls == []
+
+  def closure_free(x):
+    return x
+
+  def other(x):   # a closure whose code has no front
+    return x * f(x)
+
+  part = jax.tree_util.Partial(f)
+  cases = [((f,), {"static_argnums": 0}), ((), {"donate_argnums": 0}),
+           ((), {"fun": f}), ((closure_free,), {}), ((other,), {}),
+           ((part,), {}), ((f, f), {}), ((), {}), ((1,), {})]
+  for args, kwargs in cases:
+    calls.clear()
+    assert e(*args, **kwargs) == "slow"
+    assert calls == [(args, kwargs)], (args, kwargs)
+
+  # a class filed for the code that is not the base's direct subclass
+  class Unrelated:
+    pass
+  e2 = _front.Entrance(slow, {f.__code__: Unrelated}, CJ, CJ._fun, CJ._stock,
+                       CJ._row)
+  calls.clear()
+  assert e2(f) == "slow" and calls == [((f,), {})]
+  del x
+
+
+def test_python_jit_errors_and_results_are_kept():
+  with pytest.raises(TypeError):
+    jcc.jit(fun=make_inner(jnp.eye(4)))
+  with pytest.raises(TypeError):
+    jcc.jit(make_inner(jnp.eye(4)), not_an_option=1)
+  deco = jcc.jit(static_argnums=1)
+  assert deco(lambda x, n: x * n)(jnp.ones(3), 2).tolist() == [2.0] * 3
+
+  class A:   # bound as a method, as a Python function would be
+    j = jcc.jit
+  with pytest.raises(TypeError):
+    A().j(make_inner(jnp.eye(4)))
+
+
+def test_constructor_checks_its_slots():
+  with pytest.raises(TypeError, match="member descriptor"):
+    _front.Entrance(print, {}, CJ, "fun", CJ._stock, CJ._row)
+  with pytest.raises(TypeError):
+    _front.Entrance(print, [], CJ, CJ._fun, CJ._stock, CJ._row)
+  with pytest.raises(TypeError, match="callable"):
+    _front.Entrance(1, {}, CJ, CJ._fun, CJ._stock, CJ._row)
+
+
+def test_entrance_holds_nothing_of_the_call():
+  x = _warm_front()
+  f = make_inner(jnp.eye(4) * 3)
+  ref = weakref.ref(f)
+  wrapper = jcc.jit(f)
+  np.testing.assert_allclose(wrapper(x), jnp.tanh(x @ (jnp.eye(4) * 3)))
+  del f, wrapper
+  gc.collect()
+  assert ref() is None
+
+
+def test_entrance_helper_without_the_extension(monkeypatch):
+  import sys
+  monkeypatch.setitem(sys.modules, "jax_closure_cache._front", None)
+  monkeypatch.delattr(jcc, "_front")
+  assert closure_front.entrance(closure_jit._python_jit, {}, CJ) \
+      is closure_jit._python_jit
