@@ -10,7 +10,9 @@ For a code object whose stored keys have matchers (``closure_match``),
 ``__call__`` is generated: each stored key's checks inline, then the hit
 (:data:`HIT`), else the generic ``__call__``. ``jit(fun)`` picks that
 class for ``fun.__code__`` when it makes a wrapper, so a hit runs no frame
-of ours but this one and the entry's C++ dispatch.
+of ours but this one and the entry's C++ dispatch. Where the extension
+``_front`` is built, :func:`entrance` makes that wrapper in C, so ``jit``'s
+own frame is skipped too.
 
 Invariants:
 
