@@ -72,7 +72,11 @@ static PyObject *entrance_vectorcall(PyObject *op, PyObject *const *args,
         if (cls != NULL && PyType_Check(cls) &&
             ((PyTypeObject *)cls)->tp_base == self->base) {
           PyTypeObject *tp = (PyTypeObject *)cls;
+          /* the dict's reference is borrowed, and allocating may collect
+             garbage, whose callbacks may clear the dict */
+          Py_INCREF(tp);
           PyObject *w = tp->tp_alloc(tp, 0);
+          Py_DECREF(tp);
           if (w == NULL)
             return NULL;
           char *p = (char *)w;
