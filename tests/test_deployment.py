@@ -37,6 +37,12 @@ def test_doctor_reports_every_check():
                        capture_output=True, text=True, timeout=300)
   assert "[ok] jax version: 0.10.2" in out.stdout
   assert "[ok] jax.lax.while_loop: signature as expected" in out.stdout
+  try:
+    import jax_closure_cache._front  # noqa: F401
+    entrance = "[info] fast front's C entrance: built"
+  except ImportError:
+    entrance = "[info] fast front's C entrance: not built"
+  assert entrance in out.stdout
   if installed_hook():
     assert out.returncode == 0 and "all checks passed" in out.stdout
   else:
