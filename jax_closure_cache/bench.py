@@ -339,7 +339,18 @@ def machine() -> str:
   dev = jax.devices()[0]
   return (f"{platform.node() or 'unknown host'}: {platform.processor() or platform.machine()}, "
           f"{jax.device_count()}x {dev.platform.upper()} ({dev.device_kind}), "
-          f"python {platform.python_version()}, jax {jax.__version__}")
+          f"python {platform.python_version()}, jax {jax.__version__}, "
+          f"{front()}")
+
+
+def front() -> str:
+  """Which fast front the rows measure: the C entrance is an optional
+  extension, and a source tree imported from its own root (``python -m``
+  there) has none built, whatever the installed copy has."""
+  if closure_jit.jit is not closure_jit._python_jit:
+    return "fast front with its C entrance"
+  return ("fast front in pure Python (no C entrance here: run "
+          "`jax-closure-cache bench`, or from outside the source tree)")
 
 
 def _verdict(row: dict) -> str:

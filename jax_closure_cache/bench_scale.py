@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from jax_closure_cache import multiprocess
+
 TARGETS = {"sharded": "stock/cache ≥ 100, cache/hoisted ≤ 1.2",
            "two_processes": "cache/hoisted ≤ 1.3"}
 
@@ -63,14 +65,14 @@ def _run_sharded(calls: int) -> dict:
   env.pop("JAX_CLOSURE_CACHE", None)
   out = subprocess.run([sys.executable, "-m", "jax_closure_cache.bench_scale",
                         "sharded", str(calls)], capture_output=True, text=True,
-                       env=env, timeout=900)
+                       env=env, cwd=multiprocess.package_parent(),
+                       timeout=900)
   if out.returncode != 0:
     raise RuntimeError(out.stdout + out.stderr)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run(calls: int = 500) -> list[dict]:
-  from jax_closure_cache import multiprocess
   rows = []
   r = _run_sharded(calls)
   rows.append({"workload": "seed001 tanh(x@w) 64x64, w sharded (data, model) "

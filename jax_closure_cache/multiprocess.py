@@ -30,6 +30,14 @@ import time
 STEPS = 6
 
 
+def package_parent() -> str:
+  """The directory this package was imported from: a child started there
+  with ``-m`` imports the same copy (``-m`` puts its working directory
+  first), so a parent run from a source tree and one run from an installed
+  copy (whose C entrance the source tree lacks) each measure their own."""
+  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -44,7 +52,8 @@ def run_pair(mode: str = "check", timeout: float = 240.0) -> list[dict]:
   env.pop("JAX_CLOSURE_CACHE", None)
   procs = [subprocess.Popen(
       [sys.executable, "-m", "jax_closure_cache.multiprocess", mode,
-       str(port), str(pid)], env=env, stdout=subprocess.PIPE,
+       str(port), str(pid)], env=env, cwd=package_parent(),
+      stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for pid in range(2)]
   outs = []
   try:
