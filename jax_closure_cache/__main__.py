@@ -150,9 +150,8 @@ def _doctor() -> int:
     print(f"  [{'ok' if ok else 'MISMATCH'}] {name}: {detail}")
   print(f"  [info] mode: {jax_closure_cache.mode()}")
   from jax_closure_cache import closure_jit
-  built = closure_jit.jit is not closure_jit._python_jit
   print("  [info] fast front's C entrance: " + (
-      "built" if built else "not built (pure Python: about 0.15 us more per "
+      "built" if closure_jit.entrance_built() else "not built (pure Python: about 0.15 us more per "
       "re-created closure; install with a C compiler to build it)"))
   print(f"  [info] cache active: {jax_closure_cache.is_enabled()} "
         f"(JAX_CLOSURE_CACHE={__import__('os').environ.get('JAX_CLOSURE_CACHE', '')!r})")

@@ -347,7 +347,7 @@ def front() -> str:
   """Which fast front the rows measure: the C entrance is an optional
   extension, and a source tree imported from its own root (``python -m``
   there) has none built, whatever the installed copy has."""
-  if closure_jit.jit is not closure_jit._python_jit:
+  if closure_jit.entrance_built():
     return "fast front with its C entrance"
   return ("fast front in pure Python (no C entrance here: run "
           "`jax-closure-cache bench`, or from outside the source tree)")

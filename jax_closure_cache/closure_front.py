@@ -134,7 +134,6 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
   return cls
 
 
-
 def entrance(jit, fronts: dict, base: type):
   """``jit`` with its front path in C where the extension ``_front`` is
   built: a callable that answers ``jit(fun)`` for a function whose code has

@@ -1295,3 +1295,8 @@ from jax_closure_cache import static_args  # noqa: E402
 # extension is built (it makes a front's wrapper without jit's Python frame).
 _python_jit = jit
 jit = closure_front.entrance(_python_jit, _fronts, ClosureJitted)
+
+
+def entrance_built() -> bool:
+  """Whether ``jit`` is the C entrance (the extension is optional)."""
+  return jit is not _python_jit

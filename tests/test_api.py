@@ -60,6 +60,26 @@ def test_unknown_option_is_a_type_error():
     jcc.jit(lambda x: x, static_argnumz=0)
 
 
+def _make_inner(w):
+  def inner(x):
+    return jnp.tanh(x @ w)
+  return inner
+
+
+def test_python_jit_errors_and_results_are_kept():
+  with pytest.raises(TypeError):
+    jcc.jit(fun=_make_inner(jnp.eye(4)))
+  with pytest.raises(TypeError):
+    jcc.jit(_make_inner(jnp.eye(4)), not_an_option=1)
+  deco = jcc.jit(static_argnums=1)
+  assert deco(lambda x, n: x * n)(jnp.ones(3), 2).tolist() == [2.0] * 3
+
+  class A:   # bound as a method, as a Python function would be
+    j = jcc.jit
+  with pytest.raises(TypeError):
+    A().j(_make_inner(jnp.eye(4)))
+
+
 def test_decorator_and_partial_forms():
   w = jnp.full(2, 2.0)
 

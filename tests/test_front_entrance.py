@@ -108,20 +108,6 @@ def test_every_other_call_goes_to_python_jit():
   del x
 
 
-def test_python_jit_errors_and_results_are_kept():
-  with pytest.raises(TypeError):
-    jcc.jit(fun=make_inner(jnp.eye(4)))
-  with pytest.raises(TypeError):
-    jcc.jit(make_inner(jnp.eye(4)), not_an_option=1)
-  deco = jcc.jit(static_argnums=1)
-  assert deco(lambda x, n: x * n)(jnp.ones(3), 2).tolist() == [2.0] * 3
-
-  class A:   # bound as a method, as a Python function would be
-    j = jcc.jit
-  with pytest.raises(TypeError):
-    A().j(make_inner(jnp.eye(4)))
-
-
 def test_constructor_checks_its_slots():
   with pytest.raises(TypeError, match="member descriptor"):
     _front.Entrance(print, {}, CJ, "fun", CJ._stock, CJ._row)
