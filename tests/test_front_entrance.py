@@ -64,7 +64,8 @@ def test_entrance_makes_the_wrapper_python_jit_makes():
     out = by_c(x)
   assert c == {"traces": 0, "compiles": 0}
   assert_like_stock(out, make_inner(w), x)
-  # a value other than the stored entries': the same wrapper, not a hit
+  # another array: the same entry, called with this closure's own leaves
+  # (stale leaves would fail the comparison with stock)
   h = make_inner(jnp.eye(4) * 2.5)
   assert_like_stock(jcc.jit(h)(x), make_inner(jnp.eye(4) * 2.5), x)
 
