@@ -303,7 +303,6 @@ def _globals_reached(fun) -> dict:
   return found
 
 
-
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
   """The hot path's inline cache for one key of a top-level function.
 
