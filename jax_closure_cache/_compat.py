@@ -47,6 +47,8 @@ def versions_match() -> bool:
 #: ``DISABLE_JIT.value`` is True inside ``jax.disable_jit()``; the hot path
 #: reads the attribute directly rather than through a function call.
 DISABLE_JIT = _config.disable_jit
+#: Whether no trace is running (an eager call, not a trace's inner call).
+trace_state_clean = _core.trace_state_clean
 
 
 

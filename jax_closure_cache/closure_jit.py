@@ -65,6 +65,7 @@ _entries = cache.new_store()     # (options key, closure key) -> _Entry
 _compat.register_cache(cache._jax_handle, "jax_closure_cache entries")
 _canonical = cache.new_store()   # (options key, function key) -> _Canonical
 _unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+cache.register_clear_hook(_unliftable.clear)
 
 # The hot path's inline cache: code object -> the last few stored entries of
 # top-level functions with that code, each with a quick_matcher for its key.
@@ -400,12 +401,22 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
         cache.count_retrace()
       e.avals = avals
       e.traces += 1
-    if shares_traces:
-      # through the trace lookup's store, so .trace/.lower find this trace
-      out = trace_cache.call_shared(current, a, leaves, args, kwargs)
-      if out is not None:
-        return out
-    return closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
+    # The rebuilt function shares the user's cells and objects: a trace-time
+    # side effect that stores a traced value there is undone, and the call
+    # answered by stock (the closure key's TracerLeak).
+    watch = trace_cache.closure_key.StateWatch(current)
+    try:
+      out = None
+      if shares_traces:
+        # through the trace lookup's store, so .trace/.lower find this trace
+        out = trace_cache.call_shared(current, a, leaves, args, kwargs)
+      if out is None:
+        out = closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
+    except BaseException:
+      watch.check()
+      raise
+    watch.check()
+    return out
 
   trace_cache.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__
@@ -435,10 +446,11 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
 
 #: A function object whose first call hit a shared lifted entry keeps calling
 #: that entry, with the arrays it read then, as stock would keep its first
-#: trace. After this many calls it is long-lived: it gets stock's own
-#: executable (arrays baked), which is faster per call when it closes over many
-#: arrays. Stock pays that compile at the first call, so the total is never
-#: more than stock's.
+#: trace. After this many calls times arrays (a closure over 256 arrays or
+#: more at its second call) it is long-lived: it gets stock's own executable
+#: (arrays baked), which is faster per call when it closes over many arrays.
+#: Stock pays that compile at the first call, so the total is never more
+#: than stock's.
 PROMOTE_AFTER_CALLS = 256
 
 
@@ -806,8 +818,8 @@ class ClosureJitted:
     """The shared jitted function of ``entry``, reading ``self._fun``."""
     try:
       out = entry.jitted(leaves, *args, **kwargs)
-    except Exception:
-      return self._retry_stock(key, args, kwargs)
+    except Exception as e:
+      return self._retry_stock(key, args, kwargs, e)
     if entry.traces != entry.checked:   # traced a new signature
       self._store(key, entry, leaves, args, kwargs)
     return out
@@ -835,7 +847,10 @@ class ClosureJitted:
   def _call_row(self, row, args, kwargs):
     """A function object called before: as its first call decided."""
     if type(row) is not _OWNED:
-      row[3] += 1
+      # Each call with the entry passes the leaves as arguments, about a
+      # microsecond per array more than stock's baked executable: the more
+      # arrays, the sooner a long-lived object is worth stock's compile.
+      row[3] += len(row[2]) or 1
       if row[3] >= PROMOTE_AFTER_CALLS:
         row = self._promote(row)
     if type(row) is _OWNED:
@@ -902,13 +917,25 @@ class ClosureJitted:
     self._own()
     return self.stock()(*args, **kwargs)
 
-  def _retry_stock(self, key, args, kwargs):
+  def _retry_stock(self, key, args, kwargs, error=None):
     """Answer with stock's outcome; remember the code if only lifting failed
     (or, if it passed scalars as arguments, that those stay static)."""
     self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
     _entries.discard(key)
     code = _code_of(self._user())
+    leak = _tracer_leak(error)
+    if leak is not None:
+      if code is not None:
+        _unliftable.add(code)
+      cache.count_fallback("tracer_leak")
+      diagnostics.fallback(
+          self._user(), code, "tracer_leak",
+          "the lifted trace stored a traced value in state reached through "
+          "the closure (a value built at trace time from a lifted array); "
+          "what it overwrote was put back, and this code is traced as stock "
+          "traces it from now on")
+      return out
     dynamic = closure.dynamic_ordinals(key[1])
     if dynamic:
       dk = self._dynamic_key()
@@ -945,7 +972,10 @@ class ClosureJitted:
                        first_object=True)
       return out
     if code is not None and code in _unliftable:
-      return self._fallback("unliftable", args, kwargs)
+      return self._fallback(
+          "unliftable", args, kwargs,
+          "an earlier lifted trace of this code failed or stored a traced "
+          "value where stock's did not, so stock traces it")
     made = self._make_dynamic(key, a)
     if made is not None:
       key, a = made
@@ -976,8 +1006,8 @@ class ClosureJitted:
       # without tracing again; the Traced object yields the captured consts.
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       out = entry.jitted(a.leaves, *args, **kwargs)
-    except Exception:
-      return self._retry_stock(key, args, kwargs)
+    except Exception as e:
+      return self._retry_stock(key, args, kwargs, e)
     cost = time.perf_counter() - started   # trace + compile + first run
     cache.count_miss()   # only now: a failed trace counts as a fallback alone
     self._pin(entry, key, a.leaves)
@@ -1039,6 +1069,18 @@ class ClosureJitted:
     if self._code is not None and not guards and self._code not in _no_quick:
       if not _remember_quick(_quick, self._fun, key, entry):
         _no_quick.add(self._code)
+
+
+def _tracer_leak(error):
+  """The closure key's ``TracerLeak`` behind ``error``, if any (JAX may
+  re-raise an exception from inside a trace with it as the cause)."""
+  seen = 0
+  while error is not None and seen < 8:
+    if isinstance(error, trace_cache.closure_key.TracerLeak):
+      return error
+    error = error.__cause__ or error.__context__
+    seen += 1
+  return None
 
 
 _HIT_ENV = {"MONITORING": _monitoring_module,

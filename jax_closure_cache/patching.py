@@ -58,6 +58,8 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   # in both modes: the closure key's walk keys this package's functions by
   # identity, as the package's own walk does
   points.append((trace_cache.closure_key, "_is_stable", trace_cache.is_stable))
+  # and a stock jitted object called eagerly keeps stock's executable
+  points.append((trace_cache.closure_key, "is_shared", trace_cache.is_shared))
   return points
 
 

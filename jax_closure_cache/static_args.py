@@ -211,13 +211,14 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   user = functions[0]
   if type(user) is tuple:
     user = next(x for x in user if _is_function(x))
-  spec = w._spec
   stock = w.stock()
-  # Identity first: one function static argument, called before.
-  table = _table(spec)
+  # Identity first: one function static argument, called before by this
+  # wrapper's function (another jitted function given the same static
+  # function computes something else: its row is its own).
   single = len(functions) == 1 and type(functions[0]) is not tuple
+  table = _table(w) if single else None
   row = None
-  if single:
+  if table is not None:
     try:
       ref = closure_jit._ref(functions[0], table.pop)
       row = table.get(ref)
@@ -259,15 +260,25 @@ def _make_bound(w, layout, positions, names, static_values, functions, params,
   return bound
 
 
-# options key -> {weakref(static function): (params, state)}; state None:
-# stock's; else the row [entry, key, leaves, calls] its first call decided.
+# options key -> {weakref(jitted user function): {weakref(static function):
+# (params, state)}}; state None: stock's; else the row [entry, key, leaves,
+# calls] its first call decided. Rows are per user function: the same static
+# function given to two jitted functions is two different computations.
 _tables: dict[tuple, dict] = {}
 
 
-def _table(spec) -> dict:
-  table = _tables.get(spec.key)
-  if table is None:
-    table = _tables[spec.key] = {}
+def _table(w: StaticArgsJitted) -> dict | None:
+  """The identity rows of ``w``'s function under ``w``'s options; None if
+  that function cannot be weakly referenced (then no rows are kept)."""
+  by_user = _tables.get(w._spec.key)
+  if by_user is None:
+    by_user = _tables[w._spec.key] = {}
+  try:
+    table = by_user.get(closure_jit._ref(w._fun))
+    if table is None:
+      table = by_user[closure_jit._ref(w._fun, by_user.pop)] = {}
+  except TypeError:
+    return None
   return table
 
 

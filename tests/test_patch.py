@@ -63,7 +63,7 @@ def test_the_series_adds_the_packages_own_closure_key_module():
 
 
 def test_series_size_and_shape():
-  """At most 800 changed lines in all, three patches, no package code but
+  """At most 1,200 changed lines in all (issue 20's bound), three patches, no package code but
   the one module, no re-binding of jax.jit or jax.lax, no environment
   variable read, events under /jax/."""
   changed = 0
@@ -82,7 +82,7 @@ def test_series_size_and_shape():
     assert "jax.jit =" not in body and "lax.while_loop =" not in body
     assert "/jax_closure_cache/" not in body
   assert len(patch_tool.series_paths()) == 3
-  assert changed <= 800, changed
+  assert changed <= 1200, changed
 
 
 @needs_pristine_jax

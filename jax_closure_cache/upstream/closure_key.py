@@ -251,6 +251,122 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   return out
 
 
+# -- trace-time side effects ----------------------------------------------------
+
+class TracerLeak(Exception):
+  """A lifted trace stored a traced value in the user's own state."""
+
+
+def _reached(v) -> list:
+  """What a function's trace may reach from ``v`` and write to."""
+  if isinstance(v, (type, types.ModuleType, _jax.ArrayImpl, np.ndarray)):
+    return []
+  if type(v) is types.FunctionType:
+    return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
+            *(v.__kwdefaults__ or {}).values()]
+  if type(v) is types.CellType:
+    return [] if not _filled(v) else [v.cell_contents]
+  if type(v) is functools.partial:
+    return [v.func, *v.args, *v.keywords.values()]
+  if type(v) is types.MethodType:
+    return [v.__func__, v.__self__]
+  if type(v) in (list, tuple, set, frozenset):
+    return list(v)
+  if type(v) is dict:
+    return list(v.values())
+  d = getattr(v, "__dict__", None)
+  return list(d.values()) if type(d) is dict else []
+
+
+def _state(v):
+  """The mutable place ``v`` is, as (object, its contents now), or None."""
+  if type(v) is types.CellType:
+    return v, [v.cell_contents] if _filled(v) else []
+  if type(v) is list:
+    return v, list(v)
+  if type(v) is dict:
+    return v, dict(v)
+  d = getattr(v, "__dict__", None)
+  if type(d) is dict and not isinstance(v, (type, types.ModuleType,
+                                            types.FunctionType)):
+    return d, dict(d)
+  return None
+
+
+class StateWatch:
+  """The cells, lists, dicts and attributes (and, for code that assigns
+  globals, the module globals) a function reaches, as they were before a
+  lifted trace. The rebuilt function shares them with the user's function,
+  so a trace-time side effect reaches them as under stock; :meth:`check`
+  undoes every change and raises :class:`TracerLeak` if a new value holds a
+  tracer (a helper built at trace time over a lifted array), so that call
+  is traced as usual instead."""
+
+  def __init__(self, fun):
+    self.places, seen, todo = [], set(), [fun]
+    while todo and len(seen) < _BUDGET:
+      v = todo.pop()
+      if id(v) not in seen:
+        seen.add(id(v))
+        place = _state(v)
+        if place is not None:
+          self.places.append(place)
+        if type(v) is types.FunctionType and _code_names(v.__code__)[1]:
+          self.places.append((v.__globals__, dict(v.__globals__)))
+        todo.extend(_reached(v))
+
+  def check(self) -> None:
+    changed = [(obj, before) for obj, before in self.places
+               if _contents(obj) != _ids(before)]
+    if not any(_holds_tracer(_new_values(obj, before))
+               for obj, before in changed):
+      return
+    for obj, before in changed:
+      if type(obj) is types.CellType:
+        if before:
+          obj.cell_contents = before[0]
+        else:
+          del obj.cell_contents
+      elif type(obj) is list:
+        obj[:] = before
+      else:
+        obj.clear()
+        obj.update(before)
+    raise TracerLeak("a lifted trace stored a traced value in the closure's "
+                     "state")
+
+
+def _ids(contents):
+  items = contents.items() if type(contents) is dict else enumerate(contents)
+  return {k: id(x) for k, x in items}
+
+
+def _contents(obj):
+  if type(obj) is types.CellType:
+    return _ids([obj.cell_contents] if _filled(obj) else [])
+  return _ids(obj)
+
+
+def _new_values(obj, before) -> list:
+  now = [obj.cell_contents] if type(obj) is types.CellType and _filled(obj) \
+      else ([] if type(obj) is types.CellType else obj)
+  old = _ids(before)
+  items = now.items() if type(now) is dict else enumerate(now)
+  return [x for k, x in items if old.get(k) != id(x)]
+
+
+def _holds_tracer(values) -> bool:
+  seen, todo = set(), list(values)
+  while todo and len(seen) < _BUDGET:
+    v = todo.pop()
+    if isinstance(v, core.Tracer):
+      return True
+    if id(v) not in seen:
+      seen.add(id(v))
+      todo.extend(_reached(v))
+  return False
+
+
 # -- the closure-keyed trace lookup ----------------------------------------------
 
 class _Shared:
@@ -425,7 +541,14 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   leaf_avals = key[1]
 
   def lifted(leaves, *args, **kwargs):
-    return rebuild(fun, key[0], leaves)(*args, **kwargs)
+    watch = StateWatch(fun)
+    try:
+      out = rebuild(fun, key[0], leaves)(*args, **kwargs)
+    except Exception:
+      watch.check()
+      raise
+    watch.check()
+    return out
   _own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = tree_util.FlatTree.pack(

@@ -1,0 +1,176 @@
+"""Never a wrong answer, never a crash stock does not have: the cases users
+found (issue 18), each compared call by call with stock on fresh objects
+and replayed so that hits are exercised."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_closure_cache as jcc
+from jax_closure_cache import _compat
+from conftest import STOCK_JIT, counting
+
+
+def _stock(program, *args):
+  """``program`` run with the cache off (stock jit on fresh objects)."""
+  was = jcc.is_enabled()
+  jcc.disable()
+  try:
+    return program(*args)
+  finally:
+    if was:
+      jcc.enable()
+
+
+def _seed_000(w, x):
+  def f(x):
+    return jnp.sin(x) * w
+  jf = jax.jit(f)
+  g = jax.jit(lambda fn, x: fn(x) + 1.0, static_argnums=0)
+  h = jax.jit(lambda fn, x: fn(x) * 3.0, static_argnums=0)
+  return g(jf, x), h(jf, x), g(jf, x)
+
+
+def test_seed_000_two_jitted_functions_given_one_static_function():
+  """The same jitted closure passed statically to two different jitted
+  functions: each computes its own function, in every round and replay."""
+  jcc.enable()
+  x = jnp.arange(5.0)
+  for _ in range(2):   # a replay with fresh objects: hits
+    for v in (1.5, -2.0, 4.0):
+      w = jnp.full((5,), v)
+      got = _seed_000(w, x)
+      want = _stock(_seed_000, w, x)
+      for a, b in zip(got, want):
+        # rtol: XLA folds a baked array into sin(x) * w (README, rule 2)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+        assert a.dtype == b.dtype
+
+
+def test_seed_000_shares_one_entry_per_jitted_function():
+  """The fix keys rows per jitted function, yet re-created closures still
+  hit: from the third round on nothing compiles."""
+  jcc.enable()
+  x = jnp.arange(5.0)
+  ws = [jnp.full((5,), v) for v in (1.0, 2.0, 3.0, 4.0)]
+  for w in ws[:2]:
+    _seed_000(w, x)
+  with counting() as c:
+    got = _seed_000(ws[3], x)
+  assert c["compiles"] == 0
+  for a, b in zip(got, _stock(_seed_000, ws[3], x)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+
+
+def _lazy_helper(w):
+  helper = None
+
+  def get():
+    nonlocal helper
+    if helper is None:
+      helper = lambda x: jnp.sin(x) * w
+    return helper
+  return jax.jit(lambda x: get()(x)), jax.jit(lambda x: get()(x) + 1.0)
+
+
+def _simulate(w):
+  init, step = _lazy_helper(w)
+  return step(init(jnp.ones(3)))
+
+
+def test_helper_built_lazily_at_trace_time_leaks_no_tracer():
+  """A trace-time side effect (a helper built through a ``nonlocal``,
+  closing over a lifted array) must not leave a tracer in the user's cell:
+  stock runs every simulation, so the cache must too, with stock's
+  results."""
+  jcc.enable()
+  for _ in range(2):
+    for i in range(4):
+      w = jnp.full(3, float(i))
+      np.testing.assert_array_equal(_simulate(w), _stock(_simulate, w))
+  assert jcc.stats()["fallback_reasons"].get("tracer_leak", 0) >= 1
+
+
+def test_a_tracer_leak_is_undone_and_explained(caplog, monkeypatch):
+  """The cell the trace overwrote holds what it held before, and the
+  explanation says what happened."""
+  import logging
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
+  jcc.enable()
+  cells = []
+  with caplog.at_level(logging.WARNING, logger="jax_closure_cache"):
+    for i in range(3):
+      init, step = _lazy_helper(jnp.full(3, float(i)))
+      init(jnp.ones(3))
+      cells.append(init)
+  # the user's helper cell never holds a function over a tracer
+  for wrapper in cells:
+    get = wrapper.__wrapped__.__closure__[0].cell_contents
+    helper = get.__closure__[0].cell_contents
+    assert helper is not None
+    for cell in helper.__closure__:
+      assert not isinstance(cell.cell_contents, _compat.Tracer)
+  assert "stored a traced value" in caplog.text
+
+
+def test_trace_time_counter_still_reaches_the_users_state():
+  """Side effects that hold no tracer are the user's, as with stock."""
+  jcc.enable()
+  calls = [0]
+
+  def make(w):
+    def f(x):
+      calls[0] += 1
+      return x * w
+    return jax.jit(f)
+  for v in (1.0, 2.0, 3.0):
+    make(jnp.full(2, v))(jnp.ones(2))
+  assert calls[0] >= 2   # the first two objects traced, reaching the list
+  assert jcc.stats()["fallback_reasons"].get("tracer_leak", 0) == 0
+
+
+def _dict_closure(q):
+  def f(x):
+    return jnp.stack([q[k] for k in sorted(q)]).sum() + x
+  return f
+
+
+def test_long_lived_closure_over_many_arrays_gets_stock_executable():
+  """An object pinned to a shared entry passes its arrays as arguments on
+  every call; over 1,000 arrays it is handed to stock at its second call,
+  and answers as stock does."""
+  q = {f"k{i:04d}": jnp.full((2,), float(i)) for i in range(300)}
+  x = jnp.ones(2)
+  with jcc.enabled():
+    jax.jit(_dict_closure(q))(x)   # the code's first object: stock's
+    f = jax.jit(_dict_closure(q))
+    f(x)                           # pinned to the shared entry
+    f(x)                           # 300 arrays: long-lived now
+  with jcc.enabled():
+    with counting() as c:
+      got = f(x)
+  assert c["traces"] == 0 and c["compiles"] == 0
+  np.testing.assert_array_equal(got, STOCK_JIT(_dict_closure(q))(x))
+  # its row is stock's own object now: calls take stock's C++ path
+  assert getattr(type(f), "_direct", False)
+
+
+def test_stock_object_made_before_enable_keeps_stock_executable():
+  """A stock jitted object made before ``enable()`` (a library's ``from jax
+  import jit``) and first called after it is compiled as stock compiles it,
+  its arrays inside the executable, not passed per call."""
+  q = {f"k{i:04d}": jnp.full((2,), float(i)) for i in range(64)}
+  x = jnp.ones(2)
+  with jcc.enabled():
+    for _ in range(3):   # the closure key has a shared trace now
+      jax.jit(_dict_closure(q))(x)
+  pre = STOCK_JIT(_dict_closure(q))
+  jcc.enable()
+  got = pre(x)
+  np.testing.assert_array_equal(got, STOCK_JIT(_dict_closure(q))(x))
+  # The fast path of the stock object passes no closure arrays per call.
+  fastpath = pre._cache_size()
+  assert fastpath == 1
+  main = next(line for line in pre.lower(x).as_text().splitlines()
+              if "func.func public @main" in line)
+  assert main.count("%arg") == 1   # x alone, not x and 64 closure arrays
