@@ -30,6 +30,8 @@ STOCK_JIT = _api.jit
 
 #: Every tracer type derives from this (the public ``jax.core.Tracer``).
 Tracer = _core.Tracer
+#: A jaxpr's literal operand (``.val``).
+Literal = _core.Literal
 
 #: The concrete array type behind ``jax.Array``; the hot path tests
 #: ``type(x) is ArrayImpl`` before any ``isinstance``. Its ``_committed``
@@ -167,6 +169,17 @@ ClosedJaxpr = _core.ClosedJaxpr
 separate_consts = _pe.separate_consts
 typeof = _core.typeof
 eval_jaxpr = _core.eval_jaxpr
+
+
+def bind_equation(eqn, ins: list) -> list:
+  """Bind one jaxpr equation's primitive on ``ins``, as ``eval_jaxpr`` does;
+  its outputs as a list. ``get_bind_params`` returns the params (0.10) or,
+  in older releases, ``(subfuns, params)``: told apart by its result."""
+  bind = eqn.primitive.get_bind_params(eqn.params)
+  subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
+  with eqn.ctx.manager:
+    out = eqn.primitive.bind(*subfuns, *ins, **params)
+  return list(out) if eqn.primitive.multiple_results else [out]
 trace_context = _config.trace_context
 
 

@@ -213,7 +213,9 @@ def stats() -> dict:
   found their entry but traced it again (a hit is not always free of
   tracing); ``entries`` is the number of shared executables' entries held
   now, and ``shared_traces`` the number of traces the memoized trace
-  lookup holds for re-created closures (``trace_cache``).
+  lookup holds for re-created closures (``trace_cache``); ``auto_dynamic``
+  what verifying auto-dynamic scalars cost (runs, passed, rejected,
+  seconds).
   """
   c = counters
   with c.lock:
@@ -225,7 +227,16 @@ def stats() -> dict:
           "retraces": _read(c.retraces),
           "not_stored": not_stored,
           "entries": _held("entries"),
-          "shared_traces": _held("shared_traces")}
+          "shared_traces": _held("shared_traces"),
+          **{kind: report() for kind, report in _reports}}
+
+
+_reports: list = []   # (name, function) of other modules' figures
+
+
+def register_report(name: str, report) -> None:
+  """Add ``report()`` to :func:`stats` under ``name``."""
+  _reports.append((name, report))
 
 
 def _held(kind: str) -> int:

@@ -732,6 +732,18 @@ def _mask(k, scalars: list):
   return k
 
 
+def mask_scalars(key, scalars: list | None = None):
+  """``key`` with every Python scalar masked by its type (the key's
+  structure); the masked parts are appended to ``scalars`` in walk order."""
+  return _mask(key, [] if scalars is None else scalars)
+
+
+def state_watch(fun):
+  """A snapshot of the mutable state ``fun`` reaches (``.restore()`` puts
+  it back): the closure key's own ``StateWatch``."""
+  return _compat.closure_key_module().StateWatch(fun)
+
+
 def scalars_that_differ(old_key, new_key) -> "frozenset[int] | None":
   """Ordinals of the Python int/float values that differ between two keys
   equal in everything else (same types at the same positions), or None if

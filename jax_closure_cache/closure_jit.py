@@ -43,6 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import auto_dynamic as _auto_dynamic
 from jax_closure_cache import cache
 from jax_closure_cache import closure
 from jax_closure_cache import closure_guards
@@ -407,8 +408,10 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
     watch = trace_cache.closure_key.StateWatch(current)
     try:
       out = None
-      if shares_traces:
+      if shares_traces and not any(
+          [type(x) is int or type(x) is float for x in a.leaves]):
         # through the trace lookup's store, so .trace/.lower find this trace
+        # (its key bakes Python scalars: auto-dynamic ones are traced here)
         out = trace_cache.call_shared(current, a, leaves, args, kwargs)
       if out is None:
         out = closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
@@ -497,15 +500,14 @@ def _clear_tables() -> None:
 
 cache.register_clear_hook(_clear_tables)
 # Auto-dynamic scalars, per (function code, user code, options key): the
-# ordinals of the Python ints and floats passed as arguments, those that
-# must stay static (tracing with them as arguments failed), and the key of
-# the last miss, to compare the next one with. Keys hold no arrays.
-_dynamic: dict[tuple, frozenset] = {}
-_never_dynamic: dict[tuple, frozenset] = {}
-_last_keys: dict[tuple, tuple] = {}
-for _d in (_dynamic, _never_dynamic, _last_keys):
-  cache.register_clear_hook(_d.clear)
+# verified ordinals of one key structure, those that stay static, and the
+# key of the last miss (``auto_dynamic``). Keys hold no arrays.
 _DYNAMIC_MAX = 1 << 12   # codes made in a loop: start over past this
+
+
+def _dynamic_decided(dk):
+  d = _auto_dynamic._decisions.get(dk)
+  return d.dynamic if d is not None and d.dynamic else None
 
 # Code objects that have had one function object jitted: the first object of
 # a code is stock's; the second compiles the shared lifted entry.
@@ -665,39 +667,42 @@ class ClosureJitted:
     return (_code_of(self._fun), _code_of(self._user()), self._spec.key)
 
   def _dynamic_set(self):
-    """The scalar ordinals this code passes as arguments (None: none)."""
-    if not self._spec.auto_dynamic or not _dynamic:
+    """The verified scalar ordinals this code passes as arguments (None:
+    none). They belong to one key structure: :meth:`_stored` checks it."""
+    if not self._spec.auto_dynamic:
       return None
-    return _dynamic.get(self._dynamic_key())
+    dk = self._dynamic_key()
+    return _dynamic_decided(dk)
 
-  def _make_dynamic(self, key, a):
+  def _make_dynamic(self, key, a, args, kwargs):
     """On a miss whose key differs from the last miss of the same code only
-    in Python int/float values, pass those values as arguments from now on.
-    Returns the new (key, analysis), or None."""
+    in Python int/float values, pass those values as arguments from now on,
+    if verification shows that tracing them as arguments traces what
+    baking them does (``_auto_dynamic.verify``). Returns the new (key,
+    analysis), or None."""
     spec = self._spec
     if not spec.auto_dynamic:
       return None
     dk = self._dynamic_key()
-    previous = _last_keys.get(dk)
+    previous = _auto_dynamic.last_key(dk)
     if previous is None:
       return None
-    changed = closure.scalars_that_differ(previous[1], key[1])
-    if not changed:
+    ordinals = _auto_dynamic.candidates(dk, previous[1], key[1])
+    if ordinals is None:
       return None
-    changed -= _never_dynamic.get(dk, frozenset())
-    if not changed:
-      return None
-    dynamic = _dynamic.get(dk, frozenset()) | changed
-    if len(_dynamic) >= _DYNAMIC_MAX:
-      _dynamic.clear()
-    _dynamic[dk] = dynamic
     try:
-      a = _analyse(self._fun, spec.lift_numpy, True, dynamic)
+      dyn = _analyse(self._fun, spec.lift_numpy, True, ordinals)
     except (Uncacheable, TypeError):
+      return None
+    why = _auto_dynamic.verify(self._fun, dyn, key[1], previous[1], ordinals,
+                              args, kwargs)
+    _auto_dynamic.decide(dk, key[1], ordinals, why is None)
+    if why is not None:
+      diagnostics.stays_static(self._user(), previous, key, why)
       return None
     if diagnostics.explaining():
       diagnostics.became_dynamic(self._user(), previous, key)
-    return (spec.key, a.key), a
+    return (spec.key, dyn.key), dyn
 
   def _remember_last_key(self) -> None:
     """After a miss's call, the key of the state it left, for the next miss
@@ -710,9 +715,8 @@ class ClosureJitted:
       return
     try:
       after = _analyse(self._fun, spec.lift_numpy)
-      if len(_last_keys) >= _DYNAMIC_MAX:
-        _last_keys.clear()
-      _last_keys[self._dynamic_key()] = (spec.key, after.key)
+      _auto_dynamic.remember_last_key(self._dynamic_key(),
+                                     (spec.key, after.key))
     except (Uncacheable, TypeError):
       pass
 
@@ -766,7 +770,12 @@ class ClosureJitted:
   def _stored(self):
     """``(analysis, key, stored entry or None)`` of this wrapper's function.
     Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
-    a = _analyse(self._fun, self._spec.lift_numpy, True, self._dynamic_set())
+    dynamic = self._dynamic_set()
+    a = _analyse(self._fun, self._spec.lift_numpy, True, dynamic)
+    if dynamic is not None and not _auto_dynamic.mask_for(
+        self._dynamic_key(), a.key):
+      # the mask is another structure's: this key bakes its scalars
+      a = _analyse(self._fun, self._spec.lift_numpy, True, None)
     key = (self._spec.key, a.key)
     return a, key, _entries.get(key)
 
@@ -938,9 +947,7 @@ class ClosureJitted:
       return out
     dynamic = closure.dynamic_ordinals(key[1])
     if dynamic:
-      dk = self._dynamic_key()
-      _never_dynamic[dk] = _never_dynamic.get(dk, frozenset()) | dynamic
-      _dynamic[dk] = _dynamic.get(dk, frozenset()) - dynamic
+      _auto_dynamic.never(self._dynamic_key(), key[1], dynamic)
       cache.count_fallback("trace_error")
       diagnostics.fallback(
           self._user(), code, "trace_error",
@@ -976,7 +983,7 @@ class ClosureJitted:
           "unliftable", args, kwargs,
           "an earlier lifted trace of this code failed or stored a traced "
           "value where stock's did not, so stock traces it")
-    made = self._make_dynamic(key, a)
+    made = self._make_dynamic(key, a, args, kwargs)
     if made is not None:
       key, a = made
       entry = _entries.get(key)
@@ -1157,11 +1164,12 @@ def _scalars_keep_changing(fun, fun_key, options, options_key,
     return False
   changed = closure.scalars_that_differ(previous, fun_key)
   spec = _spec(options, options_key, lift_numpy, True)
-  if not changed or changed <= _never_dynamic.get((code, code, spec.key),
-                                                  frozenset()):
+  if not changed or changed <= _auto_dynamic.never_for((code, code, spec.key),
+                                                      fun_key):
     return False
   _codes_seen.add(code)
-  _last_keys.setdefault((code, code, spec.key), (spec.key, previous))
+  if _auto_dynamic.last_key((code, code, spec.key)) is None:
+    _auto_dynamic.remember_last_key((code, code, spec.key), (spec.key, previous))
   return True
 
 
@@ -1317,7 +1325,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy, auto_dynamic)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    if not (_dynamic and auto_dynamic and _dynamic.get(
+    if not (auto_dynamic and _auto_dynamic.any_for(
         (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
       jitted = _canonical_jitted(fun, options, options_key, lift_numpy,
                                  auto_dynamic)

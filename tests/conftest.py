@@ -104,3 +104,12 @@ def warm(call):
   entry; from the third on, a fresh object hits. Returns the second result."""
   call()
   return call()
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      "--fuzz-examples", type=int, default=200,
+      help="programs the differential fuzzer (test_fuzz.py) generates")
+  parser.addoption(
+      "--fuzz-seed", type=int, default=0,
+      help="the fuzzer's seed (CI runs the default, fixed seed)")

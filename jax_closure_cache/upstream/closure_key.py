@@ -316,12 +316,19 @@ class StateWatch:
         todo.extend(_reached(v))
 
   def check(self) -> None:
-    changed = [(obj, before) for obj, before in self.places
-               if _contents(obj) != _ids(before)]
-    if not any(_holds_tracer(_new_values(obj, before))
-               for obj, before in changed):
-      return
-    for obj, before in changed:
+    if any(_holds_tracer(_new_values(obj, before))
+           for obj, before in self._changed()):
+      self.restore()
+      raise TracerLeak("a lifted trace stored a traced value in the "
+                       "closure's state")
+
+  def _changed(self):
+    return [(obj, before) for obj, before in self.places
+            if _contents(obj) != _ids(before)]
+
+  def restore(self) -> None:
+    """Put back everything changed since the snapshot."""
+    for obj, before in self._changed():
       if type(obj) is types.CellType:
         if before:
           obj.cell_contents = before[0]
@@ -332,8 +339,6 @@ class StateWatch:
       else:
         obj.clear()
         obj.update(before)
-    raise TracerLeak("a lifted trace stored a traced value in the closure's "
-                     "state")
 
 
 def _ids(contents):

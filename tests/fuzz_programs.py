@@ -1,0 +1,146 @@
+"""Small programs for the differential fuzzer (``test_fuzz.py``).
+
+A program is a feature (how closures are made and called) and a sequence of
+configurations; each step re-creates the program's closures over one
+configuration and calls them. Configurations are nested tuples and dicts
+with optional members, Python scalars, strings, booleans, NumPy and jax
+arrays and plain objects, read by module-level helpers whose behaviour
+depends on the values' types (as library code's does), so a cache that keys
+or lifts a value wrongly computes something else.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ACTS = {"sin": jnp.sin, "tanh": jnp.tanh, "id": lambda v: v}
+
+
+class Box:
+  """A plain object holding part of a configuration."""
+
+  def __init__(self, scale, shift):
+    self.scale = scale
+    self.shift = shift
+
+
+def evaluate(cfg, x):
+  """What every program computes from its configuration."""
+  w, b, act, extra, ks, flag, box = cfg
+  y = x * w + b
+  if isinstance(b, int):   # type-dependent dispatch, as library code does
+    y = y * 2
+  y = ACTS[act](y)
+  if extra is not None:
+    y = y + extra["z"] * extra["k"]
+  for k in ks:
+    y = y + k
+  y = y * jnp.power(0.5 + jnp.abs(y), ks[0]) if ks else y
+  if flag:
+    y = -y
+  if box is not None:
+    y = y * box.scale + box.shift
+  return y
+
+
+def _closure(cfg):
+  return lambda x: evaluate(cfg, x)
+
+
+def _shared(cfg):
+  """A sub-closure reached through two paths."""
+  inner = lambda y: evaluate(cfg, y)
+  mid = lambda y: inner(y) * 2.0
+  return lambda x: mid(x) + inner(x)
+
+
+def plain(cfg, x):
+  return jax.jit(_closure(cfg))(x)
+
+
+def shared_paths(cfg, x):
+  return jax.jit(_shared(cfg))(x)
+
+
+def nested(cfg, x):
+  inner = jax.jit(_closure(cfg))
+  return jax.jit(lambda v: inner(v) * 3.0 + 1.0)(x)
+
+
+def static_function(cfg, x):
+  fn = jax.jit(_closure(cfg))
+  g = jax.jit(lambda f, v: f(v) + 1.0, static_argnums=0)
+  h = jax.jit(lambda f, v: f(v) * 3.0, static_argnums=0)
+  return g(fn, x), h(fn, x), h(_closure(cfg), x)
+
+
+def partial_default(cfg, x):
+  def f(v, cfg=cfg):
+    return evaluate(cfg, v)
+  return jax.jit(functools.partial(lambda c, v: evaluate(c, v), cfg))(x), \
+      jax.jit(f)(x)
+
+
+def grad_of_closure(cfg, x):
+  return jax.jit(jax.grad(lambda v: evaluate(cfg, v).sum()))(x)
+
+
+def fori(cfg, x):
+  body = lambda i, c: c * 0.5 + evaluate(cfg, c) * 0.25
+  return jax.lax.fori_loop(0, 3, body, x)
+
+
+def while_loop(cfg, x):
+  step = _closure(cfg)
+  return jax.lax.while_loop(lambda c: c[0] < 3,
+                            lambda c: (c[0] + 1, c[1] * 0.5 + step(c[1]) * 0.1),
+                            (0, x))[1]
+
+
+def scan(cfg, x):
+  step = _closure(cfg)
+  return jax.lax.scan(lambda c, _: (c * 0.5 + step(c) * 0.1, c), x,
+                      None, length=2)
+
+
+def cond(cfg, x):
+  f = _closure(cfg)
+  return jax.lax.cond(x.sum() > 0, f, lambda v: v * 2.0, x)
+
+
+FEATURES = {f.__name__: f for f in (
+    plain, shared_paths, nested, static_function, partial_default,
+    grad_of_closure, fori, while_loop, scan, cond)}
+
+
+def make_config(choice: dict):
+  """A configuration from a dict of small choices (see test_fuzz)."""
+  w_kind, w_value = choice["w"]
+  w = (jnp.full((2,), w_value, jnp.float32) if w_kind == "jax"
+       else np.full((2,), w_value, np.float32))
+  extra = None
+  if choice["extra"] is not None:
+    z, k = choice["extra"]
+    extra = {"z": jnp.full((2,), z, jnp.float32), "k": k}
+  box = None if choice["box"] is None else Box(*choice["box"])
+  return (w, choice["b"], choice["act"], extra, tuple(choice["ks"]),
+          choice["flag"], box)
+
+
+def run(feature: str, choices: list[dict], x) -> list:
+  """The feature called on each configuration in turn, twice (the replay
+  makes fresh objects, so a cache hits); each outcome a pytree of arrays or
+  the exception's type."""
+  out = []
+  program = FEATURES[feature]
+  for _ in range(2):
+    for choice in choices:
+      try:
+        out.append(jax.block_until_ready(program(make_config(choice), x)))
+      except Exception as e:   # noqa: BLE001: compared with stock's
+        out.append(type(e))
+  return out
