@@ -55,7 +55,9 @@ setup(
     # absl-py: the benchmark reads JAX's counters in jax._src.test_util.
     install_requires=["jax==0.10.2", "jaxlib==0.10.2", "absl-py"],
     extras_require={
-        "test": ["pytest", "absl-py", "hypothesis"],
+        "test": ["pytest", "absl-py", "hypothesis", "matplotlib"],
+        # bench --plot
+        "plot": ["matplotlib"],
         # The seed's real client, for the benchmark's GPT-2 generate row:
         # the last transformers line with Flax, which runs on jax 0.10.2.
         "clients": ["transformers==4.57.6", "flax==0.12.8"],

@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--json FILE] [--only jit|control-flow|scale|upstream] [--match A,B]``
+``python -m jax_closure_cache bench [--full] [--plot FILE.png] [--json FILE] [--only jit|control-flow|scale|upstream] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -33,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="only workloads whose name (jit table) or key (control-flow "
                      "table: decode, minimize, scan, fori, odeint, cg, gpt2) "
                      "contains A or B")
+  bench.add_argument("--full", action="store_true",
+                     help="every row of the four tables (README's full "
+                     "tables; about 15 minutes on 2 cores). Without it, and "
+                     "without --only, a quick headline set (under 2 minutes)")
+  bench.add_argument("--plot", metavar="FILE.png",
+                     help="also draw per-call time over seed 001's loop "
+                     "(stock, cache, hoisted) and cache/baseline per row "
+                     "(pip install '.[plot]')")
   bench.add_argument("--only", choices=("jit", "control-flow", "scale",
                                         "upstream"),
                      help="run one of the four tables (scale: sharded and "
@@ -73,14 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     from jax_closure_cache import bench_control_flow
     report = {"machine": bench_mod.machine()}
     print(f"Machine: {report['machine']}")
+    quick = not args.full and args.only is None and not args.match
+    if quick:
+      print("Quick headline set (--full for every table)")
     if args.only in (None, "jit"):
+      match = tuple(m for m in args.match.split(",") if m)
       rows = bench_mod.run(calls=args.calls, rounds=args.rounds,
-                           match=tuple(m for m in args.match.split(",") if m))
+                           match=bench_mod.QUICK if quick else match)
       report["jit"] = rows
       print("\njit on re-created closures\n")
       print(bench_mod.format_table(rows))
     if args.only in (None, "control-flow"):
-      match = [m for m in args.match.split(",") if m]
+      match = (["decode"] if quick else
+               [m for m in args.match.split(",") if m])
       rows, skipped = bench_control_flow.run(
           [k for k in bench_control_flow.WORKLOADS if any(m in k for m in match)]
           if match else None)
@@ -90,13 +103,13 @@ def main(argv: list[str] | None = None) -> int:
       print(bench_control_flow.format_table(rows))
       for line in skipped:
         print(f"skipped: {line}")
-    if args.only in (None, "scale"):
+    if args.only == "scale" or (args.only is None and not quick):
       from jax_closure_cache import bench_scale
       rows = bench_scale.run()
       report["scale"] = rows
       print("\nScaling out: sharded and multi-process closures\n")
       print(bench_scale.format_table(rows))
-    if args.only in (None, "upstream"):
+    if args.only == "upstream" or (args.only is None and not quick):
       from jax_closure_cache import bench_upstream
       if _compat_carries_series():
         print("\nupstream: skipped (the installed jax carries the series)")
@@ -106,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nThe upstream series with its option off, against pristine "
               "jax\n")
         print(bench_upstream.table(rows))
+    if args.plot:
+      from jax_closure_cache import bench_plot
+      bench_plot.write(args.plot, report)
+      print(f"\nwrote {args.plot}")
     if args.json:
       with open(args.json, "w") as f:
         json.dump(report, f, indent=2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import platform
 import statistics
+import sys
 import time
 from typing import Callable, NamedTuple
 
@@ -238,6 +239,52 @@ def _schedule() -> Workload:
       target=1.3)
 
 
+def _stacked(q):
+  return lambda v: jnp.stack([q[k] for k in sorted(q)]).sum(0) + v
+
+
+def _long_lived_under_enabled(n: int) -> Workload:
+  """Issue 18: a long-lived closure over a dict of ``n`` small arrays,
+  jitted once under ``enabled()`` after another object of its code, and
+  called in rounds, each under ``enabled()``."""
+  q = _small_arrays(n)
+  x = jnp.ones(2)
+  stock_f = STOCK_JIT(_stacked(q))
+  with patching.enabled():
+    jax.jit(_stacked(q))(x)   # the code's first object: stock's
+    cached_f = jax.jit(_stacked(q))
+  for _ in range(3):
+    with patching.enabled():
+      for _ in range(10):
+        cached_f(x)
+  return Workload(
+      f"long-lived closure over a {n}-array dict, under enabled()",
+      lambda: stock_f(x).block_until_ready(),
+      lambda: cached_f(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
+def _stock_before_enable(n: int) -> Workload:
+  """Issue 18: a stock jitted object made before ``enable()`` (a library's
+  ``from jax import jit``), first called after it, over a closure whose
+  key the trace lookup already shares."""
+  q = _small_arrays(n)
+  x = jnp.ones(2)
+  stock_f = STOCK_JIT(_stacked(q))
+  early = STOCK_JIT(_stacked(q))
+  with patching.enabled():
+    for _ in range(3):
+      jax.jit(_stacked(q))(x)
+    early(x)
+  return Workload(
+      f"stock object made before enable(), {n}-array dict",
+      lambda: stock_f(x).block_until_ready(),
+      lambda: early(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
 def _patched_hoisted() -> Workload:
   """A long-lived jitted closure-free function, called with the patch on:
   ``jax.jit`` returns the stock object itself, so the call costs the same."""
@@ -263,7 +310,40 @@ WORKLOADS = (functools.partial(_seed001, 4), functools.partial(_seed001, 256),
              _static_fresh, _patched_hoisted, _long_lived_4x4,
              _static_long_lived,
              functools.partial(_long_lived_sum, 100),
-             functools.partial(_long_lived_sum, 1000))
+             functools.partial(_long_lived_sum, 1000),
+             functools.partial(_long_lived_under_enabled, 1000),
+             functools.partial(_stock_before_enable, 1000))
+
+
+#: The quick headline set (``bench`` without ``--full``): names containing
+#: one of these.
+QUICK = ("seed001 tanh(x@w) 4x4", "seed001 tanh(x@w) 256x256",
+         "MLP closure, 100-leaf", "long-lived closure tanh(x@w) 4x4")
+
+
+def loop_times(calls: int = 50) -> dict[str, list[float]]:
+  """Per-call wall time (µs) of seed 001's loop over its first ``calls``
+  calls, each with a new ``w``: stock jit of the re-created closure, this
+  cache, and the hand-hoisted function (``--plot``)."""
+  ws = [jnp.full((4, 4), 0.1 * (i % 5 + 1)) for i in range(calls)]
+  x = jnp.ones((4, 4))
+
+  def make(w):
+    return lambda v: jnp.tanh(v @ w)
+  hoisted = STOCK_JIT(lambda v, w: jnp.tanh(v @ w))
+  ways = {"stock": lambda w: STOCK_JIT(make(w))(x),
+          "cache": lambda w: closure_jit.jit(make(w))(x),
+          "hoisted": lambda w: hoisted(x, w)}
+  out = {}
+  for name, call in ways.items():
+    cache.clear()
+    times = []
+    for w in ws:
+      t0 = time.perf_counter()
+      call(w).block_until_ready()
+      times.append((time.perf_counter() - t0) * 1e6)
+    out[name] = times
+  return out
 
 
 def _median_us(call: Callable[[], object], n: int) -> tuple[float, int, int]:
@@ -314,6 +394,7 @@ def run(calls: int = 2000, rounds: int = 3,
     w = make()
     if match and not any(m in w.name for m in match):
       continue
+    print(f"bench: {w.name} ...", file=sys.stderr, flush=True)
     cache.clear()
     stock_us, stock_tr, stock_co = _median_us(w.stock, w.stock_calls)
     pairs = [_interleaved_us(w.cached, w.hoisted, calls) for _ in range(rounds)]

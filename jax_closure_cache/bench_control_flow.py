@@ -281,6 +281,8 @@ def run(names=None) -> tuple[list[dict], list[str]]:
     if names and name not in names:
       continue
     w = make()
+    print(f"bench: {name} ({max(3, w.calls // 20) if w else 0} stock calls, "
+          "each a full trace and compile) ...", file=sys.stderr, flush=True)
     if w is None:
       skipped.append(f"{name}: transformers/flax not installed "
                      "(pip install '.[clients]')")
