@@ -70,7 +70,7 @@ def assert_like_stock(got, fun, *args, rtol=0.0, **kwargs):
   type, leaf by leaf. The copy matters: stock caches on the function object,
   so reusing ``fun`` could return stock's own stale trace. ``rtol`` > 0 allows
   the last-ulp differences XLA's constant folding of baked arrays can cause
-  (README, rule 2); NaN still equals only NaN."""
+  (docs/contract.md, rule 2); NaN still equals only NaN."""
   import types
   import numpy as np
   if type(fun) is types.FunctionType:

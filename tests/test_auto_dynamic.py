@@ -135,7 +135,7 @@ def test_a_cell_the_function_assigns_is_never_dynamic():
     x = jnp.zeros((2, 2))
     f(x)
     # stock's object, then the shared entry's trace, bump the user's cell;
-    # the third object starts in the second's state and hits (README rule 12)
+    # the third object starts in the second's state and hits (docs/contract.md, rule 12)
     assert num_traces == (1 if i < 2 else 0)
     f(x)
     assert num_traces == (1 if i < 2 else 0)

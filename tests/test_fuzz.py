@@ -56,7 +56,7 @@ def _same(got, want, where):
     assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type), \
         (where, g, w)
     assert g.sharding == w.sharding, where
-    # rtol: XLA may fold a baked array into the arithmetic (README, rule 2)
+    # rtol: XLA may fold a baked array into the arithmetic (docs/contract.md, rule 2)
     np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6, equal_nan=True,
                                err_msg=str(where))
 

@@ -42,7 +42,7 @@ def test_seed_000_two_jitted_functions_given_one_static_function():
       got = _seed_000(w, x)
       want = _stock(_seed_000, w, x)
       for a, b in zip(got, want):
-        # rtol: XLA folds a baked array into sin(x) * w (README, rule 2)
+        # rtol: XLA folds a baked array into sin(x) * w (docs/contract.md, rule 2)
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
         assert a.dtype == b.dtype
 
