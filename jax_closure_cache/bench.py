@@ -115,6 +115,15 @@ def _small_arrays(n: int) -> dict:
   return {f"k{i:05d}": jnp.full((2,), float(i % 7)) for i in range(n)}
 
 
+def _against_stock(name: str, stock_f, cached_f, x) -> Workload:
+  """A long-lived row: ``cached_f`` against ``stock_f``, a stock twin."""
+  return Workload(
+      name, lambda: stock_f(x).block_until_ready(),
+      lambda: cached_f(x).block_until_ready(),
+      lambda: stock_f(x).block_until_ready(),
+      target=1.10, stock_calls=2000, baseline="stock")
+
+
 def _long_lived_sum(n: int) -> Workload:
   """A closure jitted once and called many times, over ``n`` small arrays
   (the pattern JAX's documentation recommends): the cache must be stock."""
@@ -125,12 +134,7 @@ def _long_lived_sum(n: int) -> Workload:
     return lambda v: v + sum(p[k] for k in sorted(p))
   stock_f = STOCK_JIT(make(p))
   cached_f = closure_jit.jit(make(p))
-  return Workload(
-      f"long-lived closure over {n} small arrays",
-      lambda: stock_f(x).block_until_ready(),
-      lambda: cached_f(x).block_until_ready(),
-      lambda: stock_f(x).block_until_ready(),
-      target=1.10, stock_calls=2000, baseline="stock")
+  return _against_stock(f"long-lived closure over {n} small arrays", stock_f, cached_f, x)
 
 
 def _long_lived_4x4() -> Workload:
@@ -141,12 +145,7 @@ def _long_lived_4x4() -> Workload:
     return lambda v: jnp.tanh(v @ w)
   stock_f = STOCK_JIT(make(w))
   cached_f = closure_jit.jit(make(w))
-  return Workload(
-      "long-lived closure tanh(x@w) 4x4",
-      lambda: stock_f(x).block_until_ready(),
-      lambda: cached_f(x).block_until_ready(),
-      lambda: stock_f(x).block_until_ready(),
-      target=1.10, stock_calls=2000, baseline="stock")
+  return _against_stock("long-lived closure tanh(x@w) 4x4", stock_f, cached_f, x)
 
 
 def _apply(f, v):
@@ -257,12 +256,7 @@ def _long_lived_under_enabled(n: int) -> Workload:
     with patching.enabled():
       for _ in range(10):
         cached_f(x)
-  return Workload(
-      f"long-lived closure over a {n}-array dict, under enabled()",
-      lambda: stock_f(x).block_until_ready(),
-      lambda: cached_f(x).block_until_ready(),
-      lambda: stock_f(x).block_until_ready(),
-      target=1.10, stock_calls=2000, baseline="stock")
+  return _against_stock(f"long-lived closure over a {n}-array dict, under enabled()", stock_f, cached_f, x)
 
 
 def _stock_before_enable(n: int) -> Workload:
@@ -277,12 +271,7 @@ def _stock_before_enable(n: int) -> Workload:
     for _ in range(3):
       jax.jit(_stacked(q))(x)
     early(x)
-  return Workload(
-      f"stock object made before enable(), {n}-array dict",
-      lambda: stock_f(x).block_until_ready(),
-      lambda: early(x).block_until_ready(),
-      lambda: stock_f(x).block_until_ready(),
-      target=1.10, stock_calls=2000, baseline="stock")
+  return _against_stock(f"stock object made before enable(), {n}-array dict", stock_f, early, x)
 
 
 def _patched_hoisted() -> Workload:
@@ -394,7 +383,9 @@ def run(calls: int = 2000, rounds: int = 3,
     w = make()
     if match and not any(m in w.name for m in match):
       continue
-    print(f"bench: {w.name} ...", file=sys.stderr, flush=True)
+    print(f"bench: {w.name} ({w.stock_calls} stock calls"
+          + (", each a full trace and compile" if w.baseline == "hoisted"
+             else "") + ") ...", file=sys.stderr, flush=True)
     cache.clear()
     stock_us, stock_tr, stock_co = _median_us(w.stock, w.stock_calls)
     pairs = [_interleaved_us(w.cached, w.hoisted, calls) for _ in range(rounds)]

@@ -98,6 +98,17 @@ def assert_like_stock(got, fun, *args, rtol=0.0, **kwargs):
       np.testing.assert_array_equal(g, w)
 
 
+def stock_off(run, *args):
+  """``run(*args)`` with the cache off (stock jit on fresh objects)."""
+  was = jcc.is_enabled()
+  jcc.disable()
+  try:
+    return run(*args)
+  finally:
+    if was:
+      jcc.enable()
+
+
 def warm(call):
   """Two first calls of fresh function objects: the first object of a code
   is stock's own (identity first), the second compiles the shared lifted

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_closure_cache as jcc
-from conftest import assert_like_stock, counting
+from conftest import assert_like_stock, counting, stock_off
 
 
 def schedule(steps):
@@ -171,13 +171,7 @@ def test_a_counter_the_trace_bumps_never_becomes_dynamic():
 
 def _stock(fun, *args):
   """Stock jit of ``fun`` with the cache off."""
-  was = jcc.is_enabled()
-  jcc.disable()
-  try:
-    return jax.jit(fun)(*args)
-  finally:
-    if was:
-      jcc.enable()
+  return stock_off(lambda: jax.jit(fun)(*args))
 
 
 def _exactly(got, want):

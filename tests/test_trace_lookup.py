@@ -14,7 +14,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import PATCHED, STOCK_JIT, assert_like_stock, counting
+from conftest import PATCHED, STOCK_JIT, assert_like_stock, counting, stock_off
 
 
 STOCK_CF = _compat.STOCK_CONTROL_FLOW
@@ -25,15 +25,6 @@ def make(w):
   return lambda v: jnp.tanh(v @ w)
 
 
-def stock_off(run, *args):
-  """``run(*args)`` with the cache off."""
-  was = jcc.is_enabled()
-  jcc.disable()
-  try:
-    return run(*args)
-  finally:
-    if was:
-      jcc.enable()
 
 
 def test_stock_jit_called_eagerly_shares_the_trace_and_compiles_as_stock():

@@ -8,18 +8,10 @@ import numpy as np
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import STOCK_JIT, counting
+from conftest import STOCK_JIT, counting, stock_off
 
 
-def _stock(program, *args):
-  """``program`` run with the cache off (stock jit on fresh objects)."""
-  was = jcc.is_enabled()
-  jcc.disable()
-  try:
-    return program(*args)
-  finally:
-    if was:
-      jcc.enable()
+_stock = stock_off
 
 
 def _seed_000(w, x):
