@@ -119,11 +119,13 @@ def find_guards(captured: list, roots: list, covered_ids: set):
       queue.append((root, child, path + (step,)))
   if not wanted:
     return guards
-  where = ", ".join(_root_name(r) for r in roots[:4]) or "no object kept by identity"
+  where = ", ".join(_root_name(r) for r in roots[:4])
   arrays = ", ".join(describe_array(x) for x in list(wanted.values())[:3])
   return Unguarded(
       f"the trace captured {len(wanted)} array(s) ({arrays}) that the key does "
-      f"not cover and that were not found under {where}"
+      "not cover, "
+      + (f"and they were not found under {where}" if where else
+         "and the key keeps no object by identity to look for them under")
       + (" (search budget spent)" if head >= _GUARD_SEARCH_NODES else ""))
 
 

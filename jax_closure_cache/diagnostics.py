@@ -397,9 +397,21 @@ def explain_miss(fun, full_key, previous: list) -> list[str]:
     diffs = differences(fun, old_key, key)
     if old_options != options:
       diffs = ["jit options changed"] + diffs
+    elif not diffs and old_key != key:
+      diffs = ["the closure's contents changed in a part this explanation "
+               "cannot name"]
     if best is None or len(diffs) < len(best):
       best = diffs
-  return best or ["entry was evicted or dropped; same key as before"]
+  if best:
+    return best
+  if len(previous) == 1:
+    # by design: the first object of a code was stock's own
+    return ["same closure contents as the first function object of this "
+            "code, which stock jit traced; this second object compiles the "
+            "shared lifted entry that later ones hit"]
+  return ["same closure contents as an earlier miss, whose entry is gone "
+          "(evicted past capacity, cleared, or not stored: see the "
+          "'entry not stored' explanation)"]
 
 
 def describe_static_parts(tree) -> list[tuple[str, str]]:

@@ -240,3 +240,35 @@ def test_retrace_names_a_function_in_an_arguments_static_part(explain):
   assert jcc.stats()["retraces"] >= 1
   text = " ".join(messages(explain))
   assert "the static part of args" in text and "function" in text and "S" in text
+
+
+def test_second_object_of_a_code_is_explained_as_by_design(explain):
+  """The second object of a code with the first one's contents is the
+  designed second miss (the first was stock's), not an eviction."""
+  x = jnp.ones(2)
+  w = jnp.ones(2)
+  make = lambda w: (lambda v: v * w)
+  jcc.jit(make(w))(x)
+  jcc.jit(make(w))(x)
+  text = messages(explain)[-1]
+  assert "first function object of this code, which stock jit traced" in text
+  assert "evicted" not in text
+
+
+def test_an_uncovered_capture_without_roots_says_so_plainly(explain):
+  """An array made at trace time (not from the key) with no object kept by
+  identity: the explanation says there was nowhere to look, without a
+  double negative."""
+  x = jnp.ones(2)
+
+  def make(w):
+    def f(v):
+      with jax.ensure_compile_time_eval():
+        ok = jnp.asarray(0 == 0)
+      return jnp.where(ok, v * w, v)
+    return f
+  for i in range(3):
+    jcc.jit(make(jnp.full(2, float(i))))(x)
+  text = " ".join(messages(explain))
+  assert "not found under no object" not in text
+  assert "keeps no object by identity to look for them under" in text
