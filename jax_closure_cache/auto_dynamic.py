@@ -80,6 +80,12 @@ def mask_for(dk, key) -> frozenset | None:
   return d.dynamic
 
 
+def verified(dk) -> frozenset | None:
+  """The verified ordinals of ``dk``'s latest structure, or None."""
+  d = _decisions.get(dk)
+  return d.dynamic if d is not None and d.dynamic else None
+
+
 def any_for(dk) -> bool:
   d = _decisions.get(dk)
   return d is not None and bool(d.dynamic)

@@ -504,11 +504,6 @@ cache.register_clear_hook(_clear_tables)
 # key of the last miss (``auto_dynamic``). Keys hold no arrays.
 _DYNAMIC_MAX = 1 << 12   # codes made in a loop: start over past this
 
-
-def _dynamic_decided(dk):
-  d = _auto_dynamic._decisions.get(dk)
-  return d.dynamic if d is not None and d.dynamic else None
-
 # Code objects that have had one function object jitted: the first object of
 # a code is stock's; the second compiles the shared lifted entry.
 _codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
@@ -671,8 +666,7 @@ class ClosureJitted:
     none). They belong to one key structure: :meth:`_stored` checks it."""
     if not self._spec.auto_dynamic:
       return None
-    dk = self._dynamic_key()
-    return _dynamic_decided(dk)
+    return _auto_dynamic.verified(self._dynamic_key())
 
   def _make_dynamic(self, key, a, args, kwargs):
     """On a miss whose key differs from the last miss of the same code only
