@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                      "contains A or B")
   bench.add_argument("--full", action="store_true",
                      help="every row of the four tables (README's full "
-                     "tables; about 15 minutes on 2 cores). Without it, and "
+                     "tables; about 12 minutes on 2 cores). Without it, and "
                      "without --only, a quick headline set (under 2 minutes)")
   bench.add_argument("--plot", metavar="FILE.png",
                      help="also draw per-call time over seed 001's loop "
