@@ -86,11 +86,6 @@ def verified(dk) -> frozenset | None:
   return d.dynamic if d is not None and d.dynamic else None
 
 
-def any_for(dk) -> bool:
-  d = _decisions.get(dk)
-  return d is not None and bool(d.dynamic)
-
-
 def last_key(dk):
   return _last_keys.get(dk)
 
@@ -127,8 +122,12 @@ def decide(dk, key, ordinals: frozenset, ok: bool) -> None:
     d = d._replace(dynamic=ordinals)
   else:
     d = d._replace(never=d.never | (ordinals - d.dynamic))
-  if len(_decisions) >= _MAX:
-    _decisions.clear()
+  _put(dk, d)
+
+
+def _put(dk, d: Decision) -> None:
+  if dk not in _decisions and len(_decisions) >= _MAX:
+    _decisions.clear()   # codes made in a loop: start over
   _decisions[dk] = d
 
 
@@ -138,8 +137,7 @@ def never(dk, key, ordinals: frozenset) -> None:
   d = _decisions.get(dk)
   if d is None or d.structure != s:
     d = Decision(s, frozenset(), frozenset())
-  _decisions[dk] = d._replace(dynamic=d.dynamic - ordinals,
-                              never=d.never | ordinals)
+  _put(dk, d._replace(dynamic=d.dynamic - ordinals, never=d.never | ordinals))
 
 
 def never_for(dk, key) -> frozenset:

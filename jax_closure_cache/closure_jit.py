@@ -405,7 +405,7 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
     # The rebuilt function shares the user's cells and objects: a trace-time
     # side effect that stores a traced value there is undone, and the call
     # answered by stock (the closure key's TracerLeak).
-    watch = trace_cache.closure_key.StateWatch(current)
+    watch = closure.state_watch(current)
     try:
       out = None
       if shares_traces and not any(
@@ -661,13 +661,6 @@ class ClosureJitted:
   def _dynamic_key(self):
     return (_code_of(self._fun), _code_of(self._user()), self._spec.key)
 
-  def _dynamic_set(self):
-    """The verified scalar ordinals this code passes as arguments (None:
-    none). They belong to one key structure: :meth:`_stored` checks it."""
-    if not self._spec.auto_dynamic:
-      return None
-    return _auto_dynamic.verified(self._dynamic_key())
-
   def _make_dynamic(self, key, a, args, kwargs):
     """On a miss whose key differs from the last miss of the same code only
     in Python int/float values, pass those values as arguments from now on,
@@ -764,10 +757,10 @@ class ClosureJitted:
   def _stored(self):
     """``(analysis, key, stored entry or None)`` of this wrapper's function.
     Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
-    dynamic = self._dynamic_set()
+    dk = self._dynamic_key() if self._spec.auto_dynamic else None
+    dynamic = None if dk is None else _auto_dynamic.verified(dk)
     a = _analyse(self._fun, self._spec.lift_numpy, True, dynamic)
-    if dynamic is not None and not _auto_dynamic.mask_for(
-        self._dynamic_key(), a.key):
+    if dynamic is not None and not _auto_dynamic.mask_for(dk, a.key):
       # the mask is another structure's: this key bakes its scalars
       a = _analyse(self._fun, self._spec.lift_numpy, True, None)
     key = (self._spec.key, a.key)
@@ -1319,7 +1312,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy, auto_dynamic)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    if not (auto_dynamic and _auto_dynamic.any_for(
+    if not (auto_dynamic and _auto_dynamic.verified(
         (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
       jitted = _canonical_jitted(fun, options, options_key, lift_numpy,
                                  auto_dynamic)
