@@ -129,6 +129,50 @@ def find_guards(captured: list, roots: list, covered_ids: set):
       + (" (search budget spent)" if head >= _GUARD_SEARCH_NODES else ""))
 
 
+# Constants larger than this are not read back to compare two traces' values.
+_MADE_CONST_ELEMENTS = 1 << 16
+
+
+def made_by_trace(fun, a, args, kwargs, captured: list,
+                  covered_ids: set) -> set:
+  """Ids of the arrays in ``captured`` that the trace made itself
+  (``jnp.asarray(0 == 0)`` under ``jax.ensure_compile_time_eval()``, as
+  error-checking helpers do): tracing ``fun`` again (rebuilt from ``a``,
+  its analysis after the first trace, with the lifted leaves abstract)
+  captures, at the same position, a *new* array of the same type and value.
+  An array that existed before the trace (reached through something the key
+  does not cover) is the same object in both traces; one that depends on
+  something else than what the key covers (a clock, a random draw) differs
+  in value; neither is returned. Side effects of the second trace are undone
+  (the closure key's ``StateWatch``)."""
+  from jax_closure_cache import closure_rebuild
+  from jax_closure_cache.closure import state_watch
+
+  def again(leaves, *args, **kwargs):
+    return closure_rebuild.rebuild(fun, a.key, leaves)(*args, **kwargs)
+  watch = state_watch(fun)
+  try:
+    second = jax.make_jaxpr(again)(a.leaves, *args, **kwargs).consts
+  except Exception:   # the second trace fails: nothing is known to be made
+    return set()
+  finally:
+    watch.restore()
+  if len(second) != len(captured):
+    return set()
+  made = set()
+  for first, other in zip(captured, second):
+    if id(first) in covered_ids or not isinstance(first, jax.Array):
+      continue
+    if (other is first or not isinstance(other, jax.Array)
+        or getattr(first, "aval", None) != getattr(other, "aval", None)
+        or first.size > _MADE_CONST_ELEMENTS
+        or not np.array_equal(np.asarray(first), np.asarray(other),
+                              equal_nan=True)):
+      return set()
+    made.add(id(first))
+  return made
+
+
 def _root_name(r) -> str:
   name = getattr(r, "__qualname__", None) or type(r).__name__
   return f"{name}"

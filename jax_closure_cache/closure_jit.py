@@ -290,6 +290,9 @@ _ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
                             "donate_argnums", "donate_argnames"})
 
 
+_STATIC_SELECTORS = frozenset({"static_argnums", "static_argnames"})
+
+
 def _check_option_names(options: dict) -> None:
   """Stock's TypeError for a keyword ``jax.jit`` does not take."""
   for name in options:
@@ -1037,8 +1040,17 @@ class ClosureJitted:
         traced = entry.jitted.trace(leaves, *args, **kwargs)
       except Exception:
         return
-    guards = closure_guards.find_guards(_compat.captured_constants(traced),
-                                 after.roots, {id(x) for x in after.anchors})
+    captured = _compat.captured_constants(traced)
+    covered = {id(x) for x in after.anchors}
+    guards = closure_guards.find_guards(captured, after.roots, covered)
+    if (isinstance(guards, closure_guards.Unguarded)
+        and not self._spec.options.keys() & _STATIC_SELECTORS):
+      # constants the trace made itself from what the key covers
+      made = closure_guards.made_by_trace(self._fun, after, args, kwargs,
+                                          captured, covered)
+      if made:
+        guards = closure_guards.find_guards(captured, after.roots,
+                                            covered | made)
     if isinstance(guards, closure_guards.Unguarded):
       cache.count_not_stored("untracked_capture")
       diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
