@@ -172,6 +172,13 @@ def _doctor() -> int:
       "re-created closure; install with a C compiler to build it)"))
   print(f"  [info] cache active: {jax_closure_cache.is_enabled()} "
         f"(JAX_CLOSURE_CACHE={__import__('os').environ.get('JAX_CLOSURE_CACHE', '')!r})")
+  from jax_closure_cache import patching
+  early = patching.built_before_enable()
+  print("  [info] stock jitted functions taking functions statically, built "
+        "before enable() outside JAX: " + (
+            ", ".join(early) + " (fresh functions passed to these compile on "
+            "every call: enable() before importing their modules)"
+            if early else "none"))
   bad = [name for name, ok, _ in rows if not ok]
   print("all checks passed" if not bad else f"{len(bad)} mismatch(es): "
         + ", ".join(bad))

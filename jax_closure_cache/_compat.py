@@ -136,8 +136,76 @@ def trace_signature(example_args):
 #: modules (``jax.scipy.optimize.minimize`` among them) call ``while_loop``.
 CONTROL_FLOW_OWNERS = (jax.lax, _internal_lax)
 
-#: True when no trace is active (not under jit, grad, vmap, ...).
-trace_state_clean = _core.trace_state_clean
+# -- stock jitted functions built before enable() ---------------------------------
+
+#: Module-level stock jitted functions of JAX's own that take functions as
+#: static arguments, and which their module looks up by name at call time:
+#: ``enable()`` replaces them with the package's ``jit`` of the same function
+#: and options, so a fresh vector field or piece function per call hits even
+#: when the module was imported (and the wrapper built) before ``enable()``.
+#: (``jnp.piecewise``'s ``_piecewise`` is not here: it takes its functions
+#: in a frozenset, whose order follows their identity hashes, so no key of
+#: its contents would repeat.)
+JAX_PREBUILT_WRAPPERS = (("jax.experimental.ode", "_odeint_wrapper"),)
+_PjitFunction = type(STOCK_JIT(lambda x: x))
+# Parameter names (besides a ``Callable`` annotation) that mark a static
+# argument as a function, for the report on other libraries' wrappers.
+_FUNCTION_PARAMETERS = frozenset({"fun", "func", "funcs", "f", "fn", "function",
+                                  "functions", "body", "callback", "matvec"})
+
+
+def jit_options_of(jitted) -> dict | None:
+  """The ``jax.jit`` options a stock jitted function was built with, as
+  keywords, when they are plain (static and donated arguments,
+  ``keep_unused``, ``inline``, ``device``, ``backend``); None for anything
+  else (shardings, layouts, compiler options: left as they are)."""
+  if type(jitted) is not _PjitFunction:
+    return None
+  info = getattr(jitted, "_jit_info", None)
+  if info is None or getattr(info, "user_specified_in_shardings", True):
+    return None
+  plain = (None, UNSPECIFIED)
+  if (any(x not in plain for x in info.out_shardings_leaves)
+      or any(x is not None for x in info.in_layouts_leaves)
+      or any(x is not None for x in info.out_layouts_leaves)
+      or info.compiler_options_kvs or getattr(info, "use_resource_env", False)):
+    return None
+  options = {"static_argnums": info.static_argnums,
+             "static_argnames": info.static_argnames}
+  if info.donate_argnums:
+    options["donate_argnums"] = info.donate_argnums
+  for name in ("keep_unused", "inline"):
+    if getattr(info, name):
+      options[name] = True
+  for name in ("device", "backend"):
+    if getattr(info, name) is not None:
+      options[name] = getattr(info, name)
+  return options
+
+
+def takes_static_functions(jitted) -> bool:
+  """Whether a stock jitted function has a static parameter that holds a
+  function, read from its signature: annotated ``Callable`` or named as
+  functions are (``fun``, ``func``, ...)."""
+  info = getattr(jitted, "_jit_info", None)
+  sig = getattr(info, "fun_signature", None)
+  if sig is None:
+    return False
+  for i, p in enumerate(sig.parameters.values()):
+    if i in info.static_argnums or p.name in info.static_argnames:
+      if p.name in _FUNCTION_PARAMETERS or "Callable" in str(p.annotation):
+        return True
+  return False
+
+
+def stock_wrappers_in(module) -> list:
+  """(name, stock jitted function) for each module-level stock jitted
+  function of ``module`` that takes functions as static arguments."""
+  found = []
+  for name, value in list(vars(module).items()):
+    if type(value) is _PjitFunction and takes_static_functions(value):
+      found.append((name, value))
+  return found
 
 
 # -- the memoized trace lookup (layer two: trace_cache) ------------------------
@@ -165,7 +233,17 @@ STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
 STOCK_TRACED_LOWER = _stages.Traced.lower
 Lowered = _stages.Lowered
 tree_structure = jax.tree_util.tree_structure
+from jax._src.tree_util import default_registry as _default_registry   # noqa: E402
+
+
+def make_treedef(like, node_data, children):
+  """The treedef with ``node_data`` (``(type, aux)``) at its root over
+  ``children``, built as ``like``'s class builds one."""
+  return like.from_node_data_and_children(_default_registry, node_data,
+                                          children)
 ClosedJaxpr = _core.ClosedJaxpr
+Jaxpr = _core.Jaxpr
+Var = _core.Var
 separate_consts = _pe.separate_consts
 typeof = _core.typeof
 eval_jaxpr = _core.eval_jaxpr

@@ -92,6 +92,8 @@ _MISSING = _Tag("MISSING")   # a global name that is not (yet) defined
 _EMPTY = _Tag("EMPTY")       # a cell that is not yet filled
 _FN = _Tag("FN")             # (_FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
 _TREE = _Tag("TREE")         # (_TREE, treedef, leaves)
+_TREEAUX = _Tag("TREEAUX")   # (_TREEAUX, node parts, leaves): functions in node data
+_TREEDEF = _Tag("TREEDEF")   # (_TREEDEF, node parts): a treedef value holding functions
 _PARTIAL = _Tag("PARTIAL")   # (_PARTIAL, func, args, keywords)
 _METHOD = _Tag("METHOD")     # (_METHOD, func, self)
 _WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
@@ -316,16 +318,21 @@ class _WrapperRule(NamedTuple):
 
 
 _wrapper_rules: dict[type, _WrapperRule] = {}
+_wrapper_types: tuple = ()   # the registered classes (their subclasses too)
 
 
 def register_wrapper(cls: type, split, join) -> None:
-  """Key instances of ``cls`` by a static part plus the callable they wrap.
+  """Key instances of ``cls`` by a static part plus the values they wrap.
 
-  ``split(w)`` returns ``(static, inner)``, with ``static`` hashable;
-  ``join(static, inner)`` makes an equivalent wrapper around a new inner
-  callable. The package's own ``jit`` wrapper registers itself here.
+  ``split(w)`` returns ``(static, inner)``, with ``static`` hashable and
+  ``inner`` walked like any value (a callable, or a tuple of constants);
+  ``join(static, inner)`` makes an equivalent object around a new inner
+  value, ``static`` being split from the object being rebuilt. The
+  package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register here.
   """
+  global _wrapper_types
   _wrapper_rules[cls] = _WrapperRule(split, join)
+  _wrapper_types = tuple(_wrapper_rules)
 
 
 # -- plain objects ----------------------------------------------------------
@@ -407,12 +414,55 @@ def _contents(v) -> list:
   return []
 
 
+_BUILTIN_NODES = frozenset({dict, list, tuple, type(None)})
+
+
+def fresh_function(x, depth: int = 4):
+  """``x``, or the first item of a tuple in it, that is a function whose
+  identity is fresh per call (a closure or user function, a partial, a
+  bound method, a registered wrapper, a callable object); else None."""
+  t = type(x)
+  if t is _FunctionType:
+    return x if x.__closure__ is not None or not is_stable(x) else None
+  if (t is functools.partial or t is types.MethodType
+      or isinstance(x, _wrapper_types) or as_method(x) is not None):
+    return x
+  if depth > 0 and isinstance(x, tuple):
+    for y in x:
+      found = fresh_function(y, depth - 1)
+      if found is not None:
+        return found
+  return None
+
+
+def node_data_function(treedef):
+  """The first such function a custom node of ``treedef`` carries in its
+  node data (a pytree class keeping ``apply=model.apply`` as aux data), or
+  None. Its hash is then the function's identity, new per call, so the
+  tree is keyed node by node instead. A node whose children are all leaves
+  is not descended into, so a dict of arrays costs one look."""
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    data = t.node_data()
+    if data is None:
+      continue
+    if data[0] not in _BUILTIN_NODES:
+      found = fresh_function(data[1])
+      if found is not None:
+        return found
+    if t.num_nodes != t.num_leaves + 1:
+      pending.extend(t.children())
+  return None
+
+
 def _float_key(x: float):
   # 0.0 == -0.0 and nan != nan; the hex form tells them apart exactly.
   return (float, x) if x == x and x != 0.0 else (float, x.hex())
 
 
-def _numpy_key(a: np.ndarray):
+def numpy_key(a: np.ndarray):
+  """A NumPy array's key: dtype, shape and a digest of its bytes."""
   if a.dtype.hasobject:
     raise Uncacheable("unhashable", "a numpy array of dtype object")
   digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
@@ -422,6 +472,7 @@ def _numpy_key(a: np.ndarray):
 
 _ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
 _tree_flatten = jax.tree_util.tree_flatten
+_PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten
 _ArrayImpl = _compat.ArrayImpl
 _Tracer = _compat.Tracer
@@ -507,7 +558,7 @@ class Analysis:
       if self.lift_numpy and not v.dtype.hasobject:
         self.leaves.append(v)
         return LIFTED
-      return _numpy_key(v)
+      return numpy_key(v)
     if isinstance(v, np.generic):
       return (t, v.tobytes())
     if t is complex:
@@ -527,6 +578,8 @@ class Analysis:
       # fori_loop holds the body so): keyed like the referent itself.
       target = v()
       return (_WEAKREF, None if target is None else self.value(target))
+    if t is _PyTreeDef and node_data_function(v) is not None:
+      return (_TREEDEF, self.node_parts(v))   # split from its leaves
     rule = _wrapper_rules.get(t)
     if rule is None and "_keyed_as" in t.__dict__:
       t = t.__dict__["_keyed_as"]   # a fast front's class (closure_front)
@@ -568,7 +621,23 @@ class Analysis:
 
   def tree_parts(self, leaves, treedef):
     value = self.value
-    return (_TREE, treedef, tuple([value(x) for x in leaves]))
+    if node_data_function(treedef) is None:
+      return (_TREE, treedef, tuple([value(x) for x in leaves]))
+    parts = self.node_parts(treedef)   # walked first: the rebuild's order
+    return (_TREEAUX, parts, tuple([value(x) for x in leaves]))
+
+  def node_parts(self, treedef):
+    """``(type, aux key, children's parts)`` of each node of ``treedef``
+    (None for a leaf): a custom node's data walked like any value (a bound
+    method by its function and ``self``), a built-in node's by value."""
+    data = treedef.node_data()
+    if data is None:
+      return None
+    t, aux = data
+    aux_key = (tuple(aux) if type(aux) is list else aux
+               ) if t in _BUILTIN_NODES else self.value(aux)
+    return (t, aux_key, tuple([self.node_parts(c)
+                               for c in treedef.children()]))
 
   def enter(self, v):
     """Memo index for a function or object; a back-reference if seen."""
@@ -694,6 +763,25 @@ class Analysis:
     return (_COPY if copyable else _OBJ, i, t, items)
 
 
+def as_method(fun):
+  """A callable object's bound ``__call__``, or None for anything else.
+
+  An instance of a plain, copyable Python class (see ``_is_copyable_type``)
+  whose class defines ``__call__`` as a Python function is keyed as that
+  method bound to it: its ``__call__`` by closure key, itself by its
+  attributes. A class stock cannot hash (a dataclass with ``eq=True``) is
+  left to stock, whose ``TypeError`` the user gets as without the cache.
+  """
+  t = type(fun)
+  if t is _FunctionType or t.__hash__ is None:
+    return None
+  call = getattr(t, "__call__", None)
+  if (type(call) is not _FunctionType or not _is_plain_type(t)
+      or not _is_copyable_type(t)):
+    return None
+  return types.MethodType(call, fun)
+
+
 def analyse(fun: Callable, lift_numpy: bool = False,
             lift_arrays: bool = True, dynamic=None) -> Analysis:
   """Key, lifted leaves, anchors and guard roots of ``fun`` (see module doc).
@@ -709,7 +797,7 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   if type(fun) is _FunctionType:
     a.key = a.function(fun, top=True)   # by contents even at module level
   else:
-    a.key = a.value(fun)
+    a.key = a.value(as_method(fun) or fun)
   return a
 
 

@@ -334,7 +334,10 @@ def _code_of(fun) -> types.CodeType | None:
     elif isinstance(fun, ClosureJitted):
       fun = fun._fun
     else:
-      return None
+      method = closure.as_method(fun)   # a callable object's __call__
+      if method is None:
+        return None
+      fun = method
 
 
 class _SourceStub:
@@ -1330,8 +1333,9 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
                                  auto_dynamic)
       if jitted is not None:
         return jitted
-  elif not isinstance(fun, (types.FunctionType, functools.partial,
-                            types.MethodType, ClosureJitted)):
+  elif not (isinstance(fun, (types.FunctionType, functools.partial,
+                             types.MethodType, ClosureJitted))
+            or closure.as_method(fun) is not None):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
   return ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
 

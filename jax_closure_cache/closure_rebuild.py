@@ -15,10 +15,12 @@ import types
 import weakref
 from typing import Any, Callable
 
+from jax_closure_cache import _compat
 from jax_closure_cache.closure import (
-    LIFTED, Uncacheable, _COPY, _CYCLE, _DYN, _FN, _METHOD, _MISSING, _OBJ,
-    _PARTIAL, _TREE, _Tag, _WEAKREF, _WRAPPER, _tree_flatten, _tree_unflatten,
-    _wrapper_rules, code_plan)
+    LIFTED, Uncacheable, _BUILTIN_NODES, _COPY, _CYCLE, _DYN, _FN, _METHOD,
+    _MISSING, _OBJ, _PARTIAL, _TREE, _TREEAUX, _TREEDEF, _Tag, _WEAKREF,
+    _WRAPPER, _tree_flatten, _tree_unflatten, _wrapper_rules, as_method,
+    code_plan)
 
 
 def _has_lifted(k) -> bool:
@@ -68,6 +70,11 @@ class _Rebuild:
       leaves, treedef = _tree_flatten(v)
       return _tree_unflatten(
           treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+    if tag is _TREEAUX:
+      leaves, treedef = _tree_flatten(v)
+      treedef = self.treedef(treedef, k[1])   # first: the walk's order
+      return _tree_unflatten(
+          treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
     if tag is _PARTIAL:
       func = self.value(v.func, k[1])
       args = [self.value(a, ka) for a, ka in zip(v.args, k[2])]
@@ -81,11 +88,26 @@ class _Rebuild:
       return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
     if tag is _COPY:
       return self.copy(v, k)
+    if tag is _TREEDEF:
+      return self.treedef(v, k[1])
     if tag is _WEAKREF:
       target = self.value(v(), k[1])
       self.keep.append(target)   # alive as long as the rebuilt function
       return weakref.ref(target)
     raise AssertionError(f"lifted leaf under {tag}")
+
+  def treedef(self, treedef, parts):
+    """``treedef`` with each custom node's data rebuilt (``Analysis.
+    node_parts`` made ``parts``)."""
+    if parts is None or not _has_lifted(parts):
+      return treedef
+    t, aux_key, children_parts = parts
+    aux = treedef.node_data()[1]
+    if t not in _BUILTIN_NODES:
+      aux = self.value(aux, aux_key)
+    children = [self.treedef(c, p)
+                for c, p in zip(treedef.children(), children_parts)]
+    return _compat.make_treedef(treedef, (t, aux), children)
 
   def copy(self, obj, k):
     """A shallow copy of a plain object with its lifted attributes replaced;
@@ -154,7 +176,7 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   ``key`` must be ``analyse(fun).key`` and ``leaves`` as long as its leaves.
   """
   r = _Rebuild(leaves)
-  out = r.value(fun, key)
+  out = r.value(as_method(fun) or fun, key)
   if next(r.leaves, _MISSING) is not _MISSING:
     raise AssertionError("more leaves than lifted positions")
   if r.keep:

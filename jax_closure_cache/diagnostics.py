@@ -283,6 +283,18 @@ def fallback(fun, code, reason: str, detail: str) -> None:
 
 # -- naming the parts of a key ------------------------------------------------
 
+def built_too_early(names: list) -> None:
+  """At ``enable()``: stock jitted functions outside JAX that take
+  functions statically and were built before it (never reached)."""
+  if names and explaining():
+    logger.warning("closure-cache: enable() came after these stock jitted "
+                   "functions that take functions as static arguments were "
+                   "built: %s; fresh functions passed to them compile on "
+                   "every call, as with stock (enable() before importing "
+                   "their modules, or set JAX_CLOSURE_CACHE=1)",
+                   ", ".join(names))
+
+
 def _function_names(code) -> tuple[list[str], list[str]]:
   """Parameter names that have defaults, and the globals the code reads."""
   n_args = code.co_argcount
@@ -319,7 +331,16 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     yield from named_parts(None, key[1], prefix + "method -> ")
     yield prefix + "self", key[2]
   elif type(key) is tuple and key and key[0] is closure._WRAPPER:
-    yield from named_parts(None, key[3], prefix + "jitted -> ")
+    kind = _sub(prefix, "jitted" if key[1].__name__.endswith("Jitted")
+                else key[1].__name__)
+    yield kind, key[2]
+    yield from named_parts(None, key[3], kind + " -> ")
+  elif type(key) is tuple and key and key[0] is closure._TREEAUX:
+    yield from _node_parts(key[1], _sub(prefix, "node data "))
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}[{i}]")
+  elif type(key) is tuple and key and key[0] is closure._TREEDEF:
+    yield from _node_parts(key[1], _sub(prefix, "treedef node data "))
   elif type(key) is tuple and key and (key[0] is closure._OBJ
                                        or key[0] is closure._COPY):
     for item in key[3]:
@@ -330,6 +351,27 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
           yield from named_parts(None, part, f"{prefix}[{i}]")
   else:
     yield prefix.rstrip(" ->") or "value", key
+
+
+def _sub(prefix: str, name: str) -> str:
+  """``name`` under ``prefix`` (a cell, an item) in a part's name."""
+  if not prefix or prefix.endswith((" ", "> ")):
+    return prefix + name
+  return f"{prefix} -> {name}"
+
+
+def _node_parts(parts, prefix: str) -> Iterator[tuple[str, Any]]:
+  """Named parts of the custom nodes' data of a treedef keyed node by node
+  (``closure.Analysis.node_parts``)."""
+  pending = [parts]
+  while pending:
+    p = pending.pop()
+    if p is None:
+      continue
+    node_type, aux, children = p
+    if node_type not in closure._BUILTIN_NODES:
+      yield from named_parts(None, aux, f"{prefix}of {node_type.__name__} ")
+    pending.extend(children)
 
 
 def render(part) -> tuple[str, str]:

@@ -12,6 +12,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, NamedTuple
 
@@ -55,12 +56,48 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   if not _compat.jax_carries_patch():
     for owner, name in _compat.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_cache.REPLACEMENTS[name]))
+  points += prebuilt_points()
   # in both modes: the closure key's walk keys this package's functions by
   # identity, as the package's own walk does
   points.append((trace_cache.closure_key, "_is_stable", trace_cache.is_stable))
   # and a stock jitted object called eagerly keeps stock's executable
   points.append((trace_cache.closure_key, "is_shared", trace_cache.is_shared))
   return points
+
+
+def prebuilt_points() -> list[tuple[Any, str, Any]]:
+  """JAX's own stock jitted functions that take functions statically and
+  were built before ``enable()`` (``_compat.JAX_PREBUILT_WRAPPERS``, in
+  modules already imported): each is replaced by the package's ``jit`` of
+  the same function with the same options. A module imported later builds
+  its wrapper with the patched ``jax.jit``, or (through JAX's internal
+  ``jit``) is found here at the next ``enable()``."""
+  points = []
+  for module_name, name in _compat.JAX_PREBUILT_WRAPPERS:
+    module = sys.modules.get(module_name)
+    stock = getattr(module, name, None)
+    options = _compat.jit_options_of(stock)
+    if options is not None:
+      points.append((module, name, closure_jit.jit(stock.__wrapped__,
+                                                   **options)))
+  return points
+
+
+def built_before_enable() -> list[str]:
+  """``module.name`` of each stock jitted function that takes functions as
+  static arguments, sits in an imported module outside JAX, and so was
+  built with stock ``jax.jit`` before ``enable()``: fresh functions passed
+  to it compile on every call. (JAX's own are replaced by ``enable()``.)"""
+  found = []
+  for module_name, module in list(sys.modules.items()):
+    if module is None or module_name.partition(".")[0] in ("jax", "jaxlib"):
+      continue
+    try:
+      wrappers = _compat.stock_wrappers_in(module)
+    except Exception:   # a module whose namespace cannot be read
+      continue
+    found += [f"{module_name}.{name}" for name, _ in wrappers]
+  return sorted(found)
 
 
 _lock = threading.RLock()
@@ -131,6 +168,9 @@ def enable(*, lift_numpy: bool | None = None,
       original = getattr(owner, name)
       _applied.append(Patch(owner, name, original, replacement))
       setattr(owner, name, replacement)
+    from jax_closure_cache import diagnostics
+    if diagnostics.explaining():
+      diagnostics.built_too_early(built_before_enable())
 
 
 def disable() -> None:

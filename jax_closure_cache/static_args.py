@@ -34,28 +34,45 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-import types
 
+from jax_closure_cache import _compat
 from jax_closure_cache import closure
 from jax_closure_cache import closure_jit
+from jax_closure_cache import jaxpr_key  # noqa: F401  (registers the jaxpr rules)
 
-# What a static argument may be for this route: functions whose identity is
-# fresh per call in the patterns above. Closure-free functions of jax, numpy
-# and the standard library (``jnp.sin``) are long-lived: stock's identity
-# hash already hits for them.
+# What a static argument may hold for this route: a function whose identity
+# is fresh per call in the patterns above (``closure.fresh_function``: a
+# closure, a partial, a bound method, a callable object, a jitted function
+# of this package, a jaxpr made by ``jax.make_jaxpr``), alone, in tuples
+# nested up to ``_NESTING`` deep (a filtering jit's ``((leaves, treedef),
+# tag)``), or in the node data of a treedef (a flattened ``Partial``).
+# Closure-free functions of jax, numpy and the standard library
+# (``jnp.sin``) are long-lived: stock's identity hash already hits for them.
+# Only tuples are looked into: a list or dict is not hashable, and stock's
+# error for it must stay.
+_NESTING = 8
+_PyTreeDef = _compat.jax.tree_util.PyTreeDef
+
+
 def _is_function(v) -> bool:
-  t = type(v)
-  if t is types.FunctionType:
-    return v.__closure__ is not None or not closure.is_stable(v)
-  return (t is functools.partial or t is types.MethodType
-          or isinstance(v, closure_jit.ClosureJitted))
+  return closure.fresh_function(v, 0) is not None
+
+
+def _function_in(v, depth: int = _NESTING):
+  """The first such function in ``v``, or None."""
+  if type(v) is _PyTreeDef:
+    return closure.node_data_function(v)
+  if depth and isinstance(v, tuple):
+    for x in v:
+      found = _function_in(x, depth - 1)
+      if found is not None:
+        return found
+    return None
+  return closure.fresh_function(v, 0)
 
 
 def _holds_function(v) -> bool:
-  if type(v) is tuple:
-    return any([_is_function(x) for x in v])
-  return _is_function(v)
+  return _function_in(v) is not None
 
 
 def _binder(fun, functions, params):
@@ -208,14 +225,14 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   params = closure.Static(
       tuple(zip(positions, flags[:len(positions)])),
       tuple(zip(names, flags[len(positions):])), plain)
-  user = functions[0]
-  if type(user) is tuple:
-    user = next(x for x in user if _is_function(x))
+  user = _function_in(functions[0])
+  if not callable(user):   # a jaxpr: reported as the jitted function's
+    user = w._fun
   stock = w.stock()
   # Identity first: one function static argument, called before by this
   # wrapper's function (another jitted function given the same static
   # function computes something else: its row is its own).
-  single = len(functions) == 1 and type(functions[0]) is not tuple
+  single = len(functions) == 1 and _is_function(functions[0])
   table = _table(w) if single else None
   row = None
   if table is not None:
