@@ -112,9 +112,65 @@ def cond(cfg, x):
   return jax.lax.cond(x.sum() > 0, f, lambda v: v * 2.0, x)
 
 
+class Model:
+  """A callable object holding a configuration (``jax.jit(Model(cfg))``)."""
+
+  def __init__(self, cfg):
+    self.cfg = cfg
+
+  def __call__(self, x):
+    return evaluate(self.cfg, x)
+
+
+@jax.tree_util.register_pytree_node_class
+class Holder:
+  """A pytree whose node data carries a bound method of a ``Model``."""
+
+  def __init__(self, apply):
+    self.apply = apply
+
+  def tree_flatten(self):
+    return [], (self.apply,)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*aux)
+
+
+def callable_object(cfg, x):
+  return jax.jit(Model(cfg))(x)
+
+
+def method_in_node_data(cfg, x):
+  holder = Holder(Model(cfg).__call__)
+  return jax.jit(lambda v: holder.apply(v) + 1.0)(x)
+
+
+def nested_static(cfg, x):
+  apply = jax.jit(lambda packed, v: jax.tree_util.tree_unflatten(
+      *reversed(packed[0]))(v), static_argnums=0)
+  leaves, treedef = jax.tree_util.tree_flatten(_closure(cfg))
+  return apply(((tuple(leaves), treedef), "tag"), x)
+
+
+def jaxpr_static(cfg, x):
+  solve = jax.jit(lambda c, v: jax.core.eval_jaxpr(c.jaxpr, c.consts, v)[0],
+                  static_argnums=0)
+  return solve(jax.make_jaxpr(_closure(cfg))(x), x)
+
+
+def compile_time_constant(cfg, x):
+  def f(v):
+    with jax.ensure_compile_time_eval():
+      ok = jnp.asarray(len(cfg[4]) < 2)
+    return jnp.where(ok, evaluate(cfg, v), -v)
+  return jax.jit(f)(x)
+
+
 FEATURES = {f.__name__: f for f in (
     plain, shared_paths, nested, static_function, partial_default,
-    grad_of_closure, fori, while_loop, scan, cond)}
+    grad_of_closure, fori, while_loop, scan, cond, callable_object,
+    method_in_node_data, nested_static, jaxpr_static, compile_time_constant)}
 
 
 def make_config(choice: dict):
