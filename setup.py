@@ -1,4 +1,4 @@
-"""Packaging for jax-closure-cache, pinned to one JAX release.
+"""Packaging for jax-closure-cache, for the JAX releases it supports.
 
 The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
 the build, so that it lands in site-packages next to the package: Python runs
@@ -53,7 +53,9 @@ setup(
     packages=find_packages(include=["jax_closure_cache", "jax_closure_cache.*"]),
     package_data={"jax_closure_cache": [PTH]},
     # absl-py: the benchmark reads JAX's counters in jax._src.test_util.
-    install_requires=["jax==0.10.2", "jaxlib==0.10.2", "absl-py"],
+    # The releases in _compat.SUPPORTED_RELEASES (0.10.2 and 0.11.x; pip
+    # picks 0.10.2 on Python 3.11, which 0.11 does not support).
+    install_requires=["jax>=0.10.2,<0.12", "jaxlib>=0.10.2,<0.12", "absl-py"],
     extras_require={
         "test": ["pytest", "absl-py", "hypothesis", "matplotlib"],
         # bench --plot

@@ -154,10 +154,11 @@ def _doctor() -> int:
   import jaxlib
   import jax_closure_cache
   from jax_closure_cache import _compat
-  rows = [("jax version", jax.__version__ == _compat.JAX_VERSION,
-           f"{jax.__version__} (pinned {_compat.JAX_VERSION})"),
-          ("jaxlib version", jaxlib.__version__ == _compat.JAXLIB_VERSION,
-           f"{jaxlib.__version__} (pinned {_compat.JAXLIB_VERSION})")]
+  what = _compat.SUPPORTED_RELEASES.get(jax.__version__)
+  rows = [("jax version", what is not None,
+           f"{jax.__version__} (supported: {_compat.supported_text()})"),
+          ("jaxlib version", jaxlib.__version__ == jax.__version__,
+           f"{jaxlib.__version__} (must equal jax's)")]
   rows += _compat.check_patch_points()
   hook = startup_hook_path()
   rows.append(("start-up hook", hook is not None,
@@ -166,6 +167,11 @@ def _doctor() -> int:
   for name, ok, detail in rows:
     print(f"  [{'ok' if ok else 'MISMATCH'}] {name}: {detail}")
   print(f"  [info] mode: {jax_closure_cache.mode()}")
+  print("  [info] layers on this release: " + (
+      "1-3 (closure key, JAX's trace lookup, fast front)"
+      if _compat.TRACE_LOOKUP else
+      "1 and 3 (closure key, fast front); JAX's trace lookup is left stock: "
+      + "; ".join(_compat.TRACE_LOOKUP_MISSING)))
   from jax_closure_cache import closure_jit
   print("  [info] fast front's C entrance: " + (
       "built" if closure_jit.entrance_built() else "not built (pure Python: about 0.15 us more per "

@@ -1,9 +1,11 @@
 """The one module that touches JAX's private internals.
 
-Pinned to ``jax==0.10.2`` and ``jaxlib==0.10.2``: every name imported from
-``jax._src`` or ``jaxlib`` below was read against that release. Retargeting to
-another release starts here (see CONTRIBUTING.md); nothing else in the package
-imports a private JAX module.
+Supports the releases in ``SUPPORTED_RELEASES``: every name imported from
+``jax._src`` or ``jaxlib`` below was read against jax 0.10.2, and where a
+later release changed it the seam is chosen by feature detection (never by
+version string: 0.11.0 and 0.11.2 differ inside one minor release).
+Retargeting to another release starts here (see CONTRIBUTING.md); nothing
+else in the package imports a private JAX module.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ import os as _os
 # business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows them).
 _traceback_util.register_exclusion(_os.path.dirname(_os.path.abspath(__file__)))
 
+#: The releases this package runs on, with what runs there (the one table
+#: ``doctor``, ``enable()`` and the activation hook read; jaxlib must be the
+#: same release). "full": the three layers; "front": layers one and three
+#: (``jit``, control flow, static functions), JAX's trace lookup left stock
+#: (see ``TRACE_LOOKUP_MISSING`` for the seams it lacks there).
+SUPPORTED_RELEASES = {
+    "0.10.2": "full",
+    "0.11.0": "front",
+    "0.11.1": "front",
+    "0.11.2": "front",
+}
+#: The release the upstream series (``patches/series``) is cut against.
 JAX_VERSION = "0.10.2"
 JAXLIB_VERSION = "0.10.2"
 
@@ -41,9 +55,14 @@ ArrayImpl = _jaxlib_ext.ArrayImpl
 
 
 def versions_match() -> bool:
-  """Whether the running jax and jaxlib are the pinned release."""
-  return (jax.__version__ == JAX_VERSION
-          and jaxlib.__version__ == JAXLIB_VERSION)
+  """Whether the running jax is a supported release, jaxlib the same one."""
+  return (jax.__version__ in SUPPORTED_RELEASES
+          and jaxlib.__version__ == jax.__version__)
+
+
+def supported_text() -> str:
+  """The supported releases, for messages: ``0.10.2, 0.11.0, ...``."""
+  return ", ".join(SUPPORTED_RELEASES)
 
 
 #: ``DISABLE_JIT.value`` is True inside ``jax.disable_jit()``; the hot path
@@ -106,10 +125,29 @@ STOCK_CLOSURE_CONVERT = _custom_derivatives.closure_convert
 CLOSURE_CONVERT_OWNERS = (jax, jax.custom_derivatives, _custom_derivatives)
 
 
+_convert_tree_form: list = []   # filled by the first _convert_tree call
+
+
+def _convert_tree(example_args):
+  """The arguments' tree as stock ``closure_convert`` builds it: of the
+  arguments (0.10), or of ``(args, {})`` (0.11 on). Told apart by
+  behaviour, once: the ``in_tree`` a stock conversion of ``lambda x: x``
+  keeps in its converted function's closure."""
+  if not _convert_tree_form:
+    converted, _ = STOCK_CLOSURE_CONVERT(lambda x: x, 0.0)
+    cells = dict(zip(converted.__code__.co_freevars,
+                     converted.__closure__ or ()))
+    kept = cells["in_tree"].cell_contents if "in_tree" in cells else None
+    _convert_tree_form.append(
+        kept == jax.tree_util.tree_structure(((0.0,), {})))
+  tree = (tuple(example_args), {}) if _convert_tree_form[0] else example_args
+  return jax.tree_util.tree_flatten(tree)
+
+
 def closure_convert_uncached(fun, example_args):
   """Stock ``closure_convert``'s trace without its ``lru_cache``, which holds
   every function it saw (and what it closes over) until evicted."""
-  flat, in_tree = jax.tree_util.tree_flatten(example_args)
+  flat, in_tree = _convert_tree(example_args)
   in_avals = tuple(map(_core.typeof, flat))
   debug = _api_util.debug_info("closure_convert", fun, example_args, {})
   return _custom_derivatives._closure_convert_for_avals.__wrapped__(
@@ -127,7 +165,7 @@ def closure_converted_constants(converted) -> list:
 def trace_signature(example_args):
   """What stock keys a ``closure_convert`` trace on besides the function:
   the arguments' tree, their abstract values and JAX's trace context."""
-  flat, in_tree = jax.tree_util.tree_flatten(example_args)
+  flat, in_tree = _convert_tree(example_args)
   return in_tree, tuple(map(_core.typeof, flat)), _config.trace_context()
 
 
@@ -214,7 +252,10 @@ from jax._src import pjit as _pjit   # noqa: E402
 from jax._src.interpreters import partial_eval as _pe   # noqa: E402
 from jax._src.lax.control_flow import common as _control_flow_common   # noqa: E402
 from jax._src import stages as _stages   # noqa: E402
-from jax._src.tree_util import FlatTree   # noqa: E402,F401
+try:   # 0.10: a class in tree_util; 0.11 moved it (see TRACE_LOOKUP)
+  from jax._src.tree_util import FlatTree   # noqa: E402,F401
+except ImportError:
+  FlatTree = None
 from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402,F401
 
 #: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
@@ -244,7 +285,7 @@ def make_treedef(like, node_data, children):
 ClosedJaxpr = _core.ClosedJaxpr
 Jaxpr = _core.Jaxpr
 Var = _core.Var
-separate_consts = _pe.separate_consts
+separate_consts = getattr(_pe, "separate_consts", None)
 typeof = _core.typeof
 eval_jaxpr = _core.eval_jaxpr
 
@@ -269,6 +310,29 @@ def jit_debug_info(fun, args, kwargs):
 #: them up as module globals at call time: ``pe.trace_to_jaxpr`` from pjit
 #: and the control-flow modules, the pjit ones from ``cache_miss`` and
 #: ``jit_trace``.
+def _trace_lookup_seams() -> list[str]:
+  """The seams layer two is written against that the running jax lacks
+  (empty on 0.10.2): checked by feature, not by version string."""
+  missing = []
+  if FlatTree is None:
+    missing.append("jax._src.tree_util.FlatTree (0.11 moved it to "
+                   "jax._src.flattree)")
+  if ClosedJaxpr is Jaxpr:
+    missing.append("a ClosedJaxpr distinct from Jaxpr (0.11 merged them, so "
+                   "one jaxpr shared by identity across closures cannot be "
+                   "closed over each one's leaves)")
+  if not hasattr(_pe, "separate_consts"):
+    missing.append("pe.separate_consts")
+  return missing
+
+
+#: Why layer two (the closure key inside JAX's trace lookup) cannot run on
+#: this jax; empty where it can. Where it cannot, ``enable()`` installs the
+#: front alone (layers one and three: ``jit``, control flow, static
+#: functions), which reads none of these seams.
+TRACE_LOOKUP_MISSING = _trace_lookup_seams()
+TRACE_LOOKUP = not TRACE_LOOKUP_MISSING
+
 TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
                       (_pjit, "_infer_params"), (_pjit, "_get_fastpath_data"),
                       (_control_flow_common, "_dedup_consts"),

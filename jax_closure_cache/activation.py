@@ -51,8 +51,8 @@ def _enable_safely() -> None:
       import warnings
       import jax
       warnings.warn(
-          f"{ENV} is set but jax_closure_cache supports only "
-          f"jax=={_compat.JAX_VERSION}; jax=={jax.__version__} is installed, "
+          f"{ENV} is set but jax_closure_cache supports only jax "
+          f"{_compat.supported_text()}; jax=={jax.__version__} is installed, "
           "so jax.jit is left stock.", stacklevel=2)
       return
     patching.enable()

@@ -101,10 +101,10 @@ def _param(p):
       return (frozenset, frozenset(items))
     except TypeError:
       raise closure.Uncacheable("unhashable", "a jaxpr parameter set") from None
+  if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
+    return ("closed", structure(p.jaxpr), tuple(_const(c) for c in p.consts))
   if t is _compat.Jaxpr:
     return ("jaxpr", structure(p))
-  if t is _compat.ClosedJaxpr:
-    return ("closed", structure(p.jaxpr), tuple(_const(c) for c in p.consts))
   if isinstance(p, (np.dtype, enum.Enum, np.generic)):
     return (t, p)
   if isinstance(p, np.ndarray):
@@ -151,4 +151,5 @@ def _join_open(static: JaxprKey, _):
 
 
 closure.register_wrapper(_compat.ClosedJaxpr, _split_closed, _join_closed)
-closure.register_wrapper(_compat.Jaxpr, _split_open, _join_open)
+if _compat.Jaxpr is not _compat.ClosedJaxpr:   # one class from 0.11 on
+  closure.register_wrapper(_compat.Jaxpr, _split_open, _join_open)

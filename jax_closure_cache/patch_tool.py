@@ -138,7 +138,10 @@ def _plan(target: str, reverse: bool,
   version = _jax_version(target)
   if version != _compat.JAX_VERSION:
     raise PatchError(BAD_TARGET, f"{target} does not hold jax "
-                     f"{_compat.JAX_VERSION} (found {version or 'no jax'})")
+                     f"{_compat.JAX_VERSION} (found {version or 'no jax'}): "
+                     "the upstream series is cut against that release only "
+                     "(the package itself runs on "
+                     f"{_compat.supported_text()})")
   series = []
   for path in series_paths()[:upto]:
     with open(path) as f:

@@ -53,7 +53,9 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
       points.append((owner, "closure_convert", convert.closure_convert))
   # layer two: the closure key inside JAX's memoized trace lookup (a jax
   # carrying the upstream series has it natively, behind its option)
-  if not _compat.jax_carries_patch():
+  # (only where the running jax has the seams it is written against:
+  # elsewhere the front runs alone, see _compat.TRACE_LOOKUP)
+  if not _compat.jax_carries_patch() and _compat.TRACE_LOOKUP:
     for owner, name in _compat.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_cache.REPLACEMENTS[name]))
   points += prebuilt_points()
@@ -116,10 +118,10 @@ def _check_version(force: bool) -> None:
     return
   import jaxlib
   raise RuntimeError(
-      f"jax_closure_cache supports jax=={_compat.JAX_VERSION} and "
-      f"jaxlib=={_compat.JAXLIB_VERSION}, but jax=={jax.__version__} and "
-      f"jaxlib=={jaxlib.__version__} are installed. Install the pinned "
-      "versions, or call enable(force=True) to patch anyway.")
+      f"jax_closure_cache supports jax {_compat.supported_text()} (with the "
+      f"same jaxlib), but jax=={jax.__version__} and "
+      f"jaxlib=={jaxlib.__version__} are installed. Install a supported "
+      "release, or call enable(force=True) to patch anyway.")
 
 
 def mode() -> str:

@@ -102,7 +102,9 @@ def call_shared(fun, a, leaves, args, kwargs):
   yet. The signature is pjit's (``jit`` debug info, no static arguments),
   so ``.trace``, ``.lower`` and ``.eval_shape`` of any closure of the key
   find what calls stored. None when the trace lookup cannot serve ``fun``
-  (the caller traces it itself)."""
+  (the caller traces it itself), as on a jax without layer two's seams."""
+  if not _compat.TRACE_LOOKUP:
+    return None
   args_ft = _compat.FlatTree.flatten_static_argnums_argnames(
       args, kwargs, (), ())
   in_avals = args_ft.map(_compat.typeof)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jax_closure_cache import _compat, patch_tool
@@ -15,8 +16,13 @@ from jax_closure_cache import _compat, patch_tool
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_SERIES = os.path.join(REPO, "patches", "make_series.py")
 JAX_REPO = "/work/.mirror/jax-ml+jax/repo"
+_SERIES_RELEASE = jax.__version__
 needs_pristine_jax = pytest.mark.skipif(
-    _compat.jax_carries_patch(), reason="the installed jax carries the patch")
+    _compat.jax_carries_patch() or _SERIES_RELEASE != _compat.JAX_VERSION,
+    reason=("the installed jax carries the patch"
+            if _compat.jax_carries_patch() else
+            f"the series is cut against jax {_compat.JAX_VERSION}; "
+            f"{_SERIES_RELEASE} is installed"))
 
 
 def tree_digest(root):

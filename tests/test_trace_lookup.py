@@ -14,7 +14,10 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import PATCHED, STOCK_JIT, assert_like_stock, counting, stock_off
+from conftest import (PATCHED, STOCK_JIT, assert_like_stock, counting,
+                      needs_trace_lookup, stock_off)
+
+pytestmark = needs_trace_lookup
 
 
 STOCK_CF = _compat.STOCK_CONTROL_FLOW
@@ -23,8 +26,6 @@ x = jnp.ones((4, 4))
 
 def make(w):
   return lambda v: jnp.tanh(v @ w)
-
-
 
 
 def test_stock_jit_called_eagerly_shares_the_trace_and_compiles_as_stock():
