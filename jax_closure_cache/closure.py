@@ -102,6 +102,7 @@ _COPY = _Tag("COPY")         # (_COPY, index, type, ((name, value), ...)); array
 _NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
 _WEAKREF = _Tag("WEAKREF")   # (_WEAKREF, referent or None): read through it
 _CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
+_CLASS = _Tag("CLASS")       # (_CLASS, index, class, ((owner, name, value), ...))
 _ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
 _NOCHAIN = _Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 _DYN = _Tag("DYN")           # (_DYN, int or float): a Python scalar passed as an argument
@@ -252,7 +253,7 @@ def own_module_level(fun: types.FunctionType) -> bool:
           and "<locals>" not in fun.__qualname__)
 
 
-_PACKAGE = __name__.partition(".")[0]
+PACKAGE = _PACKAGE = __name__.partition(".")[0]
 
 
 def _stable_module(module) -> bool:
@@ -760,7 +761,33 @@ class Analysis:
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1
-    return (_COPY if copyable else _OBJ, i, t, items)
+    return (_COPY if copyable else _OBJ, i, t, items, self.klass(t))
+
+  def klass(self, t):
+    """A user class's namespace, as a plain object's key carries it: what
+    its methods (walked like any function: their globals, cells, chains)
+    and class attributes hold, through the MRO, since a retrace reads them
+    through the instance (``self.k``, ``self.get()``); a class of jax,
+    numpy, the standard library or this package is keyed by identity."""
+    if _stable_module(t.__module__) or own_module_level(t):
+      return t
+    i = self.enter(t)
+    if type(i) is tuple:
+      return i
+    saved = self.in_object
+    self.in_object = True   # arrays held by a class are kept by identity
+    try:
+      items = []
+      for c in t.__mro__[:-1]:
+        if _stable_module(c.__module__):
+          continue
+        for name, x in list(vars(c).items()):
+          x = _class_member(name, x)
+          if x is not _SKIP:
+            items.append((c.__qualname__, name, self.value(x)))
+    finally:
+      self.in_object = saved
+    return (_CLASS, i, t, tuple(items))
 
 
 def as_method(fun):
@@ -780,6 +807,32 @@ def as_method(fun):
       or not _is_copyable_type(t)):
     return None
   return types.MethodType(call, fun)
+
+
+_SKIP = _Tag("SKIP")
+# Class-level names that hold no state a trace reads through an instance.
+_CLASS_BOOKKEEPING = frozenset({
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+    "__annotations__", "__slots__", "__firstlineno__", "__static_attributes__",
+    "__dataclass_fields__", "__dataclass_params__", "__match_args__",
+    "__orig_bases__", "__parameters__", "__abstractmethods__", "_abc_impl"})
+
+
+def _class_member(name: str, x):
+  """What a class attribute contributes to its class's key: a method's
+  function (of a staticmethod or classmethod too), a property's accessors,
+  a data attribute itself; ``_SKIP`` for bookkeeping and for dunder names
+  that are not functions."""
+  if name in _CLASS_BOOKKEEPING:
+    return _SKIP
+  t = type(x)
+  if t is staticmethod or t is classmethod:
+    x = x.__func__
+  elif t is property:
+    return (x.fget, x.fset, x.fdel)
+  if name[:2] == "__" == name[-2:] and type(x) is not _FunctionType:
+    return _SKIP
+  return x
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from jax_closure_cache import _compat
 from jax_closure_cache.closure import (
-    LIFTED, Uncacheable, _BUILTIN_NODES, _COPY, _CYCLE, _DYN, _FN, _METHOD,
+    LIFTED, Uncacheable, _BUILTIN_NODES, _CLASS, _COPY, _CYCLE, _DYN, _FN, _METHOD,
     _MISSING, _OBJ, _PARTIAL, _TREE, _TREEAUX, _TREEDEF, _Tag, _WEAKREF,
     _WRAPPER, _tree_flatten, _tree_unflatten, _wrapper_rules, as_method,
     code_plan)
@@ -90,6 +90,8 @@ class _Rebuild:
       return self.copy(v, k)
     if tag is _TREEDEF:
       return self.treedef(v, k[1])
+    if tag is _CLASS:   # only back-references inside: classes stay as they are
+      return v
     if tag is _WEAKREF:
       target = self.value(v(), k[1])
       self.keep.append(target)   # alive as long as the rebuilt function
@@ -113,7 +115,7 @@ class _Rebuild:
     """A shallow copy of a plain object with its lifted attributes replaced;
     the user's object is never modified (a trace that sets an attribute sets
     it on the copy)."""
-    _, index, t, items = k
+    _, index, t, items, _ = k   # the class itself is never rebuilt
     new = object.__new__(t)
     self.memo[index] = new
     attrs = dict(vars(obj))

@@ -349,6 +349,13 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
       else:   # the items of a list, tuple or dict subclass
         for i, part in enumerate(item):
           yield from named_parts(None, part, f"{prefix}[{i}]")
+    if type(key[4]) is tuple:   # a user class's namespace
+      yield from named_parts(None, key[4], prefix)
+  elif type(key) is tuple and key and key[0] is closure._CLASS:
+    for owner, name, part in key[3]:
+      nested = type(part) is tuple and part and part[0] is closure._FN
+      yield from named_parts(None, part, f"{prefix} class {owner}.{name}"
+                             + (" -> " if nested else ""))
   else:
     yield prefix.rstrip(" ->") or "value", key
 

@@ -43,10 +43,14 @@ cache.register_size("shared_traces",
 cache.register_clear_hook(closure_key._store.cache_clear)
 
 
-def is_stable(f) -> bool:
+def is_stable(f, module=None) -> bool:
   """The trace lookup's ``_is_stable`` while enabled (a patch point in both
-  modes): also this package's module-level functions, which a user function
-  reading this package's ``jit`` reaches (``closure.own_module_level``)."""
+  modes): also this package's modules and module-level functions and
+  classes, which a user function reading this package's ``jit`` reaches
+  (``closure.own_module_level``)."""
+  if module is not None:
+    return (_STOCK_IS_STABLE(f, module)
+            or module.partition(".")[0] == closure.PACKAGE)
   return _STOCK_IS_STABLE(f) or closure.own_module_level(f)
 
 

@@ -166,3 +166,68 @@ def test_stock_object_made_before_enable_keeps_stock_executable():
   main = next(line for line in pre.lower(x).as_text().splitlines()
               if "func.func public @main" in line)
   assert main.count("%arg") == 1   # x alone, not x and 64 closure arrays
+
+
+# -- state a retrace reads through a module, a class or an instance's class --
+
+class _Config:
+  k = 3.0
+
+
+def test_module_and_class_attributes_changed_between_calls_are_seen():
+  """A re-created closure reading ``helper_module.SCALE`` and
+  ``_Config.k``: through a stock jitted object made before enable() (the
+  trace lookup), the package's jit, and eager control flow, every call
+  after the attributes change computes with the new values, as stock."""
+  import helper_module
+  stock_jit = STOCK_JIT
+  jcc.enable()
+  x = jnp.ones(3)
+
+  def run(w):
+    f = lambda v: v * w * helper_module.SCALE + _Config.k
+    return (stock_jit(f)(x), jax.jit(f)(x),
+            jax.lax.fori_loop(0, 1, lambda i, c: c + f(c), x))
+  saved = _Config.k
+  try:
+    for step in range(6):
+      if step == 3:
+        helper_module.SCALE, _Config.k = 10.0, 100.0
+      w = jnp.full((3,), 1.0 + step % 2)
+      for got, want in zip(run(w), _stock(run, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+  finally:
+    _Config.k = saved
+
+
+class _Scaler:
+  k = 3.0
+
+  def get(self):
+    return self.k * _SCALE
+
+
+_SCALE = 2.0
+
+
+def test_a_plain_objects_class_attribute_and_methods_globals_are_keyed():
+  """``obj.get()`` reads the class attribute ``k`` and the module global
+  ``_SCALE`` through the instance: a change to either is a new key."""
+  global _SCALE
+  jcc.enable()
+  x = jnp.ones(3)
+
+  def run(w):
+    obj = _Scaler()
+    return jax.jit(lambda v: v * w * obj.get())(x)
+  saved = _Scaler.k, _SCALE
+  try:
+    for step in range(7):
+      if step == 3:
+        _Scaler.k = 10.0
+      if step == 5:
+        _SCALE = 5.0
+      w = jnp.ones(3)
+      np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
+  finally:
+    _Scaler.k, _SCALE = saved

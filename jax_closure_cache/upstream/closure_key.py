@@ -100,7 +100,10 @@ class _Walk:
       return ("partial", self.value(v.func), self.values(v.args),
               tuple((k, self.value(a)) for k, a in v.keywords.items()))
     if t is types.ModuleType:
-      return v
+      if _is_stable(v, v.__name__):
+        return v
+      # its attributes (``cfg.scale``) are read at trace time and may change
+      raise Unkeyable(f"reads the user module {v.__name__}")
     if t is weakref.ReferenceType:   # read through: fori_loop holds its body so
       target = v()
       return ("weakref", None if target is None else self.value(target))
@@ -118,7 +121,10 @@ class _Walk:
         raise Unkeyable(f"a {t.__name__} that does not flatten") from e
       return ("tree", treedef, self.values(leaves))
     if isinstance(v, type):
-      return self.identity(v)
+      if _is_stable(v):
+        return self.identity(v)
+      # class attributes and methods are read at trace time and may change
+      raise Unkeyable(f"reads the user class {v.__qualname__}")
     raise Unkeyable(f"closes over a {t.__name__}")
 
   def values(self, vs) -> tuple:
@@ -171,8 +177,11 @@ def _filled(cell) -> bool:
   return True
 
 
-def _is_stable(f) -> bool:
-  module = getattr(f, "__module__", None)
+def _is_stable(f, module=None) -> bool:
+  """Whether ``f`` (a function, class or module named ``module``) belongs
+  to jax, numpy or the standard library, whose state a program does not
+  change: keyed by identity."""
+  module = module or getattr(f, "__module__", None)
   return isinstance(module, str) and module.partition(".")[0] in _STABLE
 
 
