@@ -12,6 +12,8 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
+from functools import partial
+
 from absl.testing import absltest
 import numpy as np
 
@@ -29,6 +31,10 @@ def _counts(run):
         jtu.count_jit_compilation_cache_miss() as compiles):
     out = run()
   return out, (traces(), compiles())
+
+
+class _Cfg:
+  k = 3.0
 
 
 def _stock(run):
@@ -85,7 +91,45 @@ class ClosureKeyTest(jtu.JaxTestCase):
       w = jnp.full(3, s)
       self.assertAllClose(run(w), _stock(lambda: run(w)))
 
+  def test_a_failed_lifted_trace_is_remembered(self):
+    # the key's one failed lifted trace (second call) is the only extra one
+    def run(w):
+      body = lambda i, c: c + w if np.asarray(w)[0] > 0 else c - w
+      return lax.fori_loop(0, 2, body, jnp.zeros(3))
+    _stock(lambda: run(jnp.full(3, 9.0)))   # JAX's own helpers, traced once
+    extra = []
+    for s in (1.0, 2.0, 3.0, 4.0, 5.0):
+      w = jnp.full(3, s)
+      out, (traces, _) = _counts(lambda: run(w))
+      want, (stock_traces, _) = _counts(lambda: _stock(lambda: run(w)))
+      self.assertAllClose(out, want)
+      extra.append(traces - stock_traces)
+    self.assertLessEqual(max(extra[2:]), 0, extra)
+    self.assertLessEqual(max(extra), 1, extra)
+
+  def test_class_attribute_changed_between_calls(self):
+    def run(w):
+      return lax.fori_loop(0, 1, lambda i, c: c * w + _Cfg.k, jnp.ones(3))
+    saved = _Cfg.k
+    try:
+      for s in range(4):
+        if s == 2:
+          _Cfg.k = 10.0
+        w = jnp.full(3, 1.0 + s)
+        self.assertAllClose(run(w), _stock(lambda: run(w)))
+    finally:
+      _Cfg.k = saved
+
   # -- patch 2: pjit, the stages and the fast path
+
+  def test_partial_grad_and_defaults_trace_once(self):
+    x = jnp.ones(3)
+    ws = [jnp.full(3, float(i)) for i in range(5)]
+    f = lambda w, v: v * w
+    self.assertSharedFromThird(lambda w: jax.jit(partial(f, w))(x), ws)
+    self.assertSharedFromThird(
+        lambda w: jax.jit(jax.grad(lambda v: jnp.sum(v * w)))(x), ws)
+    self.assertSharedFromThird(lambda w: jax.jit(lambda v, w=w: v * w)(x), ws)
 
   def test_jit_of_recreated_closures_compiles_once(self):
     x = jnp.ones((4, 4))

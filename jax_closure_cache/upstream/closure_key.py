@@ -205,7 +205,7 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   def has_leaf(k) -> bool:
     # A function reached a second time is rebuilt wherever it is held, or
     # that holder would call the original, with its arrays as constants.
-    return k == _LEAF or (type(k) is tuple and (
+    return k == _LEAF or (type(k) is tuple and bool(k) and (
         k[0] == _CYCLE or any(map(has_leaf, k))))
 
   def value(v, k):
@@ -387,12 +387,13 @@ class _Shared:
   """A stored trace of a key: ``jaxpr`` takes the leaves as its last
   constvars, after the trace-time ``consts``; ``answer``, for a key without
   leaves, is the first trace itself. ``jaxpr`` is None while only the first
-  object of the key has been traced."""
+  object of the key has been traced; ``failed`` holds why a lifted trace
+  of the key failed (its functions are then traced as usual)."""
   __slots__ = ("jaxpr", "consts", "out_avals", "answer", "anchors",
-               "__weakref__")
+               "failed", "__weakref__")
 
   def __init__(self):
-    self.jaxpr = self.out_avals = self.answer = None
+    self.jaxpr = self.out_avals = self.answer = self.failed = None
     self.consts, self.anchors = (), []
 
 
@@ -528,8 +529,18 @@ def _traced(traced, shared, fun, key, leaves, anchors, in_avals, debug_info,
   it read only what the key covers), or None if that trace fails."""
   if shared is not None and shared.jaxpr is not None:
     return shared
-  shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx)
-  if shared is not None and _covers(shared.consts, leaves, anchors):
+  if shared is not None and shared.failed is not None:
+    return None   # remembered: traced as usual, once per function
+  try:
+    shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
+                           ctx)
+  except Exception as e:   # it needs a leaf's value, or leaked a tracer
+    # (state restored): remembered, so the key's functions trace as usual
+    failed = _Shared()
+    failed.failed = f"{type(e).__name__}: {e}"[:200]
+    _put(key, failed, anchors)
+    return None
+  if _covers(shared.consts, leaves, anchors):
     _shared_jaxprs.add(shared.jaxpr)
     _put(key, shared, anchors)
   return shared
@@ -550,8 +561,8 @@ def evict(fun: Callable) -> None:
 
 
 def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
-  """Trace ``fun`` with its leaves abstracted, as leading arguments; None if
-  that fails (the trace needs their values)."""
+  """Trace ``fun`` with its leaves abstracted, as leading arguments; raises
+  what the trace raised if it fails (it needs their values)."""
   leaf_avals = key[1]
 
   def lifted(leaves, *args, **kwargs):
@@ -570,10 +581,7 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   names = debug_info.arg_names
   lifted_debug = debug_info._replace(
       arg_names=None if names is None else ("",) * len(leaves) + names)
-  try:
-    closed, out_avals = traced(lifted, lifted_in, lifted_debug, *ctx)
-  except Exception:
-    return None
+  closed, out_avals = traced(lifted, lifted_in, lifted_debug, *ctx)
   jaxpr, n = closed.jaxpr, len(leaves)
   shared = _Shared()
   shared.consts, shared.out_avals = tuple(closed.consts), out_avals
