@@ -45,22 +45,32 @@ from jax_closure_cache import jaxpr_key  # noqa: F401  (registers the jaxpr rule
 # closure, a partial, a bound method, a callable object, a jitted function
 # of this package, a jaxpr made by ``jax.make_jaxpr``), alone, in tuples
 # nested up to ``_NESTING`` deep (a filtering jit's ``((leaves, treedef),
-# tag)``), or in the node data of a treedef (a flattened ``Partial``).
+# tag)``), in the node data of a treedef (a flattened ``Partial``), or in a
+# hashable registered pytree's leaves or node data.
 # Closure-free functions of jax, numpy and the standard library
 # (``jnp.sin``) are long-lived: stock's identity hash already hits for them.
 # Only tuples are looked into: a list or dict is not hashable, and stock's
 # error for it must stay.
 _NESTING = 8
 _PyTreeDef = _compat.jax.tree_util.PyTreeDef
+_tree_flatten = _compat.jax.tree_util.tree_flatten
 
 
 def _is_function(v) -> bool:
   return closure.fresh_function(v, 0) is not None
 
 
+_ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
 def _function_in(v, depth: int = _NESTING):
-  """The first such function in ``v``, or None."""
-  if type(v) is _PyTreeDef:
+  """The first such function in ``v``, or None: in a tuple's items, in a
+  treedef's node data, or in a registered pytree's leaves and node data (a
+  hashable static of a pytree class)."""
+  t = type(v)
+  if t in _ATOMS:
+    return None
+  if t is _PyTreeDef:
     return closure.node_data_function(v)
   if depth and isinstance(v, tuple):
     for x in v:
@@ -68,7 +78,21 @@ def _function_in(v, depth: int = _NESTING):
       if found is not None:
         return found
     return None
-  return closure.fresh_function(v, 0)
+  found = closure.fresh_function(v, 0)
+  if found is not None or not depth:
+    return found
+  try:
+    leaves, treedef = _tree_flatten(v)
+  except Exception:   # a flatten that fails: stock's path
+    return None
+  if len(leaves) == 1 and leaves[0] is v:
+    return None   # not a pytree node
+  found = closure.node_data_function(treedef)
+  for x in leaves:
+    if found is not None:
+      break
+    found = _function_in(x, depth - 1)
+  return found
 
 
 def _holds_function(v) -> bool:

@@ -364,3 +364,36 @@ def test_six_patterns_mixed_in_one_program_replayed():
     return d, e
   compiles = _run_like_stock(program, rounds=4)
   assert compiles[3:] == [0] * (len(compiles) - 3)
+
+
+@jax.tree_util.register_pytree_node_class
+class _Objective:
+  """A hashable pytree static holding the user's function as a leaf."""
+
+  def __init__(self, fn, tag):
+    self.fn, self.tag = fn, tag
+
+  def __hash__(self):
+    return hash((self.fn, self.tag))
+
+  def __eq__(self, other):
+    return (type(other) is _Objective and self.fn is other.fn
+            and self.tag == other.tag)
+
+  def tree_flatten(self):
+    return [self.fn], self.tag
+
+  @classmethod
+  def tree_unflatten(cls, tag, children):
+    return cls(children[0], tag)
+
+
+def test_function_in_a_registered_pytree_static_hits():
+  jcc.enable()
+  solve = jax.jit(lambda obj, x: obj.fn(x) * 2.0, static_argnums=0)
+
+  def program(i):
+    w = jnp.full((4,), 1.0 + i)
+    return solve(_Objective(lambda v: v * w, "t"), X)
+  compiles = _run_like_stock(program)
+  assert compiles[2:] == [0] * (len(compiles) - 2)
