@@ -588,9 +588,12 @@ class Analysis:
     if rule is not None:
       static, inner = rule.split(v)
       return (_WRAPPER, t, static, self.value(inner))
-    if t is type:
-      return v
-    if isinstance(v, type):
+    if t is type or isinstance(v, type):
+      # a user class by its namespace (a trace may instantiate it and call
+      # its methods); jax's, numpy's, the standard library's by identity
+      k = self.klass(v)
+      if k is not v or t is type:
+        return k
       return self.identity(v)
     try:
       leaves, treedef = _tree_flatten(v)

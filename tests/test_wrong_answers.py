@@ -231,3 +231,26 @@ def test_a_plain_objects_class_attribute_and_methods_globals_are_keyed():
       np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
   finally:
     _Scaler.k, _SCALE = saved
+
+
+def test_a_user_class_instantiated_inside_the_trace_is_keyed_by_its_namespace():
+  """``_Scaler().get()`` inside the traced function: the class is read as a
+  global, so its attribute ``k`` and the global its method reads are part
+  of the key (they were keyed by the class's identity alone)."""
+  global _SCALE
+  jcc.enable()
+  x = jnp.ones(3)
+
+  def run(w):
+    return jax.jit(lambda v: v * w * _Scaler().get())(x)
+  saved = _Scaler.k, _SCALE
+  try:
+    for step in range(7):
+      if step == 3:
+        _Scaler.k = 10.0
+      if step == 5:
+        _SCALE = 5.0
+      w = jnp.ones(3)
+      np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
+  finally:
+    _Scaler.k, _SCALE = saved
