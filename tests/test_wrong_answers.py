@@ -5,6 +5,7 @@ and replayed so that hits are exercised."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
@@ -210,16 +211,24 @@ class _Scaler:
 _SCALE = 2.0
 
 
-def test_a_plain_objects_class_attribute_and_methods_globals_are_keyed():
-  """``obj.get()`` reads the class attribute ``k`` and the module global
-  ``_SCALE`` through the instance: a change to either is a new key."""
+def _through_an_instance(w, x):
+  obj = _Scaler()
+  return jax.jit(lambda v: v * w * obj.get())(x)
+
+
+def _through_the_class(w, x):
+  return jax.jit(lambda v: v * w * _Scaler().get())(x)
+
+
+@pytest.mark.parametrize("run", [_through_an_instance, _through_the_class])
+def test_a_class_attribute_and_a_methods_global_are_keyed(run):
+  """``obj.get()`` on an instance in a cell, or ``_Scaler().get()`` with
+  the class read as a global: ``get`` reads the class attribute ``k`` and
+  the module global ``_SCALE``, so a change to either is a new key (they
+  were keyed by the class's identity alone)."""
   global _SCALE
   jcc.enable()
   x = jnp.ones(3)
-
-  def run(w):
-    obj = _Scaler()
-    return jax.jit(lambda v: v * w * obj.get())(x)
   saved = _Scaler.k, _SCALE
   try:
     for step in range(7):
@@ -228,29 +237,6 @@ def test_a_plain_objects_class_attribute_and_methods_globals_are_keyed():
       if step == 5:
         _SCALE = 5.0
       w = jnp.ones(3)
-      np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
-  finally:
-    _Scaler.k, _SCALE = saved
-
-
-def test_a_user_class_instantiated_inside_the_trace_is_keyed_by_its_namespace():
-  """``_Scaler().get()`` inside the traced function: the class is read as a
-  global, so its attribute ``k`` and the global its method reads are part
-  of the key (they were keyed by the class's identity alone)."""
-  global _SCALE
-  jcc.enable()
-  x = jnp.ones(3)
-
-  def run(w):
-    return jax.jit(lambda v: v * w * _Scaler().get())(x)
-  saved = _Scaler.k, _SCALE
-  try:
-    for step in range(7):
-      if step == 3:
-        _Scaler.k = 10.0
-      if step == 5:
-        _SCALE = 5.0
-      w = jnp.ones(3)
-      np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
+      np.testing.assert_allclose(run(w, x), _stock(run, w, x), rtol=1e-6)
   finally:
     _Scaler.k, _SCALE = saved
