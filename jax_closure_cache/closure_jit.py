@@ -290,7 +290,10 @@ _ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
                             "donate_argnums", "donate_argnames"})
 
 
-_STATIC_SELECTORS = frozenset({"static_argnums", "static_argnames"})
+def _has_static_arguments(options: dict) -> bool:
+  """Whether the jit options name static arguments (their values are then
+  passed as they are, not traced)."""
+  return "static_argnums" in options or "static_argnames" in options
 
 
 def _check_option_names(options: dict) -> None:
@@ -384,8 +387,7 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
   entry_ref = weakref.ref(entry)
   # Static arguments are passed as they are, so pjit's signature for the
   # user's function would differ: such entries trace on their own.
-  shares_traces = not ("static_argnums" in options
-                       or "static_argnames" in options)
+  shares_traces = not _has_static_arguments(options)
 
   def lifted(leaves, /, *args, **kwargs):
     current = _calling_function()
@@ -1047,7 +1049,7 @@ class ClosureJitted:
     covered = {id(x) for x in after.anchors}
     guards = closure_guards.find_guards(captured, after.roots, covered)
     if (isinstance(guards, closure_guards.Unguarded)
-        and not self._spec.options.keys() & _STATIC_SELECTORS):
+        and not _has_static_arguments(self._spec.options)):
       # constants the trace made itself from what the key covers
       made = closure_guards.made_by_trace(self._fun, after, args, kwargs,
                                           captured, covered)
@@ -1320,7 +1322,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
     return _compat.STOCK_JIT(fun, **options)
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
-  if "static_argnums" in options or "static_argnames" in options:
+  if _has_static_arguments(options):
     if isinstance(fun, (types.FunctionType, functools.partial,
                         types.MethodType, ClosureJitted)):
       # Functions among the static arguments are keyed by closure key.
