@@ -34,6 +34,7 @@ CHOICE = st.fixed_dictionaries({
     "box": st.sampled_from([None, None, (2.0, 1.0), (3.0, 1.0), (2, 0.5)]),
 })
 MEMBERS = ["w", "b", "act", "extra", "ks", "flag", "box"]
+LOOPS = frozenset({"fori", "while_loop", "scan"})
 
 
 @st.composite
@@ -59,8 +60,10 @@ def _same(got, want, where):
     assert (g.shape, g.dtype, g.weak_type) == (w.shape, w.dtype, w.weak_type), \
         (where, g, w)
     assert g.sharding == w.sharding, where
-    # rtol: XLA may fold a baked array into the arithmetic (docs/contract.md, rule 2)
-    np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-6, equal_nan=True,
+    # rtol: XLA may fold a baked array into the arithmetic (docs/contract.md,
+    # rule 2); in eager loops the difference compounds per iteration (rule 13)
+    rtol = 2e-5 if where[0] in LOOPS else 2e-6
+    np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6, equal_nan=True,
                                err_msg=str(where))
 
 
