@@ -64,15 +64,16 @@ setup(
         # the last transformers line with Flax, which runs on jax 0.10.2.
         "clients": ["transformers==4.57.6", "flax==0.12.8"],
     },
-    # The fast front's entrance in C (jax_closure_cache/_front.c): optional,
+    # The fast front's entrance in C (jax_closure_cache/front/_entrance.c): optional,
     # so a machine without a compiler installs the pure-Python front, which
     # behaves the same and is about 0.15 us slower per re-created closure.
-    ext_modules=[Extension("jax_closure_cache._front",
-                           ["jax_closure_cache/_front.c"], optional=True)],
+    ext_modules=[Extension("jax_closure_cache.front._entrance",
+                           ["jax_closure_cache/front/_entrance.c"],
+                           optional=True)],
     cmdclass={"build_py": BuildPyWithStartupHook},
     entry_points={
         "console_scripts": [
-            "jax-closure-cache=jax_closure_cache.__main__:main"],
+            "jax-closure-cache=jax_closure_cache.tools.cli:main"],
         "pytest11": ["jax_closure_cache = jax_closure_cache.pytest_plugin"],
     },
 )

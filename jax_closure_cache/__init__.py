@@ -35,22 +35,22 @@ from jax_closure_cache import activation as _activation
 
 __version__ = "0.1.0"
 
-# name -> (submodule that defines it, whether JAX's own copy of that module
-# replaces it when the installed jax carries the upstream patch)
+# name -> the submodule that defines it (the same module in both modes: the
+# upstream series adds only the closure key and the trace lookup to JAX)
 _PUBLIC = {
-    "jit": ("closure_jit", True),
-    "ClosureJitted": ("closure_jit", True),
-    "stats": ("cache", True),
-    "clear": ("cache", True),
-    "capacity": ("cache", True),
-    "set_capacity": ("cache", True),
-    "storm_threshold": ("diagnostics", True),
-    "set_storm_threshold": ("diagnostics", True),
-    "enable": ("patching", False),
-    "disable": ("patching", False),
-    "is_enabled": ("patching", False),
-    "enabled": ("patching", False),
-    "mode": ("patching", False),
+    "jit": "front.wrapper",
+    "ClosureJitted": "front.wrapper",
+    "stats": "cache",
+    "clear": "cache",
+    "capacity": "cache",
+    "set_capacity": "cache",
+    "storm_threshold": "diagnostics",
+    "set_storm_threshold": "diagnostics",
+    "enable": "patching",
+    "disable": "patching",
+    "is_enabled": "patching",
+    "enabled": "patching",
+    "mode": "patching",
 }
 # ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 
@@ -64,12 +64,7 @@ def __getattr__(name: str):
     return value
   if name not in _PUBLIC:
     raise AttributeError(f"module 'jax_closure_cache' has no attribute {name!r}")
-  module_name, jax_may_own = _PUBLIC[name]
-  if jax_may_own:
-    from jax_closure_cache import _compat
-    module = _compat.implementation(module_name)
-  else:
-    module = importlib.import_module(f"jax_closure_cache.{module_name}")
+  module = importlib.import_module(f"jax_closure_cache.{_PUBLIC[name]}")
   value = getattr(module, name)
   globals()[name] = value
   _activation.finish_pending()

@@ -72,9 +72,6 @@ DISABLE_JIT = _config.disable_jit
 trace_state_clean = _core.trace_state_clean
 
 
-
-
-
 def captured_constants(traced) -> list:
   """Every value a ``jax.stages.Traced`` closed over: baked constants plus
   the tracer constants that ``pe.separate_consts`` split off."""
@@ -451,18 +448,11 @@ def jax_carries_patch() -> bool:
   return hasattr(_config, "closure_cache")
 
 
-def implementation(module: str):
-  """The package module ``module`` (one implementation in both modes: the
-  upstream series adds only the closure key and the trace lookup to JAX)."""
-  import importlib
-  return importlib.import_module(f"jax_closure_cache.{module}")
-
-
 def closure_key_module():
   """Layer two's module: JAX's own ``jax._src.closure_key`` when jax carries
   the series (so the package's front and JAX share one store), else the
-  package's copy of the same file, ``upstream/closure_key.py``."""
+  package's copy of the same file, ``lookup/closure_key.py``."""
   import importlib
   if jax_carries_patch():
     return importlib.import_module("jax._src.closure_key")
-  return importlib.import_module("jax_closure_cache.upstream.closure_key")
+  return importlib.import_module("jax_closure_cache.lookup.closure_key")

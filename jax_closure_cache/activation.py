@@ -16,31 +16,18 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import os
 import sys
 
-ENV = "JAX_CLOSURE_CACHE"
-_ON = frozenset({"1", "true", "yes", "on"})
-_OFF = frozenset({"", "0", "false", "no", "off"})
-_warned = False
+from jax_closure_cache import settings
+
+ENV = settings.ENABLE.name
 _pending = False   # jax loaded while this package was mid-import: enable later
 
 
 def requested() -> bool:
-  """Whether the environment asks for the cache; warns once if it is garbled."""
-  global _warned
-  raw = os.environ.get(ENV)
-  if raw is None:
-    return False
-  value = raw.strip().lower()
-  if value in _ON:
-    return True
-  if value not in _OFF and not _warned:
-    _warned = True
-    import warnings
-    warnings.warn(f"{ENV}={raw!r} is not one of 1/true/yes/on or "
-                  "0/false/no/off; leaving jax.jit stock.", stacklevel=2)
-  return False
+  """Whether the environment asks for the cache; warns once if it is garbled
+  (and leaves jax.jit stock)."""
+  return settings.read(settings.ENABLE)
 
 
 def _enable_safely() -> None:

@@ -12,32 +12,14 @@ from __future__ import annotations
 
 import collections
 import itertools
-import os
 import threading
 import weakref
 from typing import Any
 
-DEFAULT_CAPACITY = 1024
-_CAPACITY_ENV = "JAX_CLOSURE_CACHE_CAPACITY"
+from jax_closure_cache import settings
 
-
-def _capacity_from_env() -> int:
-  raw = os.environ.get(_CAPACITY_ENV, "").strip()
-  if not raw:
-    return DEFAULT_CAPACITY
-  try:
-    n = int(raw)
-  except ValueError:
-    n = 0
-  if n < 1:
-    import warnings
-    warnings.warn(f"{_CAPACITY_ENV}={raw!r} is not a positive integer; "
-                  f"using {DEFAULT_CAPACITY}", stacklevel=2)
-    return DEFAULT_CAPACITY
-  return n
-
-
-_capacity = _capacity_from_env()
+DEFAULT_CAPACITY = settings.CAPACITY.default
+_capacity = settings.read(settings.CAPACITY)
 _stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
 _clear_hooks: list = []
 

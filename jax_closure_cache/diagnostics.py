@@ -19,37 +19,22 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 import types
-import warnings
 from typing import Any, Iterator
 
 import jax
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache import closure
+from jax_closure_cache import settings
+from jax_closure_cache.key import closure
 
 logger = logging.getLogger("jax_closure_cache")
 
-EXPLAIN_ENV = "JAX_CLOSURE_CACHE_EXPLAIN"
-STORM_ENV = "JAX_CLOSURE_CACHE_STORM_THRESHOLD"
-DEFAULT_STORM_THRESHOLD = 8
-_TRUE = frozenset({"1", "true", "yes", "on"})
-
-
-def _storm_threshold_from_env() -> int:
-  raw = os.environ.get(STORM_ENV, "").strip()
-  try:
-    return max(1, int(raw)) if raw else DEFAULT_STORM_THRESHOLD
-  except ValueError:
-    warnings.warn(f"{STORM_ENV}={raw!r} is not an integer; using "
-                  f"{DEFAULT_STORM_THRESHOLD}", stacklevel=2)
-    return DEFAULT_STORM_THRESHOLD
-
-
-_storm_threshold = _storm_threshold_from_env()
+EXPLAIN_ENV = settings.EXPLAIN.name
+DEFAULT_STORM_THRESHOLD = settings.STORM_THRESHOLD.default
+_storm_threshold = settings.read(settings.STORM_THRESHOLD)
 
 
 def storm_threshold() -> int:
@@ -66,8 +51,7 @@ def set_storm_threshold(n: int) -> None:
 
 
 def explaining() -> bool:
-  return (os.environ.get(EXPLAIN_ENV, "").strip().lower() in _TRUE
-          or _compat.explain_cache_misses())
+  return settings.read(settings.EXPLAIN) or _compat.explain_cache_misses()
 
 
 # -- per-location records ----------------------------------------------------

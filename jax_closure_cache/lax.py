@@ -2,13 +2,11 @@
 
 ``from jax_closure_cache import lax`` then ``lax.while_loop(...)``: same
 signatures and results as ``jax.lax``; eager calls with fresh closures reuse
-one executable per closure key (see :mod:`jax_closure_cache.control_flow`).
+one executable per closure key (see :mod:`jax_closure_cache.control_flow.launchers`).
 """
 
-from jax_closure_cache import _compat
+from jax_closure_cache.control_flow import launchers as _control_flow
 
-# JAX's own copy when the installed jax carries the upstream patch.
-_control_flow = _compat.implementation("control_flow")
 cond = _control_flow.cond
 custom_linear_solve = _control_flow.custom_linear_solve
 custom_root = _control_flow.custom_root

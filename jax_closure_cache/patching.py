@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jax_closure_cache import _compat
-from jax_closure_cache import closure_jit
+from jax_closure_cache.front import wrapper
 
 
 class Patch(NamedTuple):
@@ -40,12 +40,12 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   the attribute is still JAX's own function; and the memoized trace lookup
   with the pjit functions around it (``_compat.TRACE_PATCH_POINTS``).
   """
-  from jax_closure_cache import control_flow
-  from jax_closure_cache import convert
-  from jax_closure_cache import trace_cache
-  points = [(jax, "jit", closure_jit.jit)]
+  from jax_closure_cache.control_flow import launchers
+  from jax_closure_cache.front import convert
+  from jax_closure_cache.lookup import trace_lookup
+  points = [(jax, "jit", wrapper.jit)]
   for owner in _compat.CONTROL_FLOW_OWNERS:
-    for name, replacement in control_flow.CACHED.items():
+    for name, replacement in launchers.CACHED.items():
       if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:
         points.append((owner, name, replacement))
   for owner in _compat.CLOSURE_CONVERT_OWNERS:
@@ -57,13 +57,13 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   # elsewhere the front runs alone, see _compat.TRACE_LOOKUP)
   if not _compat.jax_carries_patch() and _compat.TRACE_LOOKUP:
     for owner, name in _compat.TRACE_PATCH_POINTS:
-      points.append((owner, name, trace_cache.REPLACEMENTS[name]))
+      points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += prebuilt_points()
   # in both modes: the closure key's walk keys this package's functions by
   # identity, as the package's own walk does
-  points.append((trace_cache.closure_key, "_is_stable", trace_cache.is_stable))
+  points.append((trace_lookup.closure_key, "_is_stable", trace_lookup.is_stable))
   # and a stock jitted object called eagerly keeps stock's executable
-  points.append((trace_cache.closure_key, "is_shared", trace_cache.is_shared))
+  points.append((trace_lookup.closure_key, "is_shared", trace_lookup.is_shared))
   return points
 
 
@@ -80,7 +80,7 @@ def prebuilt_points() -> list[tuple[Any, str, Any]]:
     stock = getattr(module, name, None)
     options = _compat.jit_options_of(stock)
     if options is not None:
-      points.append((module, name, closure_jit.jit(stock.__wrapped__,
+      points.append((module, name, wrapper.jit(stock.__wrapped__,
                                                    **options)))
   return points
 
@@ -133,7 +133,7 @@ def mode() -> str:
 
 
 def _lift_numpy_state():
-  return _compat.implementation("closure_jit")
+  return wrapper
 
 
 def enable(*, lift_numpy: bool | None = None,

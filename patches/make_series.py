@@ -2,7 +2,7 @@
 
 A pull request against JAX's own sources at tag jax-v0.10.2 (source layout:
 ``jax/...``, ``tests/...``): one new module, ``jax/_src/closure_key.py``,
-which is ``jax_closure_cache/upstream/closure_key.py`` byte for byte (the
+which is ``jax_closure_cache/lookup/closure_key.py`` byte for byte (the
 package runs that file in monkey-patch mode), and small edits to JAX's own
 files, in three patches that each apply, and pass their tests, on their own:
 
@@ -32,7 +32,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SERIES = os.path.join(HERE, "series")
-MODULE = os.path.join(ROOT, "jax_closure_cache", "upstream", "closure_key.py")
+MODULE = os.path.join(ROOT, "jax_closure_cache", "lookup", "closure_key.py")
 TEST = os.path.join(HERE, "closure_key_test.py")
 TAG = "jax-v0.10.2"
 

@@ -48,8 +48,7 @@ def helper_module_globals():
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-  from jax_closure_cache import _compat
-  defaults = _compat.implementation("closure_jit")
+  from jax_closure_cache.front import wrapper as defaults
   auto_dynamic = defaults.auto_dynamic_default()
   jcc.disable()
   jcc.clear()

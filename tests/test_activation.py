@@ -111,9 +111,9 @@ def test_startup_hook_patches_before_user_code_without_importing_jax():
   assert off.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("first", ["jax_closure_cache.closure_jit",
+@pytest.mark.parametrize("first", ["jax_closure_cache.front.wrapper",
                                    "jax_closure_cache.lax",
-                                   "jax_closure_cache.control_flow"])
+                                   "jax_closure_cache.control_flow.launchers"])
 def test_env_activation_when_the_first_import_is_a_submodule(first):
   """The submodule imports jax mid-import, so enabling waits; the first use
   of jax.jit finishes it, and disable() still restores stock's object."""

@@ -110,8 +110,7 @@ def test_auto_dynamic_off_from_environment():
 
 
 def test_enable_auto_dynamic_false_and_enabled_restores():
-  from jax_closure_cache import _compat
-  closure_jit = _compat.implementation("closure_jit")   # JAX's copy if patched
+  from jax_closure_cache.front import wrapper as closure_jit
   assert closure_jit.auto_dynamic_default() is True
   with jcc.enabled(auto_dynamic=False):
     assert closure_jit.auto_dynamic_default() is False

@@ -361,13 +361,13 @@ def test_fast_front_answers_as_the_generic_call():
   input shape traces through it, a closure that reads another value is not
   its hit, and a function referenced weakly keeps its identity row."""
   import weakref
-  from jax_closure_cache import closure_jit
+  from jax_closure_cache.front import wrapper
   x4, x8 = jnp.ones((4, 4)), jnp.ones((8, 8))
   for i in range(2):
     jcc.jit(make_inner(jnp.eye(4) * i))(x4)
   w = jcc.jit(make_inner(jnp.eye(4) * 3))
-  assert type(w) is not closure_jit.ClosureJitted
-  assert isinstance(w, closure_jit.ClosureJitted)
+  assert type(w) is not wrapper.ClosureJitted
+  assert isinstance(w, wrapper.ClosureJitted)
   assert type(w).__name__ == "ClosureJitted"
   with counting() as c:
     out = w(x4)
@@ -387,7 +387,7 @@ def test_fast_front_answers_as_the_generic_call():
     return inner
   for i in range(3):
     jcc.jit(make_mode(jnp.eye(4) * i, "tanh"))(x4)
-  assert type(jcc.jit(make_mode(x4, "tanh"))) is not closure_jit.ClosureJitted
+  assert type(jcc.jit(make_mode(x4, "tanh"))) is not wrapper.ClosureJitted
   f = make_mode(jnp.eye(4) * 5, "sin")
   out = jcc.jit(f)(x4)
   assert_like_stock(out, f, x4)

@@ -27,7 +27,7 @@ def test_plot_writes_a_png(tmp_path):
   """``bench --plot``: a valid PNG of the loop and the per-row ratios."""
   import pytest
   pytest.importorskip("matplotlib")
-  from jax_closure_cache import bench_plot
+  from jax_closure_cache.tools import bench_plot
   path = tmp_path / "bench.png"
   report = {"machine": "test", "jit": [
       {"workload": "seed001 tanh(x@w) 4x4", "cache_over_hoisted": 1.2},

@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_closure_cache import closure, closure_match, closure_rebuild
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import matchers
+from jax_closure_cache.key import rebuild
 
 TRICKY = [0, 1, -1, True, False, 0.0, -0.0, 1.0, float("nan"), float("inf"),
           "a", b"a", None, np.float32(1), np.float32(-0.0), np.int32(1),
@@ -76,7 +78,7 @@ def test_cycles_terminate_and_rebuild():
     return rec
   a = closure.analyse(outer(jnp.ones(2)))
   assert len(a.leaves) == 1
-  rebuilt = closure_rebuild.rebuild(outer(jnp.ones(2)), a.key, [jnp.full(2, 5.0)])
+  rebuilt = rebuild.rebuild(outer(jnp.ones(2)), a.key, [jnp.full(2, 5.0)])
   np.testing.assert_array_equal(rebuilt(3), jnp.full(2, 5.0))
 
 
@@ -120,7 +122,7 @@ def test_function_attributes_are_ignored():
 
 def matcher_for(value):
   fun = make(value)
-  return closure_match.quick_matcher(fun, closure.analyse(fun).key)
+  return matchers.quick_matcher(fun, closure.analyse(fun).key)
 
 
 @pytest.mark.parametrize("i", range(len(TRICKY)))
@@ -148,7 +150,7 @@ def test_quick_matcher_checks_globals_and_defaults():
        "  return f\n", ns)
   ns["K"] = 1.0
   f = ns["make"](jnp.ones(2))
-  match = closure_match.quick_matcher(f, closure.analyse(f).key)
+  match = matchers.quick_matcher(f, closure.analyse(f).key)
   assert match is not None and len(match(f)) == 1
   assert match(ns["make"](jnp.zeros(2))) is not None
   assert match(ns["make"](jnp.zeros(2), n=3)) is None   # default differs
@@ -175,7 +177,7 @@ TREES = [{"w": jnp.ones(2), "b": jnp.zeros(2)}, {"w": jnp.ones(3), "b": jnp.ones
 @pytest.mark.parametrize("i", range(len(TREES)))
 def test_quick_matcher_agrees_on_pytrees(i):
   base = make(TREES[i])
-  match = closure_match.quick_matcher(base, closure.analyse(base).key)
+  match = matchers.quick_matcher(base, closure.analyse(base).key)
   has_numpy = isinstance(TREES[i], dict) and isinstance(TREES[i].get("w"), np.ndarray)
   committed = any(getattr(x, "committed", False)
                   for x in jax.tree_util.tree_leaves(TREES[i]))
@@ -210,7 +212,7 @@ NESTED = [nested(jnp.ones(2), 1.0), nested(jnp.zeros(3), 1.0),
 def test_quick_matcher_agrees_on_nested_functions(i):
   base = NESTED[i]
   base_key = closure.analyse(base).key
-  match = closure_match.quick_matcher(base, base_key)
+  match = matchers.quick_matcher(base, base_key)
   # a shared function is a back-reference the matcher checks by identity; a
   # committed array is kept by identity, which it does not check
   assert (match is None) == (i >= 4)
@@ -229,7 +231,7 @@ def test_quick_matcher_on_regrad_wrappers():
     return jnp.sum((x @ w) ** 2)
   g1, g2 = jax.grad(loss), jax.grad(loss, argnums=1)
   k1 = closure.analyse(g1).key
-  match = closure_match.quick_matcher(g1, k1)
+  match = matchers.quick_matcher(g1, k1)
   assert match is not None
   assert match(jax.grad(loss)) == []
   assert match(g2) is None and closure.analyse(g2).key != k1

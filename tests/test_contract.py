@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import closure
+from jax_closure_cache.key import closure
 from conftest import warm, STOCK_JIT, assert_like_stock, counting
 import helper_module
 

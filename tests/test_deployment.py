@@ -38,7 +38,7 @@ def test_doctor_reports_every_check():
   assert f"[ok] jax version: {jax.__version__}" in out.stdout
   assert "[ok] jax.lax.while_loop: signature as expected" in out.stdout
   try:
-    import jax_closure_cache._front  # noqa: F401
+    import jax_closure_cache.front._entrance  # noqa: F401
     entrance = "[info] fast front's C entrance: built"
   except ImportError:
     entrance = "[info] fast front's C entrance: not built"

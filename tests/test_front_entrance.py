@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import closure_jit, closure_front
+from jax_closure_cache.front import wrapper
+from jax_closure_cache.front import generated
 from conftest import counting, assert_like_stock
 
-_front = pytest.importorskip("jax_closure_cache._front")
+_front = pytest.importorskip("jax_closure_cache.front._entrance")
 
-CJ = closure_jit.ClosureJitted
+CJ = wrapper.ClosureJitted
 
 
 def make_inner(w):
@@ -36,18 +37,18 @@ def _warm_front():
   x = jnp.ones((4, 4))
   for i in range(2):
     jcc.jit(make_inner(jnp.eye(4) * i))(x)
-  assert make_inner(x).__code__ in closure_jit._fronts
+  assert make_inner(x).__code__ in wrapper._fronts
   return x
 
 
 def test_jit_is_the_entrance_and_reads_as_jit():
   assert type(jcc.jit) is _front.Entrance
-  assert jcc.jit.slow is closure_jit._python_jit
+  assert jcc.jit.slow is wrapper._python_jit
   assert jcc.jit.__name__ == "jit"
-  assert jcc.jit.__doc__ == closure_jit._python_jit.__doc__
+  assert jcc.jit.__doc__ == wrapper._python_jit.__doc__
   assert (inspect.signature(jcc.jit)
-          == inspect.signature(closure_jit._python_jit))
-  assert repr(jcc.jit) == repr(closure_jit._python_jit)
+          == inspect.signature(wrapper._python_jit))
+  assert repr(jcc.jit) == repr(wrapper._python_jit)
   assert pickle.loads(pickle.dumps(jcc.jit)) is jcc.jit
 
 
@@ -55,7 +56,7 @@ def test_entrance_makes_the_wrapper_python_jit_makes():
   x = _warm_front()
   w = jnp.eye(4) * 5
   f, g = make_inner(w), make_inner(w)
-  by_c, by_py = jcc.jit(f), closure_jit._python_jit(g)
+  by_c, by_py = jcc.jit(f), wrapper._python_jit(g)
   assert type(by_c) is type(by_py)
   assert type(by_c) is not CJ and type(by_c).__base__ is CJ
   assert by_c._fun is f and by_c.__wrapped__ is f
@@ -78,10 +79,10 @@ def test_every_other_call_goes_to_python_jit():
     calls.append((args, kwargs))
     return "slow"
 
-  e = _front.Entrance(slow, closure_jit._fronts, CJ, CJ._fun, CJ._stock,
+  e = _front.Entrance(slow, wrapper._fronts, CJ, CJ._fun, CJ._stock,
                       CJ._row)
   f = make_inner(jnp.eye(4))
-  assert type(e(f)) is closure_jit._fronts[f.__code__]   # the one path
+  assert type(e(f)) is wrapper._fronts[f.__code__]   # the one path
   assert calls == []
 
   def closure_free(x):
@@ -131,7 +132,8 @@ def test_entrance_holds_nothing_of_the_call():
 
 def test_entrance_helper_without_the_extension(monkeypatch):
   import sys
-  monkeypatch.setitem(sys.modules, "jax_closure_cache._front", None)
-  monkeypatch.delattr(jcc, "_front")
-  assert closure_front.entrance(closure_jit._python_jit, {}, CJ) \
-      is closure_jit._python_jit
+  import jax_closure_cache.front as front
+  monkeypatch.setitem(sys.modules, "jax_closure_cache.front._entrance", None)
+  monkeypatch.delattr(front, "_entrance")
+  assert generated.entrance(wrapper._python_jit, {}, CJ) \
+      is wrapper._python_jit

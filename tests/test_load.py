@@ -106,14 +106,14 @@ def test_lru_evicts_the_least_recently_used():
 def test_a_hit_of_the_fast_front_counts_as_a_use_for_eviction():
   """The fast front counts its hits on the entry's record alone; that count
   must both reach stats() and keep the entry from eviction."""
-  from jax_closure_cache import closure_front
+  from jax_closure_cache.front import generated
   with two_entries_keyed_by_value() as (make, x):
     jcc.jit(make(9.0))(x)   # the code's first object: stock's own jit
     jcc.jit(make(1.0))(x)   # A
     jcc.jit(make(2.0))(x)   # B
     hits = jcc.stats()["hits"]
     w = jcc.jit(make(1.0))
-    assert type(w).__call__.__code__.co_filename == closure_front.FILENAME
+    assert type(w).__call__.__code__.co_filename == generated.FILENAME
     w(x)                    # A, hit by the front
     assert jcc.stats()["hits"] == hits + 1
     jcc.jit(make(3.0))(x)   # C: evicts B, not A

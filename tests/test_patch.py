@@ -11,7 +11,8 @@ import sys
 import jax
 import pytest
 
-from jax_closure_cache import _compat, patch_tool
+from jax_closure_cache import _compat
+from jax_closure_cache.tools import patch_tool
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_SERIES = os.path.join(REPO, "patches", "make_series.py")
@@ -63,7 +64,7 @@ def test_the_series_adds_the_packages_own_closure_key_module():
   added = [fp for fp in files if fp.path == "jax/_src/closure_key.py"]
   assert len(added) == 1 and added[0].new_file
   text = "".join(t for _, t in added[0].hunks[0].lines)
-  with open(os.path.join(REPO, "jax_closure_cache", "upstream",
+  with open(os.path.join(REPO, "jax_closure_cache", "lookup",
                          "closure_key.py")) as f:
     assert f.read() == text
 

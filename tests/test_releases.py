@@ -87,7 +87,7 @@ def test_a_release_outside_the_table_is_refused_with_the_table(monkeypatch):
 def test_jaxpr_keys_on_either_jaxpr_class_shape():
   """0.10 has ClosedJaxpr around Jaxpr; 0.11 one class with constants
   attached. A closed jaxpr is keyed with its constants in both."""
-  from jax_closure_cache import closure
+  from jax_closure_cache.key import closure
   w = jnp.ones(3)
   closed = jax.make_jaxpr(lambda v: v * w)(jnp.ones(3))
   a = closure.analyse(lambda: closed)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jax_closure_cache import multiprocess
+from jax_closure_cache.tools import multiprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

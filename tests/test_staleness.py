@@ -91,8 +91,8 @@ def test_helper_global_array_is_lifted_not_baked():
 
 def test_function_budget_bound_is_explained(monkeypatch, caplog):
   import logging
-  from jax_closure_cache import _compat
-  monkeypatch.setattr(_compat.implementation("closure"), "FUNCTION_BUDGET", 1)
+  from jax_closure_cache.key import closure
+  monkeypatch.setattr(closure, "FUNCTION_BUDGET", 1)
   monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
   caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   x = jnp.ones(2)

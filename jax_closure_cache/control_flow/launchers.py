@@ -33,8 +33,8 @@ import functools
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache import closure
-from jax_closure_cache import closure_jit
+from jax_closure_cache.key import closure
+from jax_closure_cache.front import wrapper
 
 _stock_while_loop = _compat.STOCK_CONTROL_FLOW["while_loop"]
 _stock_fori_loop = _compat.STOCK_CONTROL_FLOW["fori_loop"]
@@ -48,7 +48,7 @@ _DISABLE_JIT = _compat.DISABLE_JIT
 _trace_state_clean = _compat.trace_state_clean
 
 
-class _Launcher(closure_jit.ClosureJitted):
+class _Launcher(wrapper.ClosureJitted):
   """A cached launcher; its stock form is itself, called eagerly."""
   __slots__ = ("_user_fun",)
 
@@ -66,7 +66,7 @@ class _Launcher(closure_jit.ClosureJitted):
 def _launch(launcher, user, *operands):
   """Run ``launcher`` through the cache; ``user`` is the user's function the
   diagnostics name and whose code decides first-object-is-stock's."""
-  return _Launcher(launcher, user, closure_jit.lift_numpy_default())(*operands)
+  return _Launcher(launcher, user, wrapper.lift_numpy_default())(*operands)
 
 
 def _routable() -> bool:

@@ -210,7 +210,7 @@ static PyType_Slot entrance_slots[] = {
     {0, NULL}};
 
 static PyType_Spec entrance_spec = {
-    .name = "jax_closure_cache._front.Entrance",
+    .name = "jax_closure_cache.front._entrance.Entrance",
     .basicsize = sizeof(Entrance),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC |
              Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
@@ -230,10 +230,10 @@ static PyModuleDef_Slot front_module_slots[] = {
 
 static struct PyModuleDef front_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "jax_closure_cache._front",
+    .m_name = "jax_closure_cache.front._entrance",
     .m_doc = "The fast front's entrance in C: jit(fun) for a re-created "
              "closure without a Python frame.",
     .m_size = 0,
     .m_slots = front_module_slots};
 
-PyMODINIT_FUNC PyInit__front(void) { return PyModuleDef_Init(&front_module); }
+PyMODINIT_FUNC PyInit__entrance(void) { return PyModuleDef_Init(&front_module); }

@@ -8,12 +8,12 @@ for its vector field on every call), it traces every time, and the fresh
 as a static argument of a jitted wrapper.
 
 Here, outside any trace, a function whose closure key (see
-:mod:`jax_closure_cache.closure`) and argument signature were seen before
+:mod:`jax_closure_cache.key.closure`) and argument signature were seen before
 reuses one shared trace of its *lifted* form (the closed-over arrays as
 leading arguments), and gets a small ``closure_converted`` closure over that
 shared function and its own arrays. That closure's key is the same for every
 re-creation, so the static-argument route
-(:mod:`jax_closure_cache.static_args`) hits one executable.
+(:mod:`jax_closure_cache.front.static_args`) hits one executable.
 
 Invariants:
 * Identity first: the first function object of a code, and every object
@@ -34,13 +34,13 @@ import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache import closure
-from jax_closure_cache import closure_guards
-from jax_closure_cache import closure_jit
-from jax_closure_cache import closure_rebuild
-from jax_closure_cache import trace_cache
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import guards as key_guards
+from jax_closure_cache.front import wrapper
+from jax_closure_cache.key import rebuild
+from jax_closure_cache.lookup import trace_lookup
 from jax_closure_cache import diagnostics
-from jax_closure_cache.closure import Uncacheable
+from jax_closure_cache.key.closure import Uncacheable
 
 _stock_closure_convert = _compat.STOCK_CLOSURE_CONVERT
 
@@ -70,7 +70,7 @@ def _bind(shared, leaves):
 
 # Our own closures are never a user's long-lived object: the static-argument
 # route treats them as re-created from their first one.
-closure_jit.ALWAYS_SHARED.add(_bind(None, ()).__code__)
+wrapper.ALWAYS_SHARED.add(_bind(None, ()).__code__)
 
 
 def closure_convert(fun, *example_args):
@@ -87,10 +87,10 @@ def closure_convert(fun, *example_args):
   if answered is not None and signature in answered:
     return answered[signature], []
   code = fun.__code__
-  if code not in closure_jit._codes_seen:
+  if code not in wrapper._codes_seen:
     # The first object of a code is stock's (a long-lived function keeps
     # stock's own trace and cache).
-    closure_jit._codes_seen.add(code)
+    wrapper._codes_seen.add(code)
     _stocks.add(fun)
     return _stock_closure_convert(fun, *example_args)
   try:
@@ -100,7 +100,7 @@ def closure_convert(fun, *example_args):
   except (Uncacheable, TypeError):
     _stocks.add(fun)
     return _stock_closure_convert(fun, *example_args)
-  if any(isinstance(x, closure_jit._JaxArray) for x in a.anchors):
+  if any(isinstance(x, wrapper._JaxArray) for x in a.anchors):
     _stocks.add(fun)   # a shared trace would bake it and keep it alive
     return _stock_closure_convert(fun, *example_args)
   if shared is None:
@@ -109,7 +109,7 @@ def closure_convert(fun, *example_args):
       _stocks.add(fun)
       return _stock_closure_convert(fun, *example_args)
   else:
-    next(closure_jit._counters.hits)
+    next(wrapper._counters.hits)
   converted = _bind(shared.converted, tuple(a.leaves))
   _answered.setdefault(fun, {})[signature] = converted
   return converted, []
@@ -121,8 +121,8 @@ def _trace(fun, a, key, example_args):
   holder = [fun]
 
   def lifted(leaves, *args):
-    return closure_rebuild.rebuild(holder[0], a.key, leaves)(*args)
-  trace_cache.own_code(lifted.__code__)
+    return rebuild.rebuild(holder[0], a.key, leaves)(*args)
+  trace_lookup.own_code(lifted.__code__)
 
   try:
     converted, hoisted = _compat.closure_convert_uncached(
@@ -137,14 +137,14 @@ def _trace(fun, a, key, example_args):
   shared = _Shared()
   shared.converted = converted
   captured = _compat.closure_converted_constants(converted)
-  guards = closure_guards.find_guards(captured, [], {id(x) for x in a.anchors})
+  guards = key_guards.find_guards(captured, [], {id(x) for x in a.anchors})
   if guards:   # an array the key does not cover: answer, do not store
     cache.count_not_stored("untracked_capture")
     diagnostics.not_stored(fun, "untracked_capture",
                            getattr(guards, "detail", "closure_convert captured "
                                    "an array the key does not cover"))
     return shared
-  held = closure_jit._hold_weakly(_traces, key, shared, a.anchors)
+  held = wrapper._hold_weakly(_traces, key, shared, a.anchors)
   if isinstance(held, str):
     return shared
   shared.anchors = held

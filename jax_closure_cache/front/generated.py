@@ -145,9 +145,9 @@ def entrance(jit, fronts: dict, base: type):
   ``fronts`` must be the dict ``jit`` reads, cleared in place, never
   rebound: the entrance holds that very object."""
   try:
-    from jax_closure_cache import _front
+    from jax_closure_cache.front import _entrance
   except ImportError:
     return jit
-  made = _front.Entrance(jit, fronts, base, base._fun, base._stock, base._row)
+  made = _entrance.Entrance(jit, fronts, base, base._fun, base._stock, base._row)
   functools.update_wrapper(made, jit)
   return made

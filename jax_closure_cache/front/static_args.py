@@ -15,7 +15,7 @@ function::
 
 whose cells are the user's function, the function-valued static arguments
 (walked like any closure: their arrays are lifted) and a
-:class:`~jax_closure_cache.closure.Static` of the other static values (keyed
+:class:`~jax_closure_cache.key.closure.Static` of the other static values (keyed
 by value, as stock keys them). That closure goes through the cache like any
 re-created closure, so a fresh function with an equal key hits one shared
 executable.
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 
 from jax_closure_cache import _compat
-from jax_closure_cache import closure
-from jax_closure_cache import closure_jit
-from jax_closure_cache import jaxpr_key  # noqa: F401  (registers the jaxpr rules)
+from jax_closure_cache.key import closure
+from jax_closure_cache.front import wrapper
+from jax_closure_cache.key import jaxpr as jaxpr_key  # noqa: F401  (registers the jaxpr rules)
 
 # What a static argument may hold for this route: a function whose identity
 # is fresh per call in the patterns above (``closure.fresh_function``: a
@@ -115,7 +115,7 @@ def _binder(fun, functions, params):
   return call_with_static_arguments
 
 
-class _Bound(closure_jit.ClosureJitted):
+class _Bound(wrapper.ClosureJitted):
   """The binder of one call; its stock form is the user's stock jitted
   function called with the static arguments back in place, and its user
   (whose code decides first-object-is-stock's) the static function."""
@@ -160,7 +160,7 @@ class _Layout:
     if found is None:
       options = _inner_options(self, positions)
       found = self.bound[positions] = (
-          options, closure_jit._options_key(options) if options else ())
+          options, wrapper._options_key(options) if options else ())
     return found
 
 
@@ -190,7 +190,7 @@ def _inner_options(layout: _Layout, positions: list[int]) -> dict:
   return dict(options, donate_argnums=shifted)
 
 
-class StaticArgsJitted(closure_jit.ClosureJitted):
+class StaticArgsJitted(wrapper.ClosureJitted):
   """A jitted function with static arguments; functions among them are
   keyed by their closure key (see the module docstring).
 
@@ -216,8 +216,8 @@ class StaticArgsJitted(closure_jit.ClosureJitted):
       i = owned[0]
       if i < len(args) and args[i] is owned[1]:
         owned[2] += 1
-        if owned[2] >= closure_jit.PROMOTE_AFTER_CALLS:
-          closure_jit._direct(self, self.stock())
+        if owned[2] >= wrapper.PROMOTE_AFTER_CALLS:
+          wrapper._direct(self, self.stock())
         return self.stock()(*args, **kwargs)
     layout = _layout(self._spec)
     n = len(args)
@@ -231,8 +231,8 @@ class StaticArgsJitted(closure_jit.ClosureJitted):
         if name in kwargs and _holds_function(kwargs[name]):
           found = True
           break
-    if not found or closure_jit._DISABLE_JIT.value:
-      return closure_jit.ClosureJitted.__call__(self, *args, **kwargs)
+    if not found or wrapper._DISABLE_JIT.value:
+      return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
     return _call_bound(self, layout, args, kwargs)
 
 
@@ -261,7 +261,7 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   row = None
   if table is not None:
     try:
-      ref = closure_jit._ref(functions[0], table.pop)
+      ref = wrapper._ref(functions[0], table.pop)
       row = table.get(ref)
     except TypeError:
       single = False
@@ -272,7 +272,7 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
         w._owned = [positions[0], functions[0], 0]
       return stock(*args, **kwargs)
     state[3] += 1
-    if state[3] < closure_jit.PROMOTE_AFTER_CALLS:
+    if state[3] < wrapper.PROMOTE_AFTER_CALLS:
       bound = _make_bound(w, layout, positions, names, static_values,
                           functions, params, user, stock)
       return bound._call_entry(state[0], state[1], state[2], dynamic,
@@ -315,9 +315,9 @@ def _table(w: StaticArgsJitted) -> dict | None:
   if by_user is None:
     by_user = _tables[w._spec.key] = {}
   try:
-    table = by_user.get(closure_jit._ref(w._fun))
+    table = by_user.get(wrapper._ref(w._fun))
     if table is None:
-      table = by_user[closure_jit._ref(w._fun, by_user.pop)] = {}
+      table = by_user[wrapper._ref(w._fun, by_user.pop)] = {}
   except TypeError:
     return None
   return table
@@ -328,6 +328,6 @@ def _clear() -> None:
     table.clear()
 
 
-closure_jit.cache.register_clear_hook(_clear)
-closure.register_wrapper(StaticArgsJitted, closure_jit._split,
-                         closure_jit._join)
+wrapper.cache.register_clear_hook(_clear)
+closure.register_wrapper(StaticArgsJitted, wrapper._split,
+                         wrapper._join)

@@ -17,7 +17,7 @@ Invariants:
   by stock's jitted object of it, or by the entry its first call used with
   the arrays it read then.
 * A stored entry's trace captured no array that the key does not cover,
-  unless a :class:`~jax_closure_cache.closure_guards.Guard` records where it
+  unless a :class:`~jax_closure_cache.key.guards.Guard` records where it
   was found; guards are checked on every hit and re-derived after every new
   trace of the entry.
 * Whatever goes wrong on the cached path, the call is answered by stock
@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import os
 import sys
 import time
 import types
@@ -43,24 +42,23 @@ from typing import Any, Callable
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache import auto_dynamic as _auto_dynamic
+from jax_closure_cache.key import auto_dynamic as _auto_dynamic
 from jax_closure_cache import cache
-from jax_closure_cache import closure
-from jax_closure_cache import closure_guards
-from jax_closure_cache import closure_front
-from jax_closure_cache import closure_match
-from jax_closure_cache import closure_rebuild
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import guards as key_guards
+from jax_closure_cache.front import generated
+from jax_closure_cache.key import matchers
+from jax_closure_cache.key import rebuild
 from jax_closure_cache import diagnostics
-from jax_closure_cache import trace_cache
-from jax_closure_cache.closure import Uncacheable
+from jax_closure_cache import settings
+from jax_closure_cache.lookup import trace_lookup
+from jax_closure_cache.key.closure import Uncacheable
 
 JIT_OPTIONS = frozenset({
     "in_shardings", "out_shardings", "static_argnums", "static_argnames",
     "donate_argnums", "donate_argnames", "keep_unused", "device", "backend",
     "inline", "compiler_options"})
 
-_LIFT_NUMPY_ENV = "JAX_CLOSURE_CACHE_LIFT_NUMPY"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 _entries = cache.new_store()     # (options key, closure key) -> _Entry
 _compat.register_cache(cache._jax_handle, "jax_closure_cache entries")
@@ -87,7 +85,7 @@ class _Quick:
     self.options_key = options_key
     self.key = key
     self.source = source   # the matcher's checks, for the fast front
-    self.match = closure_match.compile_matcher(source)
+    self.match = matchers.compile_matcher(source)
     self.entry = weakref.ref(entry)
 
 
@@ -97,7 +95,7 @@ _quick_ids = itertools.count()
 def _remember_quick(table: dict, fun, key, entry) -> bool:
   """Add a matcher for ``key`` (of plain function ``fun``) to ``table``'s
   row for ``fun.__code__``; False if ``key`` has no matcher."""
-  source = closure_match.match_source(fun, key[1],
+  source = matchers.match_source(fun, key[1],
                                       f"Q{next(_quick_ids)}_K")
   if source is None:
     return False
@@ -126,7 +124,7 @@ def _refresh_front(code, quick: list) -> None:
   spec = _hot_spec[0]
   mine = [(q.key, q.source, q.entry) for q in quick
           if q.options_key is spec.key]
-  cls = (closure_front.front_class(ClosureJitted, spec, code, mine, _HIT_ENV)
+  cls = (generated.front_class(ClosureJitted, spec, code, mine, _HIT_ENV)
          if mine else None)
   if cls is None:
     _fronts.pop(code, None)
@@ -136,14 +134,9 @@ def _refresh_front(code, quick: list) -> None:
   _fronts[code] = cls
 
 
-_AUTO_DYNAMIC_ENV = "JAX_CLOSURE_CACHE_AUTO_DYNAMIC"
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
 class _Defaults:
-  lift_numpy = os.environ.get(_LIFT_NUMPY_ENV, "").strip().lower() in _TRUE
-  auto_dynamic = (os.environ.get(_AUTO_DYNAMIC_ENV, "").strip().lower()
-                  not in _FALSE)
+  lift_numpy = settings.read(settings.LIFT_NUMPY)
+  auto_dynamic = settings.read(settings.AUTO_DYNAMIC)
 
 
 def set_auto_dynamic_default(value: bool) -> None:
@@ -178,7 +171,7 @@ def _calling_function():
   frame = sys._getframe(2)
   while frame is not None:
     code = frame.f_code
-    if code in _CALLERS or code.co_filename == closure_front.FILENAME:
+    if code in _CALLERS or code.co_filename == generated.FILENAME:
       return frame.f_locals["self"]._fun
     frame = frame.f_back
   raise AssertionError("a shared lifted function traced outside a call")
@@ -420,16 +413,16 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
           [type(x) is int or type(x) is float for x in a.leaves]):
         # through the trace lookup's store, so .trace/.lower find this trace
         # (its key bakes Python scalars: auto-dynamic ones are traced here)
-        out = trace_cache.call_shared(current, a, leaves, args, kwargs)
+        out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
       if out is None:
-        out = closure_rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
+        out = rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
     except BaseException:
       watch.check()
       raise
     watch.check()
     return out
 
-  trace_cache.own_code(lifted.__code__)
+  trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__
   lifted.__name__ = name
   lifted.__qualname__ = getattr(fun, "__qualname__", name)
@@ -742,7 +735,7 @@ class ClosureJitted:
       lowered = entry.jitted.lower(leaves, *args)
     except Exception:   # a new signature whose lifted trace fails: stock's
       return self.stock().lower(*args, **kwargs)
-    return trace_cache.lowered_with_leaves(lowered, leaves)
+    return trace_lookup.lowered_with_leaves(lowered, leaves)
 
   def _entry_for_aot(self, kwargs):
     """``(entry, leaves)`` whose entry's lowering ``.lower`` may use: this
@@ -993,7 +986,7 @@ class ClosureJitted:
       # object) is baked into the trace: a stored entry would keep it alive.
       return self._fallback(
           "array_by_identity", args, kwargs,
-          f"a {closure_guards.describe_array(baked)} array is kept by identity "
+          f"a {key_guards.describe_array(baked)} array is kept by identity "
           "(committed, or inside an object) and would be baked into a shared "
           "executable that keeps it alive")
     self.stock()   # made now: validates the options as stock jit() would
@@ -1047,16 +1040,16 @@ class ClosureJitted:
         return
     captured = _compat.captured_constants(traced)
     covered = {id(x) for x in after.anchors}
-    guards = closure_guards.find_guards(captured, after.roots, covered)
-    if (isinstance(guards, closure_guards.Unguarded)
+    guards = key_guards.find_guards(captured, after.roots, covered)
+    if (isinstance(guards, key_guards.Unguarded)
         and not _has_static_arguments(self._spec.options)):
       # constants the trace made itself from what the key covers
-      made = closure_guards.made_by_trace(self._fun, after, args, kwargs,
+      made = key_guards.made_by_trace(self._fun, after, args, kwargs,
                                           captured, covered)
       if made:
-        guards = closure_guards.find_guards(captured, after.roots,
+        guards = key_guards.find_guards(captured, after.roots,
                                             covered | made)
-    if isinstance(guards, closure_guards.Unguarded):
+    if isinstance(guards, key_guards.Unguarded):
       cache.count_not_stored("untracked_capture")
       diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
       return
@@ -1087,7 +1080,7 @@ def _tracer_leak(error):
   re-raise an exception from inside a trace with it as the cause)."""
   seen = 0
   while error is not None and seen < 8:
-    if isinstance(error, trace_cache.closure_key.TracerLeak):
+    if isinstance(error, trace_lookup.closure_key.TracerLeak):
       return error
     error = error.__cause__ or error.__context__
     seen += 1
@@ -1098,7 +1091,7 @@ _HIT_ENV = {"MONITORING": _monitoring_module,
             "RECORD_EVENT": _record_event, "getrefcount": _getrefcount,
             "getweakrefcount": _getweakrefcount, "REF": _ref,
             "LONE_REFS": _LONE_REFS}
-_hit = closure_front.hit_function(_HIT_ENV)
+_hit = generated.hit_function(_HIT_ENV)
 
 # The frames in which a shared lifted function may trace; each has ``self``
 # (the fast front's and _hit's are recognised by their filename).
@@ -1245,7 +1238,7 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
                          f.__defaults__, f.__closure__)
   g.__kwdefaults__ = f.__kwdefaults__
-  closure_rebuild.copy_function_metadata(f, g)
+  rebuild.copy_function_metadata(f, g)
   return g
 
 
@@ -1343,13 +1336,13 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
 
 
 # Imported last: it subclasses ClosureJitted.
-from jax_closure_cache import static_args  # noqa: E402
+from jax_closure_cache.front import static_args  # noqa: E402
 
 
 # The fast front's entrance: ``jit`` itself, or the same in C where the
 # extension is built (it makes a front's wrapper without jit's Python frame).
 _python_jit = jit
-jit = closure_front.entrance(_python_jit, _fronts, ClosureJitted)
+jit = generated.entrance(_python_jit, _fronts, ClosureJitted)
 
 
 def entrance_built() -> bool:

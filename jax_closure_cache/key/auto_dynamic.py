@@ -42,8 +42,8 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache import closure
-from jax_closure_cache import closure_rebuild
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import rebuild
 
 
 class Decision(NamedTuple):
@@ -251,12 +251,12 @@ def _verify(fun, a, key, previous_key, ordinals, args, kwargs):
 
   def static(values):
     def f(arrays, *args, **kwargs):
-      rebuilt = closure_rebuild.rebuild(fun, a.key, merged(arrays, values))
+      rebuilt = rebuild.rebuild(fun, a.key, merged(arrays, values))
       return rebuilt(*args, **kwargs)
     return jax.make_jaxpr(f)(arrays, *args, **kwargs)
 
   def dynamic_trace(arrays, scalars, *args, **kwargs):
-    rebuilt = closure_rebuild.rebuild(fun, a.key, merged(arrays, scalars))
+    rebuilt = rebuild.rebuild(fun, a.key, merged(arrays, scalars))
     return rebuilt(*args, **kwargs)
   dyn = jax.make_jaxpr(dynamic_trace)(arrays, now, *args, **kwargs)
   n_arrays = len(jax.tree_util.tree_leaves(arrays))

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jax_closure_cache.closure import (
+from jax_closure_cache.key.closure import (
     _ATOMS, _FunctionType, _ModuleType, _Tracer, code_plan, is_module_level)
 
 
@@ -145,11 +145,11 @@ def made_by_trace(fun, a, args, kwargs, captured: list,
   something else than what the key covers (a clock, a random draw) differs
   in value; neither is returned. Side effects of the second trace are undone
   (the closure key's ``StateWatch``)."""
-  from jax_closure_cache import closure_rebuild
-  from jax_closure_cache.closure import state_watch
+  from jax_closure_cache.key import rebuild
+  from jax_closure_cache.key.closure import state_watch
 
   def again(leaves, *args, **kwargs):
-    return closure_rebuild.rebuild(fun, a.key, leaves)(*args, **kwargs)
+    return rebuild.rebuild(fun, a.key, leaves)(*args, **kwargs)
   watch = state_watch(fun)
   try:
     second = jax.make_jaxpr(again)(a.leaves, *args, **kwargs).consts

@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache import closure
+from jax_closure_cache.key import closure
 
 # Nested constants larger than this are not read back to be keyed by value.
 NESTED_CONST_ELEMENTS = 1 << 12

@@ -13,7 +13,7 @@ import functools
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.closure import (
+from jax_closure_cache.key.closure import (
     LIFTED, _ATOMS, _ArrayImpl, _CYCLE, _DYN, _FN, _FunctionType, _MISSING,
     _ModuleType, _NOCHAIN, _PARTIAL, _TREE, _Tag, _float_key, _tree_flatten,
     chain_value, code_plan, is_stable, kept_by_identity)

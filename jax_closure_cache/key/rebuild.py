@@ -16,7 +16,7 @@ import weakref
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.closure import (
+from jax_closure_cache.key.closure import (
     LIFTED, Uncacheable, _BUILTIN_NODES, _CLASS, _COPY, _CYCLE, _DYN, _FN, _METHOD,
     _MISSING, _OBJ, _PARTIAL, _TREE, _TREEAUX, _TREEDEF, _Tag, _WEAKREF,
     _WRAPPER, _tree_flatten, _tree_unflatten, _wrapper_rules, as_method,

@@ -32,7 +32,7 @@ import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache import closure
+from jax_closure_cache.key import closure
 
 # JAX's own module when jax carries the series, else the package's copy.
 closure_key = _compat.closure_key_module()

@@ -260,7 +260,7 @@ def persistent_worker(name: str, calls: int) -> None:
 
 
 def _persistent(name: str, calls: int) -> float | None:
-  code = ("from jax_closure_cache.bench_control_flow import persistent_worker;"
+  code = ("from jax_closure_cache.tools.bench_control_flow import persistent_worker;"
           f"persistent_worker({name!r}, {calls})")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, env=dict(os.environ, JAX_CLOSURE_CACHE="0"))

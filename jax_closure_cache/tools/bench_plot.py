@@ -18,7 +18,7 @@ def write(path: str, report: dict, calls: int = 50) -> None:
                      "'jax-closure-cache[plot]'") from None
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
-  from jax_closure_cache import bench
+  from jax_closure_cache.tools import bench
 
   loop = bench.loop_times(calls)
   rows = report.get("jit", [])

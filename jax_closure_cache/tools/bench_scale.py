@@ -5,7 +5,7 @@ device count can be set before jax initialises.
   (data, model) mesh of 8 host devices, re-created every call: stock jit,
   the cache, and the hand-hoisted function taking ``w`` (the cache and the
   hoisted function are called alternately);
-* the two-process training step of :mod:`jax_closure_cache.multiprocess`
+* the two-process training step of :mod:`jax_closure_cache.tools.multiprocess`
   (stock cannot run it: its error is shown).
 """
 
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from jax_closure_cache import multiprocess
+from jax_closure_cache.tools import multiprocess
 
 TARGETS = {"sharded": "stock/cache ≥ 100, cache/hoisted ≤ 1.2",
            "two_processes": "cache/hoisted ≤ 1.3"}
@@ -29,7 +29,8 @@ def _sharded_worker(calls: int) -> dict:
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jax_closure_cache import _compat, closure_jit
+  from jax_closure_cache import _compat
+  from jax_closure_cache.front import wrapper
 
   mesh = jax.make_mesh((4, 2), ("data", "model"))
   x = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh, P("data", None)))
@@ -45,13 +46,13 @@ def _sharded_worker(calls: int) -> dict:
 
   stock = [timed(lambda i=i: jax.jit(make(ws[i % 4]))(x)) for i in range(8)]
   for i in range(3):
-    closure_jit.jit(make(ws[i % 4]))(x)
+    wrapper.jit(make(ws[i % 4]))(x)
     hoisted(x, ws[i % 4])
   cache_t, hoisted_t = [], []
   with _compat.count_compiles() as compiles:
     for i in range(calls):
       w = ws[i % 4]
-      cache_t.append(timed(lambda: closure_jit.jit(make(w))(x)))
+      cache_t.append(timed(lambda: wrapper.jit(make(w))(x)))
       hoisted_t.append(timed(lambda: hoisted(x, w)))
   return {"stock_us": statistics.median(stock[1:]) * 1e6,
           "cache_us": statistics.median(cache_t) * 1e6,
@@ -63,7 +64,7 @@ def _run_sharded(calls: int) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=8")
   env.pop("JAX_CLOSURE_CACHE", None)
-  out = subprocess.run([sys.executable, "-m", "jax_closure_cache.bench_scale",
+  out = subprocess.run([sys.executable, "-m", "jax_closure_cache.tools.bench_scale",
                         "sharded", str(calls)], capture_output=True, text=True,
                        env=env, cwd=multiprocess.package_parent(),
                        timeout=900)

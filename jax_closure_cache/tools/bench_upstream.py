@@ -99,7 +99,7 @@ def run(calls: int = 4000, rounds: int = 7) -> list[dict]:
   patched/pristine ratios (a round runs one process of each, back to back,
   so slow drifts of the machine cancel; processes differ by a few percent
   on their own)."""
-  from jax_closure_cache import patch_tool
+  from jax_closure_cache.tools import patch_tool
   with tempfile.TemporaryDirectory() as folder:
     # Two copies side by side, one patched, so that nothing but the series
     # differs between the two sides (not where the files lie, nor caches).

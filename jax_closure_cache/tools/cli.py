@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "doctor":
     return _doctor()
   if args.command == "patch":
-    from jax_closure_cache import patch_tool
+    from jax_closure_cache.tools import patch_tool
     target = args.target or patch_tool.default_target()
     action = {"apply": patch_tool.apply, "check": patch_tool.status,
               "revert": patch_tool.revert}[args.action]
@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     print(message)
     return code
   if args.command == "bench":
-    from jax_closure_cache import bench as bench_mod
-    from jax_closure_cache import bench_control_flow
+    from jax_closure_cache.tools import bench as bench_mod
+    from jax_closure_cache.tools import bench_control_flow
     report = {"machine": bench_mod.machine()}
     print(f"Machine: {report['machine']}")
     quick = not args.full and args.only is None and not args.match
@@ -104,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
       for line in skipped:
         print(f"skipped: {line}")
     if args.only == "scale" or (args.only is None and not quick):
-      from jax_closure_cache import bench_scale
+      from jax_closure_cache.tools import bench_scale
       rows = bench_scale.run()
       report["scale"] = rows
       print("\nScaling out: sharded and multi-process closures\n")
       print(bench_scale.format_table(rows))
     if args.only == "upstream" or (args.only is None and not quick):
-      from jax_closure_cache import bench_upstream
+      from jax_closure_cache.tools import bench_upstream
       if _compat_carries_series():
         print("\nupstream: skipped (the installed jax carries the series)")
       else:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
               "jax\n")
         print(bench_upstream.table(rows))
     if args.plot:
-      from jax_closure_cache import bench_plot
+      from jax_closure_cache.tools import bench_plot
       bench_plot.write(args.plot, report)
       print(f"\nwrote {args.plot}")
     if args.json:
@@ -172,12 +172,14 @@ def _doctor() -> int:
       if _compat.TRACE_LOOKUP else
       "1 and 3 (closure key, fast front); JAX's trace lookup is left stock: "
       + "; ".join(_compat.TRACE_LOOKUP_MISSING)))
-  from jax_closure_cache import closure_jit
+  from jax_closure_cache.front import wrapper
   print("  [info] fast front's C entrance: " + (
-      "built" if closure_jit.entrance_built() else "not built (pure Python: about 0.15 us more per "
+      "built" if wrapper.entrance_built() else "not built (pure Python: about 0.15 us more per "
       "re-created closure; install with a C compiler to build it)"))
-  print(f"  [info] cache active: {jax_closure_cache.is_enabled()} "
-        f"(JAX_CLOSURE_CACHE={__import__('os').environ.get('JAX_CLOSURE_CACHE', '')!r})")
+  print(f"  [info] cache active: {jax_closure_cache.is_enabled()}")
+  from jax_closure_cache import settings
+  for line in settings.table().splitlines():
+    print(f"  [info] setting {line}")
   from jax_closure_cache import patching
   early = patching.built_before_enable()
   print("  [info] stock jitted functions taking functions statically, built "
@@ -206,8 +208,8 @@ def _run_script(script: str, script_args: list[str]) -> int:
 
 
 def format_summary(top: int = 10) -> str:
-  from jax_closure_cache import _compat
-  s = _compat.implementation("diagnostics").summary(top)
+  from jax_closure_cache import diagnostics
+  s = diagnostics.summary(top)
   reasons = ", ".join(f"{r}: {n}" for r, n in sorted(s["fallback_reasons"].items()))
   lines = [
       "",
@@ -224,6 +226,3 @@ def format_summary(top: int = 10) -> str:
                    f"{row['seconds_avoided']:>10.3f}  {row['location']}")
   return "\n".join(lines)
 
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -35,7 +35,8 @@ def package_parent() -> str:
   with ``-m`` imports the same copy (``-m`` puts its working directory
   first), so a parent run from a source tree and one run from an installed
   copy (whose C entrance the source tree lacks) each measure their own."""
-  return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
 
 
 def _free_port() -> int:
@@ -51,7 +52,7 @@ def run_pair(mode: str = "check", timeout: float = 240.0) -> list[dict]:
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   env.pop("JAX_CLOSURE_CACHE", None)
   procs = [subprocess.Popen(
-      [sys.executable, "-m", "jax_closure_cache.multiprocess", mode,
+      [sys.executable, "-m", "jax_closure_cache.tools.multiprocess", mode,
        str(port), str(pid)], env=env, cwd=package_parent(),
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True) for pid in range(2)]
@@ -82,7 +83,8 @@ def _worker(mode: str, port: int, pid: int) -> dict:
   import numpy as np
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from jax_closure_cache import _compat, closure_jit
+  from jax_closure_cache import _compat
+  from jax_closure_cache.front import wrapper
 
   mesh = jax.make_mesh((8,), ("data",))
   sharding = NamedSharding(mesh, P("data"))
@@ -101,7 +103,7 @@ def _worker(mode: str, port: int, pid: int) -> dict:
 
   def cached_step(params):
     # the closure over the params is re-created every step
-    return closure_jit.jit(lambda v: step_math(params, v))(x)
+    return wrapper.jit(lambda v: step_math(params, v))(x)
 
   hoisted = jax.jit(step_math)
 

@@ -59,9 +59,9 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 def series_paths() -> list[str]:
   """The series shipped with the package, or the checkout's, in order."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  for folder in (os.path.join(here, "patches"),
-                 os.path.join(os.path.dirname(here), "patches", "series")):
+  package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for folder in (os.path.join(package, "patches"),
+                 os.path.join(os.path.dirname(package), "patches", "series")):
     if os.path.isdir(folder):
       names = sorted(n for n in os.listdir(folder) if n.endswith(".patch"))
       if names:

@@ -1,0 +1,21 @@
+"""Layer one: the closure key.
+
+What a function reads (cells, defaults, globals its code loads, attribute
+chains, helpers), as a hashable key plus the lifted leaves, and everything
+built on that key:
+
+* ``closure``: the walk (``analyse``), the key, the lifted leaves, anchors
+  and guard roots; the rule registry for wrappers (``register_wrapper``).
+* ``rebuild``: the key-guided rebuild that puts tracers in the lifted
+  positions.
+* ``matchers``: the hot path's per-key checks, generated as code.
+* ``guards``: captured arrays the key does not cover, held weakly.
+* ``jaxpr``: jaxprs keyed by structure (a wrapper rule).
+* ``auto_dynamic``: which Python scalars are lifted as arguments, and the
+  check that doing so traces the same computation.
+
+Invariants: nothing here knows of jit, the trace lookup or the front; a key
+holds no array and no object stock would free (arrays are leaves, objects
+are held weakly as anchors); two functions with equal keys compute the same
+thing when their leaves are swapped in.
+"""

@@ -1,0 +1,67 @@
+"""One parser for every environment variable (``settings``)."""
+
+import warnings
+
+import pytest
+
+from jax_closure_cache import settings
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch):
+  monkeypatch.setattr(settings, "_warned", set())
+
+
+@pytest.mark.parametrize("raw,expected", [
+    (None, True), ("", True), ("  ", True), ("0", False), (" OFF ", False),
+    ("no", False), ("1", True), ("Yes", True), ("on", True)])
+def test_flag_values(monkeypatch, raw, expected):
+  if raw is None:
+    monkeypatch.delenv(settings.AUTO_DYNAMIC.name, raising=False)
+  else:
+    monkeypatch.setenv(settings.AUTO_DYNAMIC.name, raw)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert settings.read(settings.AUTO_DYNAMIC) is expected
+
+
+def test_garbled_flag_warns_once_and_keeps_the_default(monkeypatch):
+  monkeypatch.setenv(settings.LIFT_NUMPY.name, "maybe")
+  with pytest.warns(UserWarning, match="JAX_CLOSURE_CACHE_LIFT_NUMPY='maybe'"):
+    assert settings.read(settings.LIFT_NUMPY) is False
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")   # once per variable
+    assert settings.read(settings.LIFT_NUMPY) is False
+
+
+@pytest.mark.parametrize("raw,expected,warns", [
+    ("5", 5, False), (" 12 ", 12, False), ("0", 8, True), ("-3", 8, True),
+    ("many", 8, True), ("", 8, False)])
+def test_count_values(monkeypatch, raw, expected, warns):
+  monkeypatch.setenv(settings.STORM_THRESHOLD.name, raw)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert settings.read(settings.STORM_THRESHOLD) == expected
+  assert bool(caught) is warns
+
+
+def test_only_settings_reads_the_environment():
+  """Outside ``settings`` (and the tools, which only pass the environment on
+  to subprocesses), no module reads an environment variable itself."""
+  import os
+  import re
+  root = os.path.dirname(settings.__file__)
+  readers = []
+  for folder, _, files in os.walk(root):
+    if os.path.basename(folder) == "tools":
+      continue
+    for f in files:
+      path = os.path.join(folder, f)
+      if f.endswith(".py") and f != "settings.py":
+        with open(path) as fh:
+          if re.search(r"os\.environ|os\.getenv", fh.read()):
+            readers.append(os.path.relpath(path, root))
+  assert readers == []
+  names = {s.name for s in settings.ALL}
+  assert len(names) == len(settings.ALL)
+  assert all(n.startswith("JAX_CLOSURE_CACHE") for n in names)
