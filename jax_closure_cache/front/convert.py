@@ -39,7 +39,7 @@ from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.front import wrapper
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
-from jax_closure_cache import diagnostics
+from jax_closure_cache import events
 from jax_closure_cache.key.closure import Uncacheable
 
 _stock_closure_convert = _compat.STOCK_CLOSURE_CONVERT
@@ -50,7 +50,7 @@ _traces = cache.new_store()   # (closure key, trace signature) -> _Shared
 class _Shared(cache.Entry):
   """Stock's converted function of the lifted form, shared by every
   function object with an equal key."""
-  __slots__ = ("converted", "anchors")
+  __slots__ = ("converted", "anchors", "record")
 
 
 # Function objects answered here: fun -> {trace signature: converted}; the
@@ -86,38 +86,47 @@ def closure_convert(fun, *example_args):
   answered = _answered.get(fun)
   if answered is not None and signature in answered:
     return answered[signature], []
-  code = fun.__code__
-  if code not in wrapper._codes_seen:
+  if wrapper.first_object_of_code(fun.__code__):
     # The first object of a code is stock's (a long-lived function keeps
     # stock's own trace and cache).
-    wrapper._codes_seen.add(code)
     _stocks.add(fun)
     return _stock_closure_convert(fun, *example_args)
   try:
     a = closure.analyse(fun)
     key = (a.key, signature)
     shared = _traces.get(key)
-  except (Uncacheable, TypeError):
-    _stocks.add(fun)
-    return _stock_closure_convert(fun, *example_args)
-  if any(isinstance(x, wrapper._JaxArray) for x in a.anchors):
-    _stocks.add(fun)   # a shared trace would bake it and keep it alive
-    return _stock_closure_convert(fun, *example_args)
+  except Uncacheable as e:
+    return _to_stock(fun, example_args, e.reason, e.detail)
+  except TypeError as e:
+    return _to_stock(fun, example_args, "unhashable", str(e))
+  if any(isinstance(x, _compat.jax.Array) for x in a.anchors):
+    # a shared trace would bake it and keep it alive
+    return _to_stock(fun, example_args, "array_by_identity",
+                     "an array kept by identity would be baked into the "
+                     "shared trace")
   if shared is None:
     shared = _trace(fun, a, key, example_args)
-    if shared is None:
-      _stocks.add(fun)
-      return _stock_closure_convert(fun, *example_args)
+    if isinstance(shared, str):
+      return _to_stock(fun, example_args, "trace_error", shared)
   else:
-    next(wrapper._counters.hits)
+    events.hit(shared.record)
   converted = _bind(shared.converted, tuple(a.leaves))
   _answered.setdefault(fun, {})[signature] = converted
   return converted, []
 
 
+def _to_stock(fun, example_args, reason: str, detail: str):
+  """Stock's ``closure_convert`` for ``fun`` from now on, counted and
+  explained as a fallback."""
+  _stocks.add(fun)
+  events.fallback(fun, getattr(fun, "__code__", None), reason, detail)
+  return _stock_closure_convert(fun, *example_args)
+
+
 def _trace(fun, a, key, example_args):
   """Trace the lifted form of ``fun``; store it if its trace captured only
-  what the key covers. Returns the shared entry, or None (stock answers)."""
+  what the key covers. Returns the shared entry, or a string saying why
+  stock must answer."""
   holder = [fun]
 
   def lifted(leaves, *args):
@@ -127,25 +136,25 @@ def _trace(fun, a, key, example_args):
   try:
     converted, hoisted = _compat.closure_convert_uncached(
         lifted, (tuple(a.leaves), *example_args))
-  except Exception:
-    return None
+  except Exception as e:
+    return f"tracing the lifted form failed: {e!r}"
   finally:
     holder.clear()   # the shared trace must not keep ``fun`` alive
   if hoisted:
-    return None
-  cache.count_miss()
+    return "the lifted form still closes over traced values"
   shared = _Shared()
+  shared.record = events.miss(fun, getattr(fun, "__code__", None), key, 0.0)
   shared.converted = converted
   captured = _compat.closure_converted_constants(converted)
   guards = key_guards.find_guards(captured, [], {id(x) for x in a.anchors})
   if guards:   # an array the key does not cover: answer, do not store
-    cache.count_not_stored("untracked_capture")
-    diagnostics.not_stored(fun, "untracked_capture",
-                           getattr(guards, "detail", "closure_convert captured "
-                                   "an array the key does not cover"))
+    events.not_stored(fun, "untracked_capture",
+                      getattr(guards, "detail", "closure_convert captured "
+                              "an array the key does not cover"))
     return shared
-  held = wrapper._hold_weakly(_traces, key, shared, a.anchors)
+  held = wrapper.hold_weakly(_traces, key, shared, a.anchors)
   if isinstance(held, str):
+    events.not_stored(fun, "unweakrefable_anchor", held)
     return shared
   shared.anchors = held
   _traces.put(key, shared)

@@ -50,6 +50,7 @@ from jax_closure_cache.front import generated
 from jax_closure_cache.key import matchers
 from jax_closure_cache.key import rebuild
 from jax_closure_cache import diagnostics
+from jax_closure_cache import events
 from jax_closure_cache import settings
 from jax_closure_cache.lookup import trace_lookup
 from jax_closure_cache.key.closure import Uncacheable
@@ -218,7 +219,7 @@ class _Entry(cache.Entry):
       self._swept = self.record.front
 
 
-def _hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
+def hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
   """What ``entry`` keeps of the objects whose ids are in ``key``: weak
   references whose death drops the entry from ``store`` (so no id in a
   stored key can be reused, and the cache never extends an object's life),
@@ -391,16 +392,14 @@ def _make_lifted_jit(fun, entry: _Entry, options: dict, lift_numpy: bool,
       raise AssertionError("closure layout changed between key and trace")
     if e is not None:
       avals = [getattr(x, "aval", None) for x in leaves]
+      static = e.static
       if diagnostics.explaining():
         # the arguments' static parts, described (never held: they may hold
         # the user's functions)
         static = diagnostics.describe_static_parts((args, kwargs))
-        if e.traces:
-          diagnostics.explain_retrace(current, a.key, e.avals, avals,
-                                      e.static, static)
-        e.static = static
       if e.traces:
-        cache.count_retrace()
+        events.retrace(current, a.key, e.avals, avals, e.static, static)
+      e.static = static
       e.avals = avals
       e.traces += 1
     # The rebuilt function shares the user's cells and objects: a trace-time
@@ -509,6 +508,17 @@ _DYNAMIC_MAX = 1 << 12   # codes made in a loop: start over past this
 # a code is stock's; the second compiles the shared lifted entry.
 _codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 cache.register_clear_hook(_codes_seen.clear)
+
+
+def first_object_of_code(code: types.CodeType) -> bool:
+  """Whether this is the first time a function object of ``code`` is seen
+  (recording it): the first object of a code is stock's (identity first)."""
+  if code in _codes_seen:
+    return False
+  _codes_seen.add(code)
+  return True
+
+
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
 ALWAYS_SHARED: set[types.CodeType] = set()
@@ -903,14 +913,12 @@ class ClosureJitted:
         and len(_quick.get(self._code, ())) < _QUICK_PER_CODE):
       if not _remember_quick(_quick, fun, key, entry):
         _no_quick.add(self._code)   # its keys are not simple: stop trying
-    next(_counters.hits)
-    diagnostics.hit(entry.record)
+    events.hit(entry.record)
     self._pin(entry, key, a.leaves)
     return self._call_entry(entry, key, a.leaves, args, kwargs)
 
   def _fallback(self, reason: str, args, kwargs, detail: str = ""):
-    cache.count_fallback(reason)
-    diagnostics.fallback(self._user(), _code_of(self._user()), reason, detail)
+    events.fallback(self._user(), _code_of(self._user()), reason, detail)
     self._own()
     return self.stock()(*args, **kwargs)
 
@@ -925,8 +933,7 @@ class ClosureJitted:
     if leak is not None:
       if code is not None:
         _unliftable.add(code)
-      cache.count_fallback("tracer_leak")
-      diagnostics.fallback(
+      events.fallback(
           self._user(), code, "tracer_leak",
           "the lifted trace stored a traced value in state reached through "
           "the closure (a value built at trace time from a lifted array); "
@@ -936,8 +943,7 @@ class ClosureJitted:
     dynamic = closure.dynamic_ordinals(key[1])
     if dynamic:
       _auto_dynamic.never(self._dynamic_key(), key[1], dynamic)
-      cache.count_fallback("trace_error")
-      diagnostics.fallback(
+      events.fallback(
           self._user(), code, "trace_error",
           "tracing with a Python scalar passed as an argument failed (it is "
           "needed as a concrete value: a shape, a bound, a Python if); it "
@@ -945,9 +951,8 @@ class ClosureJitted:
       return out
     if code is not None:
       _unliftable.add(code)
-    cache.count_fallback("trace_error")
-    diagnostics.fallback(self._user(), code, "trace_error",
-                         "tracing with lifted arrays failed where stock did not")
+    events.fallback(self._user(), code, "trace_error",
+                    "tracing with lifted arrays failed where stock did not")
     return out
 
   def _miss(self, key, a, args, kwargs):
@@ -962,9 +967,8 @@ class ClosureJitted:
       self._own()
       out = self.stock()(*args, **kwargs)
       self._remember_last_key()
-      cache.count_miss()
-      diagnostics.miss(self._user(), code, key, time.perf_counter() - started,
-                       first_object=True)
+      events.miss(self._user(), code, key, time.perf_counter() - started,
+                  first_object=True)
       return out
     if code is not None and code in _unliftable:
       return self._fallback(
@@ -976,8 +980,7 @@ class ClosureJitted:
       key, a = made
       entry = _entries.get(key)
       if entry is not None and not entry.guards:   # another value's entry
-        next(_counters.hits)
-        diagnostics.hit(entry.record)
+        events.hit(entry.record)
         self._pin(entry, key, a.leaves)
         return self._call_entry(entry, key, a.leaves, args, kwargs)
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
@@ -1004,7 +1007,8 @@ class ClosureJitted:
     except Exception as e:
       return self._retry_stock(key, args, kwargs, e)
     cost = time.perf_counter() - started   # trace + compile + first run
-    cache.count_miss()   # only now: a failed trace counts as a fallback alone
+    # a miss is counted when stored or not stored (below): a failed trace
+    # counts as a fallback alone
     self._pin(entry, key, a.leaves)
     self._store(key, entry, a.leaves, args, kwargs, traced, cost)
     return out
@@ -1023,20 +1027,25 @@ class ClosureJitted:
     """
     _entries.discard(key)
     self._remember_last_key()   # after every trace, a miss's or a hit's
+    if cost is not None:   # a miss, not a re-derivation after a retrace
+      entry.record = events.miss(self._user(), _code_of(self._user()), key,
+                                 cost)
     try:
       after = closure.analyse(self._fun, self._spec.lift_numpy,
                               True, entry.dynamic)
     except Uncacheable as e:
-      diagnostics.not_stored(self._user(), "uncacheable_after_trace", e.detail)
+      events.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return
     if len(after.leaves) != len(leaves):
-      diagnostics.not_stored(self._user(), "layout_changed",
-                             "the trace changed how many arrays the closure holds")
+      events.not_stored(self._user(), "layout_changed",
+                        "the trace changed how many arrays the closure holds")
       return
     if traced is None:
       try:
         traced = entry.jitted.trace(leaves, *args, **kwargs)
-      except Exception:
+      except Exception as e:
+        events.not_stored(self._user(), "retrace_failed",
+                          f"tracing the new signature again failed: {e!r}")
         return
     captured = _compat.captured_constants(traced)
     covered = {id(x) for x in after.anchors}
@@ -1050,26 +1059,22 @@ class ClosureJitted:
         guards = key_guards.find_guards(captured, after.roots,
                                             covered | made)
     if isinstance(guards, key_guards.Unguarded):
-      cache.count_not_stored("untracked_capture")
-      diagnostics.not_stored(self._user(), "untracked_capture", guards.detail)
+      events.not_stored(self._user(), "untracked_capture", guards.detail)
       return
-    held = _hold_weakly(_entries, key, entry,
+    held = hold_weakly(_entries, key, entry,
                         entry.anchors + after.anchors if cost is not None
                         else after.anchors)
     if isinstance(held, str):
-      cache.count_not_stored("unweakrefable_anchor")
-      diagnostics.not_stored(self._user(), "unweakrefable_anchor", held)
+      events.not_stored(self._user(), "unweakrefable_anchor", held)
       return
     entry.anchors = held
     entry.guards = guards
     entry.checked = entry.traces
     try:
       _entries.put(key, entry)
-    except TypeError:
+    except TypeError as e:
+      events.not_stored(self._user(), "unhashable", str(e))
       return
-    if cost is not None:   # a miss, not a re-derivation after a retrace
-      entry.record = diagnostics.miss(self._user(), _code_of(self._user()),
-                                      key, cost)
     if self._code is not None and not guards and self._code not in _no_quick:
       if not _remember_quick(_quick, self._fun, key, entry):
         _no_quick.add(self._code)
@@ -1185,9 +1190,8 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     if q.options_key == full_options_key and q.match(fun) is not None:
       found = q.entry()
       if found is not None:
-        next(_counters.hits)
         found.used = True
-        diagnostics.hit(found.record)
+        events.hit(found.record)
         _remember(_table(full_options_key), fun, _ref(found.jitted))
         return found.jitted
   try:
@@ -1216,16 +1220,16 @@ def _canonical_jitted(fun: types.FunctionType, options: dict,
     _canonical_functions.add(fun)
     jitted = _compat.STOCK_JIT(fun if own else _copy_function(fun), **options)
     # Its compile happens at its first call, inside stock: cost unknown here.
-    found = _Canonical(jitted, [], diagnostics.miss(fun, code, key, 0.0))
+    found = _Canonical(jitted, [], events.miss(fun, code, key, 0.0))
     diagnostics.measure_later(found.record)   # stock compiles at its first call
-    cache.count_miss()
-    held = _hold_weakly(_canonical, key, found, a.anchors)
-    if not isinstance(held, str):
+    held = hold_weakly(_canonical, key, found, a.anchors)
+    if isinstance(held, str):
+      events.not_stored(fun, "unweakrefable_anchor", held)
+    else:
       found.anchors = held
       _canonical.put(key, found)
   else:
-    next(_counters.hits)
-    diagnostics.hit(found.record)
+    events.hit(found.record)
   # The inline cache skips the helper scan, so only functions that read no
   # module-level helper take it.
   if not a.roots and len(_canonical_quick.get(code, ())) < _QUICK_PER_CODE:
@@ -1311,7 +1315,8 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   except TypeError as e:
     if "unexpected keyword" in str(e):
       raise
-    cache.count_fallback("unhashable_jit_options")
+    events.fallback(fun, _code_of(fun), "unhashable_jit_options",
+                    f"the jit options cannot key a cache: {e}")
     return _compat.STOCK_JIT(fun, **options)
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
