@@ -38,7 +38,7 @@ __version__ = "0.1.0"
 # name -> the submodule that defines it (the same module in both modes: the
 # upstream series adds only the closure key and the trace lookup to JAX)
 _PUBLIC = {
-    "jit": "front.wrapper",
+    "jit": "front.entrance",
     "ClosureJitted": "front.wrapper",
     "stats": "cache",
     "clear": "cache",
@@ -75,4 +75,20 @@ def __dir__():
   return sorted({*globals(), *_PUBLIC})
 
 
-_activation.activate_from_environment()
+def _enable_from_environment() -> None:
+  """``enable()``, unless the installed jax is not a supported release
+  (then a warning, and jax.jit stays stock)."""
+  from jax_closure_cache import _compat
+  if not _compat.versions_match():
+    import warnings
+    import jax
+    warnings.warn(
+        f"{_activation.ENV} is set but jax_closure_cache supports only jax "
+        f"{_compat.supported_text()}; jax=={jax.__version__} is installed, "
+        "so jax.jit is left stock.", stacklevel=3)
+    return
+  from jax_closure_cache import patching
+  patching.enable()
+
+
+_activation.activate_from_environment(_enable_from_environment)

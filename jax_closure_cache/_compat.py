@@ -243,7 +243,7 @@ def stock_wrappers_in(module) -> list:
   return found
 
 
-# -- the memoized trace lookup (layer two: trace_cache) ------------------------
+# -- the memoized trace lookup (layer two: lookup/) ------------------------
 
 from jax._src import pjit as _pjit   # noqa: E402
 from jax._src.interpreters import partial_eval as _pe   # noqa: E402

@@ -30,19 +30,15 @@ def requested() -> bool:
   return settings.read(settings.ENABLE)
 
 
+# What enabling means, given by the package (``__init__``), which knows the
+# rest of it: this module imports nothing of the package but ``settings``.
+_enabler = None
+
+
 def _enable_safely() -> None:
   """Enable from the environment; never break the user's program."""
   try:
-    from jax_closure_cache import _compat, patching
-    if not _compat.versions_match():
-      import warnings
-      import jax
-      warnings.warn(
-          f"{ENV} is set but jax_closure_cache supports only jax "
-          f"{_compat.supported_text()}; jax=={jax.__version__} is installed, "
-          "so jax.jit is left stock.", stacklevel=2)
-      return
-    patching.enable()
+    _enabler()
   except Exception as e:  # the cache is an optimisation: never fatal
     import warnings
     warnings.warn(f"{ENV} is set but enabling the closure cache failed: "
@@ -139,8 +135,11 @@ def _remove_trampolines() -> None:
       setattr(owner, name, original)
 
 
-def activate_from_environment() -> None:
-  """Enable now if jax is imported, else right after it is."""
+def activate_from_environment(enabler) -> None:
+  """Enable (``enabler()``) now if jax is imported, else right after it is,
+  when the environment asks for it."""
+  global _enabler
+  _enabler = enabler
   if not requested():
     return
   if "jax" in sys.modules:

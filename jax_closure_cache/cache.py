@@ -195,7 +195,7 @@ def stats() -> dict:
   found their entry but traced it again (a hit is not always free of
   tracing); ``entries`` is the number of shared executables' entries held
   now, and ``shared_traces`` the number of traces the memoized trace
-  lookup holds for re-created closures (``trace_cache``); ``auto_dynamic``
+  lookup holds for re-created closures (``lookup/trace_lookup.py``); ``auto_dynamic``
   what verifying auto-dynamic scalars cost (runs, passed, rejected,
   seconds).
   """
@@ -265,4 +265,4 @@ class _JaxCacheHandle:
 
 
 # JAX holds registered caches weakly: this module keeps the handle alive.
-_jax_handle = _JaxCacheHandle()
+jax_handle = _JaxCacheHandle()

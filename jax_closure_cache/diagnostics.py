@@ -29,6 +29,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import settings
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import parts as key_parts
 
 logger = logging.getLogger("jax_closure_cache")
 
@@ -59,7 +60,7 @@ def explaining() -> bool:
 class Record:
   """One entry's counts: hits, and the trace+compile seconds of its miss.
 
-  ``front`` counts the fast front's hits (closure_front.HIT adds to it and
+  ``front`` counts the fast front's hits (generated.HIT adds to it and
   to nothing else, so a hit there costs one statement); ``hits`` counts the
   others, which also count in ``cache.counters``. Under the GIL of CPython
   3.11 ``record.front += 1`` runs no check for a thread switch between its
@@ -288,7 +289,7 @@ def _function_names(code) -> tuple[list[str], list[str]]:
 
 def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
   """(name, key part) for each value the walk keyed, nested parts expanded."""
-  if type(key) is tuple and key and key[0] is closure._FN:
+  if type(key) is tuple and key and key[0] is key_parts.FN:
     _, _, code, _, cells, defaults, kwdefaults, globs, chains = key
     args, global_names = _function_names(code)
     names = ([f"cell {n!r}" for n in code.co_freevars]
@@ -300,33 +301,33 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     parts = (*cells, *(defaults or ()), *(p for _, p in kwdefaults or ()),
              *globs, *chains)
     for name, part in zip(names, parts):
-      nested = type(part) is tuple and part and part[0] is closure._FN
+      nested = type(part) is tuple and part and part[0] is key_parts.FN
       yield from named_parts(None, part, prefix + name + (" -> " if nested else ""))
-  elif type(key) is tuple and key and key[0] is closure._TREE:
+  elif type(key) is tuple and key and key[0] is key_parts.TREE:
     for i, part in enumerate(key[2]):
       yield from named_parts(None, part, f"{prefix}[{i}]")
-  elif type(key) is tuple and key and key[0] is closure._PARTIAL:
+  elif type(key) is tuple and key and key[0] is key_parts.PARTIAL:
     yield from named_parts(None, key[1], prefix + "partial func -> ")
     for i, part in enumerate(key[2]):
       yield from named_parts(None, part, f"{prefix}partial arg {i}")
     for k, part in key[3]:
       yield from named_parts(None, part, f"{prefix}partial keyword {k!r}")
-  elif type(key) is tuple and key and key[0] is closure._METHOD:
+  elif type(key) is tuple and key and key[0] is key_parts.METHOD:
     yield from named_parts(None, key[1], prefix + "method -> ")
     yield prefix + "self", key[2]
-  elif type(key) is tuple and key and key[0] is closure._WRAPPER:
+  elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
     kind = _sub(prefix, "jitted" if key[1].__name__.endswith("Jitted")
                 else key[1].__name__)
     yield kind, key[2]
     yield from named_parts(None, key[3], kind + " -> ")
-  elif type(key) is tuple and key and key[0] is closure._TREEAUX:
+  elif type(key) is tuple and key and key[0] is key_parts.TREEAUX:
     yield from _node_parts(key[1], _sub(prefix, "node data "))
     for i, part in enumerate(key[2]):
       yield from named_parts(None, part, f"{prefix}[{i}]")
-  elif type(key) is tuple and key and key[0] is closure._TREEDEF:
+  elif type(key) is tuple and key and key[0] is key_parts.TREEDEF:
     yield from _node_parts(key[1], _sub(prefix, "treedef node data "))
-  elif type(key) is tuple and key and (key[0] is closure._OBJ
-                                       or key[0] is closure._COPY):
+  elif type(key) is tuple and key and (key[0] is key_parts.OBJ
+                                       or key[0] is key_parts.COPY):
     for item in key[3]:
       if len(item) == 2 and isinstance(item[0], str):   # an attribute
         yield from named_parts(None, item[1], f"{prefix}.{item[0]}")
@@ -335,9 +336,9 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
           yield from named_parts(None, part, f"{prefix}[{i}]")
     if type(key[4]) is tuple:   # a user class's namespace
       yield from named_parts(None, key[4], prefix)
-  elif type(key) is tuple and key and key[0] is closure._CLASS:
+  elif type(key) is tuple and key and key[0] is key_parts.CLASS:
     for owner, name, part in key[3]:
-      nested = type(part) is tuple and part and part[0] is closure._FN
+      nested = type(part) is tuple and part and part[0] is key_parts.FN
       yield from named_parts(None, part, f"{prefix} class {owner}.{name}"
                              + (" -> " if nested else ""))
   else:
@@ -360,7 +361,7 @@ def _node_parts(parts, prefix: str) -> Iterator[tuple[str, Any]]:
     if p is None:
       continue
     node_type, aux, children = p
-    if node_type not in closure._BUILTIN_NODES:
+    if node_type not in key_parts.BUILTIN_NODES:
       yield from named_parts(None, aux, f"{prefix}of {node_type.__name__} ")
     pending.extend(children)
 
@@ -369,32 +370,32 @@ def render(part) -> tuple[str, str]:
   """(value, kind) of a key part, for messages."""
   if part is closure.LIFTED:
     return "array", "lifted"
-  if type(part) is tuple and len(part) == 2 and part[0] is closure._DYN:
+  if type(part) is tuple and len(part) == 2 and part[0] is key_parts.DYN:
     return f"any {part[1].__name__}", "passed as an argument (auto-dynamic)"
-  if part is closure._NOCHAIN:
+  if part is key_parts.NOCHAIN:
     return "not a module or class", "attribute chain"
-  if part is closure._MISSING:
+  if part is key_parts.MISSING:
     return "undefined", "global"
   if type(part) is tuple and part:
     tag = part[0]
-    if tag is float or tag in closure._ATOMS:
+    if tag is float or tag in key_parts.ATOMS:
       value = part[1]
       if tag is float and isinstance(value, str):
         value = float.fromhex(value)
       return repr(value), f"static {tag.__name__}"
-    if tag is closure._NUMPY:
+    if tag is key_parts.NUMPY:
       shape = ",".join(map(str, part[2]))
       return f"{part[1]}[{shape}] #{part[3].hex()[:8]}", "numpy, baked"
-    if tag is closure._ID:
+    if tag is key_parts.ID:
       label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
       return label, "kept by identity"
-    if tag is closure._OBJ or tag is closure._COPY:
+    if tag is key_parts.OBJ or tag is key_parts.COPY:
       return f"{part[2].__name__}(...)", "object keyed by attributes"
-    if tag is closure._FN:
+    if tag is key_parts.FN:
       return part[2].co_qualname, "function"
-    if tag is closure._TREE:
+    if tag is key_parts.TREE:
       return str(part[1]), "pytree"
-    if tag is closure._CYCLE:
+    if tag is key_parts.CYCLE:
       return f"back-reference #{part[1]}", "cycle"
     if isinstance(tag, type):
       return repr(part[1]), f"static {tag.__name__}"

@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 import jax
 
 from jax_closure_cache import _compat
-from jax_closure_cache.front import wrapper
+from jax_closure_cache.front import entrance
+from jax_closure_cache.front import options as jit_options
 
 
 class Patch(NamedTuple):
@@ -43,7 +44,7 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   from jax_closure_cache.control_flow import launchers
   from jax_closure_cache.front import convert
   from jax_closure_cache.lookup import trace_lookup
-  points = [(jax, "jit", wrapper.jit)]
+  points = [(jax, "jit", entrance.jit)]
   for owner in _compat.CONTROL_FLOW_OWNERS:
     for name, replacement in launchers.CACHED.items():
       if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:
@@ -80,7 +81,7 @@ def prebuilt_points() -> list[tuple[Any, str, Any]]:
     stock = getattr(module, name, None)
     options = _compat.jit_options_of(stock)
     if options is not None:
-      points.append((module, name, wrapper.jit(stock.__wrapped__,
+      points.append((module, name, entrance.jit(stock.__wrapped__,
                                                    **options)))
   return points
 
@@ -132,10 +133,6 @@ def mode() -> str:
   return "patched-jax" if _compat.jax_carries_patch() else "monkey-patch"
 
 
-def _lift_numpy_state():
-  return wrapper
-
-
 def enable(*, lift_numpy: bool | None = None,
            auto_dynamic: bool | None = None, force: bool = False) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
@@ -159,9 +156,9 @@ def enable(*, lift_numpy: bool | None = None,
   with _lock:
     _check_version(force)
     if lift_numpy is not None:
-      _lift_numpy_state().set_lift_numpy_default(lift_numpy)
+      jit_options.set_lift_numpy_default(lift_numpy)
     if auto_dynamic is not None:
-      _lift_numpy_state().set_auto_dynamic_default(auto_dynamic)
+      jit_options.set_auto_dynamic_default(auto_dynamic)
     if _applied:
       return
     if _compat.jax_carries_patch():
@@ -192,14 +189,14 @@ def enabled(*, lift_numpy: bool | None = None,
   """Enable for the ``with`` block, then restore the previous state."""
   with _lock:
     was_enabled = is_enabled()
-    saved_lift_numpy = _lift_numpy_state().lift_numpy_default()
-    saved_auto_dynamic = _lift_numpy_state().auto_dynamic_default()
+    saved_lift_numpy = jit_options.lift_numpy_default()
+    saved_auto_dynamic = jit_options.auto_dynamic_default()
     enable(lift_numpy=lift_numpy, auto_dynamic=auto_dynamic, force=force)
   try:
     yield
   finally:
     with _lock:
-      _lift_numpy_state().set_lift_numpy_default(saved_lift_numpy)
-      _lift_numpy_state().set_auto_dynamic_default(saved_auto_dynamic)
+      jit_options.set_lift_numpy_default(saved_lift_numpy)
+      jit_options.set_auto_dynamic_default(saved_auto_dynamic)
       if not was_enabled:
         disable()

@@ -48,7 +48,7 @@ def helper_module_globals():
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-  from jax_closure_cache.front import wrapper as defaults
+  from jax_closure_cache.front import options as defaults
   auto_dynamic = defaults.auto_dynamic_default()
   jcc.disable()
   jcc.clear()

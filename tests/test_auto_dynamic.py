@@ -110,11 +110,11 @@ def test_auto_dynamic_off_from_environment():
 
 
 def test_enable_auto_dynamic_false_and_enabled_restores():
-  from jax_closure_cache.front import wrapper as closure_jit
-  assert closure_jit.auto_dynamic_default() is True
+  from jax_closure_cache.front import options as jit_options
+  assert jit_options.auto_dynamic_default() is True
   with jcc.enabled(auto_dynamic=False):
-    assert closure_jit.auto_dynamic_default() is False
-  assert closure_jit.auto_dynamic_default() is True
+    assert jit_options.auto_dynamic_default() is False
+  assert jit_options.auto_dynamic_default() is True
 
 
 def test_a_cell_the_function_assigns_is_never_dynamic():

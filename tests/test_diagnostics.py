@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import diagnostics
 
 
 @pytest.fixture

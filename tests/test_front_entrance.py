@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache.front import wrapper
+from jax_closure_cache.front import entrance, inline, wrapper
 from jax_closure_cache.front import generated
 from conftest import counting, assert_like_stock
 
@@ -37,18 +37,18 @@ def _warm_front():
   x = jnp.ones((4, 4))
   for i in range(2):
     jcc.jit(make_inner(jnp.eye(4) * i))(x)
-  assert make_inner(x).__code__ in wrapper._fronts
+  assert make_inner(x).__code__ in inline.fronts
   return x
 
 
 def test_jit_is_the_entrance_and_reads_as_jit():
   assert type(jcc.jit) is _front.Entrance
-  assert jcc.jit.slow is wrapper._python_jit
+  assert jcc.jit.slow is entrance._python_jit
   assert jcc.jit.__name__ == "jit"
-  assert jcc.jit.__doc__ == wrapper._python_jit.__doc__
+  assert jcc.jit.__doc__ == entrance._python_jit.__doc__
   assert (inspect.signature(jcc.jit)
-          == inspect.signature(wrapper._python_jit))
-  assert repr(jcc.jit) == repr(wrapper._python_jit)
+          == inspect.signature(entrance._python_jit))
+  assert repr(jcc.jit) == repr(entrance._python_jit)
   assert pickle.loads(pickle.dumps(jcc.jit)) is jcc.jit
 
 
@@ -56,7 +56,7 @@ def test_entrance_makes_the_wrapper_python_jit_makes():
   x = _warm_front()
   w = jnp.eye(4) * 5
   f, g = make_inner(w), make_inner(w)
-  by_c, by_py = jcc.jit(f), wrapper._python_jit(g)
+  by_c, by_py = jcc.jit(f), entrance._python_jit(g)
   assert type(by_c) is type(by_py)
   assert type(by_c) is not CJ and type(by_c).__base__ is CJ
   assert by_c._fun is f and by_c.__wrapped__ is f
@@ -79,10 +79,10 @@ def test_every_other_call_goes_to_python_jit():
     calls.append((args, kwargs))
     return "slow"
 
-  e = _front.Entrance(slow, wrapper._fronts, CJ, CJ._fun, CJ._stock,
+  e = _front.Entrance(slow, inline.fronts, CJ, CJ._fun, CJ._stock,
                       CJ._row)
   f = make_inner(jnp.eye(4))
-  assert type(e(f)) is wrapper._fronts[f.__code__]   # the one path
+  assert type(e(f)) is inline.fronts[f.__code__]   # the one path
   assert calls == []
 
   def closure_free(x):
@@ -135,5 +135,5 @@ def test_entrance_helper_without_the_extension(monkeypatch):
   import jax_closure_cache.front as front
   monkeypatch.setitem(sys.modules, "jax_closure_cache.front._entrance", None)
   monkeypatch.delattr(front, "_entrance")
-  assert generated.entrance(wrapper._python_jit, {}, CJ) \
-      is wrapper._python_jit
+  assert generated.entrance(entrance._python_jit, {}, CJ) \
+      is entrance._python_jit

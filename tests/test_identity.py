@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import _compat
 from conftest import STOCK_JIT, counting
 
-from jax_closure_cache.front import wrapper as closure_jit  # noqa: E402
+from jax_closure_cache.front import identity  # noqa: E402
 
 
 def make(s):
@@ -78,7 +77,7 @@ def test_new_signature_after_cell_change_retraces_with_current_values():
 
 
 def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
-  monkeypatch.setattr(closure_jit, "PROMOTE_AFTER_CALLS", 5)
+  monkeypatch.setattr(identity, "PROMOTE_AFTER_CALLS", 5)
   x = jnp.arange(3.0)
   w = jnp.full(3, 2.0)
   mk = lambda w: (lambda v: v * w + 1.0)
@@ -123,4 +122,4 @@ def test_rows_keep_nothing_alive():
     del w, f
   gc.collect()
   assert all(r() is None for r in refs)
-  assert all(not t for t in closure_jit._tables.values())
+  assert all(not t for t in identity.tables.values())

@@ -263,8 +263,8 @@ def test_long_lived_static_function_becomes_stocks_wrapper():
   """Called with one stock-owned function for PROMOTE_AFTER_CALLS calls, the
   wrapper runs no frame of ours; a fresh function afterwards gets stock's
   answer (a retrace), never a stale one."""
-  from jax_closure_cache.front import wrapper
-  limit = wrapper.PROMOTE_AFTER_CALLS
+  from jax_closure_cache.front import identity
+  limit = identity.PROMOTE_AFTER_CALLS
   apply = jcc.jit(_apply, static_argnums=0)
   f = _matvec(jnp.eye(3))
   for _ in range(limit + 3):   # its first call and the one that records it

@@ -34,6 +34,7 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import closure
+from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
 
 _stock_while_loop = _compat.STOCK_CONTROL_FLOW["while_loop"]
@@ -66,7 +67,7 @@ class _Launcher(wrapper.ClosureJitted):
 def _launch(launcher, user, *operands):
   """Run ``launcher`` through the cache; ``user`` is the user's function the
   diagnostics name and whose code decides first-object-is-stock's."""
-  return _Launcher(launcher, user, wrapper.lift_numpy_default())(*operands)
+  return _Launcher(launcher, user, jit_options.lift_numpy_default())(*operands)
 
 
 def _routable() -> bool:

@@ -1,6 +1,6 @@
 /* The fast front's entrance: ``jit(fun)`` for a re-created closure, in C.
 
-Layer three of the design (closure_front.py) makes a re-created closure's hit
+Layer three of the design (front/generated.py) makes a re-created closure's hit
 one generated Python frame: the wrapper's ``__call__``. What is left above the
 hand-hoisted call is making that wrapper, and the Python frame of ``jit``
 itself did most of that. This module removes that frame and nothing else.

@@ -36,7 +36,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
-from jax_closure_cache.front import wrapper
+from jax_closure_cache.front import entries
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
 from jax_closure_cache import events
@@ -70,7 +70,7 @@ def _bind(shared, leaves):
 
 # Our own closures are never a user's long-lived object: the static-argument
 # route treats them as re-created from their first one.
-wrapper.ALWAYS_SHARED.add(_bind(None, ()).__code__)
+entries.ALWAYS_SHARED.add(_bind(None, ()).__code__)
 
 
 def closure_convert(fun, *example_args):
@@ -86,7 +86,7 @@ def closure_convert(fun, *example_args):
   answered = _answered.get(fun)
   if answered is not None and signature in answered:
     return answered[signature], []
-  if wrapper.first_object_of_code(fun.__code__):
+  if entries.first_object_of_code(fun.__code__):
     # The first object of a code is stock's (a long-lived function keeps
     # stock's own trace and cache).
     _stocks.add(fun)
@@ -152,7 +152,7 @@ def _trace(fun, a, key, example_args):
                       getattr(guards, "detail", "closure_convert captured "
                               "an array the key does not cover"))
     return shared
-  held = wrapper.hold_weakly(_traces, key, shared, a.anchors)
+  held = entries.hold_weakly(_traces, key, shared, a.anchors)
   if isinstance(held, str):
     events.not_stored(fun, "unweakrefable_anchor", held)
     return shared

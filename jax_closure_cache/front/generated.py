@@ -1,17 +1,17 @@
 """The fast front: what a re-created closure's call costs on a hit.
 
 Layer three of the design (the closure key is ``closure``, the shared
-lookup ``closure_jit``). A hit is the inline cache's match of the function
+lookup ``front/wrapper.py``). A hit is the inline cache's match of the function
 followed by a call of the stored entry's jitted function; this module
 generates both as one Python frame.
 
-For a code object whose stored keys have matchers (``closure_match``),
+For a code object whose stored keys have matchers (``key/matchers.py``),
 :func:`front_class` makes a subclass of ``ClosureJitted`` whose
 ``__call__`` is generated: each stored key's checks inline, then the hit
 (:data:`HIT`), else the generic ``__call__``. ``jit(fun)`` picks that
 class for ``fun.__code__`` when it makes a wrapper, so a hit runs no frame
 of ours but this one and the entry's C++ dispatch. Where the extension
-``_front`` is built, :func:`entrance` makes that wrapper in C, so ``jit``'s
+``_entrance`` is built, :func:`entrance` makes that wrapper in C, so ``jit``'s
 own frame is skipped too.
 
 Invariants:
@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import textwrap
 
-#: Filename of every generated front, so ``_calling_function`` recognises
+#: Filename of every generated front, so ``entries.calling_function`` recognises
 #: their frames (each has ``self``) without a registry that would grow.
 FILENAME = "<closure-cache front>"
 
@@ -54,7 +54,7 @@ if getrefcount(f) > LONE:
   table[REF(f, table.pop)] = row
 # Spelled out for one and two arguments: a call through ``*args`` costs
 # the C++ dispatch about 0.2 us more. If it traces, the lifted function
-# finds ``self`` in this frame (_calling_function).
+# finds ``self`` in this frame (entries.calling_function).
 try:
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
@@ -91,7 +91,7 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
   """A subclass of ``base`` whose ``__call__`` takes the hit inline for
   ``quicks`` (``(key, source, entry_ref)`` triples, newest first, all of
   ``code`` and of ``spec``; each ``source`` from
-  ``closure_match.match_source(fun, key, f"Q{i}_K")``), or None when a
+  ``matchers.match_source(fun, key, f"Q{i}_K")``), or None when a
   matcher's source does not have the shape this needs.
 
   Its instances are wrappers of functions of ``code`` with ``spec``: both
@@ -135,7 +135,7 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
 
 
 def entrance(jit, fronts: dict, base: type):
-  """``jit`` with its front path in C where the extension ``_front`` is
+  """``jit`` with its front path in C where the extension ``_entrance`` is
   built: a callable that answers ``jit(fun)`` for a function whose code has
   a class in ``fronts`` (a subclass of ``base``) by making that class's
   wrapper itself, as ``jit`` would, and passes every other call to ``jit``.

@@ -36,8 +36,11 @@ from __future__ import annotations
 
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key import closure
+from jax_closure_cache import cache
+from jax_closure_cache.front import identity
+from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
+from jax_closure_cache.key import closure
 from jax_closure_cache.key import jaxpr as jaxpr_key  # noqa: F401  (registers the jaxpr rules)
 
 # What a static argument may hold for this route: a function whose identity
@@ -160,7 +163,7 @@ class _Layout:
     if found is None:
       options = _inner_options(self, positions)
       found = self.bound[positions] = (
-          options, wrapper._options_key(options) if options else ())
+          options, jit_options.options_key(options) if options else ())
     return found
 
 
@@ -216,8 +219,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       i = owned[0]
       if i < len(args) and args[i] is owned[1]:
         owned[2] += 1
-        if owned[2] >= wrapper.PROMOTE_AFTER_CALLS:
-          wrapper._direct(self, self.stock())
+        if owned[2] >= identity.PROMOTE_AFTER_CALLS:
+          identity.direct(self, self.stock())
         return self.stock()(*args, **kwargs)
     layout = _layout(self._spec)
     n = len(args)
@@ -231,7 +234,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
         if name in kwargs and _holds_function(kwargs[name]):
           found = True
           break
-    if not found or wrapper._DISABLE_JIT.value:
+    if not found or _compat.DISABLE_JIT.value:
       return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
     return _call_bound(self, layout, args, kwargs)
 
@@ -261,7 +264,7 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   row = None
   if table is not None:
     try:
-      ref = wrapper._ref(functions[0], table.pop)
+      ref = identity.ref(functions[0], table.pop)
       row = table.get(ref)
     except TypeError:
       single = False
@@ -272,7 +275,7 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
         w._owned = [positions[0], functions[0], 0]
       return stock(*args, **kwargs)
     state[3] += 1
-    if state[3] < wrapper.PROMOTE_AFTER_CALLS:
+    if state[3] < identity.PROMOTE_AFTER_CALLS:
       bound = _make_bound(w, layout, positions, names, static_values,
                           functions, params, user, stock)
       return bound._call_entry(state[0], state[1], state[2], dynamic,
@@ -315,9 +318,9 @@ def _table(w: StaticArgsJitted) -> dict | None:
   if by_user is None:
     by_user = _tables[w._spec.key] = {}
   try:
-    table = by_user.get(wrapper._ref(w._fun))
+    table = by_user.get(identity.ref(w._fun))
     if table is None:
-      table = by_user[wrapper._ref(w._fun, by_user.pop)] = {}
+      table = by_user[identity.ref(w._fun, by_user.pop)] = {}
   except TypeError:
     return None
   return table
@@ -328,6 +331,6 @@ def _clear() -> None:
     table.clear()
 
 
-wrapper.cache.register_clear_hook(_clear)
-closure.register_wrapper(StaticArgsJitted, wrapper._split,
-                         wrapper._join)
+cache.register_clear_hook(_clear)
+closure.register_wrapper(StaticArgsJitted, wrapper.split, wrapper.join)
+wrapper.register_static_arguments_kind(StaticArgsJitted)

@@ -2,9 +2,9 @@
 hashable key and the arrays (and auto-dynamic scalars) it lifts.
 
 This is the first of the closure key's modules: the walk and the key.
-``closure_rebuild`` puts new values (tracers, at trace time) in the lifted
-positions, ``closure_match`` generates the hot path's per-key matchers, and
-``closure_guards`` finds and checks where a captured array came from.
+``rebuild`` puts new values (tracers, at trace time) in the lifted
+positions, ``matchers`` generates the hot path's per-key matchers, and
+``guards`` finds and checks where a captured array came from.
 
 ``analyse(fun)`` walks everything a call of ``fun`` reads without going through
 its arguments: closure cells, defaults and keyword defaults, the globals its
@@ -52,6 +52,10 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key.parts import (
+    ATOMS, BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, EMPTY, FN, ID, LIFTED, METHOD,
+    MISSING, NOCHAIN, NUMPY, OBJ, PARTIAL, SCALAR, TREE, TREEAUX, TREEDEF,
+    WEAKREF, WRAPPER, Tag, float_key)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -71,42 +75,6 @@ class Uncacheable(Exception):
     super().__init__(f"{reason}: {detail}")
     self.reason = reason
     self.detail = detail
-
-
-class _Tag:
-  """A marker in a key; compares by identity and reads well in a repr."""
-  __slots__ = ("name",)
-
-  def __init__(self, name):
-    self.name = name
-
-  def __repr__(self):
-    return self.name
-
-  def __reduce__(self):
-    raise TypeError("closure-cache key markers are not picklable")
-
-
-LIFTED = _Tag("LIFTED")      # an array passed to the shared executable
-_MISSING = _Tag("MISSING")   # a global name that is not (yet) defined
-_EMPTY = _Tag("EMPTY")       # a cell that is not yet filled
-_FN = _Tag("FN")             # (_FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
-_TREE = _Tag("TREE")         # (_TREE, treedef, leaves)
-_TREEAUX = _Tag("TREEAUX")   # (_TREEAUX, node parts, leaves): functions in node data
-_TREEDEF = _Tag("TREEDEF")   # (_TREEDEF, node parts): a treedef value holding functions
-_PARTIAL = _Tag("PARTIAL")   # (_PARTIAL, func, args, keywords)
-_METHOD = _Tag("METHOD")     # (_METHOD, func, self)
-_WRAPPER = _Tag("WRAPPER")   # (_WRAPPER, type, static, inner)
-_OBJ = _Tag("OBJ")           # (_OBJ, index, type, ((name, value), ...)); arrays by identity
-_COPY = _Tag("COPY")         # (_COPY, index, type, ((name, value), ...)); arrays lifted
-_NUMPY = _Tag("NUMPY")       # (_NUMPY, dtype, shape, digest)
-_WEAKREF = _Tag("WEAKREF")   # (_WEAKREF, referent or None): read through it
-_CYCLE = _Tag("CYCLE")       # (_CYCLE, index of an enclosing function or object)
-_CLASS = _Tag("CLASS")       # (_CLASS, index, class, ((owner, name, value), ...))
-_ID = _Tag("ID")             # (_ID, id(obj), label); obj is an anchor
-_NOCHAIN = _Tag("NOCHAIN")   # an attribute chain whose base is no module or class
-_DYN = _Tag("DYN")           # (_DYN, int or float): a Python scalar passed as an argument
-_SCALAR = _Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
 
 
 # -- per-code-object facts ---------------------------------------------------
@@ -202,9 +170,9 @@ def _is_namespace(obj) -> bool:
   """A module or class outside jax, numpy and the standard library: kept by
   identity in a key, so what code reads from it must be keyed as well."""
   if type(obj) is _ModuleType:
-    return not _stable_module(obj.__name__)
+    return not stable_module(obj.__name__)
   if isinstance(obj, type):
-    return not _stable_module(getattr(obj, "__module__", None))
+    return not stable_module(getattr(obj, "__module__", None))
   return False
 
 
@@ -212,32 +180,32 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
   """What ``f`` reads through an attribute chain (see :class:`CodePlan`):
   the chain is followed while it passes through modules and classes of the
   user's, and the first other value is returned (``Cfg.table`` for
-  ``Cfg.table["scale"]``). :data:`_NOCHAIN` when the base is no such
-  namespace (its contents are keyed otherwise), :data:`_MISSING` when an
+  ``Cfg.table["scale"]``). :data:`NOCHAIN` when the base is no such
+  namespace (its contents are keyed otherwise), :data:`MISSING` when an
   attribute is absent."""
   if kind == "global":
-    obj = f.__globals__.get(name, _MISSING)
+    obj = f.__globals__.get(name, MISSING)
   else:
     try:
       obj = f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
     except (ValueError, TypeError, IndexError):
-      return _NOCHAIN
+      return NOCHAIN
   if not _is_namespace(obj):
-    return _NOCHAIN
+    return NOCHAIN
   for attribute in attributes:
     if not _is_namespace(obj):
       break
     try:
       obj = getattr(obj, attribute)
     except Exception:
-      return _MISSING
+      return MISSING
   return obj
 
 
 def is_stable(fun: types.FunctionType) -> bool:
   """Whether ``fun`` belongs to jax, numpy or the standard library, or is
   one of this package's module-level functions (:func:`own_module_level`)."""
-  return _stable_module(fun.__module__) or own_module_level(fun)
+  return stable_module(fun.__module__) or own_module_level(fun)
 
 
 def own_module_level(fun: types.FunctionType) -> bool:
@@ -256,7 +224,7 @@ def own_module_level(fun: types.FunctionType) -> bool:
 PACKAGE = _PACKAGE = __name__.partition(".")[0]
 
 
-def _stable_module(module) -> bool:
+def stable_module(module) -> bool:
   try:
     return _stable_modules[module]
   except KeyError:
@@ -318,7 +286,7 @@ class _WrapperRule(NamedTuple):
   join: Callable[[Any, Any], Any]           # (static part, new inner) -> wrapper
 
 
-_wrapper_rules: dict[type, _WrapperRule] = {}
+wrapper_rules: dict[type, _WrapperRule] = {}
 _wrapper_types: tuple = ()   # the registered classes (their subclasses too)
 
 
@@ -332,8 +300,8 @@ def register_wrapper(cls: type, split, join) -> None:
   package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register here.
   """
   global _wrapper_types
-  _wrapper_rules[cls] = _WrapperRule(split, join)
-  _wrapper_types = tuple(_wrapper_rules)
+  wrapper_rules[cls] = _WrapperRule(split, join)
+  _wrapper_types = tuple(wrapper_rules)
 
 
 # -- plain objects ----------------------------------------------------------
@@ -415,9 +383,6 @@ def _contents(v) -> list:
   return []
 
 
-_BUILTIN_NODES = frozenset({dict, list, tuple, type(None)})
-
-
 def fresh_function(x, depth: int = 4):
   """``x``, or the first item of a tuple in it, that is a function whose
   identity is fresh per call (a closure or user function, a partial, a
@@ -448,7 +413,7 @@ def node_data_function(treedef):
     data = t.node_data()
     if data is None:
       continue
-    if data[0] not in _BUILTIN_NODES:
+    if data[0] not in BUILTIN_NODES:
       found = fresh_function(data[1])
       if found is not None:
         return found
@@ -457,21 +422,15 @@ def node_data_function(treedef):
   return None
 
 
-def _float_key(x: float):
-  # 0.0 == -0.0 and nan != nan; the hex form tells them apart exactly.
-  return (float, x) if x == x and x != 0.0 else (float, x.hex())
-
-
 def numpy_key(a: np.ndarray):
   """A NumPy array's key: dtype, shape and a digest of its bytes."""
   if a.dtype.hasobject:
     raise Uncacheable("unhashable", "a numpy array of dtype object")
   digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
                            digest_size=16).digest()
-  return (_NUMPY, a.dtype, a.shape, digest)
+  return (NUMPY, a.dtype, a.shape, digest)
 
 
-_ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
 _tree_flatten = jax.tree_util.tree_flatten
 _PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -513,7 +472,7 @@ class Analysis:
     if root:
       self.roots.append(v)
     # The label only makes explanations readable (``float32``, not an id).
-    return (_ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
+    return (ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
 
   def value(self, v):
     t = type(v)
@@ -528,11 +487,11 @@ class Analysis:
         self.scalars = n + 1
         if n in self.dynamic and not self.in_object and not self.frozen:
           self.leaves.append(v)   # a weakly typed scalar argument
-          return (_DYN, t)
-      return (t, v) if t is int else _float_key(v)
-    if t in _ATOMS:
+          return (DYN, t)
+      return (t, v) if t is int else float_key(v)
+    if t in ATOMS:
       return (t, v)
-    if t is _Tag:
+    if t is Tag:
       return v
     if t is _FunctionType:
       if v.__closure__ is None and is_stable(v):
@@ -570,24 +529,24 @@ class Analysis:
       return (bytearray, bytes(v))
     if t is functools.partial:
       value = self.value
-      return (_PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
+      return (PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
               tuple([(k, value(a)) for k, a in v.keywords.items()]))
     if t is types.MethodType:
-      return (_METHOD, self.value(v.__func__), self.value(v.__self__))
+      return (METHOD, self.value(v.__func__), self.value(v.__self__))
     if t is weakref.ReferenceType:
       # What calling it returns is what code reads through it (JAX's
       # fori_loop holds the body so): keyed like the referent itself.
       target = v()
-      return (_WEAKREF, None if target is None else self.value(target))
+      return (WEAKREF, None if target is None else self.value(target))
     if t is _PyTreeDef and node_data_function(v) is not None:
-      return (_TREEDEF, self.node_parts(v))   # split from its leaves
-    rule = _wrapper_rules.get(t)
+      return (TREEDEF, self.node_parts(v))   # split from its leaves
+    rule = wrapper_rules.get(t)
     if rule is None and "_keyed_as" in t.__dict__:
-      t = t.__dict__["_keyed_as"]   # a fast front's class (closure_front)
-      rule = _wrapper_rules[t]
+      t = t.__dict__["_keyed_as"]   # a fast front's class (front/generated.py)
+      rule = wrapper_rules[t]
     if rule is not None:
       static, inner = rule.split(v)
-      return (_WRAPPER, t, static, self.value(inner))
+      return (WRAPPER, t, static, self.value(inner))
     if t is type or isinstance(v, type):
       # a user class by its namespace (a trace may instantiate it and call
       # its methods); jax's, numpy's, the standard library's by identity
@@ -626,9 +585,9 @@ class Analysis:
   def tree_parts(self, leaves, treedef):
     value = self.value
     if node_data_function(treedef) is None:
-      return (_TREE, treedef, tuple([value(x) for x in leaves]))
+      return (TREE, treedef, tuple([value(x) for x in leaves]))
     parts = self.node_parts(treedef)   # walked first: the rebuild's order
-    return (_TREEAUX, parts, tuple([value(x) for x in leaves]))
+    return (TREEAUX, parts, tuple([value(x) for x in leaves]))
 
   def node_parts(self, treedef):
     """``(type, aux key, children's parts)`` of each node of ``treedef``
@@ -639,7 +598,7 @@ class Analysis:
       return None
     t, aux = data
     aux_key = (tuple(aux) if type(aux) is list else aux
-               ) if t in _BUILTIN_NODES else self.value(aux)
+               ) if t in BUILTIN_NODES else self.value(aux)
     return (t, aux_key, tuple([self.node_parts(c)
                                for c in treedef.children()]))
 
@@ -651,10 +610,10 @@ class Analysis:
       memo = self.memo = {}
       self.nesting = 0
     if v is getattr(self, "top", None):
-      return (_CYCLE, 0)
+      return (CYCLE, 0)
     i = memo.get(id(v))
     if i is not None:
-      return (_CYCLE, i)
+      return (CYCLE, i)
     memo[id(v)] = i = len(memo) + 1
     return i
 
@@ -696,12 +655,12 @@ class Analysis:
     if plan.writes_globals:   # its globals' scalars are never arguments
       self.frozen += 1
     try:
-      globs = tuple([value(g[n]) if n in g else _MISSING
+      globs = tuple([value(g[n]) if n in g else MISSING
                      for n in plan.global_names])
     finally:
       if plan.writes_globals:
         self.frozen -= 1
-    return (_FN, i, code, id(g), cells, defaults, kwdefaults, globs,
+    return (FN, i, code, id(g), cells, defaults, kwdefaults, globs,
             tuple([self.chain(f, *c) for c in plan.chains]) if plan.chains else ())
 
   def chain(self, f, kind, name, attributes):
@@ -709,7 +668,7 @@ class Analysis:
     ``Cfg.table``): keyed like an object's attribute, so an array there is
     kept by identity (and such a function is stock's), never lifted."""
     obj = chain_value(f, kind, name, attributes)
-    if obj is _NOCHAIN or obj is _MISSING:
+    if obj is NOCHAIN or obj is MISSING:
       return obj
     saved = self.in_object
     self.in_object = True
@@ -729,7 +688,7 @@ class Analysis:
     try:
       v = c.cell_contents
     except ValueError:
-      return _EMPTY
+      return EMPTY
     return self.value(v)
 
   def plain_object(self, v, t):
@@ -764,7 +723,7 @@ class Analysis:
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1
-    return (_COPY if copyable else _OBJ, i, t, items, self.klass(t))
+    return (COPY if copyable else OBJ, i, t, items, self.klass(t))
 
   def klass(self, t):
     """A user class's namespace, as a plain object's key carries it: what
@@ -772,7 +731,7 @@ class Analysis:
     and class attributes hold, through the MRO, since a retrace reads them
     through the instance (``self.k``, ``self.get()``); a class of jax,
     numpy, the standard library or this package is keyed by identity."""
-    if _stable_module(t.__module__) or own_module_level(t):
+    if stable_module(t.__module__) or own_module_level(t):
       return t
     i = self.enter(t)
     if type(i) is tuple:
@@ -782,7 +741,7 @@ class Analysis:
     try:
       items = []
       for c in t.__mro__[:-1]:
-        if _stable_module(c.__module__):
+        if stable_module(c.__module__):
           continue
         for name, x in list(vars(c).items()):
           x = _class_member(name, x)
@@ -790,7 +749,7 @@ class Analysis:
             items.append((c.__qualname__, name, self.value(x)))
     finally:
       self.in_object = saved
-    return (_CLASS, i, t, tuple(items))
+    return (CLASS, i, t, tuple(items))
 
 
 def as_method(fun):
@@ -812,7 +771,7 @@ def as_method(fun):
   return types.MethodType(call, fun)
 
 
-_SKIP = _Tag("SKIP")
+_SKIP = Tag("SKIP")
 # Class-level names that hold no state a trace reads through an instance.
 _CLASS_BOOKKEEPING = frozenset({
     "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
@@ -861,16 +820,16 @@ def analyse(fun: Callable, lift_numpy: bool = False,
 
 def _is_scalar_part(k) -> bool:
   return (type(k) is tuple and len(k) == 2
-          and (k[0] is int or k[0] is float or k[0] is _DYN))
+          and (k[0] is int or k[0] is float or k[0] is DYN))
 
 
 def _mask(k, scalars: list):
-  """``k`` with every int or float part replaced by ``(type, _SCALAR)``
+  """``k`` with every int or float part replaced by ``(type, SCALAR)``
   (a dynamic one by its type too), appending the parts to ``scalars`` in
   walk order: the order in which :meth:`Analysis.value` counts them."""
   if _is_scalar_part(k):
     scalars.append(k)
-    return (k[1] if k[0] is _DYN else k[0], _SCALAR)
+    return (k[1] if k[0] is DYN else k[0], SCALAR)
   if type(k) is tuple:
     return tuple([_mask(x, scalars) for x in k])
   return k
@@ -896,11 +855,11 @@ def scalars_that_differ(old_key, new_key) -> "frozenset[int] | None":
   if _mask(old_key, old_scalars) != _mask(new_key, new_scalars):
     return None
   return frozenset(i for i, (a, b) in enumerate(zip(old_scalars, new_scalars))
-                   if a != b and a[0] is not _DYN and b[0] is not _DYN)
+                   if a != b and a[0] is not DYN and b[0] is not DYN)
 
 
 def dynamic_ordinals(key) -> frozenset:
   """Ordinals of the scalars ``key`` passes as arguments."""
   scalars: list = []
   _mask(key, scalars)
-  return frozenset(i for i, k in enumerate(scalars) if k[0] is _DYN)
+  return frozenset(i for i, k in enumerate(scalars) if k[0] is DYN)

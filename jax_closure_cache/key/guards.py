@@ -7,14 +7,20 @@ guard keeps nothing alive, and a dead one no longer holds.
 
 from __future__ import annotations
 
+import types
 import weakref
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
-from jax_closure_cache.key.closure import (
-    _ATOMS, _FunctionType, _ModuleType, _Tracer, code_plan, is_module_level)
+from jax_closure_cache import _compat
+from jax_closure_cache.key.closure import code_plan, is_module_level
+from jax_closure_cache.key.parts import ATOMS
+
+_FunctionType = types.FunctionType
+_ModuleType = types.ModuleType
+_Tracer = _compat.Tracer
 
 
 class Guard(NamedTuple):
@@ -180,7 +186,7 @@ def _root_name(r) -> str:
 
 def _children(obj):
   t = type(obj)
-  if t in _ATOMS or t is float or isinstance(obj, (jax.Array, np.ndarray)):
+  if t in ATOMS or t is float or isinstance(obj, (jax.Array, np.ndarray)):
     return ()
   if t is dict:
     return [(("item", k), v) for k, v in obj.items()]

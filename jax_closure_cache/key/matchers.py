@@ -10,13 +10,20 @@ source. It plays the part torch.compile's guards play.
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.closure import (
-    LIFTED, _ATOMS, _ArrayImpl, _CYCLE, _DYN, _FN, _FunctionType, _MISSING,
-    _ModuleType, _NOCHAIN, _PARTIAL, _TREE, _Tag, _float_key, _tree_flatten,
     chain_value, code_plan, is_stable, kept_by_identity)
+from jax_closure_cache.key.parts import (
+    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, Tag,
+    float_key)
+
+_ArrayImpl = _compat.ArrayImpl
+_FunctionType = types.FunctionType
+_ModuleType = types.ModuleType
+_tree_flatten = _compat.jax.tree_util.tree_flatten
 
 
 def _is_simple_part(part) -> bool:
@@ -25,19 +32,19 @@ def _is_simple_part(part) -> bool:
   pytree of those, a ``functools.partial`` of those, or a nested function (no
   keyword defaults, no back-reference) whose cells, defaults and read globals
   are all simple."""
-  if part is LIFTED or part is _MISSING or part is _NOCHAIN:
+  if part is LIFTED or part is MISSING or part is NOCHAIN:
     return True
   if type(part) is tuple:
-    if len(part) == 2 and part[0] is _DYN:
+    if len(part) == 2 and part[0] is DYN:
       return True
-    if len(part) == 2 and part[0] is _CYCLE:
+    if len(part) == 2 and part[0] is CYCLE:
       return True
-    if len(part) == 3 and part[0] is _TREE:
+    if len(part) == 3 and part[0] is TREE:
       return all(map(_is_simple_part, part[2]))
-    if len(part) == 4 and part[0] is _PARTIAL:
+    if len(part) == 4 and part[0] is PARTIAL:
       return all(map(_is_simple_part,
                      (part[1], *part[2], *(p for _, p in part[3]))))
-    if len(part) == 9 and part[0] is _FN:
+    if len(part) == 9 and part[0] is FN:
       _, _, code, _, cells, defaults, kwdefaults, globs, chains = part
       return (kwdefaults is None
               and len(globs) == len(code_plan(code).global_names)
@@ -47,9 +54,9 @@ def _is_simple_part(part) -> bool:
     # enum, a launcher's static parameters): checked by type and equality
     # (a value keyed by a representation, such as a NumPy scalar's bytes,
     # is not: the object itself would never equal its part)
-    return len(part) == 2 and (part[0] in _ATOMS or part[0] is float or (
+    return len(part) == 2 and (part[0] in ATOMS or part[0] is float or (
         isinstance(part[0], type) and type(part[1]) is part[0]))
-  return not isinstance(part, _Tag)
+  return not isinstance(part, Tag)
 
 
 class _MatchSource:
@@ -58,9 +65,9 @@ class _MatchSource:
   def __init__(self, prefix: str = "K"):
     self.name = ""         # the top function's, for tracebacks
     self.prefix = prefix   # of the names bound (several sources may share
-    # one namespace: closure_front)
-    self.env = {"MISSING": _MISSING, "ArrayImpl": _ArrayImpl,
-                "FunctionType": _FunctionType, "float_key": _float_key,
+    # one namespace: front/generated.py)
+    self.env = {"MISSING": MISSING, "ArrayImpl": _ArrayImpl,
+                "FunctionType": _FunctionType, "float_key": float_key,
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
                 "is_stable": is_stable, "chain_value": chain_value,
@@ -103,15 +110,15 @@ class _MatchSource:
     if part is LIFTED:
       add(f"    if type({v}) is not ArrayImpl or ({v}._committed and kept_by_identity({v})): return None")
       add(f"    out.append({v})")
-    elif type(part) is tuple and part[0] is _DYN:
+    elif type(part) is tuple and part[0] is DYN:
       add(f"    if type({v}) is not {self.bind(part[1])}: return None")
       add(f"    out.append({v})")
-    elif type(part) is tuple and part[0] is _FN:
+    elif type(part) is tuple and part[0] is FN:
       self.function(v, part)
-    elif type(part) is tuple and part[0] is _CYCLE:
+    elif type(part) is tuple and part[0] is CYCLE:
       # the same object as an earlier walked function (distinct otherwise)
       add(f"    if {v} is not {self.by_index[part[1]]}: return None")
-    elif type(part) is tuple and part[0] is _PARTIAL:
+    elif type(part) is tuple and part[0] is PARTIAL:
       _, func, args, keywords = part
       names = tuple(k for k, _ in keywords)
       add(f"    if type({v}) is not partial or len({v}.args) != {len(args)} "
@@ -121,12 +128,12 @@ class _MatchSource:
         self.check(f"{v}.args[{j}]", p)
       for k, p in keywords:
         self.check(f"{v}.keywords[{k!r}]", p)
-    elif (type(part) is tuple and part[0] is _TREE and part[2]
+    elif (type(part) is tuple and part[0] is TREE and part[2]
           and all(p is LIFTED for p in part[2]) and _plain_tree(part[1])):
       # dicts, lists and tuples of arrays (a params tree): read in place,
       # in the order tree_flatten would give, without flattening
       self.plain_tree(v, part[1])
-    elif type(part) is tuple and part[0] is _TREE:
+    elif type(part) is tuple and part[0] is TREE:
       leaves, treedef = f"{v}_leaves", f"{v}_def"
       add(f"    {leaves}, {treedef} = tree_flatten({v})")
       add(f"    if {treedef} != {self.bind(part[1])}: return None")
@@ -149,7 +156,7 @@ class _MatchSource:
     """Lines that return None unless every element of ``xs`` is a liftable
     array. The loop only breaks, and the one ``return None`` is a statement
     of the matcher's own block, so the fast front can turn every
-    ``return None`` of a matcher into a ``break`` (closure_front)."""
+    ``return None`` of a matcher into a ``break`` (front/generated.py)."""
     add = self.lines.append
     add(f"    for x in {xs}:")
     add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): break")
@@ -196,7 +203,7 @@ class _MatchSource:
         self.plain_tree(x, child)
 
   def function(self, f: str, part) -> None:
-    """Checks of the function in variable ``f`` against an ``_FN`` part, in
+    """Checks of the function in variable ``f`` against an ``FN`` part, in
     the walk's order: cells, defaults, read globals.
 
     The globals dict is compared by id: the part holds only its id, and a
@@ -239,14 +246,14 @@ class _MatchSource:
     names = code_plan(code).global_names
     for chain, p in zip(code_plan(code).chains, chains):
       kind, name, _ = chain
-      if p is _NOCHAIN:
+      if p is NOCHAIN:
         # The base is checked above: by identity when it is a module or a
         # class (then whether it is one of the user's is settled), or by its
         # own key otherwise (then it is not a namespace either).
         base = (globs[names.index(name)] if kind == "global" else
                 cells[code.co_freevars.index(name)]
                 if name in code.co_freevars else None)
-        if base is not None and not isinstance(base, _Tag) and (
+        if base is not None and not isinstance(base, Tag) and (
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
@@ -340,7 +347,7 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   (bound as ``prefix`` and a number); or None when some part of ``key`` is
   not simple."""
   if (type(fun) is not _FunctionType or type(key) is not tuple
-      or key[0] is not _FN or not _is_simple_part(key)
+      or key[0] is not FN or not _is_simple_part(key)
       or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
     return None
   src = _MatchSource(prefix)

@@ -16,11 +16,14 @@ import weakref
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.closure import (
-    LIFTED, Uncacheable, _BUILTIN_NODES, _CLASS, _COPY, _CYCLE, _DYN, _FN, _METHOD,
-    _MISSING, _OBJ, _PARTIAL, _TREE, _TREEAUX, _TREEDEF, _Tag, _WEAKREF,
-    _WRAPPER, _tree_flatten, _tree_unflatten, _wrapper_rules, as_method,
-    code_plan)
+from jax_closure_cache.key import closure
+from jax_closure_cache.key.closure import Uncacheable, as_method, code_plan
+from jax_closure_cache.key.parts import (
+    BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, FN, LIFTED, METHOD, MISSING, OBJ,
+    PARTIAL, TREE, TREEAUX, TREEDEF, WEAKREF, WRAPPER, Tag)
+
+_tree_flatten = _compat.jax.tree_util.tree_flatten
+_tree_unflatten = _compat.jax.tree_util.tree_unflatten
 
 
 def _has_lifted(k) -> bool:
@@ -32,16 +35,16 @@ def _has_lifted(k) -> bool:
   if k is LIFTED:
     return True
   if type(k) is tuple and k:
-    if (k[0] is _CYCLE or k[0] is _DYN) and len(k) == 2:
+    if (k[0] is CYCLE or k[0] is DYN) and len(k) == 2:
       return True
-    if k[0] is _OBJ:   # kept whole: their arrays are kept by identity
+    if k[0] is OBJ:   # kept whole: their arrays are kept by identity
       return False
     return any(_has_lifted(x) for x in k)
   return False
 
 
 def _is_cycle(k) -> bool:
-  return type(k) is tuple and len(k) == 2 and k[0] is _CYCLE
+  return type(k) is tuple and len(k) == 2 and k[0] is CYCLE
 
 
 class _Rebuild:
@@ -55,44 +58,44 @@ class _Rebuild:
   def value(self, v, k):
     if k is LIFTED:
       return next(self.leaves)
-    if type(k) is not tuple or not k or type(k[0]) is not _Tag:
+    if type(k) is not tuple or not k or type(k[0]) is not Tag:
       return v
     tag = k[0]
-    if tag is _CYCLE:
+    if tag is CYCLE:
       return self.memo.get(k[1], v)
-    if tag is _DYN:
+    if tag is DYN:
       return next(self.leaves)
     if not _has_lifted(k):
       return v
-    if tag is _FN:
+    if tag is FN:
       return self.function(v, k)
-    if tag is _TREE:
+    if tag is TREE:
       leaves, treedef = _tree_flatten(v)
       return _tree_unflatten(
           treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
-    if tag is _TREEAUX:
+    if tag is TREEAUX:
       leaves, treedef = _tree_flatten(v)
       treedef = self.treedef(treedef, k[1])   # first: the walk's order
       return _tree_unflatten(
           treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
-    if tag is _PARTIAL:
+    if tag is PARTIAL:
       func = self.value(v.func, k[1])
       args = [self.value(a, ka) for a, ka in zip(v.args, k[2])]
       kws = {name: self.value(v.keywords[name], ka) for name, ka in k[3]}
       return functools.partial(func, *args, **kws)
-    if tag is _METHOD:
+    if tag is METHOD:
       return types.MethodType(self.value(v.__func__, k[1]),
                               self.value(v.__self__, k[2]))
-    if tag is _WRAPPER:
-      static, inner = _wrapper_rules[k[1]].split(v)
-      return _wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
-    if tag is _COPY:
+    if tag is WRAPPER:
+      static, inner = closure.wrapper_rules[k[1]].split(v)
+      return closure.wrapper_rules[k[1]].join(static, self.value(inner, k[3]))
+    if tag is COPY:
       return self.copy(v, k)
-    if tag is _TREEDEF:
+    if tag is TREEDEF:
       return self.treedef(v, k[1])
-    if tag is _CLASS:   # only back-references inside: classes stay as they are
+    if tag is CLASS:   # only back-references inside: classes stay as they are
       return v
-    if tag is _WEAKREF:
+    if tag is WEAKREF:
       target = self.value(v(), k[1])
       self.keep.append(target)   # alive as long as the rebuilt function
       return weakref.ref(target)
@@ -105,7 +108,7 @@ class _Rebuild:
       return treedef
     t, aux_key, children_parts = parts
     aux = treedef.node_data()[1]
-    if t not in _BUILTIN_NODES:
+    if t not in BUILTIN_NODES:
       aux = self.value(aux, aux_key)
     children = [self.treedef(c, p)
                 for c, p in zip(treedef.children(), children_parts)]
@@ -156,7 +159,7 @@ class _Rebuild:
           for name, kx in kwdefaults_k}
     if lifted_globals:
       for name, kx in zip(plan.global_names, globals_k):
-        if kx is not _MISSING:
+        if kx is not MISSING:
           g[name] = self.value(g[name], kx)
     copy_function_metadata(f, new)
     return new
@@ -179,7 +182,7 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   """
   r = _Rebuild(leaves)
   out = r.value(as_method(fun) or fun, key)
-  if next(r.leaves, _MISSING) is not _MISSING:
+  if next(r.leaves, MISSING) is not MISSING:
     raise AssertionError("more leaves than lifted positions")
   if r.keep:
     try:   # the rebuilt function holds what its weak references reach

@@ -1,7 +1,7 @@
 """Layer two in monkey-patch mode: the closure key inside JAX's memoized
 trace lookup, glued in.
 
-The lookup itself is ``upstream/closure_key.py``, the module the upstream
+The lookup itself is ``lookup/closure_key.py``, the module the upstream
 patch series adds to JAX as ``jax/_src/closure_key.py``: the same file runs
 in both modes. What the series changes in JAX's own files, this module does
 by replacing the functions involved (``_compat.TRACE_PATCH_POINTS``):

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax_closure_cache import _compat, cache, patching
-from jax_closure_cache.front import wrapper
+from jax_closure_cache.front import entrance
 
 STOCK_JIT = jax.jit
 
@@ -53,7 +53,7 @@ def _seed001(n: int) -> Workload:
   return Workload(
       f"seed001 tanh(x@w) {n}x{n}",
       lambda: STOCK_JIT(make(w_next()))(x).block_until_ready(),
-      lambda: wrapper.jit(make(w_next()))(x).block_until_ready(),
+      lambda: entrance.jit(make(w_next()))(x).block_until_ready(),
       lambda: hoisted(x, w_next()).block_until_ready(),
       target=1.25 if n == 4 else 1.05)   # the card-shape issue's targets
 
@@ -81,7 +81,7 @@ def _mlp100() -> Workload:
   return Workload(
       "MLP closure, 100-leaf params",
       lambda: STOCK_JIT(make(params))(x).block_until_ready(),
-      lambda: wrapper.jit(make(params))(x).block_until_ready(),
+      lambda: entrance.jit(make(params))(x).block_until_ready(),
       lambda: hoisted(params, x).block_until_ready(),
       target=1.2, stock_calls=3)   # the card-shape issue's target
 
@@ -92,7 +92,7 @@ def _closure_free() -> Workload:
   return Workload(
       "closure-free lambda re-created",
       lambda: STOCK_JIT(lambda x: x * 2 + 1)(x).block_until_ready(),
-      lambda: wrapper.jit(lambda x: x * 2 + 1)(x).block_until_ready(),
+      lambda: entrance.jit(lambda x: x * 2 + 1)(x).block_until_ready(),
       lambda: hoisted(x).block_until_ready(),
       target=None)
 
@@ -107,7 +107,7 @@ def _regrad() -> Workload:
   return Workload(
       "jax.jit(jax.grad(loss)) per step",
       lambda: STOCK_JIT(jax.grad(_loss))(w, x, y).block_until_ready(),
-      lambda: wrapper.jit(jax.grad(_loss))(w, x, y).block_until_ready(),
+      lambda: entrance.jit(jax.grad(_loss))(w, x, y).block_until_ready(),
       lambda: hoisted(w, x, y).block_until_ready(),
       target=None)
 
@@ -134,7 +134,7 @@ def _long_lived_sum(n: int) -> Workload:
   def make(p):
     return lambda v: v + sum(p[k] for k in sorted(p))
   stock_f = STOCK_JIT(make(p))
-  cached_f = wrapper.jit(make(p))
+  cached_f = entrance.jit(make(p))
   return _against_stock(f"long-lived closure over {n} small arrays", stock_f, cached_f, x)
 
 
@@ -145,7 +145,7 @@ def _long_lived_4x4() -> Workload:
   def make(w):
     return lambda v: jnp.tanh(v @ w)
   stock_f = STOCK_JIT(make(w))
-  cached_f = wrapper.jit(make(w))
+  cached_f = entrance.jit(make(w))
   return _against_stock("long-lived closure tanh(x@w) 4x4", stock_f, cached_f, x)
 
 
@@ -164,7 +164,7 @@ def _static_fresh() -> Workload:
   def make(w):
     return lambda v: jnp.tanh(v @ w)
   stock_apply = STOCK_JIT(_apply, static_argnums=0)
-  cached_apply = wrapper.jit(_apply, static_argnums=0)
+  cached_apply = entrance.jit(_apply, static_argnums=0)
 
   @STOCK_JIT
   def hoisted(v, w):
@@ -185,7 +185,7 @@ def _static_long_lived() -> Workload:
   make = lambda w: (lambda v: jnp.tanh(v @ w))
   f, twin = make(w), make(w)
   stock_apply = STOCK_JIT(_apply, static_argnums=0)
-  cached_apply = wrapper.jit(_apply, static_argnums=0)
+  cached_apply = entrance.jit(_apply, static_argnums=0)
   return Workload(
       "long-lived function as a static argument, 4x4",
       lambda: stock_apply(twin, x).block_until_ready(),
@@ -211,7 +211,7 @@ def _recreated_sum(n: int) -> Workload:
   return Workload(
       f"re-created closure over {n} small arrays",
       lambda: STOCK_JIT(make(p_next()))(x).block_until_ready(),
-      lambda: wrapper.jit(make(p_next()))(x).block_until_ready(),
+      lambda: entrance.jit(make(p_next()))(x).block_until_ready(),
       lambda: hoisted(x, p_next()).block_until_ready(),
       target=1.15 if n <= 1000 else None, stock_calls=2)
 
@@ -234,7 +234,7 @@ def _schedule() -> Workload:
   return Workload(
       "lr schedule over 100 steps (Python float in a closure)",
       lambda: STOCK_JIT(make(lr_next()))(x).block_until_ready(),
-      lambda: wrapper.jit(make(lr_next()))(x).block_until_ready(),
+      lambda: entrance.jit(make(lr_next()))(x).block_until_ready(),
       lambda: hoisted(x, lr_next()).block_until_ready(),
       target=1.3)
 
@@ -322,7 +322,7 @@ def loop_times(calls: int = 50) -> dict[str, list[float]]:
     return lambda v: jnp.tanh(v @ w)
   hoisted = STOCK_JIT(lambda v, w: jnp.tanh(v @ w))
   ways = {"stock": lambda w: STOCK_JIT(make(w))(x),
-          "cache": lambda w: wrapper.jit(make(w))(x),
+          "cache": lambda w: entrance.jit(make(w))(x),
           "hoisted": lambda w: hoisted(x, w)}
   out = {}
   for name, call in ways.items():
@@ -420,7 +420,7 @@ def front() -> str:
   """Which fast front the rows measure: the C entrance is an optional
   extension, and a source tree imported from its own root (``python -m``
   there) has none built, whatever the installed copy has."""
-  if wrapper.entrance_built():
+  if entrance.entrance_built():
     return "fast front with its C entrance"
   return ("fast front in pure Python (no C entrance here: run "
           "`jax-closure-cache bench`, or from outside the source tree)")

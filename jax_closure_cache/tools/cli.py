@@ -172,9 +172,9 @@ def _doctor() -> int:
       if _compat.TRACE_LOOKUP else
       "1 and 3 (closure key, fast front); JAX's trace lookup is left stock: "
       + "; ".join(_compat.TRACE_LOOKUP_MISSING)))
-  from jax_closure_cache.front import wrapper
+  from jax_closure_cache.front import entrance
   print("  [info] fast front's C entrance: " + (
-      "built" if wrapper.entrance_built() else "not built (pure Python: about 0.15 us more per "
+      "built" if entrance.entrance_built() else "not built (pure Python: about 0.15 us more per "
       "re-created closure; install with a C compiler to build it)"))
   print(f"  [info] cache active: {jax_closure_cache.is_enabled()}")
   from jax_closure_cache import settings

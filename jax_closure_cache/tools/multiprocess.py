@@ -84,7 +84,7 @@ def _worker(mode: str, port: int, pid: int) -> dict:
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from jax_closure_cache import _compat
-  from jax_closure_cache.front import wrapper
+  from jax_closure_cache.front import entrance
 
   mesh = jax.make_mesh((8,), ("data",))
   sharding = NamedSharding(mesh, P("data"))
@@ -103,7 +103,7 @@ def _worker(mode: str, port: int, pid: int) -> dict:
 
   def cached_step(params):
     # the closure over the params is re-created every step
-    return wrapper.jit(lambda v: step_math(params, v))(x)
+    return entrance.jit(lambda v: step_math(params, v))(x)
 
   hoisted = jax.jit(step_math)
 

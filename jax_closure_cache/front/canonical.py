@@ -1,0 +1,164 @@
+"""Canonical stock objects for closure-free functions.
+
+A function with no closure whose globals (and its module-level helpers'
+globals) hold no array needs nothing lifted: every re-creation of it gets
+the very same stock jitted object, so its calls cost exactly stock's.
+
+Invariants: the object is stock's own ``jax.jit`` of the first function
+object (or of a private copy, when that object already backs an entry whose
+globals changed since); a key that needs lifting, reads an object by
+identity or whose Python scalars keep changing is not canonicalised (the
+jit wrapper takes it); entries hold their anchors weakly.
+"""
+
+from __future__ import annotations
+
+import types
+import weakref
+
+from jax_closure_cache import _compat
+from jax_closure_cache import cache
+from jax_closure_cache import diagnostics
+from jax_closure_cache import events
+from jax_closure_cache.front import entries
+from jax_closure_cache.front import identity
+from jax_closure_cache.front import inline
+from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.key import auto_dynamic as scalars
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import rebuild
+from jax_closure_cache.key.closure import Uncacheable
+
+_store = cache.new_store()   # (options key, function key) -> Canonical
+_LAST_MAX = 1 << 12   # codes made in a loop: start over past this
+
+
+class Canonical(cache.Entry):
+  """A canonical stock jitted object and the anchors of its key."""
+  __slots__ = ("jitted", "anchors", "record")
+
+  def __init__(self, jitted, anchors, record):
+    super().__init__()
+    self.jitted = jitted
+    self.anchors = anchors
+    self.record = record
+
+
+_functions: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
+cache.register_clear_hook(_functions.clear)
+
+
+_last: dict[tuple, tuple] = {}   # (code, options) -> last key
+cache.register_clear_hook(_last.clear)
+
+
+def _scalars_keep_changing(fun, fun_key, options, options_key,
+                           lift_numpy) -> bool:
+  """Whether a closure-free function's key differs from the last one of its
+  code only in Python int/float globals (a schedule read from a module
+  global). Then its code is handed to ClosureJitted, which passes them as
+  arguments: the code counts as seen (its first object was stock's) and the
+  last key is where ClosureJitted's comparison finds it."""
+  code = fun.__code__
+  if closure.code_plan(code).writes_globals:
+    return False   # a trace that assigns globals changes its own key
+  ck = (code, options_key, lift_numpy)
+  previous = _last.get(ck)
+  if len(_last) >= _LAST_MAX:
+    _last.clear()
+  _last[ck] = fun_key
+  if previous is None or previous == fun_key:
+    return False
+  changed = closure.scalars_that_differ(previous, fun_key)
+  spec = jit_options.spec(options, options_key, lift_numpy, True)
+  if not changed or changed <= scalars.never_for((code, code, spec.key),
+                                                 fun_key):
+    return False
+  entries.mark_code_seen(code)
+  if scalars.last_key((code, code, spec.key)) is None:
+    scalars.remember_last_key((code, code, spec.key), (spec.key, previous))
+  return True
+
+
+def _known(fun, full_options_key):
+  """The stock object ``fun`` had before (identity first), or the one its
+  key's inline matcher finds; None otherwise."""
+  row = identity.row_of(fun, full_options_key)
+  if type(row) is identity.OWNED:
+    owned = row()
+    if owned is not None:
+      return owned
+  for q in inline.canonical_quick.get(fun.__code__, ()):
+    if q.options_key == full_options_key and q.match(fun) is not None:
+      found = q.entry()
+      if found is not None:
+        found.used = True
+        events.hit(found.record)
+        identity.remember(identity.table(full_options_key), fun,
+                          identity.ref(found.jitted))
+        return found.jitted
+  return None
+
+
+def canonical_jitted(fun: types.FunctionType, options: dict,
+                     options_key: tuple, lift_numpy: bool,
+                     auto_dynamic: bool = False):
+  """The shared stock jitted object for ``fun``, or None if it needs lifting."""
+  full_options_key = (options_key, lift_numpy)
+  known = _known(fun, full_options_key)
+  if known is not None:
+    return known
+  code = fun.__code__
+  try:
+    a = closure.analyse(fun, lift_numpy)
+  except Uncacheable:
+    return None
+  # Lifting needed; an object kept by identity, whose contents the key does
+  # not cover (module-level helpers are walked, so only objects are roots);
+  # or an array a shared object would keep alive.
+  if (a.leaves or a.roots
+      or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
+    return None
+  if auto_dynamic and _scalars_keep_changing(fun, a.key, options, options_key,
+                                             lift_numpy):
+    return None   # a ClosureJitted passes them as arguments
+  key = (full_options_key, a.key)
+  try:
+    found = _store.get(key)
+  except TypeError:
+    return None
+  if found is None:
+    # Stock caches are keyed on the function object, so a function object
+    # that already backs an entry (its globals changed since) gets a private
+    # copy; otherwise the user's own function, as stock would hold it.
+    own = fun not in _functions
+    _functions.add(fun)
+    jitted = _compat.STOCK_JIT(fun if own else _copy_function(fun), **options)
+    # Its compile happens at its first call, inside stock: cost unknown here.
+    found = Canonical(jitted, [], events.miss(fun, code, key, 0.0))
+    diagnostics.measure_later(found.record)   # stock compiles at its first call
+    held = entries.hold_weakly(_store, key, found, a.anchors)
+    if isinstance(held, str):
+      events.not_stored(fun, "unweakrefable_anchor", held)
+    else:
+      found.anchors = held
+      _store.put(key, found)
+  else:
+    events.hit(found.record)
+  # The inline cache skips the helper scan, so only functions that read no
+  # module-level helper take it.
+  if not a.roots and len(inline.canonical_quick.get(code, ())) < inline.PER_CODE:
+    inline.remember(inline.canonical_quick, fun, key, found)
+  identity.remember(identity.table(full_options_key), fun,
+                          identity.ref(found.jitted))
+  return found.jitted
+
+
+def _copy_function(f: types.FunctionType) -> types.FunctionType:
+  g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                         f.__defaults__, f.__closure__)
+  g.__kwdefaults__ = f.__kwdefaults__
+  rebuild.copy_function_metadata(f, g)
+  return g
+
+

@@ -1,0 +1,135 @@
+"""``jit``: the entrance to the front.
+
+``jit(fun, **options)`` decides what a function gets, in this order: the
+hot case (a re-created closure without options: its code's front class, or
+the generic wrapper, made without ``__init__``'s frame); the options
+(stock's ``TypeError`` for a wrong keyword); functions passed as static
+arguments (``static_args``); closure-free functions (one canonical stock
+object, ``canonical``); opaque callables (stock); everything else a
+``ClosureJitted``. Where the optional C extension is built, ``jit`` is
+``generated.entrance``'s object, which makes a front's wrapper in C and
+passes every other call here.
+
+Invariants: ``jit`` raises what stock's ``jax.jit`` raises for the same
+arguments; it never traces or compiles (the first call does).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Callable
+
+from jax_closure_cache import _compat
+from jax_closure_cache import events
+from jax_closure_cache.front import canonical
+from jax_closure_cache.front import generated
+from jax_closure_cache.front import inline
+from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.front import static_args
+from jax_closure_cache.front import wrapper
+from jax_closure_cache.key import auto_dynamic as scalars
+from jax_closure_cache.key import closure
+
+_new_wrapper = object.__new__
+_FunctionType = types.FunctionType
+_ClosureJitted = wrapper.ClosureJitted
+_fronts = inline.fronts
+_hot_spec = jit_options.hot_spec_cell()
+
+
+def jit(fun: Callable | None = None, /, **options) -> Any:
+  """Closure-aware drop-in for ``jax.jit``.
+
+  Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
+  given to ``enable(lift_numpy=...)`` or ``JAX_CLOSURE_CACHE_LIFT_NUMPY``,
+  else False), which passes closed-over numpy arrays as arguments instead of
+  baking them, and ``auto_dynamic`` (default: ``enable(auto_dynamic=...)``
+  or ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC``, else True), which passes a closed-
+  over Python int or float that keeps changing as a weakly typed argument.
+  Without ``fun`` it returns a decorator.
+
+  Example::
+
+      >>> import jax.numpy as jnp
+      >>> from jax_closure_cache import jit
+      >>> def outer(a):
+      ...   def inner(x):
+      ...     return x * a
+      ...   return jit(inner)(2.0)   # one compile for every a of this shape
+      >>> float(outer(jnp.float32(3.0))), float(outer(jnp.float32(4.0)))
+      (6.0, 8.0)
+  """
+  if not options and type(fun) is _FunctionType and fun.__closure__:
+    # The hot case (a re-created closure, every call): what __init__ does,
+    # without its frame.
+    cls = _fronts.get(fun.__code__)
+    if cls is not None:
+      # A front carries its code and the hot spec as class attributes.
+      w = _new_wrapper(cls)
+      w._fun = fun
+      w._stock = w._row = None
+      return w
+    w = _new_wrapper(_ClosureJitted)
+    w._fun = fun
+    w._code = fun.__code__
+    w._spec = _hot_spec[0]
+    w._stock = w._row = None
+    return w
+  return _jit_with_options(fun, options)
+
+
+def _jit_with_options(fun, options: dict):
+  """``jit`` past the hot case: options, static arguments, closure-free
+  functions, opaque callables, then a ``ClosureJitted``."""
+  lift_numpy = options.pop("lift_numpy", None)
+  auto_dynamic = options.pop("auto_dynamic", None)
+  if fun is None:
+    # stock's keyword-only signature rejects a wrong name at once
+    jit_options.check_option_names(options)
+    return functools.partial(jit, lift_numpy=lift_numpy,
+                             auto_dynamic=auto_dynamic, **options)
+  if lift_numpy is None:
+    lift_numpy = jit_options.lift_numpy_default()
+  if auto_dynamic is None:
+    auto_dynamic = jit_options.auto_dynamic_default()
+  try:
+    options_key = jit_options.options_key(options) if options else ()
+  except TypeError as e:
+    if "unexpected keyword" in str(e):
+      raise
+    events.fallback(fun, wrapper.code_of(fun), "unhashable_jit_options",
+                    f"the jit options cannot key a cache: {e}")
+    return _compat.STOCK_JIT(fun, **options)
+  if not callable(fun):
+    return _compat.STOCK_JIT(fun, **options)   # stock's error
+  if jit_options.has_static_arguments(options):
+    if isinstance(fun, (types.FunctionType, functools.partial,
+                        types.MethodType, _ClosureJitted)):
+      # Functions among the static arguments are keyed by closure key.
+      return static_args.StaticArgsJitted(fun, options, options_key,
+                                          lift_numpy, auto_dynamic)
+  if type(fun) is types.FunctionType and fun.__closure__ is None:
+    if not (auto_dynamic and scalars.verified(
+        (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
+      jitted = canonical.canonical_jitted(fun, options, options_key,
+                                          lift_numpy, auto_dynamic)
+      if jitted is not None:
+        return jitted
+  elif not (isinstance(fun, (types.FunctionType, functools.partial,
+                             types.MethodType, _ClosureJitted))
+            or closure.as_method(fun) is not None):
+    return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
+  return _ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+
+
+# The fast front's entrance: ``jit`` itself, or the same in C where the
+# extension is built (it makes a front's wrapper without jit's Python frame).
+_python_jit = jit
+jit = generated.entrance(_python_jit, _fronts, _ClosureJitted)
+
+
+def entrance_built() -> bool:
+  """Whether ``jit`` is the C entrance (the extension is optional)."""
+  return jit is not _python_jit
+

@@ -1,0 +1,110 @@
+"""Identity first: what the first call of a function object decided.
+
+Stock keys its caches on the function object, so a function object called
+before is answered as its first call decided, whatever its closure holds
+later. This module owns the rows that remember it, per options key.
+
+Invariants: a row never refers to its function, and goes (with no Python
+frame of ours) the moment the function dies; tables are emptied, never
+replaced (the hot path holds them); ``clear()`` empties them.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+from jax_closure_cache import cache
+
+#: A function object whose first call hit a shared lifted entry keeps calling
+#: that entry, with the arrays it read then, as stock would keep its first
+#: trace. After this many calls times arrays (a closure over 256 arrays or
+#: more at its second call) it is long-lived: it gets stock's own executable
+#: (arrays baked), which is faster per call when it closes over many arrays.
+#: Stock pays that compile at the first call, so the total is never more
+#: than stock's.
+PROMOTE_AFTER_CALLS = 256
+
+
+# What the first call of one function object (under one set of options)
+# decided, for all its later calls; stock keys its caches on the object too.
+# A row is either
+#
+# * a weak reference to a stock jitted object of the function ("owned":
+#   stock traced it, so it is stock's from then on; when that object is
+#   gone, a new stock ``jax.jit`` of the function finds stock's own trace of
+#   it, as stock would), or
+# * a list ``[entry, key, leaves, calls]`` ("pinned"): the shared entry its
+#   first call used, the full key it was found under, the arrays it read
+#   then, and how many calls it has had since.
+#
+# Rows refer neither to the function nor, once it dies, to anything of it.
+OWNED = weakref.ReferenceType
+
+# options key -> {weakref(function object): row}. Each weak reference's
+# callback is its table's own ``pop``, so a row goes, with no Python frame of
+# ours, the moment its function object dies (a dead reference keeps its hash
+# and equals only itself). Tables are emptied, never replaced.
+tables: dict[tuple, dict] = {}
+ref = weakref.ref
+getweakrefcount = weakref.getweakrefcount
+# Without reference counts (not CPython), every hit records its row.
+getrefcount = getattr(sys, "getrefcount", lambda _: LONE_REFS + 1)
+# References to a function held by a wrapper alone, as counted in the hot
+# path: the wrapper's slot, the local name, getrefcount's argument.
+LONE_REFS = 3
+
+
+def table(options_key) -> dict:
+  found = tables.get(options_key)
+  if found is None:
+    found = tables.setdefault(options_key, {})
+  return found
+
+
+def clear_tables() -> None:
+  for rows in list(tables.values()):
+    rows.clear()
+
+
+cache.register_clear_hook(clear_tables)
+
+
+def row_of(fun, options_key):
+  table = tables.get(options_key)
+  if table is None:
+    return None
+  try:
+    return table.get(ref(fun))
+  except TypeError:   # not weakly referenceable, or unhashable
+    return None
+
+
+def remember(table: dict, fun, row) -> None:
+  try:
+    table[ref(fun, table.pop)] = row
+  except TypeError:   # not weakly referenceable, or unhashable: no row
+    pass
+
+
+def direct(wrapper, owned) -> None:
+  """Make calls of ``wrapper`` go straight to stock's ``owned``: a class of
+  its own whose ``__call__`` is ``owned`` itself, so no Python frame of ours
+  runs (within a few percent of calling stock's object). Done only for a
+  wrapper called twice, i.e. a long-lived one."""
+  cls = type(wrapper)
+  direct = type(cls.__name__, (cls,), {
+      "__slots__": (), "__call__": staticmethod(owned),
+      "__del__": _drop_direct, "__module__": cls.__module__,
+      "__qualname__": cls.__qualname__, "_direct": True})
+  wrapper.__class__ = direct
+
+
+def _drop_direct(self) -> None:
+  # A class is freed only by the cycle collector; the stock object it names
+  # (and the arrays that object's function closes over) must not wait for it.
+  try:
+    del type(self).__call__   # back to the class it was made from
+  except Exception:
+    pass
+

@@ -1,0 +1,288 @@
+"""The first call of a function object: look up, miss, store, fall back.
+
+These are the wrapper's slow paths, in the order a first call meets them:
+``stored`` (the key and its stored entry), ``miss`` (stock's own trace for
+the first object of a code; else one trace of the shared lifted function,
+with auto-dynamic scalars decided by ``make_dynamic``), ``store`` (keep the
+entry if the key covers what its trace captured, with guards for the rest),
+and ``fallback`` / ``retry_stock`` (stock answers, and says why). Each takes
+the wrapper ``w`` being called; the wrapper's ``_miss`` and ``_store``
+frames are where the lifted function finds it while tracing.
+
+Invariants: whatever goes wrong here, the call is answered by stock jit of
+the user's own function, so its result or error is stock's; every outcome
+is one ``events`` call (counted and explained together).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import types
+
+from jax_closure_cache import _compat
+from jax_closure_cache import diagnostics
+from jax_closure_cache import events
+from jax_closure_cache.front import entries
+from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.key import auto_dynamic as scalars
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import guards as key_guards
+from jax_closure_cache.key.closure import Uncacheable
+
+_JaxArray = _compat.jax.Array
+
+
+def code_of(fun) -> types.CodeType | None:
+  """The code object of a function, partial, bound method, callable object
+  or one of the package's jit wrappers (None for anything else)."""
+  while True:
+    if isinstance(fun, types.FunctionType):
+      return fun.__code__
+    if isinstance(fun, functools.partial):
+      fun = fun.func
+    elif isinstance(fun, types.MethodType):
+      fun = fun.__func__
+    elif isinstance(fun, entries.JitWrapper):
+      fun = fun._fun
+    else:
+      method = closure.as_method(fun)   # a callable object's __call__
+      if method is None:
+        return None
+      fun = method
+
+
+def dynamic_key(w):
+  return (code_of(w._fun), code_of(w._user()), w._spec.key)
+
+
+def make_dynamic(w, key, a, args, kwargs):
+  """On a miss whose key differs from the last miss of the same code only
+  in Python int/float values, pass those values as arguments from now on,
+  if verification shows that tracing them as arguments traces what
+  baking them does (``dynamic.verify``). Returns the new (key,
+  analysis), or None."""
+  spec = w._spec
+  if not spec.auto_dynamic:
+    return None
+  dk = dynamic_key(w)
+  previous = scalars.last_key(dk)
+  if previous is None:
+    return None
+  ordinals = scalars.candidates(dk, previous[1], key[1])
+  if ordinals is None:
+    return None
+  try:
+    dyn = closure.analyse(w._fun, spec.lift_numpy, True, ordinals)
+  except (Uncacheable, TypeError):
+    return None
+  why = scalars.verify(w._fun, dyn, key[1], previous[1], ordinals,
+                            args, kwargs)
+  scalars.decide(dk, key[1], ordinals, why is None)
+  if why is not None:
+    diagnostics.stays_static(w._user(), previous, key, why)
+    return None
+  if diagnostics.explaining():
+    diagnostics.became_dynamic(w._user(), previous, key)
+  return (spec.key, dyn.key), dyn
+
+
+def remember_last_key(w) -> None:
+  """After a miss's call, the key of the state it left, for the next miss
+  of this code to compare with. The state after the call, not before: a
+  counter the trace itself bumps (``nonlocal n; n += 1``, ``count[0] +=
+  1``) is then equal in both, so it never becomes dynamic, and the trace-
+  time side effect keeps reaching the user's own cell, as with stock."""
+  spec = w._spec
+  if not spec.auto_dynamic:
+    return
+  try:
+    after = closure.analyse(w._fun, spec.lift_numpy)
+    scalars.remember_last_key(dynamic_key(w),
+                                   (spec.key, after.key))
+  except (Uncacheable, TypeError):
+    pass
+
+
+def stored(w):
+  """``(analysis, key, stored entry or None)`` of this wrapper's function.
+  Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
+  dk = dynamic_key(w) if w._spec.auto_dynamic else None
+  dynamic = None if dk is None else scalars.verified(dk)
+  a = closure.analyse(w._fun, w._spec.lift_numpy, True, dynamic)
+  if dynamic is not None and not scalars.mask_for(dk, a.key):
+    # the mask is another structure's: this key bakes its scalars
+    a = closure.analyse(w._fun, w._spec.lift_numpy, True, None)
+  key = (w._spec.key, a.key)
+  return a, key, entries.entries.get(key)
+
+
+def fallback(w, reason: str, args, kwargs, detail: str = ""):
+  events.fallback(w._user(), code_of(w._user()), reason, detail)
+  w._own()
+  return w.stock()(*args, **kwargs)
+
+
+def retry_stock(w, key, args, kwargs, error=None):
+  """Answer with stock's outcome; remember the code if only lifting failed
+  (or, if it passed scalars as arguments, that those stay static)."""
+  w._own()
+  out = w.stock()(*args, **kwargs)   # stock's error propagates as is
+  entries.entries.discard(key)
+  code = code_of(w._user())
+  leak = entries.tracer_leak(error)
+  if leak is not None:
+    if code is not None:
+      entries.unliftable.add(code)
+    events.fallback(
+        w._user(), code, "tracer_leak",
+        "the lifted trace stored a traced value in state reached through "
+        "the closure (a value built at trace time from a lifted array); "
+        "what it overwrote was put back, and this code is traced as stock "
+        "traces it from now on")
+    return out
+  dynamic = closure.dynamic_ordinals(key[1])
+  if dynamic:
+    scalars.never(dynamic_key(w), key[1], dynamic)
+    events.fallback(
+        w._user(), code, "trace_error",
+        "tracing with a Python scalar passed as an argument failed (it is "
+        "needed as a concrete value: a shape, a bound, a Python if); it "
+        "stays static for this code")
+    return out
+  if code is not None:
+    entries.unliftable.add(code)
+  events.fallback(w._user(), code, "trace_error",
+                  "tracing with lifted arrays failed where stock did not")
+  return out
+
+
+def miss(w, key, a, args, kwargs):
+  code = code_of(w._user())
+  if (code is not None and code not in entries.ALWAYS_SHARED
+      and not entries.spans_processes(a.leaves)
+      and entries.first_object_of_code(code)):
+    # The first function object of this code is stock's: a long-lived
+    # function keeps stock's executable and speed. Only a second object
+    # of the same code (a re-created closure) compiles the shared entry.
+    started = time.perf_counter()
+    w._own()
+    out = w.stock()(*args, **kwargs)
+    remember_last_key(w)
+    events.miss(w._user(), code, key, time.perf_counter() - started,
+                first_object=True)
+    return out
+  if code is not None and code in entries.unliftable:
+    return fallback(
+        w, "unliftable", args, kwargs,
+        "an earlier lifted trace of this code failed or stored a traced "
+        "value where stock's did not, so stock traces it")
+  made = make_dynamic(w, key, a, args, kwargs)
+  if made is not None:
+    key, a = made
+    entry = entries.entries.get(key)
+    if entry is not None and not entry.guards:   # another value's entry
+      events.hit(entry.record)
+      w._pin(entry, key, a.leaves)
+      return w._call_entry(entry, key, a.leaves, args, kwargs)
+  baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
+  if baked is not None:
+    # An array kept by identity (committed to a device, or inside an
+    # object) is baked into the trace: a stored entry would keep it alive.
+    return fallback(
+        w, "array_by_identity", args, kwargs,
+        f"a {key_guards.describe_array(baked)} array is kept by identity "
+        "(committed, or inside an object) and would be baked into a shared "
+        "executable that keeps it alive")
+  w.stock()   # made now: validates the options as stock jit() would
+  entry = entries.Entry()
+  entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
+  entry.dynamic = a.dynamic
+  entry.jitted = entries.make_lifted_jit(
+      w._fun, code_of(w._fun), entry, w._spec.options, w._spec.lift_numpy,
+      len(args))
+  started = time.perf_counter()
+  try:
+    # .trace() fills JAX's _infer_params cache, so the call below compiles
+    # without tracing again; the Traced object yields the captured consts.
+    traced = entry.jitted.trace(a.leaves, *args, **kwargs)
+    out = entry.jitted(a.leaves, *args, **kwargs)
+  except Exception as e:
+    return retry_stock(w, key, args, kwargs, e)
+  cost = time.perf_counter() - started   # trace + compile + first run
+  # a miss is counted when stored or not stored (below): a failed trace
+  # counts as a fallback alone
+  w._pin(entry, key, a.leaves)
+  w._store(key, entry, a.leaves, args, kwargs, traced, cost)
+  return out
+
+
+def _guards(w, after, traced, args, kwargs):
+  """The guards of a trace's captured constants that ``after`` (the
+  closure analysed after the trace) does not cover, or ``Unguarded``."""
+  captured = _compat.captured_constants(traced)
+  covered = {id(x) for x in after.anchors}
+  guards = key_guards.find_guards(captured, after.roots, covered)
+  if (isinstance(guards, key_guards.Unguarded)
+      and not jit_options.has_static_arguments(w._spec.options)):
+    # constants the trace made itself from what the key covers
+    made = key_guards.made_by_trace(w._fun, after, args, kwargs,
+                                    captured, covered)
+    if made:
+      guards = key_guards.find_guards(captured, after.roots, covered | made)
+  return guards
+
+
+def store(w, key, entry: entries.Entry, leaves, args, kwargs,
+          traced=None, cost: float | None = None) -> None:
+  """Store ``entry`` under ``key`` (the state the trace started from) with
+  fresh guards, or drop it.
+
+  The closure is analysed again after tracing, for the guard roots. A
+  trace that mutated the closure (a trace counter in a list, a
+  ``nonlocal``) leaves the entry under the state it started from: a fresh
+  closure in that state would trace the same way. ``traced`` is the miss
+  path's own trace; without it (a call that traced a new signature) the
+  entry is asked for it again, which JAX answers from its cache.
+  """
+  entries.entries.discard(key)
+  remember_last_key(w)   # after every trace, a miss's or a hit's
+  if cost is not None:   # a miss, not a re-derivation after a retrace
+    entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
+  try:
+    after = closure.analyse(w._fun, w._spec.lift_numpy,
+                            True, entry.dynamic)
+  except Uncacheable as e:
+    events.not_stored(w._user(), "uncacheable_after_trace", e.detail)
+    return
+  if len(after.leaves) != len(leaves):
+    events.not_stored(w._user(), "layout_changed",
+                      "the trace changed how many arrays the closure holds")
+    return
+  if traced is None:
+    try:
+      traced = entry.jitted.trace(leaves, *args, **kwargs)
+    except Exception as e:
+      events.not_stored(w._user(), "retrace_failed",
+                        f"tracing the new signature again failed: {e!r}")
+      return
+  guards = _guards(w, after, traced, args, kwargs)
+  if isinstance(guards, key_guards.Unguarded):
+    events.not_stored(w._user(), "untracked_capture", guards.detail)
+    return
+  held = entries.hold_weakly(entries.entries, key, entry,
+                             entry.anchors + after.anchors
+                             if cost is not None else after.anchors)
+  if isinstance(held, str):
+    events.not_stored(w._user(), "unweakrefable_anchor", held)
+    return
+  entry.anchors = held
+  entry.guards = guards
+  entry.checked = entry.traces
+  try:
+    entries.entries.put(key, entry)
+  except TypeError as e:
+    events.not_stored(w._user(), "unhashable", str(e))
+    return
+  if not guards:
+    w._remember_matcher(key, entry)

@@ -1,0 +1,188 @@
+"""The options of a jitted function: stock's keywords, ours, and defaults.
+
+``jit(fun, **options)`` takes every keyword of ``jax.jit`` plus
+``lift_numpy`` and ``auto_dynamic``. The options become one
+:class:`JitSpec`, shared by every wrapper made with them and compared by
+identity on the hot path; ``hot_spec()`` is the spec of ``jit(fun)`` with no
+options under the current defaults.
+
+Invariants: equal options give the same spec object; a wrong keyword raises
+stock's ``TypeError`` before anything is cached; the defaults change only
+through ``set_*_default`` (``enable()``), which tells the listeners
+(``on_defaults_changed``: the fast fronts, each built for one spec).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from jax_closure_cache import settings
+from jax_closure_cache.front import identity
+
+JIT_OPTIONS = frozenset({
+    "in_shardings", "out_shardings", "static_argnums", "static_argnames",
+    "donate_argnums", "donate_argnames", "keep_unused", "device", "backend",
+    "inline", "compiler_options"})
+
+
+def _freeze(v):
+  if isinstance(v, list):
+    return tuple(_freeze(x) for x in v)
+  if isinstance(v, dict):
+    return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+  return v
+
+
+ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
+                            "donate_argnums", "donate_argnames"})
+
+
+def has_static_arguments(options: dict) -> bool:
+  """Whether the jit options name static arguments (their values are then
+  passed as they are, not traced)."""
+  return "static_argnums" in options or "static_argnames" in options
+
+
+def check_option_names(options: dict) -> None:
+  """Stock's TypeError for a keyword ``jax.jit`` does not take."""
+  for name in options:
+    if name == "fun":
+      raise TypeError("jit() got some positional-only arguments passed as "
+                      "keyword arguments: 'fun'")
+    if name not in JIT_OPTIONS:
+      raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
+
+
+def options_key(options: dict) -> tuple:
+  """Options as a hashable key; ``1`` and ``(1,)`` (or ``"n"`` and
+  ``("n",)``) select the same arguments, so they give the same key."""
+  check_option_names(options)
+  key = tuple(sorted(
+      (k, (v,) if k in ARG_SELECTORS and isinstance(v, (int, str)) else _freeze(v))
+      for k, v in options.items()))
+  hash(key)   # TypeError here means the options cannot key a cache
+  return key
+
+
+def shift(argnums):
+  """Positional indices after prepending the leaves argument."""
+  if argnums is None:
+    return None
+  if isinstance(argnums, int):
+    return argnums + 1 if argnums >= 0 else argnums
+  return tuple(i + 1 if i >= 0 else i for i in argnums)
+
+
+
+def lifted_options(options: dict, n_args: int) -> dict:
+  """The options for stock jit of the lifted function, which takes the
+  leaves as a new first argument."""
+  shifted = dict(options)
+  if "static_argnums" in shifted:
+    shifted["static_argnums"] = shift(shifted["static_argnums"])
+  if "donate_argnums" in shifted:
+    shifted["donate_argnums"] = shift(shifted["donate_argnums"])
+  if "in_shardings" in shifted:
+    # The leaves' sharding is left unspecified (None): a committed leaf
+    # keeps its own, an uncommitted one is placed as stock places the
+    # constant it would have baked. One sharding for every argument is
+    # spelled out for the entry's first call; a later call with another
+    # number of arguments fails there and is answered by stock.
+    user = shifted["in_shardings"]
+    if not isinstance(user, (tuple, list)):
+      user = (user,) * n_args
+    shifted["in_shardings"] = (None, *user)
+  return shifted
+
+
+class JitSpec(NamedTuple):
+  """The options of a jitted function, shared by every wrapper made with
+  them (one lookup per ``jit()``).
+
+  ``options``: the keywords stock ``jax.jit`` gets (for the lifted function,
+  argument numbers shift by one and a user-given ``in_shardings`` gains an
+  unspecified sharding for the leaves: ``entries.make_lifted_jit``).
+  ``key``: ``(options key, lift_numpy, auto_dynamic)``, hashable, compared
+  by identity on the hot path. ``lift_numpy``: closed-over NumPy arrays are
+  passed as arguments. ``auto_dynamic``: Python scalars that keep changing
+  are passed as arguments. ``table``: the identity rows for these options
+  (``identity``).
+  """
+  options: dict
+  key: tuple
+  lift_numpy: bool
+  auto_dynamic: bool
+  table: dict
+
+
+_specs: dict[tuple, JitSpec] = {}
+
+
+def spec(options: dict, options_key: tuple, lift_numpy: bool,
+         auto_dynamic: bool) -> JitSpec:
+  """The one spec of these options."""
+  key = (options_key, lift_numpy, auto_dynamic)
+  found = _specs.get(key)
+  if found is None:
+    if len(_specs) >= 1 << 12:   # options built afresh in a loop
+      _specs.clear()
+    found = _specs.setdefault(key, JitSpec(options, key, lift_numpy,
+                                           auto_dynamic, identity.table(key)))
+  return found
+
+
+def find_spec(key: tuple) -> JitSpec | None:
+  return _specs.get(key)
+
+
+class _Defaults:
+  lift_numpy = settings.read(settings.LIFT_NUMPY)
+  auto_dynamic = settings.read(settings.AUTO_DYNAMIC)
+
+
+_HOT_SPECS = {(n, d): spec({}, (), n, d) for n in (False, True)
+              for d in (False, True)}
+# The spec of ``jit(fun)`` without options, for the current defaults.
+_hot_spec = [_HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]]
+_listeners: list = []
+
+
+def hot_spec() -> JitSpec:
+  return _hot_spec[0]
+
+
+def hot_spec_cell() -> list:
+  """The one-item list holding the hot spec (``jit``'s hot case reads it
+  without a call)."""
+  return _hot_spec
+
+
+def on_defaults_changed(listener) -> None:
+  """Call ``listener()`` whenever a default (hence the hot spec) changes."""
+  _listeners.append(listener)
+
+
+def _update_hot_spec() -> None:
+  _hot_spec[0] = _HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]
+  for listener in _listeners:
+    listener()
+
+
+def set_auto_dynamic_default(value: bool) -> None:
+  """Default of ``jit(..., auto_dynamic=...)`` (``enable(auto_dynamic=...)``)."""
+  _Defaults.auto_dynamic = bool(value)
+  _update_hot_spec()
+
+
+def auto_dynamic_default() -> bool:
+  return _Defaults.auto_dynamic
+
+
+def set_lift_numpy_default(value: bool) -> None:
+  """Default of ``jit(..., lift_numpy=...)`` (``enable(lift_numpy=...)``)."""
+  _Defaults.lift_numpy = bool(value)
+  _update_hot_spec()
+
+
+def lift_numpy_default() -> bool:
+  return _Defaults.lift_numpy

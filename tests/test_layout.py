@@ -1,0 +1,121 @@
+"""The package's layout keeps the three layers apart (CONTRIBUTING,
+"Architecture"): imports go one way, no module takes another's private
+names, and there is no import cycle, lazy imports inside functions included.
+"""
+
+import ast
+import os
+
+import pytest
+
+import jax_closure_cache
+
+ROOT = os.path.dirname(jax_closure_cache.__file__)
+PACKAGE = "jax_closure_cache"
+
+
+def _modules() -> dict:
+  found = {}
+  for folder, _, files in os.walk(ROOT):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(folder, f)
+        rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        name = PACKAGE if rel == "__init__" else f"{PACKAGE}.{rel}"
+        found[name.removesuffix(".__init__")] = path
+  return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str):
+  """``(imported module, imported name or None)`` for every import of the
+  package in module ``name``, at any depth."""
+  with open(MODULES[name]) as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE):
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        if full in MODULES or f"{full}" == f"{PACKAGE}.front._entrance":
+          yield full, None
+        else:
+          yield node.module, alias.name
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.name.startswith(PACKAGE):
+          yield alias.name, None
+
+
+def _layer(name: str) -> str:
+  rest = name[len(PACKAGE) + 1:]
+  return rest.partition(".")[0] if "." in rest else "top"
+
+
+# What each layer may import from the package, besides itself.
+ALLOWED = {
+    "key": {"_compat", "cache"},
+    "lookup": {"_compat", "cache", "key"},
+    "front": {"_compat", "cache", "settings", "events", "diagnostics", "key",
+              "lookup"},
+    "control_flow": {"_compat", "front", "key"},
+}
+
+
+def _target_layer(target: str) -> str:
+  rest = target[len(PACKAGE) + 1:]
+  return rest.partition(".")[0]
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_go_one_way(layer):
+  wrong = []
+  for name in MODULES:
+    if name.startswith(f"{PACKAGE}.") and _layer(name) == layer:
+      for target, _ in _imports(name):
+        if target == PACKAGE:
+          continue
+        t = _target_layer(target)
+        if t != layer and t not in ALLOWED[layer]:
+          wrong.append(f"{name} imports {target}")
+  assert wrong == []
+
+
+def test_nothing_on_a_call_path_imports_the_tools():
+  wrong = [f"{name} imports {target}" for name in MODULES
+           if _layer(name) != "tools"
+           for target, _ in _imports(name)
+           if _target_layer(target) == "tools"
+           and name != f"{PACKAGE}.__main__"]
+  assert wrong == []
+
+
+def test_no_module_imports_another_modules_private_names():
+  wrong = [f"{name}: {module}.{attr}" for name in MODULES
+           for module, attr in _imports(name)
+           if attr is not None and attr.startswith("_")]
+  assert wrong == []
+
+
+def test_no_import_cycle():
+  edges = {name: {t for t, _ in _imports(name) if t in MODULES and t != name
+                  and t != PACKAGE}
+           for name in MODULES}
+  state, cycles = {}, []
+
+  def visit(node, stack):
+    state[node] = "open"
+    stack.append(node)
+    for nxt in sorted(edges[node]):
+      if state.get(nxt) == "open":
+        cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+      elif nxt not in state:
+        visit(nxt, stack)
+    stack.pop()
+    state[node] = "done"
+
+  for name in sorted(MODULES):
+    if name not in state:
+      visit(name, [])
+  assert cycles == []
