@@ -57,7 +57,7 @@ def _layer(name: str) -> str:
 ALLOWED = {
     "key": {"_compat", "cache"},
     "lookup": {"_compat", "cache", "key"},
-    "front": {"_compat", "cache", "settings", "events", "diagnostics", "key",
+    "front": {"_compat", "cache", "settings", "events", "diagnostics", "explain", "key",
               "lookup"},
     "control_flow": {"_compat", "front", "key"},
 }

@@ -26,6 +26,8 @@ from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import code_plan
+from jax_closure_cache.key import masks
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
 
@@ -60,7 +62,7 @@ def _scalars_keep_changing(fun, fun_key, options, options_key,
   arguments: the code counts as seen (its first object was stock's) and the
   last key is where ClosureJitted's comparison finds it."""
   code = fun.__code__
-  if closure.code_plan(code).writes_globals:
+  if code_plan.code_plan(code).writes_globals:
     return False   # a trace that assigns globals changes its own key
   ck = (code, options_key, lift_numpy)
   previous = _last.get(ck)
@@ -69,7 +71,7 @@ def _scalars_keep_changing(fun, fun_key, options, options_key,
   _last[ck] = fun_key
   if previous is None or previous == fun_key:
     return False
-  changed = closure.scalars_that_differ(previous, fun_key)
+  changed = masks.scalars_that_differ(previous, fun_key)
   spec = jit_options.spec(options, options_key, lift_numpy, True)
   if not changed or changed <= scalars.never_for((code, code, spec.key),
                                                  fun_key):

@@ -31,9 +31,11 @@ from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import diagnostics
 from jax_closure_cache import events
+from jax_closure_cache import explain
 from jax_closure_cache.front import generated
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import code_plan
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
 
@@ -179,7 +181,7 @@ def library_object(obj) -> bool:
   held as module globals are; it holds none of the user's data."""
   t = type(obj)
   return (not isinstance(obj, (_JaxArray, np.ndarray))
-          and closure.stable_module(getattr(t, "__module__", None)))
+          and code_plan.stable_module(getattr(t, "__module__", None)))
 
 
 class _SourceStub:
@@ -241,7 +243,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       if diagnostics.explaining():
         # the arguments' static parts, described (never held: they may hold
         # the user's functions)
-        static = diagnostics.describe_static_parts((args, kwargs))
+        static = explain.describe_static_parts((args, kwargs))
       if e.traces:
         events.retrace(current, a.key, e.avals, avals, e.static, static)
       e.static = static

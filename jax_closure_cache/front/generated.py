@@ -87,12 +87,12 @@ def hit_function(env: dict):
   return namespace["hit"]
 
 
-def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
+def front_class(base: type, spec, code, quicks, env: dict) -> type:
   """A subclass of ``base`` whose ``__call__`` takes the hit inline for
   ``quicks`` (``(key, source, entry_ref)`` triples, newest first, all of
   ``code`` and of ``spec``; each ``source`` from
-  ``matchers.match_source(fun, key, f"Q{i}_K")``), or None when a
-  matcher's source does not have the shape this needs.
+  ``matchers.match_source(fun, key, f"Q{i}_K")``, whose checks say "not
+  this key" with ``break`` here).
 
   Its instances are wrappers of functions of ``code`` with ``spec``: both
   are class attributes (shadowing ``base``'s slots, never assigned), so
@@ -103,13 +103,7 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type | None:
           "  f = self._fun",
           "  if self._row is None and not getweakrefcount(f):"]
   for i, (key, src, entry_ref) in enumerate(quicks):
-    lines = []
-    for line in src.block():
-      if line.endswith(": return None") and line.startswith("    if "):
-        line = line[:-len("return None")] + "break"
-      elif "return None" in line:
-        return None   # a miss not at the block's own level
-      lines.append(line)
+    lines = src.block(miss="break")
     names.update(src.env)   # bound names are unique: ``Q{i}_K{n}``
     names[f"KEY{i}"] = key
     names[f"ENTRY{i}"] = entry_ref

@@ -27,6 +27,7 @@ from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import masks
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
 
@@ -141,7 +142,7 @@ def retry_stock(w, key, args, kwargs, error=None):
         "what it overwrote was put back, and this code is traced as stock "
         "traces it from now on")
     return out
-  dynamic = closure.dynamic_ordinals(key[1])
+  dynamic = masks.dynamic_ordinals(key[1])
   if dynamic:
     scalars.never(dynamic_key(w), key[1], dynamic)
     events.fallback(

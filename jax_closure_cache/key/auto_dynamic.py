@@ -43,6 +43,7 @@ import numpy as np
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import masks
 from jax_closure_cache.key import rebuild
 
 
@@ -69,7 +70,7 @@ cache.register_clear_hook(lambda: COST.update(verifications=0, verified=0,
 
 def structure(key) -> Any:
   """``key`` with every Python scalar masked (by type)."""
-  return closure.mask_scalars(key)
+  return masks.mask_scalars(key)
 
 
 def mask_for(dk, key) -> frozenset | None:
@@ -100,7 +101,7 @@ def candidates(dk, previous_key, key) -> frozenset | None:
   """Ordinals that would become dynamic on this miss: the scalars that
   differ from the last miss of ``dk`` (same structure), with those already
   verified, less those that failed; None if there are none new."""
-  changed = closure.scalars_that_differ(previous_key, key)
+  changed = masks.scalars_that_differ(previous_key, key)
   if not changed:
     return None
   d = _decisions.get(dk)
@@ -159,7 +160,7 @@ def _scalar_value(part):
 
 def _values_at(key, ordinals) -> list:
   scalars: list = []
-  closure.mask_scalars(key, scalars)
+  masks.mask_scalars(key, scalars)
   return [_scalar_value(scalars[i]) for i in sorted(ordinals)]
 
 

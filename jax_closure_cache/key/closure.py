@@ -40,10 +40,7 @@ Example::
 
 from __future__ import annotations
 
-import dis
 import functools
-import hashlib
-import sys
 import types
 import weakref
 from typing import Any, Callable, NamedTuple
@@ -52,10 +49,15 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key.objects import (
+    SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
+    numpy_key)
+from jax_closure_cache.key.code_plan import (
+    chain_value, code_plan, is_stable, own_module_level, stable_module)
 from jax_closure_cache.key.parts import (
-    ATOMS, BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, EMPTY, FN, ID, LIFTED, METHOD,
-    MISSING, NOCHAIN, NUMPY, OBJ, PARTIAL, SCALAR, TREE, TREEAUX, TREEDEF,
-    WEAKREF, WRAPPER, Tag, float_key)
+    ATOMS, BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, EMPTY, ID, LIFTED, METHOD,
+    MISSING, NOCHAIN, OBJ, PARTIAL, TREE, TREEAUX, TREEDEF,
+    WEAKREF, WRAPPER, Tag, Uncacheable, float_key, fn_part)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -64,175 +66,9 @@ OBJECT_DEPTH_BUDGET = 3
 OBJECT_VALUES_BUDGET = 256
 
 
-class Uncacheable(Exception):
-  """A callable that the cache must leave to stock ``jax.jit``.
-
-  ``reason`` is a short category (a key of ``stats()['fallback_reasons']``);
-  ``detail`` says which value and why.
-  """
-
-  def __init__(self, reason: str, detail: str):
-    super().__init__(f"{reason}: {detail}")
-    self.reason = reason
-    self.detail = detail
-
-
-# -- per-code-object facts ---------------------------------------------------
-
-class CodePlan(NamedTuple):
-  """What a code object (with its nested code objects) reads and writes.
-
-  ``chains`` are the attribute chains its code reads from a global or a
-  free variable, as ``(kind, name, attributes)`` with kind ``"global"`` or
-  ``"cell"``: ``Table.W`` is ``("global", "Table", ("W",))``.
-  """
-  global_names: tuple[str, ...]
-  writes_globals: bool
-  chains: tuple = ()
-  # free variables the code (or its nested code) assigns: ``nonlocal n``
-  written_cells: frozenset = frozenset()
-
-
-_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
-_GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
-_ATTR_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
-# A plain dict: a weak one costs a weakref per lookup on the hot path. It is
-# emptied when it grows past _PLANS_MAX (code made by exec in a loop).
-_plans: dict[types.CodeType, CodePlan] = {}
-_PLANS_MAX = 1 << 16
-
-
-def code_plan(code: types.CodeType) -> CodePlan:
-  """The globals ``code`` and its nested code objects read, once per code."""
-  try:
-    return _plans[code]
-  except KeyError:
-    pass
-  names: dict[str, None] = {}
-  chains: dict[tuple, None] = {}
-  written: set = set()
-  writes = False
-  pending = [code]
-  while pending:
-    co = pending.pop()
-    chain = None   # (kind, name, [attributes]) being read right now
-    for ins in dis.get_instructions(co):
-      op = ins.opname
-      if op in _GLOBAL_READS or op == "LOAD_DEREF":
-        if chain is not None and chain[2]:
-          chains[(chain[0], chain[1], tuple(chain[2]))] = None
-        kind = "cell" if op == "LOAD_DEREF" else "global"
-        chain = (kind, ins.argval, [])
-        if kind == "global":
-          names[ins.argval] = None
-        continue
-      if op in _ATTR_READS and chain is not None:
-        chain[2].append(ins.argval)
-        continue
-      if chain is not None and chain[2]:
-        chains[(chain[0], chain[1], tuple(chain[2]))] = None
-      chain = None
-      if op in _GLOBAL_WRITES:
-        writes = True
-      elif op in _CELL_WRITES:
-        written.add(ins.argval)
-    if chain is not None and chain[2]:
-      chains[(chain[0], chain[1], tuple(chain[2]))] = None
-    pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-  plan = CodePlan(tuple(names), writes, tuple(chains), frozenset(written))
-  if len(_plans) >= _PLANS_MAX:
-    _plans.clear()
-  _plans[code] = plan
-  return plan
-
-
-def is_module_level(fun: types.FunctionType) -> bool:
-  """A function defined at module scope: no closure, not nested anywhere."""
-  return fun.__closure__ is None and "<locals>" not in fun.__qualname__
-
-
-#: Top-level packages whose functions are taken as stable: their globals are
-#: not walked (a user does not reassign ``jax.numpy``'s module globals), and
-#: they are keyed by identity. Everything else a traced function reaches,
-#: module-level helpers included, is walked to the function budget (this
-#: package's module-level functions aside: :func:`is_stable`).
-STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
-                             "opt_einsum", "scipy"}) | frozenset(
-                                 getattr(sys, "stdlib_module_names", ()))
 #: At most this many functions are walked for one key (helpers reached
 #: through globals, nested closures); past it the function is stock's.
 FUNCTION_BUDGET = 128
-_stable_modules: dict = {}
-
-
-def _is_namespace(obj) -> bool:
-  """A module or class outside jax, numpy and the standard library: kept by
-  identity in a key, so what code reads from it must be keyed as well."""
-  if type(obj) is _ModuleType:
-    return not stable_module(obj.__name__)
-  if isinstance(obj, type):
-    return not stable_module(getattr(obj, "__module__", None))
-  return False
-
-
-def chain_value(f, kind: str, name: str, attributes: tuple):
-  """What ``f`` reads through an attribute chain (see :class:`CodePlan`):
-  the chain is followed while it passes through modules and classes of the
-  user's, and the first other value is returned (``Cfg.table`` for
-  ``Cfg.table["scale"]``). :data:`NOCHAIN` when the base is no such
-  namespace (its contents are keyed otherwise), :data:`MISSING` when an
-  attribute is absent."""
-  if kind == "global":
-    obj = f.__globals__.get(name, MISSING)
-  else:
-    try:
-      obj = f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
-    except (ValueError, TypeError, IndexError):
-      return NOCHAIN
-  if not _is_namespace(obj):
-    return NOCHAIN
-  for attribute in attributes:
-    if not _is_namespace(obj):
-      break
-    try:
-      obj = getattr(obj, attribute)
-    except Exception:
-      return MISSING
-  return obj
-
-
-def is_stable(fun: types.FunctionType) -> bool:
-  """Whether ``fun`` belongs to jax, numpy or the standard library, or is
-  one of this package's module-level functions (:func:`own_module_level`)."""
-  return stable_module(fun.__module__) or own_module_level(fun)
-
-
-def own_module_level(fun: types.FunctionType) -> bool:
-  """Whether ``fun`` is a module-level function of this package, keyed by
-  identity like jax's: its ``jit`` stands in for ``jax.jit`` (a user
-  function that reads ``jit`` after ``from jax import jit`` reaches it),
-  and its globals are the cache's own state, which changes with every store
-  (and holds dicts keyed by code objects) but never what a function
-  computes. Nested functions, such as the benchmark's workloads, are walked
-  as any user's."""
-  module = fun.__module__
-  return (type(module) is str and module.partition(".")[0] == _PACKAGE
-          and "<locals>" not in fun.__qualname__)
-
-
-PACKAGE = _PACKAGE = __name__.partition(".")[0]
-
-
-def stable_module(module) -> bool:
-  try:
-    return _stable_modules[module]
-  except KeyError:
-    pass
-  stable = isinstance(module, str) and module.partition(".")[0] in STABLE_PACKAGES
-  if len(_stable_modules) < 4096:
-    _stable_modules[module] = stable
-  return stable
 
 
 # -- committed arrays ---------------------------------------------------------
@@ -304,85 +140,6 @@ def register_wrapper(cls: type, split, join) -> None:
   _wrapper_types = tuple(wrapper_rules)
 
 
-# -- plain objects ----------------------------------------------------------
-
-_HEAPTYPE = 1 << 9
-_plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
-
-
-# C bases whose whole state the walk can read: their items (see _contents).
-_CONTAINER_BASES = (list, tuple, dict)
-
-
-def _is_plain_type(cls: type) -> bool:
-  """Instances keep all their state in ``__dict__`` (plus their items, for a
-  subclass of list, tuple or dict): Python classes only, no ``__slots__``
-  anywhere in the MRO and no other C base than object and those three."""
-  try:
-    return _plain_types[cls]
-  except KeyError:
-    pass
-  plain = True
-  for c in cls.__mro__[:-1]:
-    if c in _CONTAINER_BASES:
-      continue
-    slots = c.__dict__.get("__slots__", ())
-    if isinstance(slots, str):
-      slots = (slots,)
-    if (not c.__flags__ & _HEAPTYPE
-        or set(slots) - {"__dict__", "__weakref__"}):
-      plain = False
-      break
-  plain = plain and "__dict__" in dir(cls)
-  _plain_types[cls] = plain
-  return plain
-
-
-_copyable_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
-# Class attributes that make a shallow copy by __dict__ unsafe: creation or
-# attribute hooks, and a class's own idea of how to copy itself.
-_COPY_HOOKS = ("__new__", "__setattr__", "__delattr__", "__getattribute__",
-               "__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__",
-               "__getstate__", "__setstate__")
-
-
-def _is_copyable_type(cls: type) -> bool:
-  """Instances of ``cls`` (a plain type) can be rebuilt as
-  ``object.__new__(cls)`` plus a copy of their ``__dict__``: no class in the
-  MRO defines a creation, attribute or copy hook, or a data descriptor
-  (a property, whose value the copy could not set), and none is a list,
-  tuple or dict."""
-  try:
-    return _copyable_types[cls]
-  except KeyError:
-    pass
-  ok = True
-  for c in cls.__mro__[:-1]:
-    d = c.__dict__
-    if c in _CONTAINER_BASES or any(h in d for h in _COPY_HOOKS):
-      ok = False
-      break
-    for name, attr in d.items():
-      if name in ("__dict__", "__weakref__"):
-        continue
-      if hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__"):
-        ok = False
-        break
-    if not ok:
-      break
-  _copyable_types[cls] = ok
-  return ok
-
-
-def _contents(v) -> list:
-  """The items of a plain object that subclasses list, tuple or dict."""
-  if isinstance(v, dict):
-    return [x for kv in v.items() for x in kv]
-  if isinstance(v, (list, tuple)):
-    return list(v)
-  return []
-
-
 def fresh_function(x, depth: int = 4):
   """``x``, or the first item of a tuple in it, that is a function whose
   identity is fresh per call (a closure or user function, a partial, a
@@ -420,15 +177,6 @@ def node_data_function(treedef):
     if t.num_nodes != t.num_leaves + 1:
       pending.extend(t.children())
   return None
-
-
-def numpy_key(a: np.ndarray):
-  """A NumPy array's key: dtype, shape and a digest of its bytes."""
-  if a.dtype.hasobject:
-    raise Uncacheable("unhashable", "a numpy array of dtype object")
-  digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
-                           digest_size=16).digest()
-  return (NUMPY, a.dtype, a.shape, digest)
 
 
 _tree_flatten = jax.tree_util.tree_flatten
@@ -568,7 +316,7 @@ class Analysis:
         pass
       else:
         return (t, v)   # value-based hash and equality, like a static argument
-    if _is_plain_type(t):
+    if is_plain_type(t):
       return self.plain_object(v, t)
     if h is object.__hash__:
       return self.identity(v, root=True)
@@ -631,7 +379,7 @@ class Analysis:
             f"objects are reachable through cells and globals (at "
             f"{f.__qualname__}); a retrace could read any of them")
     code = f.__code__
-    plan = _plans.get(code) or code_plan(code)
+    plan = code_plan(code)
     g = f.__globals__
     self.anchors.append(g)
     value = self.value
@@ -660,8 +408,9 @@ class Analysis:
     finally:
       if plan.writes_globals:
         self.frozen -= 1
-    return (FN, i, code, id(g), cells, defaults, kwdefaults, globs,
-            tuple([self.chain(f, *c) for c in plan.chains]) if plan.chains else ())
+    return fn_part(i, code, id(g), cells, defaults, kwdefaults, globs,
+                   tuple([self.chain(f, *c) for c in plan.chains])
+                   if plan.chains else ())
 
   def chain(self, f, kind, name, attributes):
     """The key of what an attribute chain reads (``Table.W``, ``mylib.W``,
@@ -696,8 +445,8 @@ class Analysis:
     if type(i) is tuple:
       return i
     attrs = vars(v)
-    contents = _contents(v)
-    size = len(attrs) + len(contents)
+    members = contents(v)
+    size = len(attrs) + len(members)
     if self.nesting == 0:   # a new outermost object gets fresh budgets
       self.budget = OBJECT_VALUES_BUDGET
       self.depth = OBJECT_DEPTH_BUDGET
@@ -710,7 +459,7 @@ class Analysis:
     saved = self.in_object, self.depth
     # An object the rebuild can copy keeps arrays lifted (the trace runs on
     # a shallow copy holding tracers); any other keeps them by identity.
-    copyable = not self.in_object and not contents and _is_copyable_type(t)
+    copyable = not self.in_object and not members and is_copyable_type(t)
     self.in_object = not copyable
     self.nesting += 1
     self.depth -= 1
@@ -718,8 +467,8 @@ class Analysis:
     try:
       value = self.value
       items = tuple([(k, value(x)) for k, x in attrs.items()])
-      if contents:
-        items += (tuple([value(x) for x in contents]),)
+      if members:
+        items += (tuple([value(x) for x in members]),)
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1
@@ -744,57 +493,12 @@ class Analysis:
         if stable_module(c.__module__):
           continue
         for name, x in list(vars(c).items()):
-          x = _class_member(name, x)
-          if x is not _SKIP:
+          x = class_member(name, x)
+          if x is not SKIP:
             items.append((c.__qualname__, name, self.value(x)))
     finally:
       self.in_object = saved
     return (CLASS, i, t, tuple(items))
-
-
-def as_method(fun):
-  """A callable object's bound ``__call__``, or None for anything else.
-
-  An instance of a plain, copyable Python class (see ``_is_copyable_type``)
-  whose class defines ``__call__`` as a Python function is keyed as that
-  method bound to it: its ``__call__`` by closure key, itself by its
-  attributes. A class stock cannot hash (a dataclass with ``eq=True``) is
-  left to stock, whose ``TypeError`` the user gets as without the cache.
-  """
-  t = type(fun)
-  if t is _FunctionType or t.__hash__ is None:
-    return None
-  call = getattr(t, "__call__", None)
-  if (type(call) is not _FunctionType or not _is_plain_type(t)
-      or not _is_copyable_type(t)):
-    return None
-  return types.MethodType(call, fun)
-
-
-_SKIP = Tag("SKIP")
-# Class-level names that hold no state a trace reads through an instance.
-_CLASS_BOOKKEEPING = frozenset({
-    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
-    "__annotations__", "__slots__", "__firstlineno__", "__static_attributes__",
-    "__dataclass_fields__", "__dataclass_params__", "__match_args__",
-    "__orig_bases__", "__parameters__", "__abstractmethods__", "_abc_impl"})
-
-
-def _class_member(name: str, x):
-  """What a class attribute contributes to its class's key: a method's
-  function (of a staticmethod or classmethod too), a property's accessors,
-  a data attribute itself; ``_SKIP`` for bookkeeping and for dunder names
-  that are not functions."""
-  if name in _CLASS_BOOKKEEPING:
-    return _SKIP
-  t = type(x)
-  if t is staticmethod or t is classmethod:
-    x = x.__func__
-  elif t is property:
-    return (x.fget, x.fset, x.fdel)
-  if name[:2] == "__" == name[-2:] and type(x) is not _FunctionType:
-    return _SKIP
-  return x
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,
@@ -816,50 +520,7 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   return a
 
 
-# -- auto-dynamic scalars -------------------------------------------------------
-
-def _is_scalar_part(k) -> bool:
-  return (type(k) is tuple and len(k) == 2
-          and (k[0] is int or k[0] is float or k[0] is DYN))
-
-
-def _mask(k, scalars: list):
-  """``k`` with every int or float part replaced by ``(type, SCALAR)``
-  (a dynamic one by its type too), appending the parts to ``scalars`` in
-  walk order: the order in which :meth:`Analysis.value` counts them."""
-  if _is_scalar_part(k):
-    scalars.append(k)
-    return (k[1] if k[0] is DYN else k[0], SCALAR)
-  if type(k) is tuple:
-    return tuple([_mask(x, scalars) for x in k])
-  return k
-
-
-def mask_scalars(key, scalars: list | None = None):
-  """``key`` with every Python scalar masked by its type (the key's
-  structure); the masked parts are appended to ``scalars`` in walk order."""
-  return _mask(key, [] if scalars is None else scalars)
-
-
 def state_watch(fun):
   """A snapshot of the mutable state ``fun`` reaches (``.restore()`` puts
   it back): the closure key's own ``StateWatch``."""
   return _compat.closure_key_module().StateWatch(fun)
-
-
-def scalars_that_differ(old_key, new_key) -> "frozenset[int] | None":
-  """Ordinals of the Python int/float values that differ between two keys
-  equal in everything else (same types at the same positions), or None if
-  anything else differs."""
-  old_scalars, new_scalars = [], []
-  if _mask(old_key, old_scalars) != _mask(new_key, new_scalars):
-    return None
-  return frozenset(i for i, (a, b) in enumerate(zip(old_scalars, new_scalars))
-                   if a != b and a[0] is not DYN and b[0] is not DYN)
-
-
-def dynamic_ordinals(key) -> frozenset:
-  """Ordinals of the scalars ``key`` passes as arguments."""
-  scalars: list = []
-  _mask(key, scalars)
-  return frozenset(i for i, k in enumerate(scalars) if k[0] is DYN)

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.closure import code_plan, is_module_level
+from jax_closure_cache.key.code_plan import code_plan, is_module_level
 from jax_closure_cache.key.parts import ATOMS
 
 _FunctionType = types.FunctionType

@@ -14,16 +14,20 @@ import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.closure import (
-    chain_value, code_plan, is_stable, kept_by_identity)
+from jax_closure_cache.key.closure import kept_by_identity
+from jax_closure_cache.key.code_plan import chain_value, code_plan, is_stable
 from jax_closure_cache.key.parts import (
-    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, Tag,
-    float_key)
+    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
 _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
 _tree_flatten = _compat.jax.tree_util.tree_flatten
+
+
+# How a generated check says "not this key" (``_MatchSource.block``).
+_MISS = "return None"
 
 
 def _is_simple_part(part) -> bool:
@@ -44,12 +48,13 @@ def _is_simple_part(part) -> bool:
     if len(part) == 4 and part[0] is PARTIAL:
       return all(map(_is_simple_part,
                      (part[1], *part[2], *(p for _, p in part[3]))))
-    if len(part) == 9 and part[0] is FN:
-      _, _, code, _, cells, defaults, kwdefaults, globs, chains = part
-      return (kwdefaults is None
-              and len(globs) == len(code_plan(code).global_names)
+    if len(part) == len(FnPart._fields) and part[0] is FN:
+      fn = FnPart._make(part)
+      return (fn.kwdefaults is None
+              and len(fn.globals) == len(code_plan(fn.code).global_names)
               and all(map(_is_simple_part,
-                          (*cells, *(defaults or ()), *globs, *chains))))
+                          (*fn.cells, *(fn.defaults or ()), *fn.globals,
+                           *fn.chains))))
     # an atom, a float, or a value-hashed object (a frozen dataclass, an
     # enum, a launcher's static parameters): checked by type and equality
     # (a value keyed by a representation, such as a NumPy scalar's bytes,
@@ -81,16 +86,24 @@ class _MatchSource:
     # anchors anyway
     self.globals_by_id: dict[int, dict] = {}
 
-  def block(self) -> list[str]:
+  def block(self, miss: str = _MISS) -> list[str]:
     """The checks with ``out`` made: when every leaf is one appended
     variable, the appends give way to one list display after the checks
-    (cheaper than appends); else ``out = []`` comes first."""
-    appends = [line for line in self.lines if line.startswith("    out.")]
+    (cheaper than appends); else ``out = []`` comes first.
+
+    ``miss`` is the statement that says "not this key": ``return None`` in
+    a matcher of its own (``compile_matcher``), ``break`` in the fast
+    front's loop over a code's stored keys (``front/generated.py``). Every
+    check says it as the last statement of an ``if`` at the block's own
+    level (``all_lifted``'s loop only breaks out of itself)."""
+    lines = [line[:-len(_MISS)] + miss if line.endswith(_MISS) else line
+             for line in self.lines]
+    appends = [line for line in lines if line.startswith("    out.")]
     if all(line.startswith("    out.append(") for line in appends):
       leaves = ", ".join(line[len("    out.append("):-1] for line in appends)
-      return [line for line in self.lines if line not in appends] + [
+      return [line for line in lines if line not in appends] + [
           f"    out = [{leaves}]"]
-    return ["    out = []", *self.lines]
+    return ["    out = []", *lines]
 
   def literal(self, value) -> str:
     """``value`` as source: its repr for a str or int, else a bound name."""
@@ -209,7 +222,10 @@ class _MatchSource:
     The globals dict is compared by id: the part holds only its id, and a
     match is used only while its entry, which anchors that dict, is alive.
     """
-    _, index, code, gid, cells, defaults, _, globs, chains = part
+    fn = FnPart._make(part)
+    index, code, gid, cells, defaults, globs, chains = (
+        fn.index, fn.code, fn.globals_id, fn.cells, fn.defaults, fn.globals,
+        fn.chains)
     add = self.lines.append
     self.functions.append(f)
     self.by_index[index] = f

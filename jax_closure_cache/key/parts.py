@@ -11,6 +11,22 @@ leaves the process); ``ATOMS`` are the types keyed by value as they are.
 
 from __future__ import annotations
 
+import types
+from typing import NamedTuple
+
+
+class Uncacheable(Exception):
+  """A callable that the cache must leave to stock ``jax.jit``.
+
+  ``reason`` is a short category (a key of ``stats()['fallback_reasons']``);
+  ``detail`` says which value and why.
+  """
+
+  def __init__(self, reason: str, detail: str):
+    super().__init__(f"{reason}: {detail}")
+    self.reason = reason
+    self.detail = detail
+
 
 class Tag:
   """A marker in a key; compares by identity and reads well in a repr."""
@@ -46,6 +62,28 @@ ID = Tag("ID")             # (ID, id(obj), label); obj is an anchor
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 DYN = Tag("DYN")           # (DYN, int or float): a Python scalar passed as an argument
 SCALAR = Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
+
+
+class FnPart(NamedTuple):
+  """The fields of an ``FN`` part, a function walked by its code: read a
+  part by name with ``FnPart._make(part)`` (keys keep the plain tuple, whose
+  hash and equality are the same and cheaper to build)."""
+  tag: Tag              # FN
+  index: int            # the walk's ordinal of this function (CYCLE refers to it)
+  code: types.CodeType
+  globals_id: int       # id of its globals dict (an anchor of the entry)
+  cells: tuple          # the parts of its closure cells, in co_freevars order
+  defaults: tuple | None
+  kwdefaults: tuple | None   # ((name, part), ...)
+  globals: tuple        # the parts of the globals its code reads
+  chains: tuple         # the parts of the attribute chains it reads
+
+
+def fn_part(index, code, globals_id, cells, defaults, kwdefaults, globs,
+            chains) -> tuple:
+  """An ``FN`` part, as the plain tuple ``FnPart`` names the fields of."""
+  return (FN, index, code, globals_id, cells, defaults, kwdefaults, globs,
+          chains)
 
 
 #: Types keyed by their value as they are (floats go through ``float_key``).

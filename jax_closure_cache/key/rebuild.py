@@ -17,10 +17,11 @@ from typing import Any, Callable
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import closure
-from jax_closure_cache.key.closure import Uncacheable, as_method, code_plan
+from jax_closure_cache.key.closure import Uncacheable, as_method
+from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, FN, LIFTED, METHOD, MISSING, OBJ,
-    PARTIAL, TREE, TREEAUX, TREEDEF, WEAKREF, WRAPPER, Tag)
+    PARTIAL, TREE, TREEAUX, TREEDEF, WEAKREF, WRAPPER, FnPart, Tag)
 
 _tree_flatten = _compat.jax.tree_util.tree_flatten
 _tree_unflatten = _compat.jax.tree_util.tree_unflatten
@@ -129,7 +130,10 @@ class _Rebuild:
     return new
 
   def function(self, f, k):
-    _, index, code, _, cells_k, defaults_k, kwdefaults_k, globals_k, _ = k
+    part = FnPart._make(k)
+    index, code, cells_k, defaults_k, kwdefaults_k, globals_k = (
+        part.index, part.code, part.cells, part.defaults, part.kwdefaults,
+        part.globals)
     closure = f.__closure__
     g = f.__globals__
     plan = code_plan(code)

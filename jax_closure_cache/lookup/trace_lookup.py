@@ -32,7 +32,7 @@ import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache.key import closure
+from jax_closure_cache.key import code_plan
 
 # JAX's own module when jax carries the series, else the package's copy.
 closure_key = _compat.closure_key_module()
@@ -47,11 +47,11 @@ def is_stable(f, module=None) -> bool:
   """The trace lookup's ``_is_stable`` while enabled (a patch point in both
   modes): also this package's modules and module-level functions and
   classes, which a user function reading this package's ``jit`` reaches
-  (``closure.own_module_level``)."""
+  (``code_plan.own_module_level``)."""
   if module is not None:
     return (_STOCK_IS_STABLE(f, module)
-            or module.partition(".")[0] == closure.PACKAGE)
-  return _STOCK_IS_STABLE(f) or closure.own_module_level(f)
+            or module.partition(".")[0] == code_plan.PACKAGE)
+  return _STOCK_IS_STABLE(f) or code_plan.own_module_level(f)
 
 
 _STOCK_IS_STABLE = closure_key._is_stable

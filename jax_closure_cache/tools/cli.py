@@ -18,7 +18,7 @@ import runpy
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(prog="python -m jax_closure_cache")
   sub = parser.add_subparsers(dest="command", required=True)
   bench = sub.add_parser(
@@ -59,75 +59,86 @@ def main(argv: list[str] | None = None) -> int:
       "run", help="run a script with the cache on and summarise at exit")
   run.add_argument("script")
   run.add_argument("args", nargs=argparse.REMAINDER)
-  args = parser.parse_args(argv)
+  return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
   if args.command == "run":
     return _run_script(args.script, args.args)
   if args.command == "doctor":
     return _doctor()
   if args.command == "patch":
-    from jax_closure_cache.tools import patch_tool
-    target = args.target or patch_tool.default_target()
-    action = {"apply": patch_tool.apply, "check": patch_tool.status,
-              "revert": patch_tool.revert}[args.action]
-    try:
-      code, message = action(target)
-    except patch_tool.PatchError as e:
-      code, message = e.code, str(e)
-    print(message)
-    return code
+    return _patch(args)
   if args.command == "bench":
-    from jax_closure_cache.tools import bench as bench_mod
-    from jax_closure_cache.tools import bench_control_flow
-    report = {"machine": bench_mod.machine()}
-    print(f"Machine: {report['machine']}")
-    quick = not args.full and args.only is None and not args.match
-    if quick:
-      print("Quick headline set (--full for every table)")
-    if args.only in (None, "jit"):
-      match = tuple(m for m in args.match.split(",") if m)
-      rows = bench_mod.run(calls=args.calls, rounds=args.rounds,
-                           match=bench_mod.QUICK if quick else match)
-      report["jit"] = rows
-      print("\njit on re-created closures\n")
-      print(bench_mod.format_table(rows))
-    if args.only in (None, "control-flow"):
-      match = (["decode"] if quick else
-               [m for m in args.match.split(",") if m])
-      rows, skipped = bench_control_flow.run(
-          [k for k in bench_control_flow.WORKLOADS if any(m in k for m in match)]
-          if match else None)
-      report["control_flow"] = rows
-      report["skipped"] = skipped
-      print("\nEager control flow with fresh closures\n")
-      print(bench_control_flow.format_table(rows))
-      for line in skipped:
-        print(f"skipped: {line}")
-    if args.only == "scale" or (args.only is None and not quick):
-      from jax_closure_cache.tools import bench_scale
-      rows = bench_scale.run()
-      report["scale"] = rows
-      print("\nScaling out: sharded and multi-process closures\n")
-      print(bench_scale.format_table(rows))
-    if args.only == "upstream" or (args.only is None and not quick):
-      from jax_closure_cache.tools import bench_upstream
-      if _compat_carries_series():
-        print("\nupstream: skipped (the installed jax carries the series)")
-      else:
-        rows = bench_upstream.run()
-        report["upstream"] = rows
-        print("\nThe upstream series with its option off, against pristine "
-              "jax\n")
-        print(bench_upstream.table(rows))
-    if args.plot:
-      from jax_closure_cache.tools import bench_plot
-      bench_plot.write(args.plot, report)
-      print(f"\nwrote {args.plot}")
-    if args.json:
-      with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    return 0
+    return _bench(args)
   return 2
+
+
+def _patch(args) -> int:
+  from jax_closure_cache.tools import patch_tool
+  target = args.target or patch_tool.default_target()
+  action = {"apply": patch_tool.apply, "check": patch_tool.status,
+            "revert": patch_tool.revert}[args.action]
+  try:
+    code, message = action(target)
+  except patch_tool.PatchError as e:
+    code, message = e.code, str(e)
+  print(message)
+  return code
+
+
+def _bench(args) -> int:
+  from jax_closure_cache.tools import bench as bench_mod
+  from jax_closure_cache.tools import bench_control_flow
+  report = {"machine": bench_mod.machine()}
+  print(f"Machine: {report['machine']}")
+  quick = not args.full and args.only is None and not args.match
+  if quick:
+    print("Quick headline set (--full for every table)")
+  if args.only in (None, "jit"):
+    match = tuple(m for m in args.match.split(",") if m)
+    rows = bench_mod.run(calls=args.calls, rounds=args.rounds,
+                         match=bench_mod.QUICK if quick else match)
+    report["jit"] = rows
+    print("\njit on re-created closures\n")
+    print(bench_mod.format_table(rows))
+  if args.only in (None, "control-flow"):
+    match = (["decode"] if quick else
+             [m for m in args.match.split(",") if m])
+    rows, skipped = bench_control_flow.run(
+        [k for k in bench_control_flow.WORKLOADS if any(m in k for m in match)]
+        if match else None)
+    report["control_flow"] = rows
+    report["skipped"] = skipped
+    print("\nEager control flow with fresh closures\n")
+    print(bench_control_flow.format_table(rows))
+    for line in skipped:
+      print(f"skipped: {line}")
+  if args.only == "scale" or (args.only is None and not quick):
+    from jax_closure_cache.tools import bench_scale
+    rows = bench_scale.run()
+    report["scale"] = rows
+    print("\nScaling out: sharded and multi-process closures\n")
+    print(bench_scale.format_table(rows))
+  if args.only == "upstream" or (args.only is None and not quick):
+    from jax_closure_cache.tools import bench_upstream
+    if _compat_carries_series():
+      print("\nupstream: skipped (the installed jax carries the series)")
+    else:
+      rows = bench_upstream.run()
+      report["upstream"] = rows
+      print("\nThe upstream series with its option off, against pristine "
+            "jax\n")
+      print(bench_upstream.table(rows))
+  if args.plot:
+    from jax_closure_cache.tools import bench_plot
+    bench_plot.write(args.plot, report)
+    print(f"\nwrote {args.plot}")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+  return 0
 
 
 def _compat_carries_series() -> bool:

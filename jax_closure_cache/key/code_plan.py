@@ -1,0 +1,177 @@
+"""What a function's code reads, and which code is taken as stable.
+
+``code_plan(code)`` is read once per code object: the globals it (and its
+nested code) loads, whether it writes globals or cells, and the attribute
+chains it reads from a global or a cell (``Table.W``). ``chain_value``
+follows such a chain through the user's modules and classes to the value
+the key must hold. Code of jax, numpy, the standard library and this
+package's module-level functions is stable: keyed by identity, not walked.
+
+Invariants: a plan depends on the code object alone (cached by it, bounded);
+a chain is followed only through namespaces (modules, classes) that are not
+stable, so the value reached is what the code reads.
+"""
+
+from __future__ import annotations
+
+import dis
+import sys
+import types
+from typing import NamedTuple
+
+from jax_closure_cache.key.parts import MISSING, NOCHAIN
+
+_ModuleType = types.ModuleType
+
+
+class CodePlan(NamedTuple):
+  """What a code object (with its nested code objects) reads and writes.
+
+  ``chains`` are the attribute chains its code reads from a global or a
+  free variable, as ``(kind, name, attributes)`` with kind ``"global"`` or
+  ``"cell"``: ``Table.W`` is ``("global", "Table", ("W",))``.
+  """
+  global_names: tuple[str, ...]
+  writes_globals: bool
+  chains: tuple = ()
+  # free variables the code (or its nested code) assigns: ``nonlocal n``
+  written_cells: frozenset = frozenset()
+
+
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+_GLOBAL_WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+_ATTR_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
+# A plain dict: a weak one costs a weakref per lookup on the hot path. It is
+# emptied when it grows past _PLANS_MAX (code made by exec in a loop).
+_plans: dict[types.CodeType, CodePlan] = {}
+_PLANS_MAX = 1 << 16
+
+
+def code_plan(code: types.CodeType) -> CodePlan:
+  """The globals ``code`` and its nested code objects read, once per code."""
+  try:
+    return _plans[code]
+  except KeyError:
+    pass
+  names: dict[str, None] = {}
+  chains: dict[tuple, None] = {}
+  written: set = set()
+  writes = False
+  pending = [code]
+  while pending:
+    co = pending.pop()
+    chain = None   # (kind, name, [attributes]) being read right now
+    for ins in dis.get_instructions(co):
+      op = ins.opname
+      if op in _GLOBAL_READS or op == "LOAD_DEREF":
+        if chain is not None and chain[2]:
+          chains[(chain[0], chain[1], tuple(chain[2]))] = None
+        kind = "cell" if op == "LOAD_DEREF" else "global"
+        chain = (kind, ins.argval, [])
+        if kind == "global":
+          names[ins.argval] = None
+        continue
+      if op in _ATTR_READS and chain is not None:
+        chain[2].append(ins.argval)
+        continue
+      if chain is not None and chain[2]:
+        chains[(chain[0], chain[1], tuple(chain[2]))] = None
+      chain = None
+      if op in _GLOBAL_WRITES:
+        writes = True
+      elif op in _CELL_WRITES:
+        written.add(ins.argval)
+    if chain is not None and chain[2]:
+      chains[(chain[0], chain[1], tuple(chain[2]))] = None
+    pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
+  plan = CodePlan(tuple(names), writes, tuple(chains), frozenset(written))
+  if len(_plans) >= _PLANS_MAX:
+    _plans.clear()
+  _plans[code] = plan
+  return plan
+
+
+def is_module_level(fun: types.FunctionType) -> bool:
+  """A function defined at module scope: no closure, not nested anywhere."""
+  return fun.__closure__ is None and "<locals>" not in fun.__qualname__
+
+
+#: Top-level packages whose functions are taken as stable: their globals are
+#: not walked (a user does not reassign ``jax.numpy``'s module globals), and
+#: they are keyed by identity. Everything else a traced function reaches,
+#: module-level helpers included, is walked to the function budget (this
+#: package's module-level functions aside: :func:`is_stable`).
+STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
+                             "opt_einsum", "scipy"}) | frozenset(
+                                 getattr(sys, "stdlib_module_names", ()))
+_stable_modules: dict = {}
+
+
+def _is_namespace(obj) -> bool:
+  """A module or class outside jax, numpy and the standard library: kept by
+  identity in a key, so what code reads from it must be keyed as well."""
+  if type(obj) is _ModuleType:
+    return not stable_module(obj.__name__)
+  if isinstance(obj, type):
+    return not stable_module(getattr(obj, "__module__", None))
+  return False
+
+
+def chain_value(f, kind: str, name: str, attributes: tuple):
+  """What ``f`` reads through an attribute chain (see :class:`CodePlan`):
+  the chain is followed while it passes through modules and classes of the
+  user's, and the first other value is returned (``Cfg.table`` for
+  ``Cfg.table["scale"]``). :data:`NOCHAIN` when the base is no such
+  namespace (its contents are keyed otherwise), :data:`MISSING` when an
+  attribute is absent."""
+  if kind == "global":
+    obj = f.__globals__.get(name, MISSING)
+  else:
+    try:
+      obj = f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
+    except (ValueError, TypeError, IndexError):
+      return NOCHAIN
+  if not _is_namespace(obj):
+    return NOCHAIN
+  for attribute in attributes:
+    if not _is_namespace(obj):
+      break
+    try:
+      obj = getattr(obj, attribute)
+    except Exception:
+      return MISSING
+  return obj
+
+
+def is_stable(fun: types.FunctionType) -> bool:
+  """Whether ``fun`` belongs to jax, numpy or the standard library, or is
+  one of this package's module-level functions (:func:`own_module_level`)."""
+  return stable_module(fun.__module__) or own_module_level(fun)
+
+
+def own_module_level(fun: types.FunctionType) -> bool:
+  """Whether ``fun`` is a module-level function of this package, keyed by
+  identity like jax's: its ``jit`` stands in for ``jax.jit`` (a user
+  function that reads ``jit`` after ``from jax import jit`` reaches it),
+  and its globals are the cache's own state, which changes with every store
+  (and holds dicts keyed by code objects) but never what a function
+  computes. Nested functions, such as the benchmark's workloads, are walked
+  as any user's."""
+  module = fun.__module__
+  return (type(module) is str and module.partition(".")[0] == PACKAGE
+          and "<locals>" not in fun.__qualname__)
+
+
+PACKAGE = __name__.partition(".")[0]
+
+
+def stable_module(module) -> bool:
+  try:
+    return _stable_modules[module]
+  except KeyError:
+    pass
+  stable = isinstance(module, str) and module.partition(".")[0] in STABLE_PACKAGES
+  if len(_stable_modules) < 4096:
+    _stable_modules[module] = stable
+  return stable

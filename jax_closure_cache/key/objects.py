@@ -1,0 +1,157 @@
+"""Plain Python objects and callable objects as the walk sees them.
+
+Which classes are plain (their whole state is their ``__dict__`` or slots,
+plus the items of a ``list``/``tuple``/``dict`` base) and copyable (a
+shallow copy holds tracers without running user code), how a NumPy array
+is keyed by value, a callable object as its bound ``__call__``, and what a
+class attribute contributes to its class's key.
+
+Invariants: nothing here calls user code but attribute reads the walk
+would make anyway; a class with a ``__new__``, ``__setattr__`` or
+``__getattribute__`` of its own is never copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import types
+import weakref
+
+import numpy as np
+
+from jax_closure_cache.key.parts import NUMPY, Tag, Uncacheable
+
+_FunctionType = types.FunctionType
+
+
+_HEAPTYPE = 1 << 9
+_plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
+# C bases whose whole state the walk can read: their items (see contents).
+_CONTAINER_BASES = (list, tuple, dict)
+
+
+def is_plain_type(cls: type) -> bool:
+  """Instances keep all their state in ``__dict__`` (plus their items, for a
+  subclass of list, tuple or dict): Python classes only, no ``__slots__``
+  anywhere in the MRO and no other C base than object and those three."""
+  try:
+    return _plain_types[cls]
+  except KeyError:
+    pass
+  plain = True
+  for c in cls.__mro__[:-1]:
+    if c in _CONTAINER_BASES:
+      continue
+    slots = c.__dict__.get("__slots__", ())
+    if isinstance(slots, str):
+      slots = (slots,)
+    if (not c.__flags__ & _HEAPTYPE
+        or set(slots) - {"__dict__", "__weakref__"}):
+      plain = False
+      break
+  plain = plain and "__dict__" in dir(cls)
+  _plain_types[cls] = plain
+  return plain
+
+
+_copyable_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+# Class attributes that make a shallow copy by __dict__ unsafe: creation or
+# attribute hooks, and a class's own idea of how to copy itself.
+_COPY_HOOKS = ("__new__", "__setattr__", "__delattr__", "__getattribute__",
+               "__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__",
+               "__getstate__", "__setstate__")
+
+
+def is_copyable_type(cls: type) -> bool:
+  """Instances of ``cls`` (a plain type) can be rebuilt as
+  ``object.__new__(cls)`` plus a copy of their ``__dict__``: no class in the
+  MRO defines a creation, attribute or copy hook, or a data descriptor
+  (a property, whose value the copy could not set), and none is a list,
+  tuple or dict."""
+  try:
+    return _copyable_types[cls]
+  except KeyError:
+    pass
+  ok = True
+  for c in cls.__mro__[:-1]:
+    d = c.__dict__
+    if c in _CONTAINER_BASES or any(h in d for h in _COPY_HOOKS):
+      ok = False
+      break
+    for name, attr in d.items():
+      if name in ("__dict__", "__weakref__"):
+        continue
+      if hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__"):
+        ok = False
+        break
+    if not ok:
+      break
+  _copyable_types[cls] = ok
+  return ok
+
+
+def contents(v) -> list:
+  """The items of a plain object that subclasses list, tuple or dict."""
+  if isinstance(v, dict):
+    return [x for kv in v.items() for x in kv]
+  if isinstance(v, (list, tuple)):
+    return list(v)
+  return []
+
+
+def numpy_key(a: np.ndarray):
+  """A NumPy array's key: dtype, shape and a digest of its bytes."""
+  if a.dtype.hasobject:
+    raise Uncacheable("unhashable", "a numpy array of dtype object")
+  digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
+                           digest_size=16).digest()
+  return (NUMPY, a.dtype, a.shape, digest)
+
+
+
+
+def as_method(fun):
+  """A callable object's bound ``__call__``, or None for anything else.
+
+  An instance of a plain, copyable Python class (see ``is_copyable_type``)
+  whose class defines ``__call__`` as a Python function is keyed as that
+  method bound to it: its ``__call__`` by closure key, itself by its
+  attributes. A class stock cannot hash (a dataclass with ``eq=True``) is
+  left to stock, whose ``TypeError`` the user gets as without the cache.
+  """
+  t = type(fun)
+  if t is _FunctionType or t.__hash__ is None:
+    return None
+  call = getattr(t, "__call__", None)
+  if (type(call) is not _FunctionType or not is_plain_type(t)
+      or not is_copyable_type(t)):
+    return None
+  return types.MethodType(call, fun)
+
+
+SKIP = Tag("SKIP")
+# Class-level names that hold no state a trace reads through an instance.
+_CLASS_BOOKKEEPING = frozenset({
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+    "__annotations__", "__slots__", "__firstlineno__", "__static_attributes__",
+    "__dataclass_fields__", "__dataclass_params__", "__match_args__",
+    "__orig_bases__", "__parameters__", "__abstractmethods__", "_abc_impl"})
+
+
+def class_member(name: str, x):
+  """What a class attribute contributes to its class's key: a method's
+  function (of a staticmethod or classmethod too), a property's accessors,
+  a data attribute itself; ``SKIP`` for bookkeeping and for dunder names
+  that are not functions."""
+  if name in _CLASS_BOOKKEEPING:
+    return SKIP
+  t = type(x)
+  if t is staticmethod or t is classmethod:
+    x = x.__func__
+  elif t is property:
+    return (x.fget, x.fset, x.fdel)
+  if name[:2] == "__" == name[-2:] and type(x) is not _FunctionType:
+    return SKIP
+  return x
