@@ -13,6 +13,8 @@
 # limitations under the License.
 
 from functools import partial
+import gc
+import weakref
 
 from absl.testing import absltest
 import numpy as np
@@ -120,6 +122,29 @@ class ClosureKeyTest(jtu.JaxTestCase):
     finally:
       _Cfg.k = saved
 
+  def test_a_committed_array_is_not_kept_alive(self):
+    # kept by identity, not lifted: a stored answer holding it would keep it
+    x = jnp.ones(3)
+    make = lambda w: jax.jit(lambda v: v * w)
+    refs = []
+    for s in range(3):
+      w = jax.device_put(jnp.full(3, float(s)), jax.devices()[0])
+      self.assertAllClose(make(w)(x), w)
+      refs.append(weakref.ref(w))
+    del w
+    gc.collect()
+    self.assertEqual([r() for r in refs], [None] * 3)
+
+  def test_clear_caches_empties_every_table(self):
+    from jax._src import closure_key
+    make = lambda w: jax.jit(lambda v: v * w)
+    for s in range(3):
+      make(jnp.full(3, float(s)))(jnp.ones(3))
+    self.assertNotEqual(closure_key._last_key.cache_keys(), [])
+    jax.clear_caches()
+    self.assertEqual(closure_key._store.cache_keys(), [])
+    self.assertEqual(closure_key._last_key.cache_keys(), [])
+
   # -- patch 2: pjit, the stages and the fast path
 
   def test_partial_grad_and_defaults_trace_once(self):
@@ -157,6 +182,21 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertNotIn("stablehlo.constant", lowered.as_text())
     self.assertEqual(lowered.in_avals, ((x.aval,), {}))
     self.assertAllClose(lowered.compile()(x), x @ w)
+
+  def test_numpy_and_jax_constants_through_calls_lower_and_trace(self):
+    # the NumPy array is a constant of the trace beside the lifted leaf:
+    # both are the shared jaxpr's, passed first by every path
+    x = jnp.ones(3)
+    n = np.arange(3.0, dtype=np.float32)
+    make = lambda w: jax.jit(lambda v: v * w + n * 2.0)
+    for s in range(4):
+      w = jnp.full(3, float(s))
+      f = make(w)
+      want = _stock(lambda: jax.jit(lambda v: v * w + n * 2.0)(x))
+      for _ in range(2):  # the first call, then the C++ fast path
+        self.assertAllClose(f(x), want)
+      self.assertAllClose(f.lower(x).compile()(x), want)
+      self.assertAllClose(f.trace(x).lower().compile()(x), want)
 
   def test_cond_and_switch_with_recreated_branches(self):
     x = jnp.ones((4, 4))

@@ -54,6 +54,17 @@ _PJIT_FASTPATH = (
     "        executable, out_tree, args_flat, out_flat, jaxpr.effects, "
     "jaxpr.consts,\n"
     "        pgle_profiler, const_args)\n")
+_PJIT_PARAMS_FIELDS = (
+    "  arg_names: tuple[str, ...]  # Not including the const_args\n")
+_PJIT_PARAMS_RETURN = (
+    "  return PjitParams(consts, params, avals_ft.vals, avals_ft.tree_without_statics,\n"
+    "                    out_avals.tree, dbg.safe_arg_names(len(avals_ft)))\n")
+_PJIT_TRACED = (
+    "  return stages.Traced(arg_types, p.params, p.in_tree, p.out_tree, p.consts)\n")
+_STAGES_TRACED_INIT = (
+    "  __slots__ = ['_meta_tys_flat', '_params', '_in_tree', 'out_tree', '_consts',\n"
+    "               '_lojax']\n\n"
+    "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts):\n")
 _STAGES_LOWER = (
     "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
     "                   in_types=lo._in_types, out_types=lo._out_types)\n")
@@ -153,21 +164,38 @@ closure_cache = bool_state(
         ("jax/_src/pjit.py", "from jax._src import config\n",
          "from jax._src import closure_key\nfrom jax._src import config\n"),
         ("jax/_src/pjit.py", _PJIT_SEPARATE,
-         "  if (any(isinstance(c, core.Tracer) or core.typeof(c).has_qdd\n"
-         "          for c in jaxpr.consts)\n"
-         "      or closure_key.is_shared(jaxpr)):  # one executable, many closures\n"),
+         "  # one executable, many closures: their constants are arguments\n"
+         "  shared_consts = closure_key.is_shared(jaxpr)\n"
+         "  if shared_consts or any(isinstance(c, core.Tracer) or\n"
+         "                          core.typeof(c).has_qdd for c in jaxpr.consts):\n"),
+        ("jax/_src/pjit.py", _PJIT_PARAMS_FIELDS,
+         _PJIT_PARAMS_FIELDS +
+         "  # consts are a shared jaxpr's (closure_key): passed as arguments, and\n"
+         "  # by the fast path as its const_args\n"
+         "  shared_consts: bool = False\n"),
+        ("jax/_src/pjit.py", _PJIT_PARAMS_RETURN,
+         "  return PjitParams(consts, params, avals_ft.vals, avals_ft.tree_without_statics,\n"
+         "                    out_avals.tree, dbg.safe_arg_names(len(avals_ft)),\n"
+         "                    shared_consts)\n"),
         ("jax/_src/pjit.py", _PJIT_FASTPATH,
          "    # A shared jaxpr's constants: the fast path passes them first.\n"
-         "    n = len(p.consts) if all(type(c) is xc.ArrayImpl for c in p.consts) else 0\n"
+         "    n = len(p.consts) if p.shared_consts else 0\n"
          "    maybe_fastpath_data = _get_fastpath_data(\n"
          "        executable, out_tree, args_flat[n:], out_flat, jaxpr.effects,\n"
          "        jaxpr.consts, pgle_profiler, [*const_args, *args_flat[:n]])\n"),
+        ("jax/_src/pjit.py", _PJIT_TRACED,
+         "  return stages.Traced(arg_types, p.params, p.in_tree, p.out_tree, p.consts,\n"
+         "                       shared_consts=p.shared_consts)\n"),
+        ("jax/_src/stages.py", _STAGES_TRACED_INIT,
+         "  __slots__ = ['_meta_tys_flat', '_params', '_in_tree', 'out_tree', '_consts',\n"
+         "               '_lojax', '_shared_consts']\n\n"
+         "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts,\n"
+         "               shared_consts=False):\n"
+         "    self._shared_consts = shared_consts  # a shared jaxpr's (pjit)\n"),
         ("jax/_src/stages.py", _STAGES_LOWER,
-         "    consts = (self._consts if all(type(c) is xc.ArrayImpl\n"
-         "                                  for c in self._consts) else ())\n"
          "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
          "                   in_types=lo._in_types, out_types=lo._out_types,\n"
-         "                   const_args=consts)\n"),
+         "                   const_args=self._consts if self._shared_consts else ())\n"),
         ("jax/_src/stages.py",
          "  __slots__ = [\"_lowering\", \"args_info\", \"out_tree\", \"_no_kwargs\",\n"
          "               \"_in_types\", \"_out_types\"]\n",

@@ -594,7 +594,10 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
 
 def _share_answer(key, leaves, anchors, answer) -> None:
   closed, _ = answer
-  if _covers(closed.consts, leaves, anchors):
+  # An answer that holds an array (one kept by identity: committed to a
+  # device) would keep it alive after its function dies: not shared.
+  if (_covers(closed.consts, leaves, anchors)
+      and not any(isinstance(c, _jax.ArrayImpl) for c in closed.consts)):
     shared = _Shared()
     shared.answer = answer
     _put(key, shared, anchors)
@@ -626,15 +629,32 @@ def _put(key, shared: _Shared, anchors) -> None:
 
 # -- explanations ------------------------------------------------------------------
 
-# The last closure key seen for each code object, for explain_miss.
-_last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class _LastKeys:
+  """The last closure key seen for each code object, for explain_miss (a
+  key may hold its own code, so ``jax.clear_caches()`` empties it)."""
+
+  def __init__(self):
+    self.by_code: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+  def cache_clear(self) -> None:
+    self.by_code.clear()
+
+  def cache_info(self):
+    return {"entries": len(self.by_code)}
+
+  def cache_keys(self):
+    return list(self.by_code)
+
+
+_last_key = _LastKeys()
+util.register_cache(_last_key, "closure keys last seen, for explanations")
 
 
 def _remember(fun, key) -> None:
   code = getattr(fun, "__code__", None)
   if code is not None:
-    previous = _last_key.get(code)
-    _last_key[code] = (key, previous[0] if previous else None)
+    previous = _last_key.by_code.get(code)
+    _last_key.by_code[code] = (key, previous[0] if previous else None)
 
 
 def explain_miss(fun) -> str:
@@ -645,7 +665,7 @@ def explain_miss(fun) -> str:
   except Unkeyable as e:
     return f"  jax_closure_cache: no closure key ({e})"
   code = getattr(fun, "__code__", None)
-  last = _last_key.get(code) if code is not None else None
+  last = _last_key.by_code.get(code) if code is not None else None
   before = None if last is None else (last[1] if last[0] == key else last[0])
   if before is None or before == key:
     return ("  jax_closure_cache: the first function of its closure key, "
