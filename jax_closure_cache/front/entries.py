@@ -252,21 +252,16 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     # The rebuilt function shares the user's cells and objects: a trace-time
     # side effect that stores a traced value there is undone, and the call
     # answered by stock (the closure key's TracerLeak).
-    watch = closure.state_watch(current)
-    try:
-      out = None
+    def trace():
       if shares_traces and not any(
           [type(x) is int or type(x) is float for x in a.leaves]):
         # through the trace lookup's store, so .trace/.lower find this trace
         # (its key bakes Python scalars: auto-dynamic ones are traced here)
         out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
-      if out is None:
-        out = rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
-    except BaseException:
-      watch.check()
-      raise
-    watch.check()
-    return out
+        if out is not None:
+          return out
+      return rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
+    return closure.watched(current, trace)
 
   trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__

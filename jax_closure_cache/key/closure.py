@@ -520,6 +520,12 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   return a
 
 
+def watched(fun, call):
+  """``call()`` (a trace of a rebuilt ``fun``) with the state ``fun``
+  reaches watched: the closure key's ``StateWatch.run``."""
+  return _compat.closure_key_module().StateWatch.run(fun, call)
+
+
 def state_watch(fun):
   """A snapshot of the mutable state ``fun`` reaches (``.restore()`` puts
   it back): the closure key's own ``StateWatch``."""

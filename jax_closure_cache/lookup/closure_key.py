@@ -335,6 +335,19 @@ class StateWatch:
     return [(obj, before) for obj, before in self.places
             if _contents(obj) != _ids(before)]
 
+  @classmethod
+  def run(cls, fun, call: Callable[[], Any]) -> Any:
+    """``call()`` (a lifted trace of ``fun``) with ``fun``'s state watched:
+    :meth:`check` after it returns or raises."""
+    watch = cls(fun)
+    try:
+      out = call()
+    except BaseException:
+      watch.check()
+      raise
+    watch.check()
+    return out
+
   def restore(self) -> None:
     """Put back everything changed since the snapshot."""
     for obj, before in self._changed():
@@ -566,14 +579,8 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   leaf_avals = key[1]
 
   def lifted(leaves, *args, **kwargs):
-    watch = StateWatch(fun)
-    try:
-      out = rebuild(fun, key[0], leaves)(*args, **kwargs)
-    except Exception:
-      watch.check()
-      raise
-    watch.check()
-    return out
+    return StateWatch.run(
+        fun, lambda: rebuild(fun, key[0], leaves)(*args, **kwargs))
   _own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = tree_util.FlatTree.pack(
