@@ -20,6 +20,7 @@ from absl.testing import absltest
 import numpy as np
 
 import jax
+from jax import export
 from jax import lax
 import jax.numpy as jnp
 from jax._src import config
@@ -197,6 +198,8 @@ class ClosureKeyTest(jtu.JaxTestCase):
         self.assertAllClose(f(x), want)
       self.assertAllClose(f.lower(x).compile()(x), want)
       self.assertAllClose(f.trace(x).lower().compile()(x), want)
+      # an exported module bakes them, as with the option off
+      self.assertAllClose(export.export(f)(x).call(x), want)
 
   def test_cond_and_switch_with_recreated_branches(self):
     x = jnp.ones((4, 4))

@@ -65,6 +65,8 @@ _STAGES_TRACED_INIT = (
     "  __slots__ = ['_meta_tys_flat', '_params', '_in_tree', 'out_tree', '_consts',\n"
     "               '_lojax']\n\n"
     "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts):\n")
+_STAGES_PARAMS = "      _private_parameters = mlir.LoweringParameters()\n"
+_STAGES_LOJAX_PYTREE = "def lojax_pytree(hi_avals, tree):\n"
 _STAGES_LOWER = (
     "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
     "                   in_types=lo._in_types, out_types=lo._out_types)\n")
@@ -192,10 +194,29 @@ closure_cache = bool_state(
          "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts,\n"
          "               shared_consts=False):\n"
          "    self._shared_consts = shared_consts  # a shared jaxpr's (pjit)\n"),
+        ("jax/_src/stages.py", _STAGES_PARAMS,
+         _STAGES_PARAMS +
+         "    const_args = self._consts if self._shared_consts else ()\n"
+         "    if const_args and _private_parameters.for_export:\n"
+         "      # an exported module bakes its constants, as without the closure key\n"
+         "      lo, const_args = _with_consts_closed(lo), ()\n"),
         ("jax/_src/stages.py", _STAGES_LOWER,
          "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
          "                   in_types=lo._in_types, out_types=lo._out_types,\n"
-         "                   const_args=self._consts if self._shared_consts else ())\n"),
+         "                   const_args=const_args)\n"),
+        ("jax/_src/stages.py", _STAGES_LOJAX_PYTREE,
+         "def _with_consts_closed(lo):\n"
+         "  \"\"\"``lo`` with its leading constant arguments closed over again.\"\"\"\n"
+         "  from jax._src.interpreters import partial_eval as pe  # type:ignore\n"
+         "  n = len(lo._consts)\n"
+         "  params = dict(lo._params)\n"
+         "  params['jaxpr'] = core.ClosedJaxpr(\n"
+         "      pe.convert_invars_to_constvars(params['jaxpr'].jaxpr, n), lo._consts)\n"
+         "  for name in ('in_shardings', 'in_layouts', 'donated_invars'):\n"
+         "    params[name] = params[name][n:]\n"
+         "  return LoJax(lo._meta_tys_flat[n:], params, lo._in_tree, lo.out_tree,\n"
+         "               lo._in_types, lo._out_types, ())\n\n\n"
+         + _STAGES_LOJAX_PYTREE),
         ("jax/_src/stages.py",
          "  __slots__ = [\"_lowering\", \"args_info\", \"out_tree\", \"_no_kwargs\",\n"
          "               \"_in_types\", \"_out_types\"]\n",

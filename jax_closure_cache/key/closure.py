@@ -252,23 +252,9 @@ class Analysis:
     return self.other(v, t)
 
   def other(self, v, t):
-    if isinstance(v, _Tracer):
-      raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
-    if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
-      if self.in_object or (getattr(v, "_committed", True)
-                            and kept_by_identity(v)):
-        return self.identity(v)
-      self.leaves.append(v)
-      return LIFTED
-    if isinstance(v, np.ndarray):
-      if self.in_object:
-        return self.identity(v)
-      if self.lift_numpy and not v.dtype.hasobject:
-        self.leaves.append(v)
-        return LIFTED
-      return numpy_key(v)
-    if isinstance(v, np.generic):
-      return (t, v.tobytes())
+    part = self.array(v, t)
+    if part is not None:
+      return part
     if t is complex:
       return (complex, repr(v))
     if t is set:   # unhashable, but its elements are hashable by definition
@@ -322,6 +308,29 @@ class Analysis:
       return self.identity(v, root=True)
     raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
                       "pytree, and keeps state outside __dict__")
+
+  def array(self, v, t):
+    """The part of a tracer (refused), a jax array (lifted, or kept by
+    identity), a NumPy array (keyed by value, or lifted) or a NumPy scalar;
+    None for anything else."""
+    if isinstance(v, _Tracer):
+      raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
+    if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
+      if self.in_object or (getattr(v, "_committed", True)
+                            and kept_by_identity(v)):
+        return self.identity(v)
+      self.leaves.append(v)
+      return LIFTED
+    if isinstance(v, np.ndarray):
+      if self.in_object:
+        return self.identity(v)
+      if self.lift_numpy and not v.dtype.hasobject:
+        self.leaves.append(v)
+        return LIFTED
+      return numpy_key(v)
+    if isinstance(v, np.generic):
+      return (t, v.tobytes())
+    return None
 
   def tree(self, v):
     try:
