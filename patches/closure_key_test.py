@@ -221,6 +221,17 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertTrue(any("closure differs at cell 'scale': int 2 -> int 3" in m
                         for m in logs.output), logs.output)
 
+  def test_explanation_of_a_shared_trace_names_the_users_function(self):
+    make = lambda w: jax.jit(lambda v: v * w)
+    with (config.explain_cache_misses(True),
+          self.assertLogs(level="WARNING") as logs):
+      for s in range(3):
+        make(jnp.full(3, float(s)))(jnp.ones(3))
+    text = "\n".join(logs.output)
+    self.assertNotIn("no closure key", text)
+    self.assertIn("a second function of a closure key", text)
+    self.assertIn("<lambda>", text)
+
 
 if __name__ == "__main__":
   absltest.main(testLoader=jtu.JaxTestLoader())

@@ -667,6 +667,11 @@ def _remember(fun, key) -> None:
 def explain_miss(fun) -> str:
   """For ``pe.explain``: why ``fun`` did not share a trace with an earlier
   function of the same code."""
+  if getattr(fun, "__code__", None) in _own_codes:
+    # the lifted trace made for the user's function JAX names above
+    return ("  jax_closure_cache: a second function of a closure key: traced "
+            "once with its arrays as arguments, a trace that later functions "
+            "of the key share")
   try:
     key, _, _ = closure_key(fun)
   except Unkeyable as e:
