@@ -14,6 +14,7 @@
 
 from functools import partial
 import gc
+import threading
 import weakref
 
 from absl.testing import absltest
@@ -200,6 +201,28 @@ class ClosureKeyTest(jtu.JaxTestCase):
       self.assertAllClose(f.trace(x).lower().compile()(x), want)
       # an exported module bakes them, as with the option off
       self.assertAllClose(export.export(f)(x).call(x), want)
+
+  def test_eight_threads_with_recreated_closures(self):
+    x = jnp.ones(3)
+    make = lambda w: jax.jit(lambda v: v * w)
+    errors, results = [], {}
+
+    def work(i):
+      try:
+        for s in range(6):
+          w = jnp.full(3, float(10 * i + s))
+          results[i, s] = make(w)(x)
+      except Exception as e:  # noqa: BLE001: reported below
+        errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    self.assertEqual(errors, [])
+    self.assertLen(results, 48)
+    for (i, s), out in results.items():
+      self.assertAllClose(out, jnp.full(3, float(10 * i + s)))
 
   def test_cond_and_switch_with_recreated_branches(self):
     x = jnp.ones((4, 4))

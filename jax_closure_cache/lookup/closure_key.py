@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Callable
 import functools
 import hashlib
+import threading
 import types
 from typing import Any
 import weakref
@@ -446,13 +447,17 @@ class _TraceStore:
     _answered.clear()
 
   def cache_info(self):
-    return {"entries": len(self._data)}
+    with self._lock:
+      return {"entries": len(self._data)}
 
   def cache_keys(self):
-    return list(self._data)
+    with self._lock:
+      return list(self._data)
 
 
 _store = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
+# Guards the tables below where a read and a write must go together.
+_lock = threading.Lock()
 util.register_cache(_store, "closure-keyed traces")
 # Functions traced as usual (the first object of a key, or unkeyable), and
 # the answers given to the others, per signature: identity first.
@@ -498,7 +503,8 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     if share is not None:
       _share_answer(*share, answer)
     return answer
-  _answered.setdefault(fun, {})[sig] = answer
+  with _lock:
+    _answered.setdefault(fun, {})[sig] = answer
   return answer
 
 
@@ -660,8 +666,9 @@ util.register_cache(_last_key, "closure keys last seen, for explanations")
 def _remember(fun, key) -> None:
   code = getattr(fun, "__code__", None)
   if code is not None:
-    previous = _last_key.by_code.get(code)
-    _last_key.by_code[code] = (key, previous[0] if previous else None)
+    with _lock:
+      previous = _last_key.by_code.get(code)
+      _last_key.by_code[code] = (key, previous[0] if previous else None)
 
 
 def explain_miss(fun) -> str:
