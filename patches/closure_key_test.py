@@ -77,6 +77,27 @@ class ClosureKeyTest(jtu.JaxTestCase):
         lambda w: lax.fori_loop(0, 2, lambda i, c: c @ w, x), ws)
     self.assertSharedFromThird(lambda w: lax.map(lambda v: v @ w, x), ws)
 
+  def test_caching2_in_the_form_a_closure_key_answers(self):
+    # lax_control_flow_test's testCaching2 asks the lookup to tell two
+    # definitions apart that only their source differs in; a closure key
+    # answers this form: the cond and body re-created from one definition,
+    # with the flag they read part of their key
+    def loop(python_should_be_executing):
+      def cond(x):
+        assert python_should_be_executing
+        return x < 5
+      def body(x):
+        assert python_should_be_executing
+        return x + 2
+      return lax.while_loop(cond, body, 0)
+
+    loop(True)  # traced as with the option off, and stored by key
+    with jtu.count_jit_tracing_cache_miss() as count:
+      out = loop(True)
+    self.assertEqual(count(), 0)
+    self.assertEqual(out, 6)
+    self.assertRaises(AssertionError, loop, False)  # the flag is read
+
   def test_a_function_reached_twice_is_rebuilt_everywhere(self):
     def make(w):
       inner = lambda y: y * w

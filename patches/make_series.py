@@ -71,53 +71,6 @@ _STAGES_LOWER = (
     "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
     "                   in_types=lo._in_types, out_types=lo._out_types)\n")
 _DEDUP = "  jaxprs = [_dedup_consts(jaxpr, len(consts), const_ids) for jaxpr in jaxprs]\n"
-_CACHING2 = """\
-  @unittest.skip("not implemented")
-  def testCaching2(self):
-    def cond(x):
-      assert python_should_be_executing
-      return x < 5
-
-    def body(x):
-      assert python_should_be_executing
-      return x + 2
-
-    python_should_be_executing = True
-    lax.while_loop(cond, body, 0)
-
-    def cond(x):
-      assert python_should_be_executing
-      return x < 5
-
-    def body(x):
-      assert python_should_be_executing
-      return x + 2
-
-    python_should_be_executing = False
-    lax.while_loop(cond, body, 0)
-"""
-# Un-skipped in the form a closure key can answer: the cond and body are
-# re-created from one definition, and the flag they read is part of their
-# key (so flipping it must trace them again, as it does without the cache).
-_CACHING2_NEW = """\
-  def testCaching2(self):
-    def loop(python_should_be_executing):
-      def cond(x):
-        assert python_should_be_executing
-        return x < 5
-      def body(x):
-        assert python_should_be_executing
-        return x + 2
-      return lax.while_loop(cond, body, 0)
-
-    with config.closure_cache(True):
-      loop(True)  # traced as with the option off, and stored by key
-      with jtu.count_jit_tracing_cache_miss() as count:
-        out = loop(True)
-      self.assertEqual(count(), 0)
-      self.assertEqual(out, 6)
-      self.assertRaises(AssertionError, loop, False)  # the flag is read
-"""
 _EXPLAIN = (
     "      p(\"  but seen another function defined on the same line; maybe the "
     "function is\\n\"\n"
@@ -160,7 +113,6 @@ closure_cache = bool_state(
          "trace_to_jaxpr.cache_clear = _trace_to_jaxpr.cache_clear  # type: ignore[attr-defined]\n"
          "trace_to_jaxpr.cache_info = _trace_to_jaxpr.cache_info  # type: ignore[attr-defined]\n\n\n"
          "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n"),
-        ("tests/lax_control_flow_test.py", _CACHING2, _CACHING2_NEW),
     ),
     (  # 2: pjit, the stages, the fast path, control flow
         ("jax/_src/pjit.py", "from jax._src import config\n",
