@@ -58,7 +58,7 @@ class ClosureKeyTest(jtu.JaxTestCase):
       self.assertAllClose(out, _stock(lambda: run(w)), rtol=1e-6)
     self.assertEqual(counts[2:], [(0, 0)] * (len(arrays) - 2), counts)
 
-  # -- patch 1: the closure key and the trace lookup
+  # -- patch 2: the closure key and the trace lookup
 
   def test_eager_while_loop_with_recreated_body(self):
     x = jnp.ones((4, 4))
@@ -168,7 +168,7 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertEqual(closure_key._store.cache_keys(), [])
     self.assertEqual(closure_key._last_key.cache_keys(), [])
 
-  # -- patch 2: pjit, the stages and the fast path
+  # -- patch 3: pjit, the stages and the fast path
 
   def test_partial_grad_and_defaults_trace_once(self):
     x = jnp.ones(3)
@@ -253,7 +253,7 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertSharedFromThird(
         lambda w: lax.switch(1, [lambda v: v @ w, lambda v: v - w], x), ws)
 
-  # -- patch 3: explanations
+  # -- patch 4: explanations
 
   def test_explanation_names_the_closure_difference(self):
     def make(scale):

@@ -59,8 +59,10 @@ def test_committed_series_is_a_fresh_generation():
 def test_the_series_adds_the_packages_own_closure_key_module():
   """One source: the module the series adds to JAX is the file the package
   runs in monkey-patch mode, byte for byte."""
-  with open(patch_tool.series_paths()[0]) as f:
-    files = patch_tool.parse(f.read())
+  files = []
+  for path in patch_tool.series_paths():
+    with open(path) as f:
+      files += patch_tool.parse(f.read())
   added = [fp for fp in files if fp.path == "jax/_src/closure_key.py"]
   assert len(added) == 1 and added[0].new_file
   text = "".join(t for _, t in added[0].hunks[0].lines)
@@ -70,7 +72,7 @@ def test_the_series_adds_the_packages_own_closure_key_module():
 
 
 def test_series_size_and_shape():
-  """At most 1,200 changed lines in all (issue 20's bound), three patches, no package code but
+  """At most 1,200 changed lines in all (issue 20's bound), four patches, no package code but
   the one module, no re-binding of jax.jit or jax.lax, no environment
   variable read, events under /jax/."""
   changed = 0
@@ -88,7 +90,7 @@ def test_series_size_and_shape():
     assert "os.environ" not in body and "getenv" not in body
     assert "jax.jit =" not in body and "lax.while_loop =" not in body
     assert "/jax_closure_cache/" not in body
-  assert len(patch_tool.series_paths()) == 3
+  assert len(patch_tool.series_paths()) == 4
   assert changed <= 1200, changed
 
 
@@ -151,8 +153,40 @@ def test_jax_style_test_file_passes_on_patched_copy(jax_copy):
     patch_tool.revert(jax_copy)
 
 
+_DEDUP_CHECK = """
+import jax, jax.numpy as jnp
+from jax._src.lax.control_flow import common
+closed = jax.make_jaxpr(lambda c, x: x + c)(1.0, 1.0)
+before = common._dedup_consts.cache_info().hits
+common._merge_common_consts([closed], [[jnp.ones(())]])
+common._merge_common_consts([closed], [[jnp.ones(()) * 2]])
+print(common._dedup_consts.cache_info().hits - before)
+"""
+
+
 @needs_pristine_jax
-@pytest.mark.parametrize("count", [1, 2])
+def test_the_first_patch_alone_keys_dedup_on_the_sharing_pattern(tmp_path):
+  """Patch 1 stands alone: the same jaxpr with new constant objects hits
+  _dedup_consts's cache (its test in lax_control_flow_test.py), which the
+  pristine tree misses."""
+  target = tmp_path / "site"
+  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
+  hits = []
+  for count in (0, 1):
+    if count:
+      patch_tool.apply_first(str(target), count)
+    out = subprocess.run([sys.executable, "-c", _DEDUP_CHECK],
+                         env=dict(os.environ, PYTHONPATH=str(target)),
+                         cwd=str(target), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    hits.append(int(out.stdout.split()[-1]))
+  assert hits == [0, 1]
+
+
+@needs_pristine_jax
+@pytest.mark.parametrize("count", [2, 3])
 def test_each_patch_passes_its_own_tests_on_its_own(count, tmp_path):
   """The first ``count`` patches alone, with the test file as they leave it."""
   target = tmp_path / "site"
