@@ -106,6 +106,11 @@ _STAGES_LOWER = (
     "    return Lowered(lowering, lo.args_info, lo.out_tree,\n"
     "                   in_types=lo._in_types, out_types=lo._out_types)\n")
 _DEDUP = "  jaxprs = [_dedup_consts(jaxpr, len(consts), const_ids) for jaxpr in jaxprs]\n"
+_BUILD_API_DEPS = (
+    '    visibility = ["//jax:internal"] + jax_visibility("api"),\n'
+    '    deps = [\n'
+    '        ":abstract_arrays",\n'
+    '        ":ad",\n')
 _CACHING2_SKIP = '  @unittest.skip("not implemented")\n  def testCaching2(self):\n'
 _DEDUP_TEST = """\
   def testDedupConstsKeyedOnSharingPattern(self):
@@ -178,6 +183,8 @@ closure_cache = bool_state(
     (  # 2: pjit, the stages, the fast path, control flow
         ("jax/_src/pjit.py", "from jax._src import config\n",
          "from jax._src import closure_key\nfrom jax._src import config\n"),
+        ("jax/_src/BUILD", _BUILD_API_DEPS,
+         _BUILD_API_DEPS.replace('        ":ad",\n', '        ":ad",\n        ":closure_key",\n', 1)),
         ("jax/_src/pjit.py", _PJIT_SEPARATE,
          "  # one executable, many closures: their constants are arguments\n"
          "  shared_consts = closure_key.is_shared(jaxpr)\n"
