@@ -1,14 +1,16 @@
 """The upstream series: fresh against the package (its new module is the
-package's ``upstream/closure_key.py``), atomic apply, exact revert, and the
+package's ``lookup/closure_key.py``), atomic apply, exact revert, and the
 JAX-style test file passing against a patched copy of jax, patch by patch."""
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 
 from jax_closure_cache import _compat
@@ -206,3 +208,50 @@ def test_each_patch_passes_its_own_tests_on_its_own(count, tmp_path):
                        timeout=600)
   assert out.returncode == 0, out.stdout + out.stderr[-4000:]
   assert "OK" in out.stderr
+
+
+_BOTH_MODES = """
+import json
+import numpy as np, jax, jax.numpy as jnp
+import jax_closure_cache as jcc
+jcc.enable()
+x = jnp.ones(3)
+n = np.arange(3.0, dtype=np.float32)
+make = lambda w: (lambda v: jnp.tanh(v * w) + n)
+body = lambda w: (lambda c: (c[0] + 1, c[1] * w))
+out = []
+for s in range(5):
+  out.append(np.asarray(jax.jit(make(jnp.full(3, float(s))))(x)).tolist())
+for s in range(4):
+  c = jax.lax.while_loop(lambda c: c[0] < 3, body(jnp.full(3, float(s))), (0, x))
+  out.append(np.asarray(c[1]).tolist())
+s = jcc.stats()
+print(json.dumps({"mode": jcc.mode(), "out": out, "hits": s["hits"],
+                  "misses": s["misses"], "fallbacks": s["fallbacks"]}))
+"""
+
+
+@needs_pristine_jax
+def test_fresh_closures_answer_and_hit_alike_in_both_modes(tmp_path):
+  """The same re-created closures (a jit over a jax and a NumPy constant,
+  an eager while_loop body) in monkey-patch mode and on a copy of jax
+  carrying the series: the same results, hits, misses and fallbacks."""
+  target = tmp_path / "site"
+  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
+  assert patch_tool.apply(str(target))[0] == patch_tool.OK
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  runs = []
+  for extra in ({}, {"PYTHONPATH": str(target)}):
+    out = subprocess.run([sys.executable, "-c", _BOTH_MODES],
+                         env=dict(env, **extra), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs.append(json.loads(out.stdout.splitlines()[-1]))
+  monkey, patched = runs
+  assert (monkey.pop("mode"), patched.pop("mode")) == ("monkey-patch",
+                                                      "patched-jax")
+  np.testing.assert_allclose(monkey.pop("out"), patched.pop("out"),
+                             rtol=1e-6)
+  assert monkey == patched
+  assert monkey["hits"] >= 5 and monkey["fallbacks"] == 0, monkey
