@@ -357,7 +357,7 @@ def test_closure_over_closure_hits_when_only_the_array_changes():
 
 
 def test_fast_front_answers_as_the_generic_call():
-  """The generated front (closure_front) takes the hit in one frame; a new
+  """The generated front (front/generated.py) takes the hit in one frame; a new
   input shape traces through it, a closure that reads another value is not
   its hit, and a function referenced weakly keeps its identity row."""
   import weakref
