@@ -257,8 +257,8 @@ from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402,F401
 
 #: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
 #: the pjit functions around it, as JAX defines them.
-# With the series applied, the memoized function is ``_trace_to_jaxpr`` and
-# ``trace_to_jaxpr`` the option's dispatcher.
+# With the series applied, ``trace_to_jaxpr`` looks a function it has not
+# answered up by closure key and ``_trace_to_jaxpr`` is the uncached trace.
 STOCK_TRACE_TO_JAXPR = getattr(_pe, "_trace_to_jaxpr", _pe.trace_to_jaxpr)
 STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
 STOCK_INFER_PARAMS = _pjit._infer_params
@@ -357,6 +357,13 @@ def monitoring_active() -> bool:
   """Whether any ``jax.monitoring`` event listener is registered (read each
   time: ``clear_event_listeners`` rebinds the list)."""
   return bool(_monitoring._event_listeners)
+
+
+def weakref_lru_cache(fun):
+  """JAX's cache keyed weakly on ``fun``'s first argument (and on the trace
+  context), unbounded; ``jax.clear_caches()`` clears it."""
+  from jax._src import util as _util
+  return _util.weakref_lru_cache(fun, maxsize=None)
 
 
 def register_cache(cache, for_what: str) -> None:

@@ -60,9 +60,8 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
     for owner, name in _compat.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += prebuilt_points()
-  # in both modes: the closure key's walk keys this package's functions by
-  # identity, as the package's own walk does
-  points.append((trace_lookup.closure_key, "_is_stable", trace_lookup.is_stable))
+  # in both modes: the closure key walks and rebuilds with the package's rules
+  points.append((trace_lookup.closure_key, "_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable
   points.append((trace_lookup.closure_key, "is_shared", trace_lookup.is_shared))
   return points

@@ -79,8 +79,8 @@ _CONFIG_ANCHOR = (
     "          'otherwise the level is DEBUG.'))\n")
 _PE_DEF = ("@weakref_lru_cache(maxsize=None, explain=explain)\n"
            "def trace_to_jaxpr(\n")
-_PE_END = ("  return ClosedJaxpr(jaxpr, consts), out_avals\n\n\n"
-           "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n")
+_PJIT_EVICT = ("  self._clear_cache()\n"
+               "  pe.trace_to_jaxpr.evict_weakref(self._fun)\n")
 _PJIT_SEPARATE = (
     "  if any(isinstance(c, core.Tracer) or core.typeof(c).has_qdd "
     "for c in jaxpr.consts):\n")
@@ -124,11 +124,10 @@ _DEDUP_TEST = """\
 """
 _CHANGELOG = "## Unreleased\n\n* New features\n"
 _CHANGELOG_ENTRY = (
-    "  * Added the `jax_closure_cache` option (default off): with it on,\n"
-    "    functions re-created on every call (a nested `def`, a `lambda` in a\n"
-    "    loop, `functools.partial`) share one trace and one executable when\n"
-    "    the values their code reads are equal, closed-over arrays passed as\n"
-    "    arguments. See `jax/_src/closure_key.py`.\n")
+    "  * Added the `jax_closure_cache` option (default off): functions re-created\n"
+    "    on every call (a nested `def`, a `lambda` in a loop, `functools.partial`)\n"
+    "    share one trace and executable when the values their code reads are equal\n"
+    "    but for closed-over arrays. See `jax/_src/closure_key.py`.\n")
 _EXPLAIN = (
     "      p(\"  but seen another function defined on the same line; maybe the "
     "function is\\n\"\n"
@@ -158,33 +157,26 @@ closure_cache = bool_state(
          "from jax._src import ad_util\nfrom jax._src import closure_key\n"),
         ("jax/_src/interpreters/partial_eval.py", _PE_DEF,
          "@weakref_lru_cache(maxsize=None, explain=explain)\n"
-         "def _trace_to_jaxpr(\n"),
-        ("jax/_src/interpreters/partial_eval.py", _PE_END,
-         "  return ClosedJaxpr(jaxpr, consts), out_avals\n\n"
          "def trace_to_jaxpr(fun: Callable, in_avals: FlatTree,\n"
          "                   debug_info: core.DebugInfo, *context_for_cache_key,\n"
          "                   **kwargs) -> tuple[ClosedJaxpr, FlatTree]:\n"
-         "  \"\"\"Traces ``fun`` to a jaxpr, memoized on the function object\n"
-         "  or, with ``jax_closure_cache`` on, on its closure key.\"\"\"\n"
+         "  # a function not answered yet: with jax_closure_cache on, looked up\n"
+         "  # by its closure key (closure_key.py)\n"
          "  if config.closure_cache.value:\n"
          "    return closure_key.trace_to_jaxpr(\n"
          "        _trace_to_jaxpr, fun, in_avals, debug_info,\n"
          "        *context_for_cache_key, **kwargs)\n"
          "  return _trace_to_jaxpr(fun, in_avals, debug_info,\n"
-         "                         *context_for_cache_key, **kwargs)\n"
-         "def _evict(fun):  # clear_cache() of a jitted fun\n"
-         "  _trace_to_jaxpr.evict_weakref(fun)\n"
-         "  closure_key.evict(fun)\n"
-         "trace_to_jaxpr.evict_weakref = _evict  # type: ignore[attr-defined]\n"
-         "trace_to_jaxpr.cache_clear = _trace_to_jaxpr.cache_clear  # type: ignore[attr-defined]\n"
-         "trace_to_jaxpr.cache_info = _trace_to_jaxpr.cache_info  # type: ignore[attr-defined]\n\n\n"
-         "# TODO(dougalm): remove in favor of `trace_to_jaxpr`\n"),
+         "                         *context_for_cache_key, **kwargs)\n\n"
+         "def _trace_to_jaxpr(\n"),
     ),
     (  # 2: pjit, the stages, the fast path, control flow
         ("jax/_src/pjit.py", "from jax._src import config\n",
          "from jax._src import closure_key\nfrom jax._src import config\n"),
         ("jax/_src/BUILD", _BUILD_API_DEPS,
          _BUILD_API_DEPS.replace('        ":ad",\n', '        ":ad",\n        ":closure_key",\n', 1)),
+        ("jax/_src/pjit.py", _PJIT_EVICT,
+         _PJIT_EVICT + "  closure_key.evict(self._fun)\n"),
         ("jax/_src/pjit.py", _PJIT_SEPARATE,
          "  # one executable, many closures: their constants are arguments\n"
          "  shared_consts = closure_key.is_shared(jaxpr)\n"

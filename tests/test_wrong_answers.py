@@ -240,3 +240,27 @@ def test_a_class_attribute_and_a_methods_global_are_keyed(run):
       np.testing.assert_allclose(run(w, x), _stock(run, w, x), rtol=1e-6)
   finally:
     _Scaler.k, _SCALE = saved
+
+
+def _cell_and_default(w, x):
+  b = w + 100.0
+
+  def f(v, b=b):
+    return v * w + 10.0 * b
+  return jax.jit(f)(x), jax.lax.fori_loop(0, 2, lambda i, c: f(c), x)
+
+
+def test_an_array_in_a_cell_and_another_in_a_default_stay_apart():
+  """A closure over ``w`` in a cell and ``b`` in a default, both arrays of
+  one type: the series' rebuild filled defaults before cells while its walk
+  keyed cells first, so from the second object on ``w`` and ``b`` swapped
+  places (111.0 for 1011.0). Jitted and as an eager loop body, compared with
+  stock call by call, replayed so that hits are exercised."""
+  jcc.enable()
+  x = jnp.ones(3)
+  for _ in range(2):
+    for v in (0.0, 1.0, 2.0, 3.0):
+      w = jnp.full(3, v)
+      for a, b in zip(_cell_and_default(w, x), _stock(_cell_and_default, w, x)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
+        assert a.dtype == b.dtype

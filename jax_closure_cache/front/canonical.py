@@ -160,7 +160,7 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   g = types.FunctionType(f.__code__, f.__globals__, f.__name__,
                          f.__defaults__, f.__closure__)
   g.__kwdefaults__ = f.__kwdefaults__
-  rebuild.copy_function_metadata(f, g)
+  rebuild.Rebuild.copy_metadata(f, g)
   return g
 
 

@@ -255,8 +255,9 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     def trace():
       if shares_traces and not any(
           [type(x) is int or type(x) is float for x in a.leaves]):
-        # through the trace lookup's store, so .trace/.lower find this trace
-        # (its key bakes Python scalars: auto-dynamic ones are traced here)
+        # through the trace lookup's store, keyed by ``a``, so .trace and
+        # .lower find this trace (not with auto-dynamic scalars: they key
+        # scalars by value, so nothing there would find it)
         out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
         if out is not None:
           return out

@@ -43,21 +43,19 @@ from __future__ import annotations
 import functools
 import types
 import weakref
-from typing import Any, Callable, NamedTuple
+from typing import Callable
 
 import jax
 import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.objects import (
-    SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
-    numpy_key)
+    SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type)
 from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, own_module_level, stable_module)
 from jax_closure_cache.key.parts import (
-    ATOMS, BUILTIN_NODES, CLASS, COPY, CYCLE, DYN, EMPTY, ID, LIFTED, METHOD,
-    MISSING, NOCHAIN, OBJ, PARTIAL, TREE, TREEAUX, TREEDEF,
-    WEAKREF, WRAPPER, Tag, Uncacheable, float_key, fn_part)
+    BUILTIN_NODES, CLASS, COPY, DYN, LIFTED, METHOD, MISSING, NOCHAIN, OBJ,
+    TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -117,27 +115,22 @@ class Static:
 
 # -- callable wrappers that the walk sees through ---------------------------
 
-class _WrapperRule(NamedTuple):
-  split: Callable[[Any], tuple[Any, Any]]   # wrapper -> (static part, inner callable)
-  join: Callable[[Any, Any], Any]           # (static part, new inner) -> wrapper
-
-
-wrapper_rules: dict[type, _WrapperRule] = {}
-_wrapper_types: tuple = ()   # the registered classes (their subclasses too)
+_key = _compat.closure_key_module()
+#: The wrapper rules, by class: the closure key's registry.
+wrapper_rules = _key.WRAPPERS
 
 
 def register_wrapper(cls: type, split, join) -> None:
-  """Key instances of ``cls`` by a static part plus the values they wrap.
-
-  ``split(w)`` returns ``(static, inner)``, with ``static`` hashable and
-  ``inner`` walked like any value (a callable, or a tuple of constants);
-  ``join(static, inner)`` makes an equivalent object around a new inner
-  value, ``static`` being split from the object being rebuilt. The
-  package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register here.
-  """
+  """Key instances of ``cls`` by a static part plus the values they wrap:
+  the closure key's ``register_wrapper``, whose walk and rebuild both use
+  it. The package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register
+  here."""
   global _wrapper_types
-  wrapper_rules[cls] = _WrapperRule(split, join)
+  _key.register_wrapper(cls, split, join)
   _wrapper_types = tuple(wrapper_rules)
+
+
+_wrapper_types: tuple = ()   # the registered classes (their subclasses too)
 
 
 def fresh_function(x, depth: int = 4):
@@ -188,21 +181,22 @@ _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
 
 
-class Analysis:
-  """One walk over a callable's closure; ``key``, ``leaves``, ``anchors`` and
-  ``roots`` are the results (see the module docstring)."""
-  __slots__ = ("key", "leaves", "anchors", "roots", "top", "memo",
-               "lift_numpy", "in_object", "nesting", "budget", "depth",
-               "dynamic", "scalars", "frozen")
+class Analysis(_key.Walk):
+  """The closure key's walk with the package's rules: ``key``, ``leaves``,
+  ``anchors`` and ``roots`` are the results (see the module docstring).
+  What it adds to JAX's walk, each in the step it overrides: arrays inside
+  objects kept by identity (``array``), auto-dynamic scalars (``scalar``),
+  modules read through attribute chains (``module``, ``reads``), classes by
+  namespace, plain objects by attributes, bound methods, sets, registered
+  pytrees and hashable values (``other``), functions in pytree node data
+  (``tree_parts``), scalars of written cells and globals never made
+  arguments (``cells``, ``reads``), and a budget of functions (``enter``)."""
+  __slots__ = ("key", "roots", "lift_numpy", "in_object", "nesting",
+               "budget_values", "depth", "dynamic", "scalars", "frozen")
 
-  # ``top`` is the analysed function (memo index 0); ``memo`` maps ids of
-  # nested functions and objects to memo indices; ``nesting``, ``budget`` and
-  # ``depth`` track plain objects. They are set when first needed: this
-  # constructor runs on every cached call.
-
-  def __init__(self, lift_numpy: bool, lift_arrays: bool, dynamic=None):
-    self.leaves: list = []
-    self.anchors: list = []
+  def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True,
+               dynamic=None):
+    super().__init__()
     self.roots: list = []
     self.lift_numpy = lift_numpy
     # Inside a plain object (or with lifting off) arrays are kept by identity.
@@ -214,45 +208,38 @@ class Analysis:
     # > 0 while walking a cell or global the code assigns: a scalar there is
     # never passed as an argument (the assignment must reach the user's cell)
     self.frozen = 0
+    self.nesting = 0   # plain objects being walked, one inside another
+
+  stable = staticmethod(lambda f, module=None: is_stable(f))
+  global_names = staticmethod(lambda code: code_plan(code).global_names)
 
   def identity(self, v, root: bool = False):
-    self.anchors.append(v)
     if root:
       self.roots.append(v)
-    # The label only makes explanations readable (``float32``, not an id).
-    return (ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
+    return super().identity(v)
 
-  def value(self, v):
-    t = type(v)
-    if t is _ArrayImpl:
-      if self.in_object or (v._committed and kept_by_identity(v)):
-        return self.identity(v)
-      self.leaves.append(v)
-      return LIFTED
-    if t is int or t is float:
-      if self.dynamic is not None:
-        n = self.scalars
-        self.scalars = n + 1
-        if n in self.dynamic and not self.in_object and not self.frozen:
-          self.leaves.append(v)   # a weakly typed scalar argument
-          return (DYN, t)
-      return (t, v) if t is int else float_key(v)
-    if t in ATOMS:
-      return (t, v)
-    if t is Tag:
-      return v
-    if t is _FunctionType:
-      if v.__closure__ is None and is_stable(v):
-        return v   # jax, numpy, the standard library: by identity, not walked
-      return self.function(v)
-    if t is _ModuleType:
-      return v
-    if t is tuple or t is list or t is dict:
-      return self.tree(v)
-    return self.other(v, t)
+  def array(self, v):
+    if self.in_object or (v._committed and kept_by_identity(v)):
+      return self.identity(v)
+    self.leaves.append(v)
+    return LIFTED
+
+  def scalar(self, v, t):
+    if self.dynamic is not None:
+      n = self.scalars
+      self.scalars = n + 1
+      if n in self.dynamic and not self.in_object and not self.frozen:
+        self.leaves.append(v)   # a weakly typed scalar argument
+        return (DYN, t)
+    return (t, v) if t is int else float_key(v)
+
+  def module(self, v):
+    return v   # what code reads of it is keyed by its attribute chains
 
   def other(self, v, t):
-    part = self.array(v, t)
+    if t is Tag:
+      return v
+    part = self.foreign_array(v, t)
     if part is not None:
       return part
     if t is complex:
@@ -262,16 +249,11 @@ class Analysis:
     if t is bytearray:
       return (bytearray, bytes(v))
     if t is functools.partial:
-      value = self.value
-      return (PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
-              tuple([(k, value(a)) for k, a in v.keywords.items()]))
+      return self.partial(v)
     if t is types.MethodType:
       return (METHOD, self.value(v.__func__), self.value(v.__self__))
     if t is weakref.ReferenceType:
-      # What calling it returns is what code reads through it (JAX's
-      # fori_loop holds the body so): keyed like the referent itself.
-      target = v()
-      return (WEAKREF, None if target is None else self.value(target))
+      return self.weakref(v)
     if t is _PyTreeDef and node_data_function(v) is not None:
       return (TREEDEF, self.node_parts(v))   # split from its leaves
     rule = wrapper_rules.get(t)
@@ -279,8 +261,7 @@ class Analysis:
       t = t.__dict__["_keyed_as"]   # a fast front's class (front/generated.py)
       rule = wrapper_rules[t]
     if rule is not None:
-      static, inner = rule.split(v)
-      return (WRAPPER, t, static, self.value(inner))
+      return self.wrapper(v, t, rule)
     if t is type or isinstance(v, type):
       # a user class by its namespace (a trace may instantiate it and call
       # its methods); jax's, numpy's, the standard library's by identity
@@ -288,6 +269,11 @@ class Analysis:
       if k is not v or t is type:
         return k
       return self.identity(v)
+    return self.opaque(v, t)
+
+  def opaque(self, v, t):
+    """A registered pytree by its parts, a value-hashable object by value,
+    a plain object by its attributes, any other by identity."""
     try:
       leaves, treedef = _tree_flatten(v)
     except Exception as e:  # a custom flatten that fails: key it otherwise
@@ -309,10 +295,10 @@ class Analysis:
     raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
                       "pytree, and keeps state outside __dict__")
 
-  def array(self, v, t):
-    """The part of a tracer (refused), a jax array (lifted, or kept by
-    identity), a NumPy array (keyed by value, or lifted) or a NumPy scalar;
-    None for anything else."""
+  def foreign_array(self, v, t):
+    """The part of a tracer (refused), a jax array other than ``ArrayImpl``
+    (lifted, or kept by identity), a NumPy array (keyed by value, or lifted)
+    or a NumPy scalar; None for anything else."""
     if isinstance(v, _Tracer):
       raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
     if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
@@ -327,17 +313,10 @@ class Analysis:
       if self.lift_numpy and not v.dtype.hasobject:
         self.leaves.append(v)
         return LIFTED
-      return numpy_key(v)
+      return self.numpy(v)
     if isinstance(v, np.generic):
       return (t, v.tobytes())
     return None
-
-  def tree(self, v):
-    try:
-      leaves, treedef = _tree_flatten(v)
-    except Exception as e:  # e.g. dict keys that do not sort
-      raise Uncacheable("unhashable", f"flattening {type(v).__name__} raised {e!r}")
-    return self.tree_parts(leaves, treedef)
 
   def tree_parts(self, leaves, treedef):
     value = self.value
@@ -360,55 +339,26 @@ class Analysis:
                                for c in treedef.children()]))
 
   def enter(self, v):
-    """Memo index for a function or object; a back-reference if seen."""
-    try:
-      memo = self.memo
-    except AttributeError:
-      memo = self.memo = {}
-      self.nesting = 0
-    if v is getattr(self, "top", None):
-      return (CYCLE, 0)
-    i = memo.get(id(v))
-    if i is not None:
-      return (CYCLE, i)
-    memo[id(v)] = i = len(memo) + 1
+    i = super().enter(v)
+    if type(i) is not tuple and i > FUNCTION_BUDGET:
+      name = getattr(v, "__qualname__", None) or type(v).__name__
+      raise Uncacheable(
+          "function_budget", f"more than {FUNCTION_BUDGET} functions and "
+          f"objects are reachable through cells and globals (at {name}); a "
+          "retrace could read any of them")
     return i
 
-  def function(self, f, top: bool = False):
-    if top:
-      self.top = f
-      i = 0
-    else:
-      i = self.enter(f)
-      if type(i) is tuple:
-        return i
-      if i > FUNCTION_BUDGET:
-        raise Uncacheable(
-            "function_budget", f"more than {FUNCTION_BUDGET} functions and "
-            f"objects are reachable through cells and globals (at "
-            f"{f.__qualname__}); a retrace could read any of them")
-    code = f.__code__
-    plan = code_plan(code)
+  def cells(self, f) -> tuple:
+    written = code_plan(f.__code__).written_cells
+    if not written or self.dynamic is None or f.__closure__ is None:
+      return super().cells(f)
+    return tuple([self.written_cell(c) if n in written else self.cell(c)
+                  for n, c in zip(f.__code__.co_freevars, f.__closure__)])
+
+  def reads(self, f) -> tuple[tuple, tuple]:
+    plan = code_plan(f.__code__)
     g = f.__globals__
-    self.anchors.append(g)
     value = self.value
-    closure = f.__closure__
-    written = plan.written_cells
-    if closure is None:
-      cells = ()
-    elif written and self.dynamic is not None:
-      cells = tuple([self.written_cell(c) if n in written else self.cell(c)
-                     for n, c in zip(code.co_freevars, closure)])
-    else:
-      try:
-        cells = tuple([value(c.cell_contents) for c in closure])
-      except ValueError:   # an unfilled cell (a recursive def in progress)
-        cells = tuple([self.cell(c) for c in closure])
-    d = f.__defaults__
-    kw = f.__kwdefaults__
-    defaults = None if d is None else tuple([value(x) for x in d])
-    kwdefaults = (None if kw is None else
-                  tuple([(k, value(x)) for k, x in kw.items()]))
     if plan.writes_globals:   # its globals' scalars are never arguments
       self.frozen += 1
     try:
@@ -417,8 +367,7 @@ class Analysis:
     finally:
       if plan.writes_globals:
         self.frozen -= 1
-    return fn_part(i, code, id(g), cells, defaults, kwdefaults, globs,
-                   tuple([self.chain(f, *c) for c in plan.chains])
+    return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
 
   def chain(self, f, kind, name, attributes):
@@ -442,13 +391,6 @@ class Analysis:
     finally:
       self.frozen -= 1
 
-  def cell(self, c):
-    try:
-      v = c.cell_contents
-    except ValueError:
-      return EMPTY
-    return self.value(v)
-
   def plain_object(self, v, t):
     i = self.enter(v)
     if type(i) is tuple:
@@ -457,9 +399,9 @@ class Analysis:
     members = contents(v)
     size = len(attrs) + len(members)
     if self.nesting == 0:   # a new outermost object gets fresh budgets
-      self.budget = OBJECT_VALUES_BUDGET
+      self.budget_values = OBJECT_VALUES_BUDGET
       self.depth = OBJECT_DEPTH_BUDGET
-    if self.depth <= 0 or size > self.budget:
+    if self.depth <= 0 or size > self.budget_values:
       if t.__hash__ is None:
         raise Uncacheable(
             "unhashable", f"a {t.__name__} is unhashable and too large to key "
@@ -472,7 +414,7 @@ class Analysis:
     self.in_object = not copyable
     self.nesting += 1
     self.depth -= 1
-    self.budget -= size   # shared by the whole outermost object
+    self.budget_values -= size   # shared by the whole outermost object
     try:
       value = self.value
       items = tuple([(k, value(x)) for k, x in attrs.items()])
@@ -523,7 +465,7 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   """
   a = Analysis(lift_numpy, lift_arrays, dynamic)
   if type(fun) is _FunctionType:
-    a.key = a.function(fun, top=True)   # by contents even at module level
+    a.key = a.function(fun)   # by contents even at module level
   else:
     a.key = a.value(as_method(fun) or fun)
   return a

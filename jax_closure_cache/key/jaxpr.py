@@ -29,7 +29,7 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import closure
-from jax_closure_cache.key import objects
+from jax_closure_cache.key import parts
 
 # Nested constants larger than this are not read back to be keyed by value.
 NESTED_CONST_ELEMENTS = 1 << 12
@@ -129,7 +129,7 @@ def _const(c):
     raise closure.Uncacheable(
         "jaxpr_parameter", f"a nested jaxpr holds a constant of {size} "
         "elements, too large to key by value")
-  return objects.numpy_key(np.asarray(c))
+  return parts.numpy_key(np.asarray(c))
 
 
 def _split_closed(cj):

@@ -13,13 +13,10 @@ would make anyway; a class with a ``__new__``, ``__setattr__`` or
 
 from __future__ import annotations
 
-import hashlib
 import types
 import weakref
 
-import numpy as np
-
-from jax_closure_cache.key.parts import NUMPY, Tag, Uncacheable
+from jax_closure_cache.key.parts import Tag
 
 _FunctionType = types.FunctionType
 
@@ -99,17 +96,6 @@ def contents(v) -> list:
   if isinstance(v, (list, tuple)):
     return list(v)
   return []
-
-
-def numpy_key(a: np.ndarray):
-  """A NumPy array's key: dtype, shape and a digest of its bytes."""
-  if a.dtype.hasobject:
-    raise Uncacheable("unhashable", "a numpy array of dtype object")
-  digest = hashlib.blake2b(np.ascontiguousarray(a).tobytes(),
-                           digest_size=16).digest()
-  return (NUMPY, a.dtype, a.shape, digest)
-
-
 
 
 def as_method(fun):

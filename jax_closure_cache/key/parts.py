@@ -14,51 +14,37 @@ from __future__ import annotations
 import types
 from typing import NamedTuple
 
+from jax_closure_cache import _compat
 
-class Uncacheable(Exception):
-  """A callable that the cache must leave to stock ``jax.jit``.
+_key = _compat.closure_key_module()
 
-  ``reason`` is a short category (a key of ``stats()['fallback_reasons']``);
-  ``detail`` says which value and why.
-  """
+#: A callable the cache must leave to stock ``jax.jit``: the closure key's
+#: ``Unkeyable``. ``reason`` is a short category (a key of
+#: ``stats()['fallback_reasons']``); ``detail`` says which value and why.
+Uncacheable = _key.Unkeyable
+#: A marker in a key; compares by identity and reads well in a repr.
+Tag = _key.Marker
 
-  def __init__(self, reason: str, detail: str):
-    super().__init__(f"{reason}: {detail}")
-    self.reason = reason
-    self.detail = detail
-
-
-class Tag:
-  """A marker in a key; compares by identity and reads well in a repr."""
-  __slots__ = ("name",)
-
-  def __init__(self, name):
-    self.name = name
-
-  def __repr__(self):
-    return self.name
-
-  def __reduce__(self):
-    raise TypeError("closure-cache key markers are not picklable")
-
-
-LIFTED = Tag("LIFTED")      # an array passed to the shared executable
-MISSING = Tag("MISSING")   # a global name that is not (yet) defined
-EMPTY = Tag("EMPTY")       # a cell that is not yet filled
-FN = Tag("FN")             # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
-TREE = Tag("TREE")         # (TREE, treedef, leaves)
+# The closure key's own parts (``lookup/closure_key.py``), whose layouts
+# its ``Walk`` builds:
+LIFTED = _key.LIFTED       # an array passed to the shared executable
+MISSING = _key.MISSING     # a global name that is not (yet) defined
+EMPTY = _key.EMPTY         # a cell that is not yet filled
+FN = _key.FN               # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
+TREE = _key.TREE           # (TREE, treedef, leaves)
+PARTIAL = _key.PARTIAL     # (PARTIAL, func, args, keywords)
+WEAKREF = _key.WEAKREF     # (WEAKREF, referent or None): read through it
+CYCLE = _key.CYCLE         # (CYCLE, index of an enclosing function or object)
+ID = _key.ID               # (ID, id(obj), label); obj is an anchor
+NUMPY = _key.NUMPY         # (NUMPY, dtype, shape, digest)
+WRAPPER = _key.WRAPPER     # (WRAPPER, type, static, inner)
+# ... and the package's (``closure.Analysis``):
 TREEAUX = Tag("TREEAUX")   # (TREEAUX, node parts, leaves): functions in node data
 TREEDEF = Tag("TREEDEF")   # (TREEDEF, node parts): a treedef value holding functions
-PARTIAL = Tag("PARTIAL")   # (PARTIAL, func, args, keywords)
 METHOD = Tag("METHOD")     # (METHOD, func, self)
-WRAPPER = Tag("WRAPPER")   # (WRAPPER, type, static, inner)
 OBJ = Tag("OBJ")           # (OBJ, index, type, ((name, value), ...)); arrays by identity
 COPY = Tag("COPY")         # (COPY, index, type, ((name, value), ...)); arrays lifted
-NUMPY = Tag("NUMPY")       # (NUMPY, dtype, shape, digest)
-WEAKREF = Tag("WEAKREF")   # (WEAKREF, referent or None): read through it
-CYCLE = Tag("CYCLE")       # (CYCLE, index of an enclosing function or object)
 CLASS = Tag("CLASS")       # (CLASS, index, class, ((owner, name, value), ...))
-ID = Tag("ID")             # (ID, id(obj), label); obj is an anchor
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 DYN = Tag("DYN")           # (DYN, int or float): a Python scalar passed as an argument
 SCALAR = Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
@@ -87,12 +73,9 @@ def fn_part(index, code, globals_id, cells, defaults, kwdefaults, globs,
 
 
 #: Types keyed by their value as they are (floats go through ``float_key``).
-ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+ATOMS = _key.ATOMS
 #: Pytree node types whose node data holds no user function.
 BUILTIN_NODES = frozenset({dict, list, tuple, type(None)})
-
-
-def float_key(x: float):
-  """A float's key: 0.0 == -0.0 and nan != nan; the hex form tells them
-  apart exactly."""
-  return (float, x) if x == x and x != 0.0 else (float, x.hex())
+float_key = _key.float_key
+#: A NumPy array's key: dtype, shape and a digest of its bytes.
+numpy_key = _key.Walk.numpy

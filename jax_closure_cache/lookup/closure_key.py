@@ -15,31 +15,25 @@
 
 ``pe.trace_to_jaxpr`` memoizes on the function object, so a closure created
 anew on every call (a nested ``def``, a ``lambda`` in a loop, a
-``functools.partial``) is traced again every time. With the
-``jax_closure_cache`` option on, :func:`trace_to_jaxpr` looks such a function
-up by its *closure key* instead: its code, and the values its code reads
-(cells, defaults, the globals it names, recursively through the functions
-it reaches), with closed-over arrays abstracted to "a leaf".
+``functools.partial``) is traced every time. With ``jax_closure_cache`` on, a
+function it has not answered is looked up by its *closure key*: its code and
+the values its code reads (cells, defaults, globals, through the functions it
+reaches), with closed-over arrays abstracted to leaves.
 
 Invariants:
 
-* Identity first. A function object is answered as the cache on the object
-  would answer it: the first object of a key is traced as usual, and an
-  object answered once keeps its answer for that signature.
-* A trace is shared only between functions whose traces would read the same
-  values. Arrays are the exception by design: the shared trace takes them as
-  its last constvars (the "leaves"), and each function gets a
-  ``ClosedJaxpr`` of that one ``Jaxpr`` closed over its own arrays.
-* A function whose key cannot be computed (it closes over a tracer, or over
-  an object whose contents the key does not cover), or whose trace with its
-  arrays abstracted fails (it needs their values), is traced as usual.
-* The cache never keeps a user's array or function alive: it holds shared
-  jaxprs and their trace-time constants, and weak references to everything
-  whose identity is part of a key.
+* Identity first: the first function of a key is traced as usual, and
+  ``pe.trace_to_jaxpr``'s cache keeps each function's answer.
+* A trace is shared only by functions whose traces read the same values but
+  for their leaves: one ``Jaxpr`` taking them as its last constvars, closed
+  over each function's own arrays. Anything else is traced as usual.
+* Nothing a user holds is kept alive: objects whose ids are in a key are
+  held weakly, and their death drops the key's traces.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 import functools
 import hashlib
@@ -57,102 +51,60 @@ from jax._src import tree_util
 from jax._src import util
 from jax._src.lib import _jax
 
-_LEAF = "leaf"      # an array passed to the shared trace
-_CYCLE = "cycle"    # a function reached before: (_CYCLE, index)
-_EMPTY = "empty"    # an unfilled cell
-_MISSING = "missing"  # a name the code reads that the globals lack
 _BUDGET = 4096      # values walked per key
 _STABLE = frozenset({"jax", "jaxlib", "numpy", "scipy", "builtins",
                      "functools", "operator", "math", "itertools"})
 
 
+class Marker:
+  """The head of a compound part of a key: compared by identity, never
+  pickled (a key holds ids, so it never leaves the process)."""
+  __slots__ = ("name",)
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def __repr__(self):
+    return self.name
+
+  def __reduce__(self):
+    raise TypeError("closure-key markers are not picklable")
+
+
+LIFTED = Marker("LIFTED")     # an array passed to the shared trace
+MISSING = Marker("MISSING")   # a global name the globals lack
+EMPTY = Marker("EMPTY")       # an unfilled cell
+FN = Marker("FN")   # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
+TREE = Marker("TREE")         # (TREE, treedef, leaves)
+PARTIAL = Marker("PARTIAL")   # (PARTIAL, func, args, keywords)
+WEAKREF = Marker("WEAKREF")   # (WEAKREF, referent or None): read through it
+CYCLE = Marker("CYCLE")       # (CYCLE, index of a function reached before)
+ID = Marker("ID")             # (ID, id(obj), label): obj is an anchor
+NUMPY = Marker("NUMPY")       # (NUMPY, dtype, shape, digest)
+WRAPPER = Marker("WRAPPER")   # (WRAPPER, type, static, inner)
+ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+
+
 class Unkeyable(Exception):
-  """The function's traces may read something a key cannot cover."""
+  """A value a key cannot cover: ``reason`` is a category, ``detail`` says
+  which value and why."""
+
+  def __init__(self, reason: str, detail: str):
+    super().__init__(f"{reason}: {detail}")
+    self.reason, self.detail = reason, detail
 
 
-class _Walk:
-  """The key of a function and its leaves, in walk order."""
+def float_key(x: float):   # 0.0 is not -0.0, and NaN is NaN
+  return (float, x) if x == x and x != 0.0 else (float, x.hex())
 
-  def __init__(self):
-    self.leaves: list[Any] = []
-    self.anchors: list[Any] = []   # objects whose id is in the key
-    self.memo: dict[int, int] = {}
-    self.budget = _BUDGET
 
-  def value(self, v) -> Any:
-    self.budget -= 1
-    if self.budget < 0:
-      raise Unkeyable("too many values")
-    t = type(v)
-    if t is _jax.ArrayImpl:
-      if v._committed and len(v.sharding.device_set) == 1:
-        return self.identity(v)   # as an argument it would commit the result
-      self.leaves.append(v)
-      return _LEAF
-    if v is None or t in (bool, int, str, bytes):
-      return (t, v)
-    if t is float:
-      return (t, v.hex())         # 0.0 and -0.0 differ; NaN equals itself
-    if t is types.FunctionType:
-      if v.__closure__ is None and _is_stable(v):
-        return v                  # jax, numpy, the standard library
-      return self.function(v)
-    if t is functools.partial:
-      return ("partial", self.value(v.func), self.values(v.args),
-              tuple((k, self.value(a)) for k, a in v.keywords.items()))
-    if t is types.ModuleType:
-      if _is_stable(v, v.__name__):
-        return v
-      # its attributes (``cfg.scale``) are read at trace time and may change
-      raise Unkeyable(f"reads the user module {v.__name__}")
-    if t is weakref.ReferenceType:   # read through: fori_loop holds its body so
-      target = v()
-      return ("weakref", None if target is None else self.value(target))
-    if isinstance(v, core.Tracer):
-      raise Unkeyable("closes over a tracer")
-    if isinstance(v, np.ndarray) and not v.dtype.hasobject:
-      return (np.ndarray, v.dtype.str, v.shape,
-              hashlib.sha256(np.ascontiguousarray(v).tobytes()).digest())
-    if isinstance(v, np.generic):
-      return (t, v.tobytes())
-    if t in (tuple, list, dict):
-      try:
-        leaves, treedef = tree_util.tree_flatten(v)
-      except ValueError as e:   # dict keys that do not sort
-        raise Unkeyable(f"a {t.__name__} that does not flatten") from e
-      return ("tree", treedef, self.values(leaves))
-    if isinstance(v, type):
-      if _is_stable(v):
-        return self.identity(v)
-      # class attributes and methods are read at trace time and may change
-      raise Unkeyable(f"reads the user class {v.__qualname__}")
-    raise Unkeyable(f"closes over a {t.__name__}")
+WRAPPERS: dict[type, tuple[Callable, Callable]] = {}   # class -> (split, join)
 
-  def values(self, vs) -> tuple:
-    return tuple(self.value(v) for v in vs)
 
-  def identity(self, v):
-    self.anchors.append(v)
-    return ("id", id(v))
-
-  def function(self, f: types.FunctionType):
-    index = self.memo.get(id(f))
-    if index is not None:
-      return (_CYCLE, index)
-    index = self.memo[id(f)] = len(self.memo)
-    code = f.__code__
-    names, writes = _code_names(code)
-    if writes:
-      raise Unkeyable("assigns to a global")
-    cells = tuple(self.value(c.cell_contents) if _filled(c) else _EMPTY
-                  for c in f.__closure__ or ())
-    defaults = self.values(f.__defaults__ or ())
-    kwdefaults = tuple((k, self.value(a))
-                       for k, a in (f.__kwdefaults__ or {}).items())
-    g = f.__globals__
-    self.anchors.append(g)   # its id is in the key
-    reads = tuple(self.value(g[n]) if n in g else _MISSING for n in names)
-    return ("fn", index, code, id(g), cells, defaults, kwdefaults, reads)
+def register_wrapper(cls: type, split, join) -> None:
+  """Key a ``cls`` by ``split(w) == (static, inner)``: ``static`` hashable,
+  ``inner`` walked; ``join(static, inner)`` rebuilds it around new values."""
+  WRAPPERS[cls] = (split, join)
 
 
 @util.weakref_lru_cache
@@ -179,85 +131,290 @@ def _filled(cell) -> bool:
 
 
 def _is_stable(f, module=None) -> bool:
-  """Whether ``f`` (a function, class or module named ``module``) belongs
-  to jax, numpy or the standard library, whose state a program does not
-  change: keyed by identity."""
+  """Whether ``f`` (or module ``module``) is jax's, numpy's or the standard
+  library's, whose state a program does not change: keyed by identity."""
   module = module or getattr(f, "__module__", None)
   return isinstance(module, str) and module.partition(".")[0] in _STABLE
 
 
+class Walk:
+  """One walk over what a function's traces read: :meth:`value` is a value's
+  part of the key; the arrays it abstracts go to ``leaves``, the objects
+  whose ids it holds to ``anchors``. What it cannot key raises
+  :class:`Unkeyable`; a library keying more overrides the steps it changes
+  in a subclass, installed with :func:`use_rules`."""
+  __slots__ = ("leaves", "anchors", "memo", "budget")
+
+  def __init__(self):
+    self.leaves, self.anchors, self.memo = [], [], {}  # memo: id -> index
+    self.budget = _BUDGET
+
+  def value(self, v) -> Any:
+    t = type(v)
+    if t is _jax.ArrayImpl:
+      return self.array(v)
+    if t is int or t is float:
+      return self.scalar(v, t)
+    if t in ATOMS:
+      return (t, v)
+    if t is types.FunctionType:
+      if v.__closure__ is None and self.stable(v):
+        return v                  # jax, numpy, the standard library
+      return self.function(v)
+    if t is types.ModuleType:
+      return self.module(v)
+    if t is tuple or t is list or t is dict:
+      return self.tree(v)
+    return self.other(v, t)
+
+  def array(self, v):
+    if v._committed and len(v.sharding.device_set) == 1:
+      return self.identity(v)     # as an argument it would commit the result
+    self.leaves.append(v)
+    return LIFTED
+
+  def scalar(self, v, t):
+    return (t, v) if t is int else float_key(v)
+
+  stable = staticmethod(_is_stable)
+
+  def module(self, v):
+    if self.stable(v, v.__name__):
+      return v
+    # its attributes (``cfg.scale``) are read at trace time and may change
+    raise Unkeyable("module", f"reads the user module {v.__name__}")
+
+  def other(self, v, t):
+    if t is functools.partial:
+      return self.partial(v)
+    if t is weakref.ReferenceType:
+      return self.weakref(v)
+    if isinstance(v, core.Tracer):
+      raise Unkeyable("tracer", f"a {t.__name__} tracer is closed over")
+    if isinstance(v, np.ndarray):
+      return self.numpy(v)
+    if isinstance(v, np.generic):
+      return (t, v.tobytes())
+    rule = WRAPPERS.get(t)
+    if rule is not None:
+      return self.wrapper(v, t, rule)
+    if isinstance(v, type) and self.stable(v):
+      return self.identity(v)   # a user class's attributes may change
+    if isinstance(v, type):
+      raise Unkeyable("class", f"reads the user class {v.__qualname__}")
+    raise Unkeyable("unhashable", f"closes over a {t.__name__}")
+
+  def partial(self, v):
+    value = self.value
+    return (PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
+            tuple([(k, value(a)) for k, a in v.keywords.items()]))
+
+  def weakref(self, v):   # read through (fori_loop holds its body so)
+    target = v()
+    return (WEAKREF, None if target is None else self.value(target))
+
+  @staticmethod
+  def numpy(v):
+    if v.dtype.hasobject:
+      raise Unkeyable("unhashable", "a numpy array of dtype object")
+    digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(),
+                             digest_size=16).digest()
+    return (NUMPY, v.dtype, v.shape, digest)
+
+  def wrapper(self, v, t, rule):
+    static, inner = rule[0](v)
+    return (WRAPPER, t, static, self.value(inner))
+
+  def tree(self, v):
+    try:
+      leaves, treedef = tree_util.tree_flatten(v)
+    except Exception as e:   # dict keys that do not sort
+      raise Unkeyable("unhashable",
+                      f"flattening {type(v).__name__} raised {e!r}") from e
+    return self.tree_parts(leaves, treedef)
+
+  def tree_parts(self, leaves, treedef):
+    return (TREE, treedef, tuple([self.value(x) for x in leaves]))
+
+  def identity(self, v):
+    self.anchors.append(v)
+    # the label only makes explanations readable (``float32``, not an id)
+    return (ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
+
+  def enter(self, v):   # v's index, or (CYCLE, index) if reached before
+    i = self.memo.get(id(v))
+    if i is not None:
+      return (CYCLE, i)
+    self.budget -= 1
+    if self.budget < 0:
+      raise Unkeyable("budget", "too many values")
+    i = self.memo[id(v)] = len(self.memo)
+    return i
+
+  def function(self, f: types.FunctionType):
+    index = self.enter(f)
+    if type(index) is tuple:
+      return index
+    g = f.__globals__
+    self.anchors.append(g)   # its id is in the key
+    value = self.value
+    cells = self.cells(f)
+    d, kw = f.__defaults__, f.__kwdefaults__
+    defaults = None if d is None else tuple([value(x) for x in d])
+    kwdefaults = (None if kw is None else
+                  tuple([(k, value(x)) for k, x in kw.items()]))
+    globs, chains = self.reads(f)
+    return (FN, index, f.__code__, id(g), cells, defaults, kwdefaults, globs,
+            chains)
+
+  def cells(self, f) -> tuple:
+    return tuple([self.cell(c) for c in f.__closure__ or ()])
+
+  def cell(self, c):
+    return self.value(c.cell_contents) if _filled(c) else EMPTY
+
+  def reads(self, f) -> tuple[tuple, tuple]:
+    """The parts of the globals ``f``'s code reads, in ``global_names``
+    order, and of the attribute chains it reads (none: JAX keys a module or
+    class it names only if stable)."""
+    if _code_names(f.__code__)[1]:
+      raise Unkeyable("writes_globals", f"{f.__qualname__} assigns to a global")
+    g = f.__globals__
+    return tuple([self.value(g[n]) if n in g else MISSING
+                  for n in self.global_names(f.__code__)]), ()
+
+  global_names = staticmethod(lambda code: _code_names(code)[0])
+
+
+class Rebuild:
+  """Fills the leaves of a :class:`Walk`'s key in its order: :meth:`value` is
+  ``v`` with the leaves of its part ``k`` replaced by new functions,
+  partials and containers; the user's objects, cells included, are never
+  modified. A walk that adds parts pairs with a subclass adding ``STEPS``."""
+  # parts that are, or may be, leaves (a function reached before is rebuilt
+  # wherever it is held, or the holder would call the original); parts
+  # that never hold one
+  LEAF_PARTS = frozenset({CYCLE})
+  KEPT_PARTS = frozenset()
+  STEPS = {FN: "function", TREE: "tree", PARTIAL: "partial",
+           WEAKREF: "weakref", WRAPPER: "wrapper"}
+  walk = Walk
+
+  def __init__(self, leaves):
+    self.leaves = iter(leaves)
+    # walk index -> rebuilt function; rebuilt objects only weakrefs reach
+    self.memo, self.keep = {}, []
+
+  def has_leaf(self, k) -> bool:
+    if k is LIFTED:
+      return True
+    if type(k) is not tuple or not k:
+      return False
+    if k[0] in self.LEAF_PARTS:
+      return True
+    return k[0] not in self.KEPT_PARTS and any(map(self.has_leaf, k))
+
+  def value(self, v, k):
+    if k is LIFTED:
+      return next(self.leaves)
+    if type(k) is not tuple or not k or type(k[0]) is not Marker:
+      return v
+    if k[0] is CYCLE:
+      return self.memo.get(k[1], v)
+    if not self.has_leaf(k):
+      return v
+    return getattr(self, self.STEPS[k[0]])(v, k)
+
+  def partial(self, v, k):
+    value = self.value
+    return functools.partial(
+        value(v.func, k[1]), *[value(a, ka) for a, ka in zip(v.args, k[2])],
+        **{n: value(v.keywords[n], kn) for n, kn in k[3]})
+
+  def tree(self, v, k):
+    leaves, treedef = tree_util.tree_flatten(v)
+    return tree_util.tree_unflatten(
+        treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+
+  def weakref(self, v, k):
+    self.keep.append(self.value(v(), k[1]))
+    return weakref.ref(self.keep[-1])
+
+  def wrapper(self, v, k):
+    split, join = WRAPPERS[k[1]]
+    static, inner = split(v)
+    return join(static, self.value(inner, k[3]))
+
+  def function(self, f, k):
+    _, index, code, _, cells, defaults, kwdefaults, reads, chains = k
+    has_leaf, value = self.has_leaf, self.value
+    closure, g = f.__closure__, f.__globals__
+    new_cells = None if closure is None else tuple(
+        types.CellType() if has_leaf(ck) else c for c, ck in zip(closure, cells))
+    if any(map(has_leaf, reads)):
+      g = self.own_globals(f)   # the rebuilt function reads its own copy
+    new = types.FunctionType(code, g, f.__name__, None, new_cells)
+    self.memo[index] = new
+    # in the walk's order: cells, defaults, keyword defaults, globals
+    for c, nc, ck in zip(closure or (), new_cells or (), cells):
+      if nc is not c:
+        nc.cell_contents = value(c.cell_contents, ck)
+    if f.__defaults__ is not None:
+      new.__defaults__ = tuple(map(value, f.__defaults__, defaults))
+    if f.__kwdefaults__ is not None:
+      new.__kwdefaults__ = {n: value(f.__kwdefaults__[n], kn)
+                            for n, kn in kwdefaults}
+    if g is not f.__globals__:
+      for n, rk in zip(self.walk.global_names(code), reads):
+        if has_leaf(rk):
+          g[n] = value(f.__globals__[n], rk)
+    self.copy_metadata(f, new)
+    return new
+
+  @staticmethod
+  def copy_metadata(f, new) -> None:
+    """What ``FunctionType(code, ...)`` does not copy from ``f``."""
+    for name in ("__qualname__", "__module__", "__doc__", "__annotations__"):
+      setattr(new, name, getattr(f, name))
+    new.__dict__.update(f.__dict__)
+
+  def own_globals(self, f) -> dict:
+    return dict(f.__globals__)
+
+
+_rules = [Walk, Rebuild]   # the walk and rebuild in use (use_rules)
+
+
+def use_rules(walk: type[Walk] = Walk, rebuild: type[Rebuild] = Rebuild):
+  """Key with ``walk``, rebuild with its pair ``rebuild`` (default: JAX's)."""
+  if rebuild.walk is not walk:
+    raise ValueError(f"{rebuild.__name__} rebuilds {rebuild.walk.__name__}'s "
+                     f"keys, not {walk.__name__}'s")
+  _rules[:] = [walk, rebuild]
+
+
 def closure_key(fun: Callable) -> tuple[Any, list[Any], list[Any]]:
-  """``(key, leaves, anchors)`` of ``fun``: ``key`` is hashable and equal for
-  two functions whose traces read equal values (arrays aside); ``leaves`` are
-  the arrays, in the order :func:`rebuild` takes them; ``anchors`` the
-  objects whose ids the key holds. Raises :class:`Unkeyable`."""
-  w = _Walk()
-  key = w.value(fun)
+  """``(key, leaves, anchors)``: ``key`` is equal for functions whose traces
+  read equal values but for the arrays ``leaves``; ``anchors`` are the
+  objects whose ids it holds. Raises :class:`Unkeyable`."""
+  w = _rules[0]()
+  key = w.function(fun) if type(fun) is types.FunctionType else w.value(fun)
   return key, w.leaves, w.anchors
 
 
-def rebuild(fun: Callable, key, leaves) -> Callable:
-  """``fun`` with the leaves of ``key`` replaced by ``leaves`` (new
-  functions and partials where needed; ``fun`` itself is never modified)."""
-  it = iter(leaves)
-  memo: dict[int, Any] = {}
-  keep: list[Any] = []   # rebuilt objects only weak references reach
-
-  def has_leaf(k) -> bool:
-    # A function reached a second time is rebuilt wherever it is held, or
-    # that holder would call the original, with its arrays as constants.
-    return k == _LEAF or (type(k) is tuple and bool(k) and (
-        k[0] == _CYCLE or any(map(has_leaf, k))))
-
-  def value(v, k):
-    if k == _LEAF:
-      return next(it)
-    if type(k) is not tuple or not has_leaf(k):
-      return v
-    if k[0] == _CYCLE:
-      return memo.get(k[1], v)
-    if k[0] == "partial":
-      return functools.partial(value(v.func, k[1]),
-                               *map(value, v.args, k[2]),
-                               **{n: value(v.keywords[n], kn)
-                                  for n, kn in k[3]})
-    if k[0] == "tree":
-      leaves_, treedef = tree_util.tree_flatten(v)
-      return tree_util.tree_unflatten(treedef, list(map(value, leaves_, k[2])))
-    if k[0] == "weakref":
-      keep.append(value(v(), k[1]))
-      return weakref.ref(keep[-1])
-    return function(v, k)
-
-  def function(f, k):
-    _, index, code, _, cells, defaults, kwdefaults, reads = k
-    new_cells = tuple(types.CellType() if has_leaf(ck) else c
-                      for c, ck in zip(f.__closure__ or (), cells))
-    g = f.__globals__
-    if any(map(has_leaf, reads)):
-      g = dict(g)                 # the rebuilt function reads its own copy
-      for n, rk in zip(_code_names(code)[0], reads):
-        if has_leaf(rk):
-          g[n] = value(f.__globals__[n], rk)
-    new = types.FunctionType(code, g, f.__name__, None, new_cells or None)
-    memo[index] = new
-    if f.__defaults__:
-      new.__defaults__ = tuple(map(value, f.__defaults__, defaults))
-    for c, nc, ck in zip(f.__closure__ or (), new_cells, cells):
-      if nc is not c:
-        nc.cell_contents = value(c.cell_contents, ck)
-    if f.__kwdefaults__:
-      new.__kwdefaults__ = {n: value(f.__kwdefaults__[n], kn)
-                            for n, kn in kwdefaults}
-    new.__qualname__ = f.__qualname__
-    new.__module__ = f.__module__
-    return new
-
-  out = value(fun, key)
-  if next(it, None) is not None:
+def rebuild(fun: Callable, key, leaves, rules=None) -> Callable:
+  """``fun`` with the leaves of ``key`` replaced by ``leaves``, by the
+  :class:`Rebuild` ``rules`` (the one in use if None)."""
+  r = (rules or _rules[1])(leaves)
+  out = r.value(fun, key)
+  if next(r.leaves, r) is not r:
     raise AssertionError("more leaves than the key has")
-  if keep:
-    out.__closure_key_keep__ = keep   # alive as long as the rebuilt function
+  if r.keep:
+    try:   # alive as long as the rebuilt function
+      out.__closure_key_keep__ = r.keep
+    except AttributeError:
+      raise Unkeyable("weakref", "a weak reference under an object without "
+                      "attributes") from None
   return out
 
 
@@ -280,37 +437,33 @@ def _reached(v) -> list:
     return [v.func, *v.args, *v.keywords.values()]
   if type(v) is types.MethodType:
     return [v.__func__, v.__self__]
-  if type(v) in (list, tuple, set, frozenset):
-    return list(v)
-  if type(v) is dict:
-    return list(v.values())
+  if type(v) in (list, tuple, set, frozenset, dict):
+    return list(v.values() if type(v) is dict else v)
   d = getattr(v, "__dict__", None)
   return list(d.values()) if type(d) is dict else []
 
 
-def _state(v):
-  """The mutable place ``v`` is, as (object, its contents now), or None."""
-  if type(v) is types.CellType:
-    return v, [v.cell_contents] if _filled(v) else []
-  if type(v) is list:
-    return v, list(v)
-  if type(v) is dict:
-    return v, dict(v)
+def _place(v):
+  """The mutable place ``v`` is (itself, or its ``__dict__``), or None."""
+  if type(v) in (types.CellType, list, dict):
+    return v
   d = getattr(v, "__dict__", None)
-  if type(d) is dict and not isinstance(v, (type, types.ModuleType,
-                                            types.FunctionType)):
-    return d, dict(d)
-  return None
+  return d if type(d) is dict and not isinstance(
+      v, (type, types.ModuleType, types.FunctionType)) else None
+
+
+def _contents(place) -> dict:
+  if type(place) is types.CellType:
+    return {0: place.cell_contents} if _filled(place) else {}
+  return dict(enumerate(place)) if type(place) is list else dict(place)
 
 
 class StateWatch:
-  """The cells, lists, dicts and attributes (and, for code that assigns
-  globals, the module globals) a function reaches, as they were before a
-  lifted trace. The rebuilt function shares them with the user's function,
-  so a trace-time side effect reaches them as under stock; :meth:`check`
-  undoes every change and raises :class:`TracerLeak` if a new value holds a
-  tracer (a helper built at trace time over a lifted array), so that call
-  is traced as usual instead."""
+  """The cells, lists, dicts, attributes (and globals, for code assigning
+  them) a function reaches, before a lifted trace, which shares them as a
+  stock trace does; :meth:`check` undoes every change and raises
+  :class:`TracerLeak` if a new value holds a tracer (a helper made at trace
+  time over a lifted array): that function is then traced as usual."""
 
   def __init__(self, fun):
     self.places, seen, todo = [], set(), [fun]
@@ -318,23 +471,29 @@ class StateWatch:
       v = todo.pop()
       if id(v) not in seen:
         seen.add(id(v))
-        place = _state(v)
-        if place is not None:
-          self.places.append(place)
+        place = _place(v)
         if type(v) is types.FunctionType and _code_names(v.__code__)[1]:
-          self.places.append((v.__globals__, dict(v.__globals__)))
+          place = v.__globals__
+        if place is not None:
+          self.places.append((place, _contents(place)))
         todo.extend(_reached(v))
 
+  def changes(self) -> list:
+    """``(place, contents before, values new since)`` of each place changed."""
+    out = []
+    for place, before in self.places:
+      now = _contents(place)
+      new = [x for k, x in now.items() if before.get(k, place) is not x]
+      if new or len(now) != len(before):
+        out.append((place, before, new))
+    return out
+
   def check(self) -> None:
-    if any(_holds_tracer(_new_values(obj, before))
-           for obj, before in self._changed()):
-      self.restore()
+    changes = self.changes()
+    if any(_holds_tracer(new) for _, _, new in changes):
+      self.restore(changes)
       raise TracerLeak("a lifted trace stored a traced value in the "
                        "closure's state")
-
-  def _changed(self):
-    return [(obj, before) for obj, before in self.places
-            if _contents(obj) != _ids(before)]
 
   @classmethod
   def run(cls, fun, call: Callable[[], Any]) -> Any:
@@ -349,38 +508,19 @@ class StateWatch:
     watch.check()
     return out
 
-  def restore(self) -> None:
+  def restore(self, changes=None) -> None:
     """Put back everything changed since the snapshot."""
-    for obj, before in self._changed():
-      if type(obj) is types.CellType:
+    for place, before, _ in self.changes() if changes is None else changes:
+      if type(place) is types.CellType:
         if before:
-          obj.cell_contents = before[0]
+          place.cell_contents = before[0]
         else:
-          del obj.cell_contents
-      elif type(obj) is list:
-        obj[:] = before
+          del place.cell_contents
+      elif type(place) is list:
+        place[:] = before.values()
       else:
-        obj.clear()
-        obj.update(before)
-
-
-def _ids(contents):
-  items = contents.items() if type(contents) is dict else enumerate(contents)
-  return {k: id(x) for k, x in items}
-
-
-def _contents(obj):
-  if type(obj) is types.CellType:
-    return _ids([obj.cell_contents] if _filled(obj) else [])
-  return _ids(obj)
-
-
-def _new_values(obj, before) -> list:
-  now = [obj.cell_contents] if type(obj) is types.CellType and _filled(obj) \
-      else ([] if type(obj) is types.CellType else obj)
-  old = _ids(before)
-  items = now.items() if type(now) is dict else enumerate(now)
-  return [x for k, x in items if old.get(k) != id(x)]
+        place.clear()
+        place.update(before)
 
 
 def _holds_tracer(values) -> bool:
@@ -398,11 +538,10 @@ def _holds_tracer(values) -> bool:
 # -- the closure-keyed trace lookup ----------------------------------------------
 
 class _Shared:
-  """A stored trace of a key: ``jaxpr`` takes the leaves as its last
-  constvars, after the trace-time ``consts``; ``answer``, for a key without
-  leaves, is the first trace itself. ``jaxpr`` is None while only the first
-  object of the key has been traced; ``failed`` holds why a lifted trace
-  of the key failed (its functions are then traced as usual)."""
+  """A key's trace: ``jaxpr`` takes the leaves as its last constvars, after
+  the trace-time ``consts`` (None while only the key's first function was
+  traced); ``answer`` is a key without leaves' first trace; ``failed`` says
+  why the lifted trace failed (its functions are then traced as usual)."""
   __slots__ = ("jaxpr", "consts", "out_avals", "answer", "anchors",
                "failed", "__weakref__")
 
@@ -412,57 +551,47 @@ class _Shared:
 
 
 class _TraceStore:
-  """A bounded mapping, least recently used first out; ``jax.clear_caches``
-  clears it (``util.register_cache``)."""
+  """A bounded mapping, least recently used first out, locked; a JAX cache
+  (``util.register_cache``), so ``jax.clear_caches`` clears it."""
 
   def __init__(self, capacity: int):
-    import collections
-    import threading
-    self.capacity = capacity
-    self._data: collections.OrderedDict = collections.OrderedDict()
-    self._lock = threading.Lock()
+    self.capacity, self.lock = capacity, threading.Lock()
+    self.data: collections.OrderedDict = collections.OrderedDict()
 
   def get(self, key):
-    with self._lock:
-      shared = self._data.get(key)
+    with self.lock:
+      shared = self.data.get(key)
       if shared is not None:
-        self._data.move_to_end(key)
+        self.data.move_to_end(key)
       return shared
 
   def put(self, key, shared: _Shared) -> None:
-    with self._lock:
-      self._data[key] = shared
-      self._data.move_to_end(key)
-      while len(self._data) > self.capacity:
-        self._data.popitem(last=False)
+    with self.lock:
+      self.data[key] = shared
+      self.data.move_to_end(key)
+      while len(self.data) > self.capacity:
+        self.data.popitem(last=False)
 
   def discard(self, key, shared: _Shared) -> None:
-    with self._lock:
-      if self._data.get(key) is shared:
-        del self._data[key]
+    with self.lock:
+      if self.data.get(key) is shared:
+        del self.data[key]
 
   def cache_clear(self) -> None:
-    with self._lock:
-      self._data.clear()
-    _answered.clear()
+    with self.lock:
+      self.data.clear()
+    _last_key.clear()
 
-  def cache_info(self):
-    with self._lock:
-      return {"entries": len(self._data)}
+  def cache_info(self) -> dict:
+    return {"entries": len(self.data)}
 
-  def cache_keys(self):
-    with self._lock:
-      return list(self._data)
+  def cache_keys(self) -> list:
+    with self.lock:
+      return list(self.data)
 
 
 _store = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
-# Guards the tables below where a read and a write must go together.
-_lock = threading.Lock()
 util.register_cache(_store, "closure-keyed traces")
-# Functions traced as usual (the first object of a key, or unkeyable), and
-# the answers given to the others, per signature: identity first.
-_traced_as_usual: weakref.WeakSet = weakref.WeakSet()
-_answered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Every shared Jaxpr: pjit passes the consts of these as arguments.
 _shared_jaxprs: weakref.WeakSet = weakref.WeakSet()
 # Code of the lifted functions traced here, never keyed themselves.
@@ -470,48 +599,34 @@ _own_codes: set = set()
 
 
 def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
-  """Whether ``closed_jaxpr`` is one of many closures of a shared jaxpr, so
-  its constants should be passed as arguments rather than baked."""
+  """Whether ``closed_jaxpr``'s constants are a shared jaxpr's arguments."""
   return closed_jaxpr.jaxpr in _shared_jaxprs
 
 
 def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
                    *context_for_cache_key, **options):
-  """``traced(fun, in_avals, debug_info, ...)`` (the function-keyed
-  ``pe.trace_to_jaxpr``), looked up by closure key first."""
+  """For ``pe.trace_to_jaxpr``'s cache on the function object: the trace of
+  ``fun`` by ``traced`` (uncached), or its closure key's shared trace."""
   if (options or type(fun) not in (types.FunctionType, functools.partial)
       or getattr(fun, "__code__", None) in _own_codes
       or (type(fun) is types.FunctionType and fun.__closure__ is None
-          and _is_stable(fun))):
+          and _rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
-  try:
-    if fun in _traced_as_usual:
-      return traced(fun, in_avals, debug_info, *context_for_cache_key)
-    sig = (in_avals, debug_info, context_for_cache_key, config.trace_context())
-    answer = _answered.get(fun, {}).get(sig)
-  except TypeError:   # unhashable static arguments: as usual
-    return traced(fun, in_avals, debug_info, *context_for_cache_key)
-  if answer is not None:
-    return answer
+  sig = (in_avals, debug_info, context_for_cache_key, config.trace_context())
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
   monitoring.record_event("/jax/closure_cache/miss" if answer is None
                           else "/jax/closure_cache/hit")
   if answer is None:
-    _traced_as_usual.add(fun)
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
     if share is not None:
       _share_answer(*share, answer)
-    return answer
-  with _lock:
-    _answered.setdefault(fun, {})[sig] = answer
   return answer
 
 
 def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
-  """``(answer, None)`` from the store, or ``(None, share)`` to trace ``fun``
-  as usual; ``share`` is ``(key, leaves, anchors)`` when that answer may be
-  shared as it is (a key without leaves)."""
+  """``(answer, None)``, or ``(None, share)`` to trace ``fun`` as usual and
+  share the answer by ``share = (key, leaves, anchors)`` if not None."""
   found = _find(fun, sig)
   if found is None:
     return None, None
@@ -530,13 +645,15 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
           shared.out_avals), None
 
 
-def _find(fun, sig):
+def _find(fun, sig, found=None, rules=None):
   """``(key, leaves, anchors, stored)`` for ``fun`` and signature ``sig``,
-  or None if ``fun`` has no closure key."""
+  or None if ``fun`` has no closure key; ``found`` is ``fun``'s
+  ``(key, leaves, anchors)`` if the caller has walked it with ``rules``."""
   try:
-    key, leaves, anchors = closure_key(fun)
+    key, leaves, anchors = found or closure_key(fun)
     _remember(fun, key)
-    key = (key, tuple(map(core.typeof, leaves)), sig)
+    # the rebuild of the walk that made the key is part of it
+    key = ((rules or _rules)[1], key, tuple(map(core.typeof, leaves)), sig)
     return key, leaves, anchors, _store.get(key)
   except (Unkeyable, TypeError):
     return None
@@ -544,12 +661,10 @@ def _find(fun, sig):
 
 def _traced(traced, shared, fun, key, leaves, anchors, in_avals, debug_info,
             ctx):
-  """``shared`` if it holds a trace, else a new lifted trace (stored when
-  it read only what the key covers), or None if that trace fails."""
-  if shared is not None and shared.jaxpr is not None:
-    return shared
-  if shared is not None and shared.failed is not None:
-    return None   # remembered: traced as usual, once per function
+  """``shared`` if it holds a trace, else a new lifted trace (stored if it
+  captured only what the key covers), or None if one failed."""
+  if shared is not None and (shared.jaxpr is not None or shared.failed):
+    return shared if shared.jaxpr is not None else None
   try:
     shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
                            ctx)
@@ -566,27 +681,23 @@ def _traced(traced, shared, fun, key, leaves, anchors, in_avals, debug_info,
 
 
 def evict(fun: Callable) -> None:
-  """Forget ``fun``'s answers and its key's traces (``clear_cache()`` of a
-  jitted ``fun``): other functions of the key just trace again."""
-  _answered.pop(fun, None)
-  _traced_as_usual.discard(fun)
+  """Forget the traces of ``fun``'s key (``clear_cache()`` of a jitted fun)."""
   try:
     key = closure_key(fun)[0]
   except (Unkeyable, TypeError):
     return
   for k in _store.cache_keys():
-    if k[0] == key:
+    if k[1] == key:
       _store.discard(k, _store.get(k))
 
 
 def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
-  """Trace ``fun`` with its leaves abstracted, as leading arguments; raises
-  what the trace raised if it fails (it needs their values)."""
-  leaf_avals = key[1]
+  """Trace ``fun`` with its leaves as leading arguments, or raise."""
+  rules, key, leaf_avals, _ = key
 
   def lifted(leaves, *args, **kwargs):
     return StateWatch.run(
-        fun, lambda: rebuild(fun, key[0], leaves)(*args, **kwargs))
+        fun, lambda: rebuild(fun, key, leaves, rules)(*args, **kwargs))
   _own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = tree_util.FlatTree.pack(
@@ -607,8 +718,7 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
 
 def _share_answer(key, leaves, anchors, answer) -> None:
   closed, _ = answer
-  # An answer that holds an array (one kept by identity: committed to a
-  # device) would keep it alive after its function dies: not shared.
+  # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
       and not any(isinstance(c, _jax.ArrayImpl) for c in closed.consts)):
     shared = _Shared()
@@ -624,8 +734,7 @@ def _covers(consts, leaves, anchors) -> bool:
 
 
 def _put(key, shared: _Shared, anchors) -> None:
-  """Store ``shared``, dropped again when any object whose id is in ``key``
-  dies (so no id in a stored key is ever reused)."""
+  """Store ``shared`` until an object whose id is in ``key`` dies."""
   ref = weakref.ref(shared)
 
   def drop(_):
@@ -642,80 +751,51 @@ def _put(key, shared: _Shared, anchors) -> None:
 
 # -- explanations ------------------------------------------------------------------
 
-class _LastKeys:
-  """The last closure key seen for each code object, for explain_miss (a
-  key may hold its own code, so ``jax.clear_caches()`` empties it)."""
-
-  def __init__(self):
-    self.by_code: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-  def cache_clear(self) -> None:
-    self.by_code.clear()
-
-  def cache_info(self):
-    return {"entries": len(self.by_code)}
-
-  def cache_keys(self):
-    return list(self.by_code)
-
-
-_last_key = _LastKeys()
-util.register_cache(_last_key, "closure keys last seen, for explanations")
+# The last closure key looked up for each code object, for explain_miss (a
+# key may hold its own code: jax.clear_caches() empties it with the store).
+_last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _remember(fun, key) -> None:
   code = getattr(fun, "__code__", None)
   if code is not None:
-    with _lock:
-      previous = _last_key.by_code.get(code)
-      _last_key.by_code[code] = (key, previous[0] if previous else None)
+    _last_key[code] = key
 
 
 def explain_miss(fun) -> str:
-  """For ``pe.explain``: why ``fun`` did not share a trace with an earlier
-  function of the same code."""
-  if getattr(fun, "__code__", None) in _own_codes:
-    # the lifted trace made for the user's function JAX names above
-    return ("  jax_closure_cache: a second function of a closure key: traced "
-            "once with its arrays as arguments, a trace that later functions "
-            "of the key share")
+  """For ``pe.explain``, before ``fun`` is looked up: how its closure key
+  compares with the last one of the same code."""
   try:
     key, _, _ = closure_key(fun)
   except Unkeyable as e:
     return f"  jax_closure_cache: no closure key ({e})"
-  code = getattr(fun, "__code__", None)
-  last = _last_key.by_code.get(code) if code is not None else None
-  before = None if last is None else (last[1] if last[0] == key else last[0])
-  if before is None or before == key:
-    return ("  jax_closure_cache: the first function of its closure key, "
-            "traced as usual")
-  where = _first_difference(before, key, fun)
-  return f"  jax_closure_cache: its closure differs at {where}"
+  last = _last_key.get(getattr(fun, "__code__", None))
+  return "  jax_closure_cache: " + (
+      "the first function of its closure key, traced as usual" if last is None
+      else "a closure key seen before: its functions share one trace, with "
+      "their arrays as arguments" if last == key
+      else f"its closure differs at {_first_difference(last, key)}")
 
 
-def _first_difference(a, b, fun, path="") -> str:
-  """Where keys ``a`` and ``b`` first differ, named by cell, default and
-  global names, with both values."""
-  value = type(a) is tuple and len(a) == 2 and isinstance(a[0], type)
-  if type(a) is tuple and type(b) is tuple and len(a) == len(b) and not value:
-    if a and a[0] == "fn" and b[0] == "fn":
-      code = a[2]
-      names = ([f"cell {n!r}" for n in code.co_freevars],
-               [f"default {i}" for i in range(len(a[5]))], [],
-               [f"global {n!r}" for n in _code_names(code)[0]])
-      for part, labels in zip((4, 5, 6, 7), names):
-        for i, (x, y) in enumerate(zip(a[part], b[part])):
-          if x != y:
-            label = labels[i] if i < len(labels) else f"part {i}"
-            return _first_difference(x, y, fun, f"{path}{label} ")
-    for x, y in zip(a, b):
+def _first_difference(a, b, path="") -> str:
+  """Where keys ``a`` and ``b`` first differ, named by cells and globals."""
+  if (type(a) is tuple and type(b) is tuple and len(a) == len(b)
+      and not (len(a) == 2 and isinstance(a[0], type))):
+    names = {}
+    if a and a[0] is FN and b[0] is FN:
+      names = {4: [f"cell {n!r}" for n in a[2].co_freevars],
+               7: [f"global {n!r}" for n in _rules[0].global_names(a[2])]}
+    for i, (x, y) in enumerate(zip(a, b)):
+      if x != y and i in names:
+        j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
+        return _first_difference(x[j], y[j], f"{path}{names[i][j]} ")
       if x != y:
-        return _first_difference(x, y, fun, path)
+        return _first_difference(x, y, path)
   return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
 
 
 def _show(k) -> str:
   if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
-    value = float.fromhex(k[1]) if k[0] is float else k[1]
+    value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
     return f"{k[0].__name__} {value!r}"
-  return "an array" if k == _LEAF else str(k[0] if type(k) is tuple else k)
+  return "an array" if k is LIFTED else str(k[0] if type(k) is tuple else k)

@@ -32,29 +32,23 @@ import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache.key import code_plan
+from jax_closure_cache.key import closure
+from jax_closure_cache.key import rebuild
 
 # JAX's own module when jax carries the series, else the package's copy.
 closure_key = _compat.closure_key_module()
 
 _own_codes = closure_key._own_codes
 cache.register_size("shared_traces",
-                    lambda: closure_key._store.cache_info()["entries"])
+                    lambda: len(closure_key._store.cache_keys()))
 cache.register_clear_hook(closure_key._store.cache_clear)
 
 
-def is_stable(f, module=None) -> bool:
-  """The trace lookup's ``_is_stable`` while enabled (a patch point in both
-  modes): also this package's modules and module-level functions and
-  classes, which a user function reading this package's ``jit`` reaches
-  (``code_plan.own_module_level``)."""
-  if module is not None:
-    return (_STOCK_IS_STABLE(f, module)
-            or module.partition(".")[0] == code_plan.PACKAGE)
-  return _STOCK_IS_STABLE(f) or code_plan.own_module_level(f)
-
-
-_STOCK_IS_STABLE = closure_key._is_stable
+#: The walk and rebuild the closure key uses while enabled (a patch point in
+#: both modes): the package's, which key what JAX's leave to stock (plain
+#: objects, attribute chains, classes by namespace, this package's own
+#: module-level functions by identity) with the rules of ``key/``.
+RULES = [closure.Analysis, rebuild.Rebuild]
 
 
 def is_shared(closed_jaxpr) -> bool:
@@ -80,22 +74,38 @@ def own_code(code) -> None:
   _own_codes.add(code)
 
 
-def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
-                   **options):
-  """``pe.trace_to_jaxpr`` with the closure-keyed lookup in front."""
+def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   return closure_key.trace_to_jaxpr(
       _compat.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
 
 
+# The closure-keyed lookup inside a cache on the function object, as the
+# series puts it inside ``pe.trace_to_jaxpr``'s: identity first.
+_cached = _compat.weakref_lru_cache(_looked_up)
+
+
+def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
+                   **options):
+  """``pe.trace_to_jaxpr`` with the closure-keyed lookup for a function it
+  has not answered; ``clear_cache()`` of a jitted function (``evict_weakref``)
+  and JAX's tests (``cache_clear``, ``cache_info``) reach both caches."""
+  return _cached(fun, in_avals, debug_info, *context_for_cache_key, **options)
+
+
 def _evict_weakref(fun) -> None:
-  """What ``clear_cache()`` of a jitted ``fun`` calls: stock's eviction,
-  and the trace lookup's (``closure_key.evict``)."""
+  _cached.evict_weakref(fun)
   _compat.STOCK_TRACE_TO_JAXPR.evict_weakref(fun)
   closure_key.evict(fun)
 
 
+def _cache_clear() -> None:
+  _cached.cache_clear()
+  _compat.STOCK_TRACE_TO_JAXPR.cache_clear()
+
+
 trace_to_jaxpr.evict_weakref = _evict_weakref
+trace_to_jaxpr.cache_clear = _cache_clear
 
 
 def call_shared(fun, a, leaves, args, kwargs):
@@ -114,33 +124,28 @@ def call_shared(fun, a, leaves, args, kwargs):
   in_avals = args_ft.map(_compat.typeof)
   if any(aval.has_qdd for aval in in_avals):
     return None
-  found = _shared_trace(fun, in_avals,
+  found = _shared_trace(closure.as_method(fun) or fun, a, in_avals,
                        _compat.jit_debug_info(fun, args, kwargs),
                        0)   # pjit's quasi-dynamic-data index: 0 without mutable arrays
   if found is None:
     return None
-  jaxpr, consts, out_avals, arrays = found
-  # The trace lookup's arrays, as the front's tracers (the two walks may
-  # order them differently; each array is the same object in both).
-  position = {id(x): i for i, x in enumerate(a.leaves)}
-  try:
-    tracers = [leaves[position[id(x)]] for x in arrays]
-  except KeyError:
-    return None
-  out = _compat.eval_jaxpr(jaxpr, [*consts, *tracers], *args_ft.vals)
+  jaxpr, consts, out_avals = found
+  out = _compat.eval_jaxpr(jaxpr, [*consts, *leaves], *args_ft.vals)
   return out_avals.update(out).unflatten()
 
 
-def _shared_trace(fun, in_avals, debug_info, *context_for_cache_key):
-  """``(jaxpr, consts, out_avals, leaves)``: the trace lookup's shared trace
-  of ``fun``'s key (traced and stored if needed, with no first-object rule:
-  the front knows ``fun`` is one of many), to be closed over ``[*consts,
-  *leaves]``; or None if ``fun`` has no key with leaves or its lifted trace
-  fails. Built from the lookup's own steps (``_find``, ``_traced``), which
-  JAX has no other caller for, so the module the series adds stays without
+def _shared_trace(fun, a, in_avals, debug_info, *context_for_cache_key):
+  """``(jaxpr, consts, out_avals)``: the trace lookup's shared trace of
+  ``fun``'s key (``a``, the front's walk of ``fun``, made by the walk the
+  lookup uses), traced and stored if needed (with no first-object rule: the
+  front knows ``fun`` is one of many), to be closed over ``[*consts,
+  *leaves]``; or None if ``fun`` has no leaves or its lifted trace fails.
+  Built from the lookup's own steps (``_find``, ``_traced``), which JAX
+  has no other caller for, so the module the series adds stays without
   it."""
   found = closure_key._find(fun, (in_avals, debug_info, context_for_cache_key,
-                                  _compat.trace_context()))
+                                  _compat.trace_context()),
+                            (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
   key, leaves, anchors, shared = found
@@ -149,7 +154,7 @@ def _shared_trace(fun, in_avals, debug_info, *context_for_cache_key):
                                context_for_cache_key)
   if shared is None:
     return None
-  return shared.jaxpr, shared.consts, shared.out_avals, leaves
+  return shared.jaxpr, shared.consts, shared.out_avals
 
 
 # -- pjit: the leaves as arguments of one executable ---------------------------
@@ -281,15 +286,15 @@ class _ArgsInfo:
 
 def _with_cache_api(replacement, original):
   """``replacement`` with the cache methods ``original`` (a JAX cache)
-  offers, calling through to it (JAX's own tests clear caches by name), as
-  the series' ``pe.trace_to_jaxpr`` does."""
+  offers and it lacks, calling through to it (JAX's own tests clear caches
+  by name)."""
   for name in ("cache_clear", "cache_info", "cache_keys", "evict_weakref"):
     if hasattr(original, name) and not hasattr(replacement, name):
       setattr(replacement, name, getattr(original, name))
   return replacement
 
 
-_with_cache_api(trace_to_jaxpr, _compat.STOCK_TRACE_TO_JAXPR)
+_with_cache_api(trace_to_jaxpr, _cached)
 _with_cache_api(dedup_consts, _compat.STOCK_DEDUP_CONSTS)
 
 
