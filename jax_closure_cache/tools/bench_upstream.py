@@ -7,8 +7,9 @@ between the two.
   C++ fast path, which the series does not touch;
 * a long-lived closure-free jitted function;
 * an eager ``while_loop`` with long-lived ``cond`` and ``body``: every call
-  traces through ``pe.trace_to_jaxpr``, where the series adds its option
-  check (a hit of JAX's cache on the function object).
+  traces through ``pe.trace_to_jaxpr``, a hit of JAX's cache on the
+  function object (the series looks a function up by closure key only on a
+  miss of that cache, so a hit runs none of its code).
 """
 
 from __future__ import annotations
@@ -26,18 +27,14 @@ TARGET = 1.02   # patched (option off) over pristine
 WORKLOADS = ("long-lived closure tanh(x@w) 4x4",
              "long-lived closure-free function",
              "eager while_loop, long-lived body")
-#: Measured in the patched process alone: the series' dispatcher in front of
-#: the memoized trace against that memoized function itself, on a hit.
-DISPATCH = "pe.trace_to_jaxpr hit, option off (one process)"
 
 
 def _worker(calls: int) -> dict:
   import jax
   import jax.numpy as jnp
-  from jax._src import config
 
-  option = getattr(config, "closure_cache", None)
-  assert option is None or not option.value   # the option is off
+  option = getattr(jax.config, "jax_closure_cache", None)
+  assert not option   # absent (pristine) or off (patched)
   w, x = jnp.full((4, 4), 0.1), jnp.ones((4, 4))
   closure = jax.jit(lambda v: jnp.tanh(v @ w))
   free = jax.jit(lambda v: v * 2 + 1)
@@ -57,26 +54,7 @@ def _worker(calls: int) -> dict:
       jax.block_until_ready(run())
       times.append(time.perf_counter() - t)
     out[name] = statistics.median(times) * 1e6
-  out["carries_series"] = hasattr(config, "closure_cache")
-  if out["carries_series"]:
-    from jax._src import api_util
-    from jax._src import core
-    from jax._src.interpreters import partial_eval as pe
-    from jax._src.tree_util import FlatTree
-    in_avals = FlatTree.flatten(((x,), {})).map(core.typeof)
-    dbg = api_util.debug_info("jit", body, (x,), {})
-    f = lambda v: jnp.tanh(v @ w)
-    pe.trace_to_jaxpr(f, in_avals, dbg)   # traced once: later calls hit
-    sides = {"dispatcher": pe.trace_to_jaxpr, "memoized": pe._trace_to_jaxpr}
-    best = {}
-    for _ in range(5):
-      for side, fn in sides.items():
-        t = time.perf_counter()
-        for _ in range(calls):
-          fn(f, in_avals, dbg)
-        best[side] = min(best.get(side, 1e9),
-                         (time.perf_counter() - t) / calls * 1e6)
-    out[DISPATCH] = best
+  out["carries_series"] = option is not None
   return out
 
 
@@ -85,7 +63,7 @@ def _run(pythonpath: str | None, calls: int) -> dict:
   env.pop("JAX_CLOSURE_CACHE", None)
   if pythonpath:
     env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-  code = ("import json, sys; from jax_closure_cache import bench_upstream as b; "
+  code = ("import json, sys; from jax_closure_cache.tools import bench_upstream as b; "
           f"print(json.dumps(b._worker({calls})))")
   out = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=600)
@@ -125,10 +103,6 @@ def run(calls: int = 4000, rounds: int = 7) -> list[dict]:
                               for p, q in zip(pristine, patched))
     rows.append({"workload": name, "pristine_us": a, "patched_us": b,
                  "ratio": ratio, "target": TARGET})
-  a = statistics.median(r[DISPATCH]["memoized"] for r in patched)
-  b = statistics.median(r[DISPATCH]["dispatcher"] for r in patched)
-  rows.append({"workload": DISPATCH, "pristine_us": a, "patched_us": b,
-               "ratio": b / a, "target": None})
   return rows
 
 
@@ -136,11 +110,6 @@ def table(rows: list[dict]) -> str:
   lines = ["| workload | pristine jax µs | patched jax, option off µs | "
            "patched/pristine (target) |", "|---|---|---|---|"]
   for r in rows:
-    if r["target"] is None:   # the dispatcher against the memoized function
-      lines.append(f"| {r['workload']} | {r['pristine_us']:.2f} (memoized) | "
-                   f"{r['patched_us']:.2f} (dispatcher) | {r['ratio']:.2f} "
-                   f"(no target) |")
-      continue
     met = "met" if r["ratio"] <= r["target"] else "MISSED"
     lines.append(f"| {r['workload']} | {r['pristine_us']:.1f} | "
                  f"{r['patched_us']:.1f} | {r['ratio']:.2f} "
