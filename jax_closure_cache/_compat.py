@@ -75,7 +75,27 @@ trace_state_clean = _core.trace_state_clean
 def captured_constants(traced) -> list:
   """Every value a ``jax.stages.Traced`` closed over: baked constants plus
   the tracer constants that ``pe.separate_consts`` split off."""
-  return [*traced.jaxpr.consts, *traced._consts]
+  return [*traced.jaxpr.consts, *separated_constants(traced)]
+
+
+def separated_constants(traced) -> list:
+  """The constants ``pe.separate_consts`` split off a ``Traced``'s jaxpr,
+  which its ``Lowered`` passes as the first arguments."""
+  return traced._consts
+
+
+#: The ``ArrayImpl`` attribute saying it was placed on a device explicitly
+#: (the generated matchers read it by name on the hot path).
+COMMITTED = "_committed"
+
+
+def is_committed(x) -> bool:
+  return getattr(x, COMMITTED)
+
+
+def cache_size(jitted) -> int:
+  """Executables compiled for a stock jitted function."""
+  return jitted._cache_size()
 
 
 def count_traces():
@@ -270,6 +290,27 @@ STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
 #: constants as the arguments ``Compiled`` passes first.
 STOCK_TRACED_LOWER = _stages.Traced.lower
 Lowered = _stages.Lowered
+
+
+def lowering_of(lowered):
+  """The lowering a ``Lowered`` compiles (its ``const_args`` passed first)."""
+  return lowered._lowering
+
+
+def set_lowering(lowered, lowering) -> None:
+  lowered._lowering = lowering
+
+
+def relowered(lowered, lowering, args_info, in_types):
+  """A ``Lowered`` like ``lowered`` over ``lowering``, with its arguments'
+  info and ``(in_tree, in_avals)`` replaced."""
+  return Lowered(lowering, args_info, lowered.out_tree, lowered._no_kwargs,
+                 in_types, lowered._out_types)
+
+
+def lowered_in_types(lowered):
+  """``(in_tree, in_avals)`` of a ``Lowered``'s flat arguments, or None."""
+  return lowered._in_types
 tree_structure = jax.tree_util.tree_structure
 from jax._src.tree_util import default_registry as _default_registry   # noqa: E402
 
@@ -402,7 +443,7 @@ EXPECTED_SIGNATURES = {
 
 def _check_array_impl() -> bool:
   x = jax.numpy.zeros(())
-  return type(x) is ArrayImpl and isinstance(x._committed, bool)
+  return type(x) is ArrayImpl and isinstance(is_committed(x), bool)
 
 
 def check_patch_points() -> list[tuple[str, bool, str]]:

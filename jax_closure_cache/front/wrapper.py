@@ -124,8 +124,8 @@ class ClosureJitted(entries.JitWrapper):
     if row is None:
       return 0
     if type(row) is identity.OWNED:
-      return self.stock()._cache_size()
-    return row[0].jitted._cache_size()
+      return _compat.cache_size(self.stock())
+    return _compat.cache_size(row[0].jitted)
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)

@@ -177,6 +177,7 @@ _PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten
 _ArrayImpl = _compat.ArrayImpl
 _Tracer = _compat.Tracer
+_is_committed = _compat.is_committed
 _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
 
@@ -219,7 +220,7 @@ class Analysis(_key.Walk):
     return super().identity(v)
 
   def array(self, v):
-    if self.in_object or (v._committed and kept_by_identity(v)):
+    if self.in_object or (_is_committed(v) and kept_by_identity(v)):
       return self.identity(v)
     self.leaves.append(v)
     return LIFTED
@@ -302,7 +303,7 @@ class Analysis(_key.Walk):
     if isinstance(v, _Tracer):
       raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
     if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
-      if self.in_object or (getattr(v, "_committed", True)
+      if self.in_object or (getattr(v, _compat.COMMITTED, True)
                             and kept_by_identity(v)):
         return self.identity(v)
       self.leaves.append(v)

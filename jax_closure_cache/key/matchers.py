@@ -21,6 +21,7 @@ from jax_closure_cache.key.parts import (
     Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
+COMMITTED = _compat.COMMITTED   # read by name in the generated text
 _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
 _tree_flatten = _compat.jax.tree_util.tree_flatten
@@ -121,7 +122,7 @@ class _MatchSource:
     v = f"v{len(self.lines)}"
     add(f"    {v} = {expr}")
     if part is LIFTED:
-      add(f"    if type({v}) is not ArrayImpl or ({v}._committed and kept_by_identity({v})): return None")
+      add(f"    if type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v})): return None")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is DYN:
       add(f"    if type({v}) is not {self.bind(part[1])}: return None")
@@ -172,7 +173,7 @@ class _MatchSource:
     ``return None`` of a matcher into a ``break`` (front/generated.py)."""
     add = self.lines.append
     add(f"    for x in {xs}:")
-    add("      if type(x) is not ArrayImpl or (x._committed and kept_by_identity(x)): break")
+    add(f"      if type(x) is not ArrayImpl or (x.{COMMITTED} and kept_by_identity(x)): break")
     add("    else:")
     add("      x = ALL_LIFTED")
     add("    if x is not ALL_LIFTED: return None")
@@ -208,7 +209,7 @@ class _MatchSource:
       if child.num_nodes == 1 and child.num_leaves == 1:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")
-        add(f"    if type({x}) is not ArrayImpl or ({x}._committed and kept_by_identity({x})): return None")
+        add(f"    if type({x}) is not ArrayImpl or ({x}.{COMMITTED} and kept_by_identity({x})): return None")
         add(f"    out.append({x})")
       else:
         x = f"{e}_{i}"

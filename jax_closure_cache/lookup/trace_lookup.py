@@ -232,8 +232,10 @@ def traced_lower(traced, **options):
   ``.lower(x).compile()(x)`` takes the user's arguments alone. The lowering
   itself (cached, shared by every closure of the key) is not modified."""
   lowered = _compat.STOCK_TRACED_LOWER(traced, **options)
-  if _shared_constants(traced._consts):
-    lowered._lowering = _WithLeaves(lowered._lowering, traced._consts)
+  consts = _compat.separated_constants(traced)
+  if _shared_constants(consts):
+    _compat.set_lowering(lowered,
+                         _WithLeaves(_compat.lowering_of(lowered), consts))
   return lowered
 
 
@@ -245,12 +247,12 @@ def lowered_with_leaves(lowered, leaves):
   modified."""
   (_, *args_info), kwargs_info = lowered.args_info
   args_info = (tuple(args_info), kwargs_info)
-  in_types = lowered._in_types   # (in_tree, in_avals) of the flat arguments
+  in_types = _compat.lowered_in_types(lowered)
   if in_types is not None:
     in_types = (_compat.tree_structure(args_info), in_types[1][len(leaves):])
-  return _compat.Lowered(
-      _WithLeaves(lowered._lowering, leaves), args_info, lowered.out_tree,
-      lowered._no_kwargs, in_types, lowered._out_types)
+  return _compat.relowered(
+      lowered, _WithLeaves(_compat.lowering_of(lowered), leaves), args_info,
+      in_types)
 
 
 class _WithLeaves:
