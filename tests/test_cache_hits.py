@@ -403,3 +403,34 @@ def test_fast_front_answers_as_the_generic_call():
   jcc.clear()
   out = jcc.jit(make_inner(jnp.eye(4) * 9))(x4)
   assert_like_stock(out, make_inner(jnp.eye(4) * 9), x4)
+
+
+@pytest.mark.parametrize("auto_dynamic", [False, True])
+def test_a_miss_walks_the_closure_once_plus_the_post_trace_check(
+    auto_dynamic, monkeypatch):
+  """The second function object of a code (the miss that traces the shared
+  entry) walks its closure twice: once for its key, once after the trace to
+  check what it captured. The walk is the closure key's (``Analysis``, a
+  ``Walk``); the trace reuses the miss's walk and the lookup the front's.
+  Results as stock's, replayed."""
+  from jax_closure_cache.key import closure
+  walks = []
+  init = closure.Analysis.__init__
+
+  def counted(self, *args, **kwargs):
+    walks.append(1)
+    init(self, *args, **kwargs)
+  monkeypatch.setattr(closure.Analysis, "__init__", counted)
+  jcc.enable(auto_dynamic=auto_dynamic)
+  make = lambda w, b: lambda v, b=b: jnp.tanh(v @ w) + b
+  x = jnp.ones((4, 4))
+  for replay in range(2):
+    for i in range(3):
+      w, b = jnp.eye(4) * i, jnp.full((4,), float(i))
+      del walks[:]
+      got = jax.jit(make(w, b))(x)
+      if (replay, i) == (0, 1):   # the miss
+        assert len(walks) == 2, walks
+      if replay:   # hits
+        assert jcc.stats()["misses"] == 2
+      assert_like_stock(got, make(w, b), x, rtol=1e-6)

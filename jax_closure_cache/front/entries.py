@@ -20,8 +20,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+import threading
 import types
 import weakref
 
@@ -73,6 +75,35 @@ class JitWrapper:
   """What the package's jit wrappers have in common: ``_fun``, the callable
   they wrap (``ClosureJitted`` and its kinds derive from it)."""
   __slots__ = ()
+
+
+class _Walked(threading.local):
+  """The walk a miss made of the function it is about to trace, for the
+  lifted function's trace to take instead of walking again (``walked``)."""
+  fun = analysis = None
+
+
+WALKED = _Walked()
+
+
+@contextlib.contextmanager
+def walked(fun, analysis):
+  """While a miss traces ``fun``'s entry, its walk ``analysis`` stands for
+  the lifted function's own (taken once, by the trace of that object)."""
+  saved = WALKED.fun, WALKED.analysis
+  WALKED.fun, WALKED.analysis = fun, analysis
+  try:
+    yield
+  finally:
+    WALKED.fun, WALKED.analysis = saved
+
+
+def _walk_for_trace(current, lift_numpy, dynamic):
+  a = WALKED.analysis
+  if WALKED.fun is current and a.dynamic == dynamic:
+    WALKED.fun = WALKED.analysis = None
+    return a
+  return closure.analyse(current, lift_numpy, True, dynamic)
 
 
 # The frames in which a shared lifted function may trace; each has ``self``,
@@ -233,8 +264,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
   def lifted(leaves, /, *args, **kwargs):
     current = calling_function()
     e = entry_ref()
-    a = closure.analyse(current, lift_numpy, True,
-                        None if e is None else e.dynamic)
+    a = _walk_for_trace(current, lift_numpy, None if e is None else e.dynamic)
     if len(a.leaves) != len(leaves):
       raise AssertionError("closure layout changed between key and trace")
     if e is not None:

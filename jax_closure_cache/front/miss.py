@@ -88,17 +88,19 @@ def make_dynamic(w, key, a, args, kwargs):
   return (spec.key, dyn.key), dyn
 
 
-def remember_last_key(w) -> None:
+def remember_last_key(w, after=None) -> None:
   """After a miss's call, the key of the state it left, for the next miss
-  of this code to compare with. The state after the call, not before: a
-  counter the trace itself bumps (``nonlocal n; n += 1``, ``count[0] +=
-  1``) is then equal in both, so it never becomes dynamic, and the trace-
-  time side effect keeps reaching the user's own cell, as with stock."""
+  of this code to compare with (``after``, that state's walk with nothing
+  passed as an argument, if made already). The state after the call, not
+  before: a counter the trace itself bumps (``nonlocal n; n += 1``,
+  ``count[0] += 1``) is then equal in both, so it never becomes dynamic,
+  and the trace-time side effect keeps reaching the user's own cell, as
+  with stock."""
   spec = w._spec
   if not spec.auto_dynamic:
     return
   try:
-    after = closure.analyse(w._fun, spec.lift_numpy)
+    after = after or closure.analyse(w._fun, spec.lift_numpy)
     scalars.remember_last_key(dynamic_key(w),
                                    (spec.key, after.key))
   except (Uncacheable, TypeError):
@@ -206,7 +208,8 @@ def miss(w, key, a, args, kwargs):
   try:
     # .trace() fills JAX's _infer_params cache, so the call below compiles
     # without tracing again; the Traced object yields the captured consts.
-    traced = entry.jitted.trace(a.leaves, *args, **kwargs)
+    with entries.walked(w._fun, a):   # the trace takes this walk
+      traced = entry.jitted.trace(a.leaves, *args, **kwargs)
     out = entry.jitted(a.leaves, *args, **kwargs)
   except Exception as e:
     return retry_stock(w, key, args, kwargs, e)
@@ -247,15 +250,18 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   entry is asked for it again, which JAX answers from its cache.
   """
   entries.entries.discard(key)
-  remember_last_key(w)   # after every trace, a miss's or a hit's
   if cost is not None:   # a miss, not a re-derivation after a retrace
     entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
   try:
     after = closure.analyse(w._fun, w._spec.lift_numpy,
                             True, entry.dynamic)
   except Uncacheable as e:
+    remember_last_key(w)
     events.not_stored(w._user(), "uncacheable_after_trace", e.detail)
     return
+  # after every trace, a miss's or a hit's (the walk just made, if it
+  # passed no scalar as an argument)
+  remember_last_key(w, after if entry.dynamic is None else None)
   if len(after.leaves) != len(leaves):
     events.not_stored(w._user(), "layout_changed",
                       "the trace changed how many arrays the closure holds")
