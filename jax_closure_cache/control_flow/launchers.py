@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key import closure
+from jax_closure_cache.key import values
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
 
@@ -101,7 +101,7 @@ def _static_bound(bound):
 
 # A launcher's static parameters (loop bounds, ``length``, ``unroll``...) are
 # keyed by value and exact types and never made dynamic.
-_Static = closure.Static
+_Static = values.Static
 
 
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):

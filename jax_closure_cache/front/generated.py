@@ -123,7 +123,7 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type:
       "__slots__": (), "__call__": names["__call__"],
       "__module__": base.__module__, "__qualname__": base.__qualname__,
       "__doc__": base.__doc__, "_code": code, "_spec": spec,
-      # keyed, split and joined as ``base`` (closure.register_wrapper)
+      # keyed, split and joined as ``base`` (values.register_wrapper)
       "_keyed_as": base})
   return cls
 

@@ -15,7 +15,7 @@ function::
 
 whose cells are the user's function, the function-valued static arguments
 (walked like any closure: their arrays are lifted) and a
-:class:`~jax_closure_cache.key.closure.Static` of the other static values (keyed
+:class:`~jax_closure_cache.key.values.Static` of the other static values (keyed
 by value, as stock keys them). That closure goes through the cache like any
 re-created closure, so a fresh function with an equal key hits one shared
 executable.
@@ -40,11 +40,11 @@ from jax_closure_cache import cache
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
-from jax_closure_cache.key import closure
+from jax_closure_cache.key import values
 from jax_closure_cache.key import jaxpr as jaxpr_key  # noqa: F401  (registers the jaxpr rules)
 
 # What a static argument may hold for this route: a function whose identity
-# is fresh per call in the patterns above (``closure.fresh_function``: a
+# is fresh per call in the patterns above (``values.fresh_function``: a
 # closure, a partial, a bound method, a callable object, a jitted function
 # of this package, a jaxpr made by ``jax.make_jaxpr``), alone, in tuples
 # nested up to ``_NESTING`` deep (a filtering jit's ``((leaves, treedef),
@@ -60,7 +60,7 @@ _tree_flatten = _compat.jax.tree_util.tree_flatten
 
 
 def _is_function(v) -> bool:
-  return closure.fresh_function(v, 0) is not None
+  return values.fresh_function(v, 0) is not None
 
 
 _ATOMS = frozenset({str, bytes, int, float, bool, complex, type(None)})
@@ -74,14 +74,14 @@ def _function_in(v, depth: int = _NESTING):
   if t in _ATOMS:
     return None
   if t is _PyTreeDef:
-    return closure.node_data_function(v)
+    return values.node_data_function(v)
   if depth and isinstance(v, tuple):
     for x in v:
       found = _function_in(x, depth - 1)
       if found is not None:
         return found
     return None
-  found = closure.fresh_function(v, 0)
+  found = values.fresh_function(v, 0)
   if found is not None or not depth:
     return found
   try:
@@ -90,7 +90,7 @@ def _function_in(v, depth: int = _NESTING):
     return None
   if len(leaves) == 1 and leaves[0] is v:
     return None   # not a pytree node
-  found = closure.node_data_function(treedef)
+  found = values.node_data_function(treedef)
   for x in leaves:
     if found is not None:
       break
@@ -249,7 +249,7 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
   flags = [_holds_function(v) for v in static_values]
   functions = tuple([v for v, f in zip(static_values, flags) if f])
   plain = tuple([v for v, f in zip(static_values, flags) if not f])
-  params = closure.Static(
+  params = values.Static(
       tuple(zip(positions, flags[:len(positions)])),
       tuple(zip(names, flags[len(positions):])), plain)
   user = _function_in(functions[0])
@@ -332,5 +332,5 @@ def _clear() -> None:
 
 
 cache.register_clear_hook(_clear)
-closure.register_wrapper(StaticArgsJitted, wrapper.split, wrapper.join)
+values.register_wrapper(StaticArgsJitted, wrapper.split, wrapper.join)
 wrapper.register_static_arguments_kind(StaticArgsJitted)

@@ -43,6 +43,7 @@ from jax_closure_cache.front import inline
 from jax_closure_cache.front import miss
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import values
 from jax_closure_cache.key.closure import Uncacheable
 from jax_closure_cache.lookup import trace_lookup
 
@@ -377,4 +378,4 @@ def join(static, fun) -> ClosureJitted:
   return cls(fun, options, options_key, lift_numpy, auto_dynamic)
 
 
-closure.register_wrapper(ClosureJitted, split, join)
+values.register_wrapper(ClosureJitted, split, join)

@@ -29,6 +29,7 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import values
 from jax_closure_cache.key import parts
 
 # Nested constants larger than this are not read back to be keyed by value.
@@ -151,6 +152,6 @@ def _join_open(static: JaxprKey, _):
   return static.jaxpr()
 
 
-closure.register_wrapper(_compat.ClosedJaxpr, _split_closed, _join_closed)
+values.register_wrapper(_compat.ClosedJaxpr, _split_closed, _join_closed)
 if _compat.Jaxpr is not _compat.ClosedJaxpr:   # one class from 0.11 on
-  closure.register_wrapper(_compat.Jaxpr, _split_open, _join_open)
+  values.register_wrapper(_compat.Jaxpr, _split_open, _join_open)

@@ -14,7 +14,7 @@ import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.closure import kept_by_identity
+from jax_closure_cache.key.values import kept_by_identity
 from jax_closure_cache.key.code_plan import chain_value, code_plan, is_stable
 from jax_closure_cache.key.parts import (
     ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,

@@ -2,9 +2,9 @@
 
 Which classes are plain (their whole state is their ``__dict__`` or slots,
 plus the items of a ``list``/``tuple``/``dict`` base) and copyable (a
-shallow copy holds tracers without running user code), how a NumPy array
-is keyed by value, a callable object as its bound ``__call__``, and what a
-class attribute contributes to its class's key.
+shallow copy holds tracers without running user code), a callable object
+as its bound ``__call__``, and what a class attribute contributes to its
+class's key.
 
 Invariants: nothing here calls user code but attribute reads the walk
 would make anyway; a class with a ``__new__``, ``__setattr__`` or
