@@ -85,6 +85,20 @@ def partial_default(cfg, x):
       jax.jit(f)(x)
 
 
+def cells_and_defaults(cfg, x):
+  """Arrays of one type in a cell, a default and a keyword-only default at
+  once (reading nothing JAX's own walk refuses, so the series' lookup keys
+  it too), jitted and as an eager loop body."""
+  w, b, act, extra, ks, flag, box = cfg
+  scale = w + 1.0   # an array of w's type, another object
+
+  def f(v, scale=scale, *, extra=extra):
+    y = v * w + scale * b
+    y = y + extra["z"] * extra["k"] if extra is not None else y
+    return -y if flag else y
+  return jax.jit(f)(x), jax.lax.fori_loop(0, 2, lambda i, c: f(c) * 0.5, x)
+
+
 def grad_of_closure(cfg, x):
   return jax.jit(jax.grad(lambda v: evaluate(cfg, v).sum()))(x)
 
@@ -169,6 +183,7 @@ def compile_time_constant(cfg, x):
 
 FEATURES = {f.__name__: f for f in (
     plain, shared_paths, nested, static_function, partial_default,
+    cells_and_defaults,
     grad_of_closure, fori, while_loop, scan, cond, callable_object,
     method_in_node_data, nested_static, jaxpr_static, compile_time_constant)}
 

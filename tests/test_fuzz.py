@@ -34,7 +34,7 @@ CHOICE = st.fixed_dictionaries({
     "box": st.sampled_from([None, None, (2.0, 1.0), (3.0, 1.0), (2, 0.5)]),
 })
 MEMBERS = ["w", "b", "act", "extra", "ks", "flag", "box"]
-LOOPS = frozenset({"fori", "while_loop", "scan"})
+LOOPS = frozenset({"fori", "while_loop", "scan", "cells_and_defaults"})
 
 
 @st.composite
