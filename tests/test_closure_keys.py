@@ -82,7 +82,16 @@ def test_cycles_terminate_and_rebuild():
   np.testing.assert_array_equal(rebuilt(3), jnp.full(2, 5.0))
 
 
-class Opaque:
+class Opaque(bytearray):   # a C base: state the walk cannot read
+  __slots__ = ("v",)
+
+  def __init__(self, v):
+    self.v = v
+
+  __hash__ = object.__hash__
+
+
+class Slotted:
   __slots__ = ("v",)
 
   def __init__(self, v):
@@ -93,6 +102,13 @@ def test_identity_objects_are_roots():
   o = Opaque(1)
   a = closure.analyse(make(o))
   assert o in a.roots and o in a.anchors
+
+
+def test_slotted_objects_are_keyed_by_their_slots():
+  assert closure.analyse(make(Slotted(1))).key == \
+      closure.analyse(make(Slotted(1))).key != \
+      closure.analyse(make(Slotted(2))).key
+  assert closure.analyse(make(Slotted(1))).roots == []   # nothing opaque
 
 
 class Cfg:

@@ -146,8 +146,8 @@ def test_tracer_in_closure_falls_back():
   assert jcc.stats()["fallback_reasons"].get("tracer", 0) >= 1
 
 
-class Unkeyable:
-  """Unhashable (``__eq__`` alone), not a pytree, and no ``__dict__`` to walk."""
+class Unkeyable(bytearray):   # a mutable C base: no hash, state unread
+  """Unhashable, not a pytree, and state the walk cannot read."""
   __slots__ = ("n",)
 
   def __init__(self, n):

@@ -71,7 +71,7 @@ def test_jax_own_explain_option_turns_it_on(caplog):
   assert any("closure-cache miss" in m for m in messages(caplog))
 
 
-class Unkeyable:
+class Unkeyable(bytearray):   # a mutable C base: no hash, state unread
   __slots__ = ("n",)
 
   def __init__(self, n):

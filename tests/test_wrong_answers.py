@@ -264,3 +264,42 @@ def test_an_array_in_a_cell_and_another_in_a_default_stay_apart():
       for a, b in zip(_cell_and_default(w, x), _stock(_cell_and_default, w, x)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
         assert a.dtype == b.dtype
+
+
+class _Slotted:
+  __slots__ = ("k", "__scale", "__weakref__")
+
+  def __init__(self, k):
+    self.k = k
+    self.__scale = 2.0
+
+  def scale(self):
+    return self.__scale
+
+
+class _SlottedChild(_Slotted):   # slots and a __dict__
+  pass
+
+
+@pytest.mark.parametrize("cls", [_Slotted, _SlottedChild])
+def test_a_slotted_objects_attributes_are_keyed(cls):
+  """An object whose state is in ``__slots__`` was keyed by its identity
+  alone: after ``obj.k`` changed, a fresh closure over the same object hit
+  the entry traced with the old value (6.0 for 15.0). Its slots (a
+  name-mangled one too) and its ``__dict__`` are now keyed by value; compared
+  with stock call by call, replayed so that hits are exercised."""
+  jcc.enable()
+  obj = cls(2.0)
+  x = jnp.ones(3)
+  run = lambda w, x: jax.jit(lambda v: v * w * obj.k * obj.scale())(x)
+  for _ in range(2):
+    for step in range(6):
+      if step == 3:
+        obj.k = 5.0
+      if step == 5 and cls is _SlottedChild:
+        obj._Slotted__scale = 3.0
+      w = jnp.full(3, float(step))
+      np.testing.assert_allclose(run(w, x), _stock(run, w, x), rtol=1e-6)
+    obj.k = 2.0
+    obj._Slotted__scale = 2.0
+  assert jcc.stats()["hits"] > 0

@@ -52,7 +52,8 @@ from jax_closure_cache import _compat
 from jax_closure_cache.key.values import (
     kept_by_identity, node_data_function, wrapper_rules)
 from jax_closure_cache.key.objects import (
-    SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type)
+    SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
+    slot_members, slot_values)
 from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, own_module_level, stable_module)
 from jax_closure_cache.key.parts import (
@@ -193,6 +194,9 @@ class Analysis(_key.Walk):
         return (t, v)   # value-based hash and equality, like a static argument
     if is_plain_type(t):
       return self.plain_object(v, t)
+    members = slot_members(t)
+    if members:   # state in __slots__: keyed by their values, not identity
+      return self.plain_object(v, t, members)
     if h is object.__hash__:
       return self.identity(v, root=True)
     raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
@@ -294,12 +298,15 @@ class Analysis(_key.Walk):
     finally:
       self.frozen -= 1
 
-  def plain_object(self, v, t):
+  def plain_object(self, v, t, slots=None):
     i = self.enter(v)
     if type(i) is tuple:
       return i
-    attrs = vars(v)
-    members = contents(v)
+    if slots is None:
+      attrs, members = vars(v), contents(v)
+    else:   # its slots, and its __dict__ if it has one
+      attrs = {**getattr(v, "__dict__", {}), **slot_values(v, slots)}
+      members = ()
     size = len(attrs) + len(members)
     if self.nesting == 0:   # a new outermost object gets fresh budgets
       self.budget_values = OBJECT_VALUES_BUDGET
@@ -313,7 +320,8 @@ class Analysis(_key.Walk):
     saved = self.in_object, self.depth
     # An object the rebuild can copy keeps arrays lifted (the trace runs on
     # a shallow copy holding tracers); any other keeps them by identity.
-    copyable = not self.in_object and not members and is_copyable_type(t)
+    copyable = (slots is None and not self.in_object and not members
+                and is_copyable_type(t))
     self.in_object = not copyable
     self.nesting += 1
     self.depth -= 1

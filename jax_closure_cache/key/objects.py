@@ -53,6 +53,47 @@ def is_plain_type(cls: type) -> bool:
   return plain
 
 
+_slotted: "weakref.WeakKeyDictionary[type, tuple | None]" = weakref.WeakKeyDictionary()
+
+
+def slot_members(cls: type):
+  """``((owner, name), ...)`` of the slots of a pure-Python class whose
+  state is its ``__slots__`` (and its ``__dict__``, if it has one) through
+  its MRO, or None for a class with any other C base (state the walk
+  cannot read). Read through each slot's own descriptor
+  (:func:`slot_values`), never through the class's attribute hooks."""
+  try:
+    return _slotted[cls]
+  except KeyError:
+    pass
+  members = []
+  for c in cls.__mro__[:-1]:
+    if not c.__flags__ & _HEAPTYPE:
+      members = None
+      break
+    slots = c.__dict__.get("__slots__", ())
+    for name in ((slots,) if isinstance(slots, str) else slots):
+      if name not in ("__dict__", "__weakref__"):
+        mangled = (f"_{c.__name__.lstrip('_')}{name}"
+                   if name.startswith("__") and not name.endswith("__")
+                   else name)
+        members.append((c, mangled))
+  _slotted[cls] = members = None if members is None else tuple(members)
+  return members
+
+
+def slot_values(v, members) -> dict:
+  """``{name: value}`` of ``v``'s filled slots (``members`` from
+  :func:`slot_members`)."""
+  out = {}
+  for owner, name in members:
+    try:
+      out[name] = owner.__dict__[name].__get__(v, owner)
+    except AttributeError:   # an unfilled slot: keyed by its absence
+      pass
+  return out
+
+
 _copyable_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
 # Class attributes that make a shallow copy by __dict__ unsafe: creation or
 # attribute hooks, and a class's own idea of how to copy itself.
@@ -129,11 +170,11 @@ _CLASS_BOOKKEEPING = frozenset({
 def class_member(name: str, x):
   """What a class attribute contributes to its class's key: a method's
   function (of a staticmethod or classmethod too), a property's accessors,
-  a data attribute itself; ``SKIP`` for bookkeeping and for dunder names
-  that are not functions."""
-  if name in _CLASS_BOOKKEEPING:
-    return SKIP
+  a data attribute itself; ``SKIP`` for bookkeeping, slots' descriptors
+  and dunder names that are not functions."""
   t = type(x)
+  if name in _CLASS_BOOKKEEPING or t is types.MemberDescriptorType:
+    return SKIP   # a slot's descriptor: the slot's value is the instance's
   if t is staticmethod or t is classmethod:
     x = x.__func__
   elif t is property:
