@@ -197,8 +197,12 @@ class Analysis(_key.Walk):
     members = slot_members(t)
     if members:   # state in __slots__: keyed by their values, not identity
       return self.plain_object(v, t, members)
+    if h is object.__hash__ and stable_module(t.__module__):
+      return self.identity(v, root=True)   # library state; arrays guarded
     if h is object.__hash__:
-      return self.identity(v, root=True)
+      # kept by identity, a change to its state would go unseen
+      raise Uncacheable("opaque_object", f"a {t.__name__} keeps state the "
+                        "key cannot read (a C base class)")
     raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
                       "pytree, and keeps state outside __dict__")
 
@@ -312,11 +316,11 @@ class Analysis(_key.Walk):
       self.budget_values = OBJECT_VALUES_BUDGET
       self.depth = OBJECT_DEPTH_BUDGET
     if self.depth <= 0 or size > self.budget_values:
-      if t.__hash__ is None:
-        raise Uncacheable(
-            "unhashable", f"a {t.__name__} is unhashable and too large to key "
-            "by its attributes")
-      return self.identity(v, root=True)
+      # kept by identity, a change to its attributes would go unseen
+      raise Uncacheable(
+          "object_budget", f"a {t.__name__} is too large to key by its "
+          f"attributes (over {OBJECT_VALUES_BUDGET} values or "
+          f"{OBJECT_DEPTH_BUDGET} nested objects)")
     saved = self.in_object, self.depth
     # An object the rebuild can copy keeps arrays lifted (the trace runs on
     # a shallow copy holding tracers); any other keeps them by identity.
