@@ -28,6 +28,15 @@ class Box:
     self.shift = shift
 
 
+class SlotBox:
+  """The same, its state in ``__slots__``."""
+  __slots__ = ("scale", "shift", "__weakref__")
+
+  def __init__(self, scale, shift):
+    self.scale = scale
+    self.shift = shift
+
+
 def evaluate(cfg, x):
   """What every program computes from its configuration."""
   w, b, act, extra, ks, flag, box = cfg
@@ -97,6 +106,18 @@ def cells_and_defaults(cfg, x):
     y = y + extra["z"] * extra["k"] if extra is not None else y
     return -y if flag else y
   return jax.jit(f)(x), jax.lax.fori_loop(0, 2, lambda i, c: f(c) * 0.5, x)
+
+
+_LONG_LIVED = SlotBox(1.0, 0.0)
+
+
+def object_changed_in_place(cfg, x):
+  """One long-lived object whose attributes each step sets in place (a
+  model whose hyperparameters change), read by fresh closures."""
+  w, b, act, extra, ks, flag, box = cfg
+  obj = _LONG_LIVED
+  obj.scale, obj.shift = (box.scale, box.shift) if box else (1.0, 0.0)
+  return jax.jit(lambda v: evaluate((w, b, act, extra, ks, flag, obj), v))(x)
 
 
 def grad_of_closure(cfg, x):
@@ -183,7 +204,7 @@ def compile_time_constant(cfg, x):
 
 FEATURES = {f.__name__: f for f in (
     plain, shared_paths, nested, static_function, partial_default,
-    cells_and_defaults,
+    cells_and_defaults, object_changed_in_place,
     grad_of_closure, fori, while_loop, scan, cond, callable_object,
     method_in_node_data, nested_static, jaxpr_static, compile_time_constant)}
 
