@@ -9,6 +9,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat, activation
+from jax_closure_cache.tools import doctor
 
 from test_activation import installed_hook
 
@@ -50,8 +51,8 @@ def test_doctor_reports_every_check():
 
 
 def test_doctor_flags_a_changed_signature(monkeypatch):
-  monkeypatch.setitem(_compat.EXPECTED_SIGNATURES, "jax.lax.scan", ("f", "init"))
-  results = {name: ok for name, ok, _ in _compat.check_patch_points()}
+  monkeypatch.setitem(doctor.EXPECTED_SIGNATURES, "jax.lax.scan", ("f", "init"))
+  results = {name: ok for name, ok, _ in doctor.check_patch_points()}
   assert results["jax.lax.scan"] is False and results["jax.lax.map"] is True
 
 

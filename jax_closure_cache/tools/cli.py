@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "run":
     return _run_script(args.script, args.args)
   if args.command == "doctor":
-    return _doctor()
+    from jax_closure_cache.tools import doctor
+    return doctor.main(startup_hook_path())
   if args.command == "patch":
     return _patch(args)
   if args.command == "bench":
@@ -90,7 +91,7 @@ def _patch(args) -> int:
 
 def _bench(args) -> int:
   from jax_closure_cache.tools import bench as bench_mod
-  from jax_closure_cache.tools import bench_control_flow
+  from jax_closure_cache.tools import bench_control_flow, bench_workloads
   report = {"machine": bench_mod.machine()}
   print(f"Machine: {report['machine']}")
   quick = not args.full and args.only is None and not args.match
@@ -99,7 +100,7 @@ def _bench(args) -> int:
   if args.only in (None, "jit"):
     match = tuple(m for m in args.match.split(",") if m)
     rows = bench_mod.run(calls=args.calls, rounds=args.rounds,
-                         match=bench_mod.QUICK if quick else match)
+                         match=bench_workloads.QUICK if quick else match)
     report["jit"] = rows
     print("\njit on re-created closures\n")
     print(bench_mod.format_table(rows))
@@ -157,51 +158,6 @@ def startup_hook_path() -> str | None:
     if os.path.exists(path):
       return path
   return None
-
-
-def _doctor() -> int:
-  """Print every check; exit 1 on any mismatch."""
-  import jax
-  import jaxlib
-  import jax_closure_cache
-  from jax_closure_cache import _compat
-  what = _compat.SUPPORTED_RELEASES.get(jax.__version__)
-  rows = [("jax version", what is not None,
-           f"{jax.__version__} (supported: {_compat.supported_text()})"),
-          ("jaxlib version", jaxlib.__version__ == jax.__version__,
-           f"{jaxlib.__version__} (must equal jax's)")]
-  rows += _compat.check_patch_points()
-  hook = startup_hook_path()
-  rows.append(("start-up hook", hook is not None,
-               hook or "not installed (pip install . installs it)"))
-  print("jax_closure_cache doctor")
-  for name, ok, detail in rows:
-    print(f"  [{'ok' if ok else 'MISMATCH'}] {name}: {detail}")
-  print(f"  [info] mode: {jax_closure_cache.mode()}")
-  print("  [info] layers on this release: " + (
-      "1-3 (closure key, JAX's trace lookup, fast front)"
-      if _compat.TRACE_LOOKUP else
-      "1 and 3 (closure key, fast front); JAX's trace lookup is left stock: "
-      + "; ".join(_compat.TRACE_LOOKUP_MISSING)))
-  from jax_closure_cache.front import entrance
-  print("  [info] fast front's C entrance: " + (
-      "built" if entrance.entrance_built() else "not built (pure Python: about 0.15 us more per "
-      "re-created closure; install with a C compiler to build it)"))
-  print(f"  [info] cache active: {jax_closure_cache.is_enabled()}")
-  from jax_closure_cache import settings
-  for line in settings.table().splitlines():
-    print(f"  [info] setting {line}")
-  from jax_closure_cache import patching
-  early = patching.built_before_enable()
-  print("  [info] stock jitted functions taking functions statically, built "
-        "before enable() outside JAX: " + (
-            ", ".join(early) + " (fresh functions passed to these compile on "
-            "every call: enable() before importing their modules)"
-            if early else "none"))
-  bad = [name for name, ok, _ in rows if not ok]
-  print("all checks passed" if not bad else f"{len(bad)} mismatch(es): "
-        + ", ".join(bad))
-  return 1 if bad else 0
 
 
 def _run_script(script: str, script_args: list[str]) -> int:
