@@ -427,10 +427,21 @@ def jax_carries_patch() -> bool:
 
 
 def closure_key_module():
-  """Layer two's module: JAX's own ``jax._src.closure_key`` when jax carries
-  the series (so the package's front and JAX share one store), else the
-  package's copy of the same file, ``lookup/closure_key.py``."""
+  """Layer one's module: JAX's own ``jax._src.closure_key`` when jax carries
+  the series, else the package's copy of the same file,
+  ``lookup/closure_key.py``."""
+  return _series_module("closure_key")
+
+
+def closure_cache_module():
+  """Layer two's module: JAX's own ``jax._src.closure_cache`` when jax
+  carries the series (so the package's front and JAX share one store), else
+  the package's copy, ``lookup/closure_cache.py``."""
+  return _series_module("closure_cache")
+
+
+def _series_module(name: str):
   import importlib
   if jax_carries_patch():
-    return importlib.import_module("jax._src.closure_key")
-  return importlib.import_module("jax_closure_cache.lookup.closure_key")
+    return importlib.import_module(f"jax._src.{name}")
+  return importlib.import_module(f"jax_closure_cache.lookup.{name}")

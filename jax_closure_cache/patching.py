@@ -61,9 +61,10 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += prebuilt_points()
   # in both modes: the closure key walks and rebuilds with the package's rules
-  points.append((trace_lookup.closure_key, "_rules", trace_lookup.RULES))
+  points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable
-  points.append((trace_lookup.closure_key, "is_shared", trace_lookup.is_shared))
+  points.append((trace_lookup.closure_cache, "is_shared",
+                 trace_lookup.is_shared))
   return points
 
 

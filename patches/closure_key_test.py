@@ -12,9 +12,10 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
+import concurrent.futures
 from functools import partial
 import gc
-import threading
+from unittest import mock
 import weakref
 
 from absl.testing import absltest
@@ -37,10 +38,6 @@ def _counts(run):
   return out, (traces(), compiles())
 
 
-class _Cfg:
-  k = 3.0
-
-
 def _stock(run):
   with config.closure_cache(False):
     return run()
@@ -60,28 +57,21 @@ class ClosureKeyTest(jtu.JaxTestCase):
 
   # -- patch 2: the closure key and the trace lookup
 
-  def test_eager_while_loop_with_recreated_body(self):
-    x = jnp.ones((4, 4))
-    self.assertSharedFromThird(
-        lambda w: lax.while_loop(lambda c: c[0] < 3,
-                                 lambda c: (c[0] + 1, jnp.tanh(c[1] @ w)),
-                                 (0, x))[1],
-        [jnp.eye(4) * i for i in range(5)])
-
-  def test_eager_scan_fori_map_with_recreated_bodies(self):
+  def test_eager_loops_with_recreated_bodies(self):
     x = jnp.ones((4, 4))
     ws = [jnp.eye(4) * i for i in range(5)]
+    body = lambda w: lambda c: (c[0] + 1, jnp.tanh(c[1] @ w))
     self.assertSharedFromThird(
-        lambda w: lax.scan(lambda c, _: (c @ w, None), x, None, length=2)[0], ws)
+        lambda w: lax.while_loop(lambda c: c[0] < 3, body(w), (0, x))[1], ws)
+    self.assertSharedFromThird(
+        lambda w: lax.scan(lambda c, _: (c @ w, None), x, length=2)[0], ws)
     self.assertSharedFromThird(
         lambda w: lax.fori_loop(0, 2, lambda i, c: c @ w, x), ws)
     self.assertSharedFromThird(lambda w: lax.map(lambda v: v @ w, x), ws)
 
   def test_caching2_in_the_form_a_closure_key_answers(self):
-    # lax_control_flow_test's testCaching2 asks the lookup to tell two
-    # definitions apart that only their source differs in; a closure key
-    # answers this form: the cond and body re-created from one definition,
-    # with the flag they read part of their key
+    # testCaching2 (lax_control_flow_test) re-created from one definition:
+    # the flag the cond and body read is part of their key
     def loop(python_should_be_executing):
       def cond(x):
         assert python_should_be_executing
@@ -124,17 +114,28 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertLessEqual(max(extra), 1, extra)
 
   def test_class_attribute_changed_between_calls(self):
-    def run(w):
-      return lax.fori_loop(0, 1, lambda i, c: c * w + _Cfg.k, jnp.ones(3))
-    saved = _Cfg.k
-    try:
-      for s in range(4):
-        if s == 2:
-          _Cfg.k = 10.0
+    class Cfg:
+      k = 3.0
+    run = lambda w: lax.fori_loop(0, 1, lambda i, c: c * w + Cfg.k, jnp.ones(3))
+    for s in range(4):
+      with mock.patch.object(Cfg, "k", 10.0 if s >= 2 else 3.0):
         w = jnp.full(3, 1.0 + s)
         self.assertAllClose(run(w), _stock(lambda: run(w)))
-    finally:
-      _Cfg.k = saved
+
+  def test_numpy_draws_and_function_attributes_read_at_trace_time(self):
+    def attribute(w, s):
+      f = lambda i, c: c * w + f.s
+      f.s = s
+      return f
+    for body in (lambda w, s: lambda i, c: c * w + np.random.normal(),
+                 attribute):
+      run = lambda s: lax.fori_loop(0, 1, body(jnp.ones(3), s), jnp.ones(3))
+      outs = []
+      for on in (True, False):
+        np.random.seed(0)
+        with config.closure_cache(on):
+          outs.append([run(float(s)) for s in range(4)])
+      self.assertAllClose(*outs)
 
   def test_a_committed_array_is_not_kept_alive(self):
     # kept by identity, not lifted: a stored answer holding it would keep it
@@ -150,14 +151,14 @@ class ClosureKeyTest(jtu.JaxTestCase):
     self.assertEqual([r() for r in refs], [None] * 3)
 
   def test_clear_caches_empties_every_table(self):
-    from jax._src import closure_key
+    from jax._src import closure_cache
     make = lambda w: jax.jit(lambda v: v * w)
     for s in range(3):
       make(jnp.full(3, float(s)))(jnp.ones(3))
-    self.assertNotEqual(len(closure_key._last_key), 0)
+    self.assertNotEqual(len(closure_cache._last_key), 0)
     jax.clear_caches()
-    self.assertEqual(closure_key._store.cache_keys(), [])
-    self.assertEqual(len(closure_key._last_key), 0)
+    self.assertEqual(closure_cache.traces.cache_keys(), [])
+    self.assertEqual(len(closure_cache._last_key), 0)
 
   # -- patch 3: pjit, the stages and the fast path
 
@@ -174,8 +175,7 @@ class ClosureKeyTest(jtu.JaxTestCase):
   def test_reused_jitted_closures_keep_their_own_arrays(self):
     x = jnp.ones(3)
     make = lambda w: jax.jit(lambda v: v * w)
-    for i in range(2):
-      make(jnp.full(3, float(i)))(x)
+    [make(jnp.full(3, float(i)))(x) for i in range(2)]
     wa, wb = jnp.full(3, 2.0), jnp.full(3, 3.0)
     fa, fb = make(wa), make(wb)
     for _ in range(3):  # the C++ fast path
@@ -185,8 +185,7 @@ class ClosureKeyTest(jtu.JaxTestCase):
   def test_lowering_takes_closed_over_arrays_as_parameters(self):
     x = jnp.ones((4, 4))
     make = lambda w: jax.jit(lambda v: v @ w)
-    for i in range(2):
-      make(jnp.eye(4) * i)(x)
+    [make(jnp.eye(4) * i)(x) for i in range(2)]
     w = jnp.eye(4) * 3
     lowered = make(w).lower(x)
     self.assertNotIn("stablehlo.constant", lowered.as_text())
@@ -213,24 +212,12 @@ class ClosureKeyTest(jtu.JaxTestCase):
   def test_eight_threads_with_recreated_closures(self):
     x = jnp.ones(3)
     make = lambda w: jax.jit(lambda v: v * w)
-    errors, results = [], {}
-
-    def work(i):
-      try:
-        for s in range(6):
-          w = jnp.full(3, float(10 * i + s))
-          results[i, s] = make(w)(x)
-      except Exception as e:  # noqa: BLE001: reported below
-        errors.append(e)
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join()
-    self.assertEqual(errors, [])
-    self.assertLen(results, 48)
-    for (i, s), out in results.items():
-      self.assertAllClose(out, jnp.full(3, float(10 * i + s)))
+    work = lambda i: [make(jnp.full(3, float(10 * i + s)))(x) for s in range(6)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+      results = list(pool.map(work, range(8)))  # re-raises a thread's error
+    for i, outs in enumerate(results):
+      for s, out in enumerate(outs):
+        self.assertAllClose(out, jnp.full(3, float(10 * i + s)))
 
   def test_cond_and_switch_with_recreated_branches(self):
     x = jnp.ones((4, 4))

@@ -1,10 +1,11 @@
 """Generate the upstream patch series, ``patches/series/000N-*.patch``.
 
 A pull request against JAX's own sources at tag jax-v0.10.2 (source layout:
-``jax/...``, ``tests/...``): one new module, ``jax/_src/closure_key.py``,
-which is ``jax_closure_cache/lookup/closure_key.py`` byte for byte (the
-package runs that file in monkey-patch mode), and small edits to JAX's own
-files, in four patches, as ``git format-patch`` writes them, that each
+``jax/...``, ``tests/...``): two new modules, ``jax/_src/closure_key.py``
+and ``jax/_src/closure_cache.py``, which are ``jax_closure_cache/lookup/``'s
+files of the same names (the package runs them in monkey-patch mode) byte
+for byte but for the one line importing the key (``PACKAGE_IMPORT``), and
+small edits to JAX's own files, in four patches, as ``git format-patch`` writes them, that each
 apply, and pass their tests, on their own:
 
 1. control flow's ``_dedup_consts`` keyed on the constants' sharing pattern
@@ -34,7 +35,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SERIES = os.path.join(HERE, "series")
-MODULE = os.path.join(ROOT, "jax_closure_cache", "lookup", "closure_key.py")
+MODULES = ("closure_key.py", "closure_cache.py")   # in jax_closure_cache/lookup
+#: The line by which the package's cache module imports its key module, and
+#: JAX's.
+PACKAGE_IMPORT = ("from jax_closure_cache.lookup import closure_key\n",
+                  "from jax._src import closure_key\n")
 TEST = os.path.join(HERE, "closure_key_test.py")
 TAG = "jax-v0.10.2"
 
@@ -125,9 +130,8 @@ _DEDUP_TEST = """\
 _CHANGELOG = "## Unreleased\n\n* New features\n"
 _CHANGELOG_ENTRY = (
     "  * Added the `jax_closure_cache` option (default off): functions re-created\n"
-    "    on every call (a nested `def`, a `lambda` in a loop, `functools.partial`)\n"
-    "    share one trace and executable when the values their code reads are equal\n"
-    "    but for closed-over arrays. See `jax/_src/closure_key.py`.\n")
+    "    on every call share one trace and executable when the values their code\n"
+    "    reads are equal but for closed-over arrays. See `jax/_src/closure_cache.py`.\n")
 _EXPLAIN = (
     "      p(\"  but seen another function defined on the same line; maybe the "
     "function is\\n\"\n"
@@ -148,22 +152,21 @@ EDITS = (
 closure_cache = bool_state(
     name='jax_closure_cache',
     default=False,
-    help=('Memoize traces on what a function\\'s closure holds, not on the '
-          'function object: re-created closures share one trace and one '
-          'executable. See jax/_src/closure_key.py.'))
+    help=('Share one trace and executable among re-created closures whose '
+          'code reads equal values. See jax/_src/closure_cache.py.'))
 """),
         ("jax/_src/interpreters/partial_eval.py",
          "from jax._src import ad_util\n",
-         "from jax._src import ad_util\nfrom jax._src import closure_key\n"),
+         "from jax._src import ad_util\nfrom jax._src import closure_cache\n"),
         ("jax/_src/interpreters/partial_eval.py", _PE_DEF,
          "@weakref_lru_cache(maxsize=None, explain=explain)\n"
          "def trace_to_jaxpr(fun: Callable, in_avals: FlatTree,\n"
          "                   debug_info: core.DebugInfo, *context_for_cache_key,\n"
          "                   **kwargs) -> tuple[ClosedJaxpr, FlatTree]:\n"
          "  # a function not answered yet: with jax_closure_cache on, looked up\n"
-         "  # by its closure key (closure_key.py)\n"
+         "  # by its closure key (closure_cache.py)\n"
          "  if config.closure_cache.value:\n"
-         "    return closure_key.trace_to_jaxpr(\n"
+         "    return closure_cache.trace_to_jaxpr(\n"
          "        _trace_to_jaxpr, fun, in_avals, debug_info,\n"
          "        *context_for_cache_key, **kwargs)\n"
          "  return _trace_to_jaxpr(fun, in_avals, debug_info,\n"
@@ -172,19 +175,19 @@ closure_cache = bool_state(
     ),
     (  # 2: pjit, the stages, the fast path, control flow
         ("jax/_src/pjit.py", "from jax._src import config\n",
-         "from jax._src import closure_key\nfrom jax._src import config\n"),
+         "from jax._src import closure_cache\nfrom jax._src import config\n"),
         ("jax/_src/BUILD", _BUILD_API_DEPS,
-         _BUILD_API_DEPS.replace('        ":ad",\n', '        ":ad",\n        ":closure_key",\n', 1)),
+         _BUILD_API_DEPS.replace('        ":ad",\n', '        ":ad",\n        ":closure_cache",\n', 1)),
         ("jax/_src/pjit.py", _PJIT_EVICT,
-         _PJIT_EVICT + "  closure_key.evict(self._fun)\n"),
+         _PJIT_EVICT + "  closure_cache.evict(self._fun)\n"),
         ("jax/_src/pjit.py", _PJIT_SEPARATE,
          "  # one executable, many closures: their constants are arguments\n"
-         "  shared_consts = closure_key.is_shared(jaxpr)\n"
+         "  shared_consts = closure_cache.is_shared(jaxpr)\n"
          "  if shared_consts or any(isinstance(c, core.Tracer) or\n"
          "                          core.typeof(c).has_qdd for c in jaxpr.consts):\n"),
         ("jax/_src/pjit.py", _PJIT_PARAMS_FIELDS,
          _PJIT_PARAMS_FIELDS +
-         "  # consts are a shared jaxpr's (closure_key): passed as arguments, and\n"
+         "  # consts are a shared jaxpr's (closure_cache): passed as arguments, and\n"
          "  # by the fast path as its const_args\n"
          "  shared_consts: bool = False\n"),
         ("jax/_src/pjit.py", _PJIT_PARAMS_RETURN,
@@ -257,7 +260,7 @@ closure_cache = bool_state(
         ("jax/_src/interpreters/partial_eval.py", _EXPLAIN,
          _EXPLAIN +
          "      if config.closure_cache.value:\n"
-         "        p(closure_key.explain_miss(fun))\n"),
+         "        p(closure_cache.explain_miss(fun))\n"),
     ),
 )
 
@@ -266,8 +269,11 @@ BUILD_EDITS = (
     ("jax/_src/BUILD",
      "pytype_strict_library(\n    name = \"api_util\",\n",
      "pytype_strict_library(\n"
-     "    name = \"closure_key\",\n"
-     "    srcs = [\"closure_key.py\"],\n"
+     "    name = \"closure_cache\",\n"
+     "    srcs = [\n"
+     "        \"closure_cache.py\",\n"
+     "        \"closure_key.py\",\n"
+     "    ],\n"
      "    type_checking = \"pyrefly\",\n"
      "    deps = [\n"
      "        \":config\",\n"
@@ -292,7 +298,7 @@ BUILD_EDITS = (
      "    deps = [\n"
      "        \":ad_util\",\n"
      "        \":api_util\",\n"
-     "        \":closure_key\",\n"),
+     "        \":closure_cache\",\n"),
     ("tests/BUILD",
      "jax_multiplatform_test(\n    name = \"lax_control_flow_test\",\n",
      "jax_multiplatform_test(\n"
@@ -301,6 +307,13 @@ BUILD_EDITS = (
      ")\n\n"
      "jax_multiplatform_test(\n    name = \"lax_control_flow_test\",\n"),
 )
+
+
+def module_source(name: str) -> str:
+  """The series' text of the package's module ``name`` (JAX's import line)."""
+  with open(os.path.join(ROOT, "jax_closure_cache", "lookup", name)) as f:
+    text = f.read()
+  return text.replace(*PACKAGE_IMPORT)
 
 
 def installed_jax_root() -> str:
@@ -369,8 +382,8 @@ def generate(jax_repo: str | None) -> dict[str, str]:
       text = changed.get(path, current(path))
       changed[path] = _replace_once(text, anchor, new, path)
     if k == KEY_PATCH:
-      with open(MODULE) as f:
-        parts.append(_diff("jax/_src/closure_key.py", None, f.read()))
+      for module in MODULES:
+        parts.append(_diff(f"jax/_src/{module}", None, module_source(module)))
       for path, anchor, new in BUILD_EDITS:
         text = changed.get(path, current(path))
         if text is None:

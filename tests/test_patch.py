@@ -1,5 +1,5 @@
-"""The upstream series: fresh against the package (its new module is the
-package's ``lookup/closure_key.py``), atomic apply, exact revert, and the
+"""The upstream series: fresh against the package (its new modules are the
+package's ``lookup/closure_key.py`` and ``lookup/closure_cache.py``), atomic apply, exact revert, and the
 JAX-style test file passing against a patched copy of jax, patch by patch."""
 
 import hashlib
@@ -58,24 +58,31 @@ def test_committed_series_is_a_fresh_generation():
   assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_the_series_adds_the_packages_own_closure_key_module():
-  """One source: the module the series adds to JAX is the file the package
-  runs in monkey-patch mode, byte for byte."""
+@pytest.mark.parametrize("module", ["closure_key.py", "closure_cache.py"])
+def test_the_series_adds_the_packages_own_modules(module):
+  """One source: each module the series adds to JAX is the file the package
+  runs in monkey-patch mode, byte for byte but for the line by which the
+  cache module imports the key module (JAX's own import there)."""
   files = []
   for path in patch_tool.series_paths():
     with open(path) as f:
       files += patch_tool.parse(f.read())
-  added = [fp for fp in files if fp.path == "jax/_src/closure_key.py"]
+  added = [fp for fp in files if fp.path == f"jax/_src/{module}"]
   assert len(added) == 1 and added[0].new_file
   text = "".join(t for _, t in added[0].hunks[0].lines)
-  with open(os.path.join(REPO, "jax_closure_cache", "lookup",
-                         "closure_key.py")) as f:
-    assert f.read() == text
+  with open(os.path.join(REPO, "jax_closure_cache", "lookup", module)) as f:
+    package = f.read().splitlines(keepends=True)
+  series = text.splitlines(keepends=True)
+  differ = [(p, s) for p, s in zip(package, series) if p != s]
+  assert len(package) == len(series)
+  assert differ == ([] if module == "closure_key.py" else [
+      ("from jax_closure_cache.lookup import closure_key\n",
+       "from jax._src import closure_key\n")])
 
 
 def test_series_size_and_shape():
-  """At most 1,200 changed lines in all (issue 20's bound), four patches, no package code but
-  the one module, no re-binding of jax.jit or jax.lax, no environment
+  """At most 1,200 changed lines in all (issue 20's bound), four patches, no
+  package code but its two modules, no re-binding of jax.jit or jax.lax, no environment
   variable read, events under /jax/."""
   changed = 0
   for path in patch_tool.series_paths():

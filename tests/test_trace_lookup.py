@@ -255,7 +255,7 @@ def test_the_store_never_keeps_a_leaf_alive():
 
 
 def test_the_trace_store_offers_what_register_cache_documents():
-  store = _compat.closure_key_module()._store
+  store = _compat.closure_cache_module().traces
   for name in ("cache_clear", "cache_info", "cache_keys"):
     assert callable(getattr(store, name)), name
 

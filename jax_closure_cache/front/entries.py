@@ -163,11 +163,11 @@ class Entry(cache.Entry):
 
 
 def hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
-  """What ``entry`` keeps of the objects whose ids are in ``key``: weak
-  references whose death drops the entry from ``store`` (so no id in a
-  stored key can be reused, and the cache never extends an object's life),
-  and module globals dicts, held as they are (a dict cannot be weakly
-  referenced; a module's namespace lives as long as its module).
+  """What ``entry`` keeps of the objects whose ids are in ``key``, by the
+  trace cache's own rule (``closure_cache.hold_weakly``): weak references
+  whose death drops the entry from ``store``, so no id in a stored key is
+  reused and the cache never extends an object's life; globals dicts and
+  library objects (``library_object``) held as they are.
 
   Returns the list, or a string saying which anchor cannot be held weakly
   (then the entry must not be stored).
@@ -179,20 +179,10 @@ def hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
     if e is not None:
       store.discard_entry(key, e)
 
-  held = []
-  for obj in anchors:
-    if type(obj) is dict:
-      held.append(obj)
-      continue
-    try:
-      held.append(weakref.ref(obj, drop))
-    except TypeError:
-      if library_object(obj):
-        held.append(obj)
-        continue
-      return (f"a {type(obj).__name__} kept by identity cannot be weakly "
-              "referenced, so storing it would keep it alive")
-  return held
+  try:
+    return trace_lookup.closure_cache.hold_weakly(anchors, drop, library_object)
+  except TypeError as e:
+    return f"{e}, so storing it would keep it alive"
 
 
 def spans_processes(leaves) -> bool:
@@ -310,7 +300,7 @@ def tracer_leak(error):
   re-raise an exception from inside a trace with it as the cause)."""
   seen = 0
   while error is not None and seen < 8:
-    if isinstance(error, trace_lookup.closure_key.TracerLeak):
+    if isinstance(error, trace_lookup.closure_cache.TracerLeak):
       return error
     error = error.__cause__ or error.__context__
     seen += 1

@@ -389,10 +389,10 @@ def analyse(fun: Callable, lift_numpy: bool = False,
 def watched(fun, call):
   """``call()`` (a trace of a rebuilt ``fun``) with the state ``fun``
   reaches watched: the closure key's ``StateWatch.run``."""
-  return _compat.closure_key_module().StateWatch.run(fun, call)
+  return _compat.closure_cache_module().StateWatch.run(fun, call)
 
 
 def state_watch(fun):
   """A snapshot of the mutable state ``fun`` reaches (``.restore()`` puts
   it back): the closure key's own ``StateWatch``."""
-  return _compat.closure_key_module().StateWatch(fun)
+  return _compat.closure_cache_module().StateWatch(fun)

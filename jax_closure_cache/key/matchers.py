@@ -282,7 +282,7 @@ _REACH_NODES = 4096   # past it, a globals dict is compared by id
 _STRAIGHT_LINE = 8
 _ALL_LIFTED = object()   # a loop over leaves ended without a mismatch
 # Whether a cell holds a value: layer two's test, shared.
-_filled = _compat.closure_key_module()._filled
+_filled = _compat.closure_key_module().cell_filled
 
 
 def _plain_tree(treedef, budget: int = 4096) -> bool:

@@ -1,13 +1,14 @@
 """Layer two in monkey-patch mode: the closure key inside JAX's memoized
 trace lookup, glued in.
 
-The lookup itself is ``lookup/closure_key.py``, the module the upstream
-patch series adds to JAX as ``jax/_src/closure_key.py``: the same file runs
-in both modes. What the series changes in JAX's own files, this module does
+The lookup itself is ``lookup/closure_cache.py`` over the key of
+``lookup/closure_key.py``, the modules the upstream patch series adds to JAX
+as ``jax/_src/closure_cache.py`` and ``jax/_src/closure_key.py``: the same
+files run in both modes. What the series changes in JAX's own files, this module does
 by replacing the functions involved (``_compat.TRACE_PATCH_POINTS``):
 
 * ``pe.trace_to_jaxpr``: looked up by closure key first
-  (``closure_key.trace_to_jaxpr``); jit's cache-miss path, ``.trace``,
+  (``closure_cache.trace_to_jaxpr``); jit's cache-miss path, ``.trace``,
   ``.lower``, ``.eval_shape`` and every control-flow function trace
   through it, so re-created closures share one ``Jaxpr``.
 * pjit's ``_trace_for_jit``: a shared jaxpr's constants (trace-time ones and
@@ -35,13 +36,13 @@ from jax_closure_cache import cache
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import rebuild
 
-# JAX's own module when jax carries the series, else the package's copy.
+# JAX's own modules when jax carries the series, else the package's copies.
 closure_key = _compat.closure_key_module()
+closure_cache = _compat.closure_cache_module()
 
-_own_codes = closure_key._own_codes
 cache.register_size("shared_traces",
-                    lambda: len(closure_key._store.cache_keys()))
-cache.register_clear_hook(closure_key._store.cache_clear)
+                    lambda: len(closure_cache.traces.cache_keys()))
+cache.register_clear_hook(closure_cache.traces.cache_clear)
 
 
 #: The walk and rebuild the closure key uses while enabled (a patch point in
@@ -65,17 +66,17 @@ def is_shared(closed_jaxpr) -> bool:
   return _STOCK_IS_SHARED(closed_jaxpr) and not _compat.trace_state_clean()
 
 
-_STOCK_IS_SHARED = closure_key.is_shared
+_STOCK_IS_SHARED = closure_cache.is_shared
 
 
 def own_code(code) -> None:
   """Route functions with ``code`` (this package's own traced wrappers,
   whose closures are bookkeeping) to stock."""
-  _own_codes.add(code)
+  closure_cache.own_codes.add(code)
 
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
-  return closure_key.trace_to_jaxpr(
+  return closure_cache.trace_to_jaxpr(
       _compat.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
 
@@ -96,7 +97,7 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
 def _evict_weakref(fun) -> None:
   _cached.evict_weakref(fun)
   _compat.STOCK_TRACE_TO_JAXPR.evict_weakref(fun)
-  closure_key.evict(fun)
+  closure_cache.evict(fun)
 
 
 def _cache_clear() -> None:
@@ -140,18 +141,18 @@ def _shared_trace(fun, a, in_avals, debug_info, *context_for_cache_key):
   lookup uses), traced and stored if needed (with no first-object rule: the
   front knows ``fun`` is one of many), to be closed over ``[*consts,
   *leaves]``; or None if ``fun`` has no leaves or its lifted trace fails.
-  Built from the lookup's own steps (``_find``, ``_traced``), which JAX
-  has no other caller for, so the module the series adds stays without
+  Built from the lookup's own steps (``find``, ``trace_shared``), which
+  JAX has no other caller for, so the module the series adds stays without
   it."""
-  found = closure_key._find(fun, (in_avals, debug_info, context_for_cache_key,
-                                  _compat.trace_context()),
-                            (a.key, a.leaves, a.anchors), RULES)
+  found = closure_cache.find(fun, (in_avals, debug_info, context_for_cache_key,
+                                   _compat.trace_context()),
+                             (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
   key, leaves, anchors, shared = found
-  shared = closure_key._traced(_compat.STOCK_TRACE_TO_JAXPR, shared, fun, key,
-                               leaves, anchors, in_avals, debug_info,
-                               context_for_cache_key)
+  shared = closure_cache.trace_shared(
+      _compat.STOCK_TRACE_TO_JAXPR, shared, fun, key, leaves, anchors,
+      in_avals, debug_info, context_for_cache_key)
   if shared is None:
     return None
   return shared.jaxpr, shared.consts, shared.out_avals
@@ -175,7 +176,7 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   (with unspecified shardings and layouts, never donated) of the one
   lowering every closure of the key uses."""
   p = _compat.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
-  if p.consts or not closure_key.is_shared(p.params["jaxpr"]):
+  if p.consts or not closure_cache.is_shared(p.params["jaxpr"]):
     return p
   jaxpr, consts = _compat.separate_consts(p.params["jaxpr"])
   n = len(consts)

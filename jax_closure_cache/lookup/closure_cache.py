@@ -1,0 +1,415 @@
+# Copyright 2026 The JAX Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     https://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""Traces shared by closure key (``closure_key.py``): the key's second
+function is traced once with its arrays as arguments, and every later one
+gets that ``Jaxpr`` closed over its own arrays.
+
+Invariants: the first function of a key is traced as usual; a trace that
+captured what the key does not cover, failed, or stored a tracer in the
+closure's state (undone) is not shared; tables are locked JAX caches that
+hold the objects whose ids are in a key weakly (:func:`hold_weakly`).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+import functools
+import threading
+import types
+from typing import Any
+import weakref
+
+import numpy as np
+
+from jax_closure_cache.lookup import closure_key
+from jax._src import config
+from jax._src import core
+from jax._src import monitoring
+from jax._src import tree_util
+from jax._src import util
+from jax._src.lib import _jax
+
+
+class TracerLeak(Exception):
+  """A lifted trace stored a traced value in the user's own state."""
+
+
+def _reached(v) -> list:   # what a trace may reach from v, and write to
+  if isinstance(v, (type, types.ModuleType, _jax.ArrayImpl, np.ndarray)):
+    return []
+  if type(v) is types.FunctionType:
+    return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
+            *(v.__kwdefaults__ or {}).values()]
+  if type(v) is types.CellType:
+    return [] if not closure_key.cell_filled(v) else [v.cell_contents]
+  if type(v) is functools.partial:
+    return [v.func, *v.args, *v.keywords.values()]
+  if type(v) is types.MethodType:
+    return [v.__func__, v.__self__]
+  if type(v) in (list, tuple, set, frozenset, dict):
+    return list(v.values() if type(v) is dict else v)
+  d = getattr(v, "__dict__", None)
+  return list(d.values()) if type(d) is dict else []
+
+
+def _place(v):   # the mutable place v is (itself, or its __dict__), or None
+  if type(v) in (types.CellType, list, dict):
+    return v
+  d = getattr(v, "__dict__", None)
+  return d if type(d) is dict and not isinstance(
+      v, (type, types.ModuleType, types.FunctionType)) else None
+
+
+def _contents(place) -> dict:
+  if type(place) is types.CellType:
+    return {0: place.cell_contents} if closure_key.cell_filled(place) else {}
+  return dict(enumerate(place)) if type(place) is list else dict(place)
+
+
+class StateWatch:
+  """What a function reaches that a trace may change; :meth:`check` undoes
+  every change and raises :class:`TracerLeak` if one holds a tracer."""
+
+  def __init__(self, fun):
+    self.places = []
+    for v in _reach([fun]):
+      place = _place(v)
+      if (type(v) is types.FunctionType
+          and closure_key.code_names(v.__code__)[1]):
+        place = v.__globals__
+      if place is not None:
+        self.places.append((place, _contents(place)))
+
+  def changes(self) -> list:
+    """``(place, contents before, values new since)`` of each place changed."""
+    out = []
+    for place, before in self.places:
+      now = _contents(place)
+      new = [x for k, x in now.items() if before.get(k, place) is not x]
+      if new or len(now) != len(before):
+        out.append((place, before, new))
+    return out
+
+  def check(self) -> None:
+    changes = self.changes()
+    if any(_holds_tracer(new) for _, _, new in changes):
+      self.restore(changes)
+      raise TracerLeak("a lifted trace stored a tracer in the closure's state")
+
+  @classmethod
+  def run(cls, fun, call: Callable[[], Any]) -> Any:
+    """``call()``, a lifted trace of ``fun``, then :meth:`check`."""
+    watch = cls(fun)
+    try:
+      return call()
+    finally:
+      watch.check()
+
+  def restore(self, changes=None) -> None:   # as it was at the snapshot
+    for place, before, _ in self.changes() if changes is None else changes:
+      if type(place) is types.CellType:
+        if before:
+          place.cell_contents = before[0]
+        else:
+          del place.cell_contents
+      elif type(place) is list:
+        place[:] = before.values()
+      else:
+        place.clear()
+        place.update(before)
+
+
+def _reach(todo: list):   # each object reached from todo, once, in budget
+  seen = set()
+  while todo and len(seen) < closure_key.BUDGET:
+    v = todo.pop()
+    if id(v) not in seen:
+      seen.add(id(v))
+      yield v
+      todo.extend(_reached(v))
+
+
+def _holds_tracer(values) -> bool:
+  return any(isinstance(v, core.Tracer) for v in _reach(list(values)))
+
+
+# -- the closure-keyed trace lookup --------------------------------------------
+
+class _Shared:
+  """A key's lifted trace, its answer if it lifts nothing, or why it failed."""
+  __slots__ = ("jaxpr", "consts", "out_avals", "answer", "anchors",
+               "failed", "__weakref__")
+
+  def __init__(self):
+    self.jaxpr = self.out_avals = self.answer = self.failed = None
+    self.consts, self.anchors = (), []
+
+
+class _TraceStore:
+  """A locked LRU mapping; a JAX cache (``jax.clear_caches`` clears it)."""
+
+  def __init__(self, capacity: int):
+    self.capacity, self.lock = capacity, threading.Lock()
+    self.data: collections.OrderedDict = collections.OrderedDict()
+
+  def get(self, key):
+    with self.lock:
+      if key in self.data:
+        self.data.move_to_end(key)
+      return self.data.get(key)
+
+  def put(self, key, shared: _Shared) -> None:
+    with self.lock:
+      self.data[key] = shared
+      self.data.move_to_end(key)
+      while len(self.data) > self.capacity:
+        self.data.popitem(last=False)
+
+  def discard(self, key, shared: _Shared) -> None:
+    with self.lock:
+      if self.data.get(key) is shared:
+        del self.data[key]
+
+  def cache_clear(self) -> None:
+    with self.lock:
+      self.data.clear()
+    _last_key.clear()
+
+  def cache_info(self) -> dict:
+    return {"entries": len(self.data)}
+
+  def cache_keys(self) -> list:
+    with self.lock:
+      return list(self.data)
+
+
+traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
+util.register_cache(traces, "closure-keyed traces")
+# Every shared Jaxpr: pjit passes the consts of these as arguments.
+_shared_jaxprs: weakref.WeakSet = weakref.WeakSet()
+# Code of the lifted functions traced here, never keyed themselves.
+own_codes: set = set()
+
+
+def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
+  """Whether ``closed_jaxpr``'s constants are a shared jaxpr's arguments."""
+  return closed_jaxpr.jaxpr in _shared_jaxprs
+
+
+def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
+                   *context_for_cache_key, **options):
+  """``traced(fun, ...)`` (uncached), or ``fun``'s key's shared trace."""
+  if (options or type(fun) not in (types.FunctionType, functools.partial)
+      or getattr(fun, "__code__", None) in own_codes
+      or (type(fun) is types.FunctionType and fun.__closure__ is None
+          and closure_key.active_rules[0].stable(fun))):
+    return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
+  sig = (in_avals, debug_info, context_for_cache_key, config.trace_context())
+  answer, share = _lookup(traced, fun, in_avals, debug_info,
+                          context_for_cache_key, sig)
+  monitoring.record_event("/jax/closure_cache/miss" if answer is None
+                          else "/jax/closure_cache/hit")
+  if answer is None:
+    answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
+    if share is not None:
+      _share_answer(*share, answer)
+  return answer
+
+
+def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
+  """``(answer, None)``, or ``(None, share)``: trace as usual, then share."""
+  found = find(fun, sig)
+  if found is None:
+    return None, None
+  key, leaves, anchors, shared = found
+  if not leaves:
+    return (None, (key, leaves, anchors)) if shared is None else (
+        shared.answer, None)
+  if shared is None:           # the first object of the key: as usual
+    _put(key, _Shared(), anchors)
+    return None, None
+  shared = trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
+                        debug_info, ctx)
+  if shared is None:
+    return None, None
+  return (core.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves]),
+          shared.out_avals), None
+
+
+def find(fun, sig, found=None, rules=None):
+  """``(key, leaves, anchors, stored)`` for ``fun`` and ``sig``, or None;
+  ``found``: ``fun``'s ``closure_key`` if the caller walked it (``rules``)."""
+  try:
+    key, leaves, anchors = found or closure_key.closure_key(fun)
+    _remember(fun, key)
+    # the rebuild of the walk that made the key is part of it
+    key = ((rules or closure_key.active_rules)[1], key,
+           tuple(map(core.typeof, leaves)), sig)
+    return key, leaves, anchors, traces.get(key)
+  except (closure_key.Unkeyable, TypeError):
+    return None
+
+
+def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
+                 debug_info, ctx):
+  """``shared``'s trace, a new lifted trace (stored if the key covers what it
+  captured), or None if one failed."""
+  if shared is not None and (shared.jaxpr is not None or shared.failed):
+    return shared if shared.jaxpr is not None else None
+  try:
+    shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
+                           ctx)
+  except Exception as e:   # it needs a leaf's value, or leaked a tracer:
+    # remembered, so the key's functions trace as usual
+    failed = _Shared()
+    failed.failed = f"{type(e).__name__}: {e}"[:200]
+    _put(key, failed, anchors)
+    return None
+  if _covers(shared.consts, leaves, anchors):
+    _shared_jaxprs.add(shared.jaxpr)
+    _put(key, shared, anchors)
+  return shared
+
+
+def evict(fun: Callable) -> None:
+  """Forget the traces of ``fun``'s key (``clear_cache()`` of a jitted fun)."""
+  try:
+    key = closure_key.closure_key(fun)[0]
+  except (closure_key.Unkeyable, TypeError):
+    return
+  for k in traces.cache_keys():
+    if k[1] == key:
+      traces.discard(k, traces.get(k))
+
+
+def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
+  # fun traced with its leaves as leading arguments, or raises
+  rules, key, leaf_avals, _ = key
+
+  def lifted(leaves, *args, **kwargs):
+    new = lambda: closure_key.rebuild(fun, key, leaves, rules)(*args, **kwargs)
+    return StateWatch.run(fun, new)
+  own_codes.add(lifted.__code__)
+  args, kwargs = in_avals.unpack()
+  lifted_in = tree_util.FlatTree.pack(
+      ((tree_util.FlatTree.flatten(list(leaf_avals)), *args.unpack()), kwargs))
+  names = debug_info.arg_names
+  lifted_debug = debug_info._replace(
+      arg_names=None if names is None else ("",) * len(leaves) + names)
+  closed, out_avals = traced(lifted, lifted_in, lifted_debug, *ctx)
+  jaxpr, n = closed.jaxpr, len(leaves)
+  shared = _Shared()
+  shared.consts, shared.out_avals = tuple(closed.consts), out_avals
+  shared.jaxpr = jaxpr.replace(
+      constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
+      debug_info=debug_info._replace(
+          result_paths=jaxpr.debug_info.result_paths))
+  return shared
+
+
+def _share_answer(key, leaves, anchors, answer) -> None:
+  closed, _ = answer
+  # not one holding an array (kept by identity): it would outlive its function
+  if (_covers(closed.consts, leaves, anchors)
+      and not any(isinstance(c, _jax.ArrayImpl) for c in closed.consts)):
+    shared = _Shared()
+    shared.answer = answer
+    _put(key, shared, anchors)
+
+
+def _covers(consts, leaves, anchors) -> bool:   # every captured array
+  covered = {id(x) for x in (*leaves, *anchors)}
+  return not any(isinstance(c, core.Tracer) or (
+      isinstance(c, _jax.ArrayImpl) and id(c) not in covered) for c in consts)
+
+
+def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
+  ref = weakref.ref(shared)
+
+  def drop(_):
+    s = ref()
+    if s is not None:
+      traces.discard(key, s)
+  try:
+    shared.anchors = hold_weakly(anchors, drop)
+  except TypeError:
+    return   # not stored: it would keep the anchor alive
+  traces.put(key, shared)
+
+
+def hold_weakly(anchors, drop: Callable, keep: Callable = lambda a: False):
+  """Weak references to ``anchors`` calling ``drop`` (or, for a globals dict
+  or what ``keep`` allows, the anchor itself); else raises ``TypeError``."""
+  held = []
+  for a in anchors:
+    try:
+      held.append(a if type(a) is dict else weakref.ref(a, drop))
+    except TypeError:
+      if not keep(a):
+        raise TypeError(f"a {type(a).__name__} kept by identity cannot be "
+                        "weakly referenced") from None
+      held.append(a)
+  return held
+
+
+# -- explanations --------------------------------------------------------------
+
+# Each code's last closure key, for explain_miss (cleared with the store).
+_last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _remember(fun, key) -> None:
+  code = getattr(fun, "__code__", None)
+  if code is not None:
+    _last_key[code] = key
+
+
+def explain_miss(fun) -> str:
+  """For ``pe.explain``: ``fun``'s key against its code's last one."""
+  try:
+    key, _, _ = closure_key.closure_key(fun)
+  except closure_key.Unkeyable as e:
+    return f"  jax_closure_cache: no closure key ({e})"
+  last = _last_key.get(getattr(fun, "__code__", None))
+  return "  jax_closure_cache: " + (
+      "the first function of its closure key, traced as usual" if last is None
+      else "a closure key seen before: its functions share one trace, with "
+      "their arrays as arguments" if last == key
+      else f"its closure differs at {_first_difference(last, key)}")
+
+
+def _first_difference(a, b, path="") -> str:
+  """Where keys ``a`` and ``b`` first differ, named by cells and globals."""
+  if (type(a) is tuple and type(b) is tuple and len(a) == len(b)
+      and not (len(a) == 2 and isinstance(a[0], type))):
+    names, walk = {}, closure_key.active_rules[0]
+    if a and a[0] is closure_key.FN and b[0] is closure_key.FN:
+      names = {4: [f"cell {n!r}" for n in a[2].co_freevars],
+               7: [f"global {n!r}" for n in walk.global_names(a[2])]}
+    for i, (x, y) in enumerate(zip(a, b)):
+      if x != y and i in names:
+        j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
+        return _first_difference(x[j], y[j], f"{path}{names[i][j]} ")
+      if x != y:
+        return _first_difference(x, y, path)
+  return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
+
+
+def _show(k) -> str:
+  if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
+    value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
+    return f"{k[0].__name__} {value!r}"
+  lifted = k is closure_key.LIFTED
+  return "an array" if lifted else str(k[0] if type(k) is tuple else k)
