@@ -116,6 +116,32 @@ def stock_off(run, *args):
       jcc.enable()
 
 
+class Ticker:
+  """A value that changes every time a trace reads it, hidden from the key
+  by a wrapper rule that leaves it out (a library rule's mistake): what the
+  post-trace check must still catch, now that the walk refuses every clock
+  and generator a test could read instead."""
+
+  def __init__(self):
+    self.n = 0
+
+  def tick(self) -> float:
+    self.n += 1
+    return float(self.n)
+
+
+@contextlib.contextmanager
+def ticker():
+  """A :class:`Ticker` whose wrapper rule keys it by its type alone."""
+  from jax_closure_cache.key import values
+  values.register_wrapper(Ticker, lambda t: ((), None), lambda s, inner: t)
+  t = Ticker()
+  try:
+    yield t
+  finally:
+    values.unregister_wrapper(Ticker)
+
+
 def warm(call):
   """Two first calls of fresh function objects: the first object of a code
   is stock's own (identity first), the second compiles the shared lifted

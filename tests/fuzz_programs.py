@@ -120,6 +120,18 @@ def object_changed_in_place(cfg, x):
   return jax.jit(lambda v: evaluate((w, b, act, extra, ks, flag, obj), v))(x)
 
 
+# Reseeded by ``run``, so the run with stock and the one with the cache
+# draw the same sequence.
+_GENERATOR = [np.random.default_rng(0)]
+
+
+def drawn_at_trace_time(cfg, x):
+  """A fresh closure that draws from a NumPy generator while it is traced
+  (a random value baked in): stock draws again for every closure."""
+  rng = _GENERATOR[0]
+  return jax.jit(lambda v: evaluate(cfg, v) + rng.normal())(x)
+
+
 def grad_of_closure(cfg, x):
   return jax.jit(jax.grad(lambda v: evaluate(cfg, v).sum()))(x)
 
@@ -204,7 +216,7 @@ def compile_time_constant(cfg, x):
 
 FEATURES = {f.__name__: f for f in (
     plain, shared_paths, nested, static_function, partial_default,
-    cells_and_defaults, object_changed_in_place,
+    cells_and_defaults, object_changed_in_place, drawn_at_trace_time,
     grad_of_closure, fori, while_loop, scan, cond, callable_object,
     method_in_node_data, nested_static, jaxpr_static, compile_time_constant)}
 
@@ -229,6 +241,7 @@ def run(feature: str, choices: list[dict], x) -> list:
   the exception's type."""
   out = []
   program = FEATURES[feature]
+  _GENERATOR[0] = np.random.default_rng(0)
   for _ in range(2):
     for choice in choices:
       try:

@@ -2,6 +2,8 @@
 that the hot path's generated matcher agrees with the full key exactly."""
 
 import functools
+import itertools
+import random
 import types
 
 import jax
@@ -106,9 +108,18 @@ class Slotted:
 
 
 def test_library_objects_kept_by_identity_are_roots():
-  o = np.random.default_rng(0)   # numpy's state: by identity, guarded
+  o = jax.devices()[0]   # jax's object: by identity, guarded
   a = closure.analyse(make(o))
   assert o in a.roots and o in a.anchors
+
+
+@pytest.mark.parametrize("state", [
+    np.random.default_rng(0), np.random.RandomState(0), random.Random(0),
+    itertools.count(), iter([1, 2])], ids=type)
+def test_library_state_a_trace_draws_from_has_no_key(state):
+  # kept by identity, a later closure would get the first trace's draw
+  with pytest.raises(closure.Uncacheable, match="drawn_state"):
+    closure.analyse(make(state))
 
 
 def test_slotted_objects_are_keyed_by_their_slots():

@@ -4,7 +4,7 @@ NumPy and jax arrays, plain objects), through shared sub-closures, static
 function arguments given to two different jitted functions, nested jits,
 ``jax.grad``, partials and defaults (arrays of one type in cells and
 defaults at once), eager control flow, a long-lived slotted object changed
-in place, and library wrappers' shapes (callable objects, bound methods in
+in place, a NumPy generator drawn from at trace time, and library wrappers' shapes (callable objects, bound methods in
 a pytree's node data, functions nested in static tuples, jaxprs passed
 statically, constants made under ``ensure_compile_time_eval``); each sequence
 runs twice (the replay hits), with the cache and with stock jit on fresh

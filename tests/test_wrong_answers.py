@@ -2,6 +2,17 @@
 found (issue 18), each compared call by call with stock on fresh objects
 and replayed so that hits are exercised."""
 
+import datetime
+import decimal
+import importlib
+import itertools
+import random
+import sys
+import threading
+import time
+import types
+import uuid
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -303,3 +314,154 @@ def test_a_slotted_objects_attributes_are_keyed(cls):
     obj.k = 2.0
     obj._Slotted__scale = 2.0
   assert jcc.stats()["hits"] > 0
+
+
+# Library objects whose state a trace changes by drawing from them: keyed by
+# identity, the entry of their first draw would answer every later closure.
+_DRAWS = {
+    "numpy Generator": (np.random.default_rng, lambda s: s.normal()),
+    "numpy RandomState": (np.random.RandomState, lambda s: s.normal()),
+    "random.Random": (random.Random, lambda s: s.random()),
+    "itertools.count": (itertools.count, lambda s: float(next(s))),
+    "a generator": (lambda seed: (float(i) for i in itertools.count(seed)),
+                    next),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DRAWS))
+def test_library_state_drawn_from_at_trace_time_is_drawn_again(kind):
+  """A fresh closure that draws from a NumPy or standard-library random
+  generator or an iterator while it is traced: stock traces each closure,
+  so each call draws anew. The object was kept by identity (library state),
+  so from the third closure on the cache answered with an earlier draw.
+  Compared with stock on a twin object seeded alike, call by call,
+  replayed."""
+  make, draw = _DRAWS[kind]
+  jcc.enable()
+  x = jnp.ones(3)
+  run = lambda state, w: jax.jit(lambda v: v * w + draw(state))(x)
+  got_state, want_state = make(0), make(0)
+  for _ in range(2):
+    for v in range(4):
+      w = jnp.full(3, float(v))
+      np.testing.assert_allclose(run(got_state, w),
+                                 _stock(run, want_state, w), rtol=1e-6)
+
+
+_MODULE_DRAWS = {
+    "random.random": (random.seed, lambda: random.random()),
+    "np.random.normal": (np.random.seed, lambda: np.random.normal()),
+    "a bound generator method": (
+        lambda seed: _BOUND.__setitem__(0, np.random.default_rng(seed).normal),
+        lambda: _BOUND[0]()),
+}
+_BOUND = [None]
+
+
+@pytest.mark.parametrize("kind", sorted(_MODULE_DRAWS))
+def test_module_level_random_functions_called_at_trace_time(kind):
+  """``random.random()`` and ``np.random.normal()`` draw from a hidden
+  module-level generator, reached through a module kept by identity (and a
+  generator's bound method through a list): the cache answered later
+  closures with the second closure's draw. The whole sequence, replayed,
+  with the cache and then with stock, each from the same seed."""
+  seed, draw = _MODULE_DRAWS[kind]
+  x = jnp.ones(3)
+  run = lambda w: jax.jit(lambda v: v * w + draw())(x)
+  ws = [jnp.full(3, float(v)) for v in (*range(4), *range(4))]
+  seed(0)
+  jcc.enable()
+  got = [run(w) for w in ws]
+  seed(0)
+  want = [_stock(run, w) for w in ws]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fun", [
+    lambda v: v + time.time(), lambda v: v + time.perf_counter(),
+    lambda v: v + datetime.datetime.now().second,
+    lambda v: v + uuid.uuid4().int % 7])
+def test_clocks_and_entropy_read_at_trace_time_are_stocks(fun):
+  """A clock or an entropy source read at trace time gives stock a new
+  value for every closure it traces: no key holds one."""
+  from jax_closure_cache.key import closure
+  with pytest.raises(closure.Uncacheable, match="drawn_state"):
+    closure.analyse(fun)
+
+
+def _with_attribute(w, seed, tolerant):
+  def f(v):
+    return v * w + (getattr(f, "seed", 0.0) if tolerant else f.seed)
+  if seed is not None:
+    f.seed = seed
+  return f
+
+
+@pytest.mark.parametrize("tolerant", [False, True])
+def test_a_functions_own_attributes_read_at_trace_time(tolerant):
+  """A function reading an attribute of its own (``f.seed``): the key did
+  not hold function attributes, so from the third object on the cache
+  answered with the second one's value (2.0 for 3.0). A function with
+  attributes of its own now has no key, and a stored key's matcher refuses
+  an object that has gained some (``getattr(f, "seed", 0.0)`` on objects
+  without, then with, the attribute). Jitted and as an eager loop body,
+  compared with stock call by call, replayed."""
+  jcc.enable()
+  x = jnp.ones(2)
+  seeds = ([None, None, None, 5.0, 6.0, None] if tolerant
+           else [1.0, 2.0, 3.0, 4.0])
+  run = lambda w, s: (
+      jax.jit(_with_attribute(w, s, tolerant))(x),
+      jax.lax.fori_loop(0, 1, lambda i, c: c + _with_attribute(
+          w, s, tolerant)(c), x))
+  for _ in range(2):
+    for s in seeds:
+      w = jnp.full(2, 1.0)
+      for a, b in zip(run(w, s), _stock(run, w, s)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+_STATE = types.SimpleNamespace(local=threading.local(),
+                               context=decimal.Context(prec=3))
+_SCALE = 0.0
+
+
+def _read(how):
+  """What a trace reads, by ``how``: each changes between the steps."""
+  import helper_module
+  return {
+      "threading.local": lambda: _STATE.local.scale,
+      "decimal.Context": lambda: float(_STATE.context.prec),
+      "globals()[name]": lambda: globals()["_SCALE"],
+      "sys.modules": lambda: sys.modules[__name__]._SCALE,
+      "getattr(module, name)": lambda: getattr(helper_module, "SC" + "ALE"),
+      "importlib": lambda: importlib.import_module("helper_module").SCALE,
+  }[how]
+
+
+def _set(step):
+  global _SCALE
+  import helper_module
+  _STATE.local.scale = _SCALE = helper_module.SCALE = float(step)
+  _STATE.context.prec = step + 1
+
+
+@pytest.mark.parametrize("how", [
+    "threading.local", "decimal.Context", "globals()[name]", "sys.modules",
+    "getattr(module, name)", "importlib"])
+def test_state_the_walk_cannot_read_by_value_is_stocks(how):
+  """A trace reading a library object the walk kept by identity though its
+  attributes change (a ``threading.local``, a ``decimal.Context``), or
+  globals and module attributes by a computed name: from the third closure
+  on the cache answered with the second one's value. Such functions are
+  now stock's. Jitted, compared with stock call by call, replayed."""
+  jcc.enable()
+  read = _read(how)
+  x = jnp.ones(2)
+  run = lambda w: jax.jit(lambda v: v * w + read())(x)
+  for _ in range(2):
+    for step in range(5):
+      _set(step)
+      w = jnp.full(2, 1.0)
+      np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)

@@ -50,7 +50,9 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import (
-    kept_by_identity, node_data_function, wrapper_rules)
+    ATTRIBUTE_READS, DYNAMIC_READS, chain_draws, drawn_from,
+    kept_as_library_object, kept_by_identity, node_data_function,
+    wrapper_rules)
 from jax_closure_cache.key.objects import (
     SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
     slot_members, slot_values)
@@ -178,6 +180,9 @@ class Analysis(_key.Walk):
   def opaque(self, v, t):
     """A registered pytree by its parts, a value-hashable object by value,
     a plain object by its attributes, any other by identity."""
+    if drawn_from(v):
+      raise Uncacheable("drawn_state", f"a trace draws from {v!r:.60}, which "
+                        "gives a new value each time (stock draws again)")
     try:
       leaves, treedef = _tree_flatten(v)
     except Exception as e:  # a custom flatten that fails: key it otherwise
@@ -197,12 +202,13 @@ class Analysis(_key.Walk):
     members = slot_members(t)
     if members:   # state in __slots__: keyed by their values, not identity
       return self.plain_object(v, t, members)
-    if h is object.__hash__ and stable_module(t.__module__):
+    if h is object.__hash__ and kept_as_library_object(t):
       return self.identity(v, root=True)   # library state; arrays guarded
     if h is object.__hash__:
       # kept by identity, a change to its state would go unseen
       raise Uncacheable("opaque_object", f"a {t.__name__} keeps state the "
-                        "key cannot read (a C base class)")
+                        "key cannot read (a C base class, or a library "
+                        "object not known to be read-only)")
     raise Uncacheable("unhashable", f"a {t.__name__} is unhashable, not a "
                       "pytree, and keeps state outside __dict__")
 
@@ -270,6 +276,7 @@ class Analysis(_key.Walk):
     plan = code_plan(f.__code__)
     g = f.__globals__
     value = self.value
+    self.dynamic_reads(f, plan, g)
     if plan.writes_globals:   # its globals' scalars are never arguments
       self.frozen += 1
     try:
@@ -281,11 +288,32 @@ class Analysis(_key.Walk):
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
 
+  def dynamic_reads(self, f, plan, g) -> None:
+    """Refuse code that reads globals by computed names (``globals()[n]``,
+    ``eval``), or a module's attributes so (``getattr(cfg, n)``)."""
+    names = set(plan.global_names)
+    why = names & DYNAMIC_READS
+    if not why and names & ATTRIBUTE_READS:
+      reached = [g.get(n) for n in plan.global_names]
+      reached += [c.cell_contents for c in f.__closure__ or ()
+                  if _key.cell_filled(c)]
+      if any(type(m) is types.ModuleType and not stable_module(m.__name__)
+             for m in reached):
+        why = names & ATTRIBUTE_READS
+    if why:
+      raise Uncacheable("dynamic_read", f"{f.__qualname__} calls "
+                        f"{', '.join(sorted(why))}: what it reads by a "
+                        "computed name is in no key")
+
   def chain(self, f, kind, name, attributes):
     """The key of what an attribute chain reads (``Table.W``, ``mylib.W``,
     ``Cfg.table``): keyed like an object's attribute, so an array there is
     kept by identity (and such a function is stock's), never lifted."""
     obj = chain_value(f, kind, name, attributes)
+    if obj is NOCHAIN and chain_draws(f, kind, name, attributes):
+      raise Uncacheable("drawn_state", f"{f.__qualname__} calls "
+                        f"{name}.{'.'.join(attributes)}, which gives a new "
+                        "value each time (stock draws again)")
     if obj is NOCHAIN or obj is MISSING:
       return obj
     saved = self.in_object

@@ -118,6 +118,17 @@ def _is_namespace(obj) -> bool:
   return False
 
 
+def chain_base(f, kind: str, name: str):
+  """The global or cell a chain starts from (:data:`MISSING` for an absent
+  global, :data:`NOCHAIN` for an unreadable cell)."""
+  if kind == "global":
+    return f.__globals__.get(name, MISSING)
+  try:
+    return f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
+  except (ValueError, TypeError, IndexError):
+    return NOCHAIN
+
+
 def chain_value(f, kind: str, name: str, attributes: tuple):
   """What ``f`` reads through an attribute chain (see :class:`CodePlan`):
   the chain is followed while it passes through modules and classes of the
@@ -125,14 +136,8 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
   ``Cfg.table["scale"]``). :data:`NOCHAIN` when the base is no such
   namespace (its contents are keyed otherwise), :data:`MISSING` when an
   attribute is absent."""
-  if kind == "global":
-    obj = f.__globals__.get(name, MISSING)
-  else:
-    try:
-      obj = f.__closure__[f.__code__.co_freevars.index(name)].cell_contents
-    except (ValueError, TypeError, IndexError):
-      return NOCHAIN
-  if not _is_namespace(obj):
+  obj = chain_base(f, kind, name)
+  if obj is NOCHAIN or not _is_namespace(obj):
     return NOCHAIN
   for attribute in attributes:
     if not _is_namespace(obj):

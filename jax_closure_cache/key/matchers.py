@@ -77,6 +77,7 @@ class _MatchSource:
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
                 "is_stable": is_stable, "chain_value": chain_value,
+                "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
                 "ALL_LIFTED": _ALL_LIFTED}
     self.lines: list[str] = []
@@ -238,15 +239,19 @@ class _MatchSource:
     get = (self.bind(g.get) if g is not None else f"{f}.__globals__.get")
     # no defaults: tested with the rest (the top function's usual case)
     no_defaults = f" or {f}.__defaults__ is not None" if defaults is None else ""
+    # a function with attributes of its own has no key (the walk refuses
+    # it): they are not read unless the dict has entries
+    attributes = f" or {f}.__dict__ and own_attributes({f})"
     if index == 0:
       # The top function: callers look the matcher up by the code of a
       # plain function (``_quick[fun.__code__]``), so type and code hold.
       add(f"    if {same_globals} or {f}.__kwdefaults__ is not None"
-          f"{no_defaults}: return None")
+          f"{no_defaults}{attributes}: return None")
     else:
       add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
           f"{self.bind(code)} or {same_globals} "
-          f"or {f}.__kwdefaults__ is not None{no_defaults}): return None")
+          f"or {f}.__kwdefaults__ is not None{no_defaults}{attributes}): "
+          "return None")
     # analyse keys a function of jax, numpy or the standard library by
     # identity instead
     if part[1] != 0:
@@ -274,6 +279,12 @@ class _MatchSource:
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+
+
+def own_attributes(f) -> bool:
+  """Whether function ``f`` (not the library's) has attributes of its own
+  (all but ``__wrapped__``): the walk gives such a function no key."""
+  return bool(f.__dict__.keys() - {"__wrapped__"}) and not is_stable(f)
 
 
 _REACH_NODES = 4096   # past it, a globals dict is compared by id

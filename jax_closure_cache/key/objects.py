@@ -22,11 +22,34 @@ _FunctionType = types.FunctionType
 
 
 _HEAPTYPE = 1 << 9
+_PACKAGE = __name__.partition(".")[0] + "."
 _plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
 
 
 # C bases whose whole state the walk can read: their items (see contents).
 _CONTAINER_BASES = (list, tuple, dict)
+# What a class implemented in C has of its own (a Python class gets getset
+# descriptors for __dict__ and __weakref__ alone).
+_C_MEMBERS = (types.MethodDescriptorType, types.WrapperDescriptorType,
+              types.ClassMethodDescriptorType, types.BuiltinFunctionType,
+              types.GetSetDescriptorType)
+
+
+def _python_class(c: type) -> bool:
+  """Whether ``c`` was made by a ``class`` statement, not in C: a heap type
+  (many C extension types are heap types too, such as ``_random.Random``)
+  with no member implemented in C for it (``__hash__ = object.__hash__``
+  is object's, not its own). This package's own C type (the entrance
+  ``jit``) keeps its state in its ``__dict__`` as a Python class does."""
+  if not c.__flags__ & _HEAPTYPE:
+    return False
+  if c.__module__.startswith(_PACKAGE):
+    return True
+  return not any(
+      isinstance(v, _C_MEMBERS) and k not in ("__dict__", "__weakref__")
+      and (getattr(v, "__objclass__", None) is c
+           or getattr(v, "__self__", None) is c)
+      for k, v in vars(c).items())
 
 
 def is_plain_type(cls: type) -> bool:
@@ -44,7 +67,7 @@ def is_plain_type(cls: type) -> bool:
     slots = c.__dict__.get("__slots__", ())
     if isinstance(slots, str):
       slots = (slots,)
-    if (not c.__flags__ & _HEAPTYPE
+    if (not _python_class(c)
         or set(slots) - {"__dict__", "__weakref__"}):
       plain = False
       break
@@ -68,7 +91,7 @@ def slot_members(cls: type):
     pass
   members = []
   for c in cls.__mro__[:-1]:
-    if not c.__flags__ & _HEAPTYPE:
+    if not _python_class(c):
       members = None
       break
     slots = c.__dict__.get("__slots__", ())

@@ -1,7 +1,7 @@
 """Values the walk looks at before it walks them: committed arrays kept by
-identity, static values, callable wrappers (the closure key's registry),
-and functions whose identity is fresh per call, in tuples and in pytree
-node data.
+identity, library state a trace draws from, static values, callable
+wrappers (the closure key's registry), and functions whose identity is fresh
+per call, in tuples and in pytree node data.
 
 Invariants: nothing here walks a value or calls user code; the wrapper
 rules are the closure key module's own table (``WRAPPERS``), so its walk
@@ -11,15 +11,124 @@ and rebuild and the package's see the same registrations.
 from __future__ import annotations
 
 import functools
+import gc
+import io
+import random
+import sys
+import threading
 import types
 
+import numpy as np
+
 from jax_closure_cache import _compat
-from jax_closure_cache.key.code_plan import is_stable
+from jax_closure_cache.key.code_plan import chain_base, is_stable
 from jax_closure_cache.key.objects import as_method
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
 _key = _compat.closure_key_module()
 _FunctionType = types.FunctionType
+
+
+# -- library state a trace draws from -------------------------------------------
+
+#: Library types whose state a trace changes by reading it: random
+#: generators and files (iterators are recognised by ``__next__``).
+DRAWN_TYPES = (np.random.Generator, np.random.RandomState,
+               np.random.BitGenerator, random.Random, io.IOBase)
+#: Library modules whose functions answer anew on every call: random draws,
+#: clocks, entropy, the environment (``random.random`` is also a method of
+#: a generator, ``time.time`` a function of ``time``).
+DRAWING_MODULES = ("numpy.random", "scipy.stats", "random", "time",
+                   "datetime", "uuid", "secrets", "os", "resource",
+                   "importlib")
+#: Functions of otherwise steady modules that read live interpreter state
+#: (not the thread's identity: ``dataclasses``' ``__repr__`` reads it).
+LIVE_STATE_FUNCTIONS = frozenset({
+    sys.getrefcount, sys.getallocatedblocks, gc.get_count, gc.get_stats,
+    gc.get_objects})
+
+
+def _draws(v) -> bool:
+  return isinstance(v, DRAWN_TYPES) or hasattr(type(v), "__next__")
+
+
+def _drawing_module(v) -> bool:
+  """A module of ``DRAWING_MODULES``, or a callable defined in one."""
+  if type(v) is types.ModuleType:
+    name = v.__name__
+  elif callable(v):
+    name = getattr(v, "__module__", None)
+  else:
+    return False
+  return isinstance(name, str) and any(
+      name == m or name.startswith(m + ".") for m in DRAWING_MODULES)
+
+
+def drawn_from(v) -> bool:
+  """Whether reading or calling ``v`` in a trace may give a new value each
+  time (a random generator or a method of one, an iterator, a file, a
+  function of a drawing module, such as a clock): stock reads it again for
+  every closure it traces, so a key holding ``v`` would answer later
+  closures with an earlier value."""
+  owner = getattr(v, "__self__", None)
+  if (_draws(v) or _drawing_module(v)
+      or (owner is not None and (_draws(owner) or _drawing_module(owner)))):
+    return True
+  if v is sys.modules:   # modules looked up by name: what they hold is unkeyed
+    return True
+  try:
+    return v in LIVE_STATE_FUNCTIONS
+  except TypeError:   # unhashable
+    return False
+
+
+#: Builtins that read globals by a name the code computes (the closure
+#: key's): what they reach is in no key.
+DYNAMIC_READS = _key.DYNAMIC_READS
+#: Builtins that read attributes so: a module's attributes are keyed only
+#: as its code names them (an object's are keyed whole).
+ATTRIBUTE_READS = frozenset({"getattr", "hasattr", "vars", "dir"})
+
+
+def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
+  """Whether an attribute chain ``f`` reads from a library module or class
+  (``np.random.normal``, ``time.time``) passes through or reaches what
+  :func:`drawn_from` refuses; the walk keys such modules by identity, and
+  never follows their chains otherwise."""
+  obj = chain_base(f, kind, name)
+  if not isinstance(obj, (types.ModuleType, type)):
+    return False   # an object: walked by value, refused there if drawn from
+  for attribute in (None, *attributes):
+    if attribute is not None:
+      if not isinstance(obj, (types.ModuleType, type)):
+        return False
+      try:
+        obj = getattr(obj, attribute)
+      except Exception:
+        return False
+    if drawn_from(obj):
+      return True
+  return False
+
+
+#: Packages whose objects the walk keeps by identity when it cannot read
+#: them (their arrays guarded): jax's and numpy's own (devices, registries,
+#: stock jitted functions, config states, ufuncs) and this package's (its C
+#: ``jit``). Any other object whose state the walk cannot read is stock's.
+IDENTITY_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
+                               "jax_closure_cache"})
+#: Standard-library types kept so: sentinels and locks, whose state no
+#: trace reads as a value.
+IDENTITY_TYPES = frozenset({object, type(NotImplemented),
+                            type(threading.Lock()), type(threading.RLock())})
+
+
+def kept_as_library_object(t: type) -> bool:
+  """Whether an instance of ``t`` (hashed by identity, its state unreadable
+  to the walk) is kept by identity: a ``threading.local`` or a
+  ``decimal.Context`` is not (a trace reads attributes that change)."""
+  module = getattr(t, "__module__", None) or ""
+  return t in IDENTITY_TYPES or module.partition(".")[0] in IDENTITY_PACKAGES
 
 
 # -- committed arrays ---------------------------------------------------------
@@ -79,6 +188,13 @@ def register_wrapper(cls: type, split, join) -> None:
   here."""
   global _wrapper_types
   _key.register_wrapper(cls, split, join)
+  _wrapper_types = tuple(wrapper_rules)
+
+
+def unregister_wrapper(cls: type) -> None:
+  """Undo :func:`register_wrapper` for ``cls``."""
+  global _wrapper_types
+  wrapper_rules.pop(cls, None)
   _wrapper_types = tuple(wrapper_rules)
 
 
