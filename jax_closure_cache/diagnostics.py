@@ -26,6 +26,7 @@ import jax
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache import explain
+from jax_closure_cache.key import names as key_names
 from jax_closure_cache import settings
 
 logger = logging.getLogger("jax_closure_cache")
@@ -225,7 +226,7 @@ def _hashable(key):
 
 def became_dynamic(fun, old_full_key, new_full_key) -> None:
   """Explain that Python scalars became arguments (auto-dynamic)."""
-  what = "; ".join(explain.differences(fun, old_full_key[1], new_full_key[1])) or \
+  what = "; ".join(key_names.differences(fun, old_full_key[1], new_full_key[1])) or \
       "a Python scalar changed"
   logger.warning("closure-cache: %s: %s; from now on passed as a weakly "
                  "typed argument (one executable for every value)",
@@ -238,7 +239,7 @@ def stays_static(fun, old_full_key, new_full_key, why: str) -> None:
   if code is not None:
     _stats(code, fun).fallbacks["scalar_stays_static"] += 1
   if explaining():
-    what = "; ".join(explain.differences(fun, old_full_key[1], new_full_key[1])) or \
+    what = "; ".join(key_names.differences(fun, old_full_key[1], new_full_key[1])) or \
         "a Python scalar changed"
     logger.warning("closure-cache: %s: %s; it stays static (keyed by value): "
                    "traced as an argument it computes something else: %s",
@@ -295,7 +296,7 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
   not fail on it."""
   changing = collections.defaultdict(set)
   for _, key in keys:
-    for name, part in explain.named_parts(fun, key):
+    for name, part in key_names.named_parts(fun, key):
       try:
         changing[name].add(part)
       except TypeError:
@@ -304,7 +305,7 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
                     key=lambda n: -len(changing[n]))
   if culprits:
     name = culprits[0]
-    examples = ", ".join(explain.render(p)[0] for p in list(changing[name])[:3])
+    examples = ", ".join(key_names.render(p)[0] for p in list(changing[name])[:3])
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"

@@ -1,9 +1,12 @@
 """Closure analysis at the key level: what keys equal, what keys differ, and
 that the hot path's generated matcher agrees with the full key exactly."""
 
+import decimal
 import functools
 import itertools
+import operator
 import random
+import threading
 import types
 
 import jax
@@ -269,3 +272,24 @@ def test_quick_matcher_on_regrad_wrappers():
   assert match is not None
   assert match(jax.grad(loss)) == []
   assert match(g2) is None and closure.analyse(g2).key != k1
+
+
+def test_stdlib_objects_keyed_by_their_wrapped_function_or_identity():
+  # an lru_cache wrapper by its __dict__ (the wrapped function's code and
+  # what it reads); operator's getters by identity (they never change)
+  def wrapped(version):
+    @functools.lru_cache
+    def helper(k):
+      return k * version
+    return helper
+  assert key(wrapped(1)) == key(wrapped(1)) != key(wrapped(2))
+  getter = operator.itemgetter(0)
+  assert getter in closure.analyse(make(getter)).anchors
+
+
+@pytest.mark.parametrize("state", [threading.local(), decimal.Context()],
+                         ids=type)
+def test_library_objects_not_known_to_be_read_only_have_no_key(state):
+  # kept by identity, a change to their attributes would go unseen
+  with pytest.raises(closure.Uncacheable, match="opaque_object"):
+    closure.analyse(make(state))

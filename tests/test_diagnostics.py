@@ -274,3 +274,23 @@ def test_an_uncovered_capture_without_roots_says_so_plainly(explain):
   text = " ".join(messages(explain))
   assert "not found under no object" not in text
   assert "keeps no object by identity to look for them under" in text
+
+
+def test_jax_and_the_front_name_a_closure_difference_alike(explain):
+  """One miss explanation: the closure key module's ``explain_miss`` (what
+  JAX's ``pe.explain`` prints with the series) asks the walk in use for the
+  first difference, and the package's walk answers with the names its own
+  log uses, so both say ``cell 'scale' changed: 2 -> 3``."""
+  from jax_closure_cache import _compat
+  closure_cache = _compat.closure_cache_module()
+  jcc.enable()   # the package's walk in use, and JAX's lookup patched
+
+  def make(scale):
+    return lambda v: v * scale
+  x = jnp.ones(2)
+  for scale in (2, 3):   # one code, so the module remembers the first key
+    fun = make(scale)
+    jax_says = closure_cache.explain_miss(fun)
+    jcc.jit(fun, auto_dynamic=False)(x)
+  assert "its closure differs at cell 'scale' changed: 2 -> 3" in jax_says
+  assert any("cell 'scale' changed: 2 -> 3" in m for m in messages(explain))

@@ -50,9 +50,9 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import (
-    ATTRIBUTE_READS, DYNAMIC_READS, chain_draws, drawn_from,
-    kept_as_library_object, kept_by_identity, node_data_function,
-    wrapper_rules)
+    chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
+    kept_by_identity, node_data_function, wrapper_rules)
+from jax_closure_cache.key import names as key_names
 from jax_closure_cache.key.objects import (
     SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
     slot_members, slot_values)
@@ -276,7 +276,10 @@ class Analysis(_key.Walk):
     plan = code_plan(f.__code__)
     g = f.__globals__
     value = self.value
-    self.dynamic_reads(f, plan, g)
+    why = dynamic_reads(f, plan.global_names)
+    if why:
+      raise Uncacheable("dynamic_read", f"{f.__qualname__} calls {why}: what "
+                        "it reads by a computed name is in no key")
     if plan.writes_globals:   # its globals' scalars are never arguments
       self.frozen += 1
     try:
@@ -288,22 +291,13 @@ class Analysis(_key.Walk):
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
 
-  def dynamic_reads(self, f, plan, g) -> None:
-    """Refuse code that reads globals by computed names (``globals()[n]``,
-    ``eval``), or a module's attributes so (``getattr(cfg, n)``)."""
-    names = set(plan.global_names)
-    why = names & DYNAMIC_READS
-    if not why and names & ATTRIBUTE_READS:
-      reached = [g.get(n) for n in plan.global_names]
-      reached += [c.cell_contents for c in f.__closure__ or ()
-                  if _key.cell_filled(c)]
-      if any(type(m) is types.ModuleType and not stable_module(m.__name__)
-             for m in reached):
-        why = names & ATTRIBUTE_READS
-    if why:
-      raise Uncacheable("dynamic_read", f"{f.__qualname__} calls "
-                        f"{', '.join(sorted(why))}: what it reads by a "
-                        "computed name is in no key")
+  @classmethod
+  def difference(cls, a, b, path="") -> str:
+    """Where keys ``a`` and ``b`` first differ (the closure key module's
+    miss explanation, for JAX's ``pe.explain``), named as the package's own
+    log names parts (``key/names.py``)."""
+    diffs = key_names.differences(None, a, b)
+    return diffs[0] if diffs else super().difference(a, b, path)
 
   def chain(self, f, kind, name, attributes):
     """The key of what an attribute chain reads (``Table.W``, ``mylib.W``,

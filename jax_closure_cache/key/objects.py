@@ -13,6 +13,7 @@ would make anyway; a class with a ``__new__``, ``__setattr__`` or
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 
@@ -28,6 +29,10 @@ _plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionar
 
 # C bases whose whole state the walk can read: their items (see contents).
 _CONTAINER_BASES = (list, tuple, dict)
+# C types whose state the walk reads through their ``__dict__`` as a Python
+# class's: an ``lru_cache`` wrapper (``__wrapped__``, keyed by its code and
+# what it reads; its cache only memoizes that function).
+_DICT_STATE_TYPES = frozenset({functools._lru_cache_wrapper})
 # What a class implemented in C has of its own (a Python class gets getset
 # descriptors for __dict__ and __weakref__ alone).
 _C_MEMBERS = (types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -41,10 +46,10 @@ def _python_class(c: type) -> bool:
   with no member implemented in C for it (``__hash__ = object.__hash__``
   is object's, not its own). This package's own C type (the entrance
   ``jit``) keeps its state in its ``__dict__`` as a Python class does."""
+  if c in _DICT_STATE_TYPES or c.__module__.startswith(_PACKAGE):
+    return True
   if not c.__flags__ & _HEAPTYPE:
     return False
-  if c.__module__.startswith(_PACKAGE):
-    return True
   return not any(
       isinstance(v, _C_MEMBERS) and k not in ("__dict__", "__weakref__")
       and (getattr(v, "__objclass__", None) is c

@@ -1,9 +1,12 @@
-"""Values the walk looks at before it walks them: committed arrays kept by
-identity, library state a trace draws from, static values, callable
-wrappers (the closure key's registry), and functions whose identity is fresh
-per call, in tuples and in pytree node data.
+"""Values the walk looks at before it walks them: library state a trace
+draws from (random generators, iterators, clocks), library objects kept by
+identity, code reading globals by computed names, committed arrays kept by
+identity, static values, callable wrappers (the closure key's registry),
+and functions whose identity is fresh per call, in tuples and in pytree
+node data.
 
-Invariants: nothing here walks a value or calls user code; the wrapper
+Invariants: nothing here walks a value or calls user code (but attribute
+reads along a chain the code itself reads, ``chain_draws``); the wrapper
 rules are the closure key module's own table (``WRAPPERS``), so its walk
 and rebuild and the package's see the same registrations.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import functools
 import gc
 import io
+import operator
 import random
 import sys
 import threading
@@ -21,7 +25,8 @@ import types
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.code_plan import chain_base, is_stable
+from jax_closure_cache.key.code_plan import (
+    chain_base, is_stable, stable_module)
 from jax_closure_cache.key.objects import as_method
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
@@ -29,7 +34,7 @@ _key = _compat.closure_key_module()
 _FunctionType = types.FunctionType
 
 
-# -- library state a trace draws from -------------------------------------------
+# -- library state a trace draws from ------------------------------------------
 
 #: Library types whose state a trace changes by reading it: random
 #: generators and files (iterators are recognised by ``__next__``).
@@ -90,6 +95,22 @@ DYNAMIC_READS = _key.DYNAMIC_READS
 ATTRIBUTE_READS = frozenset({"getattr", "hasattr", "vars", "dir"})
 
 
+def dynamic_reads(f, global_names) -> str:
+  """The builtins by which ``f`` reads globals by computed names
+  (``globals()[n]``, ``eval``), or a user module's attributes so
+  (``getattr(cfg, n)``), comma-separated; empty if none."""
+  names = set(global_names)
+  why = names & DYNAMIC_READS
+  if not why and names & ATTRIBUTE_READS:
+    reached = [f.__globals__.get(n) for n in global_names]
+    reached += [c.cell_contents for c in f.__closure__ or ()
+                if _key.cell_filled(c)]
+    if any(type(m) is types.ModuleType and not stable_module(m.__name__)
+           for m in reached):
+      why = names & ATTRIBUTE_READS
+  return ", ".join(sorted(why))
+
+
 def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
   """Whether an attribute chain ``f`` reads from a library module or class
   (``np.random.normal``, ``time.time``) passes through or reaches what
@@ -117,10 +138,12 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
 #: ``jit``). Any other object whose state the walk cannot read is stock's.
 IDENTITY_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
                                "jax_closure_cache"})
-#: Standard-library types kept so: sentinels and locks, whose state no
-#: trace reads as a value.
+#: Standard-library types kept so: sentinels, locks and operator's getters,
+#: whose state no trace reads as a value or which never change.
 IDENTITY_TYPES = frozenset({object, type(NotImplemented),
-                            type(threading.Lock()), type(threading.RLock())})
+                            type(threading.Lock()), type(threading.RLock()),
+                            operator.itemgetter, operator.attrgetter,
+                            operator.methodcaller})
 
 
 def kept_as_library_object(t: type) -> bool:

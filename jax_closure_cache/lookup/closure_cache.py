@@ -387,29 +387,5 @@ def explain_miss(fun) -> str:
       "the first function of its closure key, traced as usual" if last is None
       else "a closure key seen before: its functions share one trace, with "
       "their arrays as arguments" if last == key
-      else f"its closure differs at {_first_difference(last, key)}")
-
-
-def _first_difference(a, b, path="") -> str:
-  """Where keys ``a`` and ``b`` first differ, named by cells and globals."""
-  if (type(a) is tuple and type(b) is tuple and len(a) == len(b)
-      and not (len(a) == 2 and isinstance(a[0], type))):
-    names, walk = {}, closure_key.active_rules[0]
-    if a and a[0] is closure_key.FN and b[0] is closure_key.FN:
-      names = {4: [f"cell {n!r}" for n in a[2].co_freevars],
-               7: [f"global {n!r}" for n in walk.global_names(a[2])]}
-    for i, (x, y) in enumerate(zip(a, b)):
-      if x != y and i in names:
-        j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
-        return _first_difference(x[j], y[j], f"{path}{names[i][j]} ")
-      if x != y:
-        return _first_difference(x, y, path)
-  return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
-
-
-def _show(k) -> str:
-  if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
-    value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
-    return f"{k[0].__name__} {value!r}"
-  lifted = k is closure_key.LIFTED
-  return "an array" if lifted else str(k[0] if type(k) is tuple else k)
+      else "its closure differs at "
+      + closure_key.active_rules[0].difference(last, key))

@@ -272,6 +272,30 @@ class Walk:
 
   global_names = staticmethod(lambda code: code_names(code)[0])
 
+  @classmethod
+  def difference(cls, a, b, path="") -> str:
+    """Where keys ``a`` and ``b`` first differ, named by cells and globals."""
+    if (type(a) is tuple and type(b) is tuple and len(a) == len(b)
+        and not (len(a) == 2 and isinstance(a[0], type))):
+      names = {}
+      if a and a[0] is FN and b[0] is FN:
+        names = {4: [f"cell {n!r}" for n in a[2].co_freevars],
+                 7: [f"global {n!r}" for n in cls.global_names(a[2])]}
+      for i, (x, y) in enumerate(zip(a, b)):
+        if x != y and i in names:
+          j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
+          return cls.difference(x[j], y[j], f"{path}{names[i][j]} ")
+        if x != y:
+          return cls.difference(x, y, path)
+    return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
+
+
+def _show(k) -> str:
+  if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
+    value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
+    return f"{k[0].__name__} {value!r}"
+  return "an array" if k is LIFTED else str(k[0] if type(k) is tuple else k)
+
 
 class Rebuild:
   """:meth:`value` is ``v`` with the leaves of its part ``k`` replaced in new

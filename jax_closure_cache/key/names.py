@@ -1,0 +1,165 @@
+"""Names for what a closure key holds, and the differences between two keys.
+
+``named_parts`` walks a key as the walk built it and names each value the
+way a user reads their code: ``cell 'w'``, ``default 'n'``, ``kwdefault
+'k'``, ``global 'W'``, ``partial arg 0``, ``self``, joined by `` -> `` into
+nested functions and ``[i]`` into pytree leaves; ``render`` shows a part's
+value and kind; ``differences`` lists what changed between two keys of one
+code. The walk's ``difference`` (the closure key module's miss explanation)
+is the first of them, so JAX's ``pe.explain`` and the package's log name a
+change alike.
+
+Invariants: pure functions of keys (nothing here logs, counts or stores); a
+part this module cannot name is reported as such, never guessed.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Iterator
+
+from jax_closure_cache.key import code_plan
+from jax_closure_cache.key import parts as key_parts
+
+
+def function_names(code) -> tuple[list[str], list[str]]:
+  """Parameter names that have defaults, and the globals the code reads."""
+  n_args = code.co_argcount
+  return list(code.co_varnames[:n_args]), list(
+      code_plan.code_plan(code).global_names)
+
+
+def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
+  """(name, key part) for each value the walk keyed, nested parts expanded."""
+  if type(key) is tuple and key and key[0] is key_parts.FN:
+    fn = key_parts.FnPart._make(key)
+    code, cells, defaults, kwdefaults, globs, chains = (
+        fn.code, fn.cells, fn.defaults, fn.kwdefaults, fn.globals, fn.chains)
+    args, global_names = function_names(code)
+    names = ([f"cell {n!r}" for n in code.co_freevars]
+             + [f"default {n!r}" for n in args[len(args) - len(defaults or ()):]]
+             + [f"kwdefault {k!r}" for k, _ in kwdefaults or ()]
+             + [f"global {n!r}" for n in global_names]
+             + [f"{kind} '{name}.{'.'.join(attrs)}'"
+                for kind, name, attrs in code_plan.code_plan(code).chains])
+    parts = (*cells, *(defaults or ()), *(p for _, p in kwdefaults or ()),
+             *globs, *chains)
+    for name, part in zip(names, parts):
+      nested = type(part) is tuple and part and part[0] is key_parts.FN
+      yield from named_parts(None, part, prefix + name + (" -> " if nested else ""))
+  elif type(key) is tuple and key and key[0] is key_parts.TREE:
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}[{i}]")
+  elif type(key) is tuple and key and key[0] is key_parts.PARTIAL:
+    yield from named_parts(None, key[1], prefix + "partial func -> ")
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}partial arg {i}")
+    for k, part in key[3]:
+      yield from named_parts(None, part, f"{prefix}partial keyword {k!r}")
+  elif type(key) is tuple and key and key[0] is key_parts.METHOD:
+    yield from named_parts(None, key[1], prefix + "method -> ")
+    yield prefix + "self", key[2]
+  elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
+    kind = _sub(prefix, "jitted" if key[1].__name__.endswith("Jitted")
+                else key[1].__name__)
+    yield kind, key[2]
+    yield from named_parts(None, key[3], kind + " -> ")
+  elif type(key) is tuple and key and key[0] is key_parts.TREEAUX:
+    yield from _node_parts(key[1], _sub(prefix, "node data "))
+    for i, part in enumerate(key[2]):
+      yield from named_parts(None, part, f"{prefix}[{i}]")
+  elif type(key) is tuple and key and key[0] is key_parts.TREEDEF:
+    yield from _node_parts(key[1], _sub(prefix, "treedef node data "))
+  elif type(key) is tuple and key and (key[0] is key_parts.OBJ
+                                       or key[0] is key_parts.COPY):
+    for item in key[3]:
+      if len(item) == 2 and isinstance(item[0], str):   # an attribute
+        yield from named_parts(None, item[1], f"{prefix}.{item[0]}")
+      else:   # the items of a list, tuple or dict subclass
+        for i, part in enumerate(item):
+          yield from named_parts(None, part, f"{prefix}[{i}]")
+    if type(key[4]) is tuple:   # a user class's namespace
+      yield from named_parts(None, key[4], prefix)
+  elif type(key) is tuple and key and key[0] is key_parts.CLASS:
+    for owner, name, part in key[3]:
+      nested = type(part) is tuple and part and part[0] is key_parts.FN
+      yield from named_parts(None, part, f"{prefix} class {owner}.{name}"
+                             + (" -> " if nested else ""))
+  else:
+    yield prefix.rstrip(" ->") or "value", key
+
+
+def _sub(prefix: str, name: str) -> str:
+  """``name`` under ``prefix`` (a cell, an item) in a part's name."""
+  if not prefix or prefix.endswith((" ", "> ")):
+    return prefix + name
+  return f"{prefix} -> {name}"
+
+
+def _node_parts(parts, prefix: str) -> Iterator[tuple[str, Any]]:
+  """Named parts of the custom nodes' data of a treedef keyed node by node
+  (``closure.Analysis.node_parts``)."""
+  pending = [parts]
+  while pending:
+    p = pending.pop()
+    if p is None:
+      continue
+    node_type, aux, children = p
+    if node_type not in key_parts.BUILTIN_NODES:
+      yield from named_parts(None, aux, f"{prefix}of {node_type.__name__} ")
+    pending.extend(children)
+
+
+def render(part) -> tuple[str, str]:
+  """(value, kind) of a key part, for messages."""
+  if part is key_parts.LIFTED:
+    return "array", "lifted"
+  if type(part) is tuple and len(part) == 2 and part[0] is key_parts.DYN:
+    return f"any {part[1].__name__}", "passed as an argument (auto-dynamic)"
+  if part is key_parts.NOCHAIN:
+    return "not a module or class", "attribute chain"
+  if part is key_parts.MISSING:
+    return "undefined", "global"
+  if type(part) is tuple and part:
+    tag = part[0]
+    if tag is float or tag in key_parts.ATOMS:
+      value = part[1]
+      if tag is float and isinstance(value, str):
+        value = float.fromhex(value)
+      return repr(value), f"static {tag.__name__}"
+    if tag is key_parts.NUMPY:
+      shape = ",".join(map(str, part[2]))
+      return f"{part[1]}[{shape}] #{part[3].hex()[:8]}", "numpy, baked"
+    if tag is key_parts.ID:
+      label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
+      return label, "kept by identity"
+    if tag is key_parts.OBJ or tag is key_parts.COPY:
+      return f"{part[2].__name__}(...)", "object keyed by attributes"
+    if tag is key_parts.FN:
+      return key_parts.FnPart._make(part).code.co_qualname, "function"
+    if tag is key_parts.TREE:
+      return str(part[1]), "pytree"
+    if tag is key_parts.CYCLE:
+      return f"back-reference #{part[1]}", "cycle"
+    if isinstance(tag, type):
+      return repr(part[1]), f"static {tag.__name__}"
+  if isinstance(part, types.ModuleType):
+    return part.__name__, "module"
+  if isinstance(part, (types.FunctionType, type)):
+    return part.__qualname__, "by identity"
+  return repr(part), type(part).__name__
+
+
+def _describe_change(name: str, old, new) -> str:
+  old_value, _ = render(old)
+  new_value, kind = render(new)
+  return f"{name} changed: {old_value} -> {new_value} ({kind})"
+
+
+def differences(fun, old_key, new_key) -> list[str]:
+  old = dict(named_parts(fun, old_key))
+  new = list(named_parts(fun, new_key))
+  if [n for n, _ in new] != list(old):
+    return ["the closure's structure changed: "
+            + ", ".join(n for n, _ in new if n not in old) or "reordered"]
+  return [_describe_change(n, old[n], p) for n, p in new if old[n] != p]
