@@ -325,7 +325,18 @@ _DRAWS = {
     "itertools.count": (itertools.count, lambda s: float(next(s))),
     "a generator": (lambda seed: (float(i) for i in itertools.count(seed)),
                     next),
+    # a plain class's iterator is keyed by its attributes, which a draw moves
+    "a plain iterator object": (lambda seed: _Counter(seed), next),
 }
+
+
+class _Counter:
+  def __init__(self, start):
+    self.n = start
+
+  def __next__(self):
+    self.n += 1
+    return float(self.n)
 
 
 @pytest.mark.parametrize("kind", sorted(_DRAWS))

@@ -27,7 +27,7 @@ import numpy as np
 from jax_closure_cache import _compat
 from jax_closure_cache.key.code_plan import (
     chain_base, is_stable, stable_module)
-from jax_closure_cache.key.objects import as_method
+from jax_closure_cache.key.objects import as_method, is_plain_type
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
 _key = _compat.closure_key_module()
@@ -54,7 +54,11 @@ LIVE_STATE_FUNCTIONS = frozenset({
 
 
 def _draws(v) -> bool:
-  return isinstance(v, DRAWN_TYPES) or hasattr(type(v), "__next__")
+  # an iterator of a plain class is keyed by its attributes, which a draw
+  # changes; a generator's or a C iterator's state is unreadable
+  t = type(v)
+  return isinstance(v, DRAWN_TYPES) or (
+      hasattr(t, "__next__") and not is_plain_type(t))
 
 
 def _drawing_module(v) -> bool:
