@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import ticker
+from conftest import needs_trace_lookup, ticker
 
 
 @pytest.fixture
@@ -276,6 +276,7 @@ def test_an_uncovered_capture_without_roots_says_so_plainly(explain):
   assert "keeps no object by identity to look for them under" in text
 
 
+@needs_trace_lookup   # the module remembers keys as JAX's lookup finds them
 def test_jax_and_the_front_name_a_closure_difference_alike(explain):
   """One miss explanation: the closure key module's ``explain_miss`` (what
   JAX's ``pe.explain`` prints with the series) asks the walk in use for the
