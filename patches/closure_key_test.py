@@ -122,13 +122,16 @@ class ClosureKeyTest(jtu.JaxTestCase):
         w = jnp.full(3, 1.0 + s)
         self.assertAllClose(run(w), _stock(lambda: run(w)))
 
-  def test_numpy_draws_and_function_attributes_read_at_trace_time(self):
+  def test_numpy_draws_attributes_and_globals_by_name_at_trace_time(self):
     def attribute(w, s):
       f = lambda i, c: c * w + f.s
       f.s = s
       return f
+    def by_name(w, s):
+      globals()["_S"] = s
+      return lambda i, c: c * w + eval("_S")
     for body in (lambda w, s: lambda i, c: c * w + np.random.normal(),
-                 attribute):
+                 attribute, by_name):
       run = lambda s: lax.fori_loop(0, 1, body(jnp.ones(3), s), jnp.ones(3))
       outs = []
       for on in (True, False):

@@ -104,7 +104,8 @@ class StateWatch:
 
   def check(self) -> None:
     changes = self.changes()
-    if any(_holds_tracer(new) for _, _, new in changes):
+    if any(isinstance(v, core.Tracer)
+           for _, _, new in changes for v in _reach(list(new))):
       self.restore(changes)
       raise TracerLeak("a lifted trace stored a tracer in the closure's state")
 
@@ -139,10 +140,6 @@ def _reach(todo: list):   # each object reached from todo, once, in budget
       seen.add(id(v))
       yield v
       todo.extend(_reached(v))
-
-
-def _holds_tracer(values) -> bool:
-  return any(isinstance(v, core.Tracer) for v in _reach(list(values)))
 
 
 # -- the closure-keyed trace lookup --------------------------------------------
@@ -283,8 +280,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
   return shared
 
 
-def evict(fun: Callable) -> None:
-  """Forget the traces of ``fun``'s key (``clear_cache()`` of a jitted fun)."""
+def evict(fun: Callable) -> None:   # clear_cache() of a jitted function
   try:
     key = closure_key.closure_key(fun)[0]
   except (closure_key.Unkeyable, TypeError):
