@@ -123,14 +123,15 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
   obj = chain_base(f, kind, name)
   if not isinstance(obj, (types.ModuleType, type)):
     return False   # an object: walked by value, refused there if drawn from
-  for attribute in (None, *attributes):
-    if attribute is not None:
-      if not isinstance(obj, (types.ModuleType, type)):
-        return False
-      try:
-        obj = getattr(obj, attribute)
-      except Exception:
-        return False
+  if drawn_from(obj):
+    return True
+  for attribute in attributes:
+    if not isinstance(obj, (types.ModuleType, type)):
+      return False   # past the namespaces: the value reached is walked
+    try:
+      obj = getattr(obj, attribute)
+    except Exception:
+      return False
     if drawn_from(obj):
       return True
   return False
