@@ -214,11 +214,30 @@ def compile_time_constant(cfg, x):
   return jax.jit(f)(x)
 
 
+def error_for_a_new_shape(cfg, x):
+  """Fresh closures over the weights and the flag alone (simple enough for
+  the inline matcher): three called as usual (stock's, the entry's miss, a
+  hit that gives the code its matcher), then one with a new shape, whose
+  trace raises the user's error when the flag is set (an inline hit whose
+  entry must trace a new signature, and fails)."""
+  w, flag = cfg[0], cfg[5]
+
+  def make():
+    def f(v):
+      if v.shape[0] != 2 and flag:
+        raise ValueError("this configuration takes two elements")
+      return jnp.sin(v * w)
+    return f
+  usual = [jax.jit(make())(x) for _ in range(3)]
+  return usual, jax.jit(make())(jnp.concatenate([x, x]))
+
+
 FEATURES = {f.__name__: f for f in (
     plain, shared_paths, nested, static_function, partial_default,
     cells_and_defaults, object_changed_in_place, drawn_at_trace_time,
     grad_of_closure, fori, while_loop, scan, cond, callable_object,
-    method_in_node_data, nested_static, jaxpr_static, compile_time_constant)}
+    method_in_node_data, nested_static, jaxpr_static, compile_time_constant,
+    error_for_a_new_shape)}
 
 
 def make_config(choice: dict):

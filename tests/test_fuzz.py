@@ -6,7 +6,8 @@ function arguments given to two different jitted functions, nested jits,
 defaults at once), eager control flow, a long-lived slotted object changed
 in place, a NumPy generator drawn from at trace time, and library wrappers' shapes (callable objects, bound methods in
 a pytree's node data, functions nested in static tuples, jaxprs passed
-statically, constants made under ``ensure_compile_time_eval``); each sequence
+statically, constants made under ``ensure_compile_time_eval``) and a trace
+that raises the user's error for a new shape on a hit; each sequence
 runs twice (the replay hits), with the cache and with stock jit on fresh
 objects, and every result, exception type, dtype, weak type and shape must
 agree. CI runs ``--fuzz-examples`` programs (default 200) from a fixed seed;

@@ -115,3 +115,33 @@ def test_arrays_are_freed_when_the_user_drops_them(route):
     assert s["hits"] >= 3   # the test is about a cache that is used
   else:   # kept by identity: never shared between function objects
     assert s["hits"] == 0
+
+
+def _raises_for_two_elements(w):
+  def f(x):
+    if x.shape[0] == 2:
+      raise ValueError("two elements")
+    return x * w[0]
+  return f
+
+
+def test_arrays_are_freed_after_a_hit_whose_new_signature_raises():
+  """A hit passes its function to the entry for the call (``Entry.caller``)
+  and clears it after, also when the trace of a new signature raises: the
+  entries hold none of the functions, and their arrays are freed."""
+  from jax_closure_cache.front import entries
+  x, two = jnp.ones(4), jnp.ones(2)
+  refs = []
+  for i in range(6):
+    w = jnp.full(1 << 16, float(i))
+    refs.append(weakref.ref(w))
+    assert float(jcc.jit(_raises_for_two_elements(w))(x)[0]) == float(i)
+    with pytest.raises(ValueError, match="two elements"):
+      jcc.jit(_raises_for_two_elements(w))(two)
+    del w
+  gc.collect()
+  assert [r() for r in refs] == [None] * 6
+  assert jcc.stats()["hits"] >= 3
+  stored = list(entries.entries._data.values())
+  assert stored and all(e.caller is None and e.walk is None
+                        for e in stored)

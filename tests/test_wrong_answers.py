@@ -476,3 +476,53 @@ def test_state_the_walk_cannot_read_by_value_is_stocks(how):
       _set(step)
       w = jnp.full(2, 1.0)
       np.testing.assert_allclose(run(w), _stock(run, w), rtol=1e-6)
+
+
+def _raises_on_three_rows(w):
+  def inner(x):
+    if x.shape[0] == 3:
+      raise ValueError(f"three rows for {w.shape}")
+    return jnp.tanh(x @ w)
+  return inner
+
+
+def _outcome(call):
+  try:
+    out = call()
+  except Exception as e:   # what a user's except clause would see
+    return type(e), str(e)
+  return out.shape, out.dtype, np.asarray(out).tolist()
+
+
+@pytest.mark.parametrize("path", ["generic", "front", "long_lived", "lower"])
+def test_an_error_tracing_a_new_signature_on_a_hit_is_stocks(path):
+  """A re-created closure that hits a stored entry, called with a shape
+  whose trace raises: the user's own exception, as stock raises it (the
+  generated hit once answered an AttributeError of its own), then the same
+  results as stock on the next calls. Through the generic hit, a code's
+  generated front, a long-lived wrapper called again and ``.lower``."""
+  good, bad = jnp.ones((2, 4)), jnp.ones((3, 4))
+  kept = {}
+
+  def run(seed):
+    w = jnp.full((4, 4), float(seed))
+    if path == "long_lived":
+      f = kept.setdefault(jcc.is_enabled(), jax.jit(_raises_on_three_rows(w)))
+    else:
+      f = jax.jit(_raises_on_three_rows(w))
+    if path == "lower":
+      return [_outcome(lambda: f(good)),
+              _outcome(lambda: f.lower(bad).compile()(bad))]
+    if path == "long_lived":
+      return [_outcome(lambda: f(good)), _outcome(lambda: f(bad)),
+              _outcome(lambda: f(good))]
+    # a fresh wrapper's first call is the hit itself
+    again = jax.jit(_raises_on_three_rows(w))
+    return [_outcome(lambda: f(bad)), _outcome(lambda: again(good))]
+
+  jcc.enable()
+  if path == "front":   # enough stored keys for the code's front class
+    for seed in range(4):
+      run(seed)
+  for seed in [1, 2, 3, 1, 2, 3]:   # replayed: hits from the fourth call
+    assert run(seed) == _stock(run, seed), seed

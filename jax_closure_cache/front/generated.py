@@ -33,8 +33,7 @@ from __future__ import annotations
 import functools
 import textwrap
 
-#: Filename of every generated front, so ``entries.calling_function`` recognises
-#: their frames (each has ``self``) without a registry that would grow.
+#: Filename of every generated front (in tracebacks and profiles).
 FILENAME = "<closure-cache front>"
 
 #: The hit, run with ``self``, ``f`` (its function), ``key``, ``entry`` (its
@@ -54,7 +53,8 @@ if getrefcount(f) > LONE:
   table[REF(f, table.pop)] = row
 # Spelled out for one and two arguments: a call through ``*args`` costs
 # the C++ dispatch about 0.2 us more. If it traces, the lifted function
-# finds ``self`` in this frame (entries.calling_function).
+# rebuilds ``f``, passed with the call (Entry.caller).
+entry.caller = f
 try:
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
@@ -64,8 +64,10 @@ try:
     res = entry.jitted(out, args[0], args[1])
   else:
     res = entry.jitted(out, *args)
-except Exception:
-  return self._retry_stock(key, args, kwargs)
+except Exception as e:
+  return RETRY_STOCK(self, key, args, kwargs, e)
+finally:
+  entry.caller = None
 if entry.traces != entry.checked:   # traced a new signature
   self._store(key, entry, out, args, kwargs)
 return res
@@ -76,8 +78,8 @@ def hit_function(env: dict):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
-  and LONE_REFS: the references to a function held by a wrapper alone, as
-  a front counts them)."""
+  RETRY_STOCK, and LONE_REFS: the references to a function held by a
+  wrapper alone, as a front counts them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
           + textwrap.indent(HIT, "  "))
   namespace = dict(env)

@@ -208,9 +208,9 @@ def miss(w, key, a, args, kwargs):
   try:
     # .trace() fills JAX's _infer_params cache, so the call below compiles
     # without tracing again; the Traced object yields the captured consts.
-    with entries.walked(w._fun, a):   # the trace takes this walk
+    with entries.calling(entry, w._fun, a):   # the trace takes this walk
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-    out = entry.jitted(a.leaves, *args, **kwargs)
+      out = entry.jitted(a.leaves, *args, **kwargs)
   except Exception as e:
     return retry_stock(w, key, args, kwargs, e)
   cost = time.perf_counter() - started   # trace + compile + first run
@@ -268,7 +268,8 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
     return
   if traced is None:
     try:
-      traced = entry.jitted.trace(leaves, *args, **kwargs)
+      with entries.calling(entry, w._fun):
+        traced = entry.jitted.trace(leaves, *args, **kwargs)
     except Exception as e:
       events.not_stored(w._user(), "retrace_failed",
                         f"tracing the new signature again failed: {e!r}")

@@ -75,16 +75,14 @@ class ClosureJitted(entries.JitWrapper):
 
   def __init__(self, fun, options: dict, options_key: tuple,
                lift_numpy: bool, auto_dynamic: bool | None = None):
-    self._fun = fun
     # Top-level plain functions may take the inline cache (_quick).
-    self._code = fun.__code__ if type(fun) is types.FunctionType else None
     if auto_dynamic is None:
       auto_dynamic = jit_options.auto_dynamic_default()
-    self._spec = (
+    spec = (
         jit_options.find_spec((options_key, lift_numpy, auto_dynamic))
         or jit_options.spec(options, options_key, lift_numpy, auto_dynamic))
-    self._stock = None
-    self._row = None   # this function object's row, once called
+    fill(self, fun, (
+        fun.__code__ if type(fun) is types.FunctionType else None, spec))
 
   # -- what jax.jit's result offers ------------------------------------------
   @property
@@ -155,7 +153,8 @@ class ClosureJitted(entries.JitWrapper):
       return self.stock().lower(*args, **kwargs)
     entry, leaves = found
     try:
-      lowered = entry.jitted.lower(leaves, *args)
+      with entries.calling(entry, self._fun):
+        lowered = entry.jitted.lower(leaves, *args)
     except Exception:   # a new signature whose lifted trace fails: stock's
       return self.stock().lower(*args, **kwargs)
     return trace_lookup.lowered_with_leaves(lowered, leaves)
@@ -223,11 +222,14 @@ class ClosureJitted(entries.JitWrapper):
     return self._call_slow(args, kwargs)
 
   def _call_entry(self, entry, key, leaves, args, kwargs):
-    """The shared jitted function of ``entry``, reading ``self._fun``."""
+    """The shared jitted function of ``entry``, for ``self._fun``."""
+    entry.caller = self._fun   # what a trace rebuilds
     try:
       out = entry.jitted(leaves, *args, **kwargs)
     except Exception as e:
       return miss.retry_stock(self, key, args, kwargs, e)
+    finally:
+      entry.caller = None
     if entry.traces != entry.checked:   # traced a new signature
       self._store(key, entry, leaves, args, kwargs)
     return out
@@ -316,8 +318,7 @@ class ClosureJitted(entries.JitWrapper):
     self._pin(entry, key, a.leaves)
     return self._call_entry(entry, key, a.leaves, args, kwargs)
 
-  # -- the slow paths (front/miss.py); these frames are where the lifted
-  # function finds this wrapper while tracing (entries.CALLERS)
+  # -- the slow paths (front/miss.py)
   def _miss(self, key, a, args, kwargs):
     return miss.miss(self, key, a, args, kwargs)
 
@@ -343,14 +344,29 @@ _HIT_ENV = {"MONITORING": _compat.monitoring_module,
             "RECORD_EVENT": _compat.jax.monitoring.record_event,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
-            "LONE_REFS": identity.LONE_REFS}
+            "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock}
 _hit = generated.hit_function(_HIT_ENV)
 
-entries.CALLERS.update({ClosureJitted.__call__.__code__,
-                        ClosureJitted._call_entry.__code__,
-                        ClosureJitted.lower.__code__,
-                        ClosureJitted._miss.__code__,
-                        ClosureJitted._store.__code__})
+
+
+def fill(w, fun, code_and_spec=None):
+  """The one way a wrapper's slots are set: ``w`` (allocated, not
+  initialised) wraps ``fun`` and has not been called (no stock object, no
+  row). ``code_and_spec``: its ``_code`` (for the inline cache; None for
+  anything but a plain function) and its options' ``_spec``; None for a
+  code's front class, which carries both as class attributes.
+
+  ``__init__`` computes the spec from the options and calls this; ``jit``'s
+  hot case calls it on an object it allocates; the C entrance
+  (``front/_entrance.c``) is this for a front class, compiled
+  (``tests/test_front_entrance.py`` checks they make the same wrapper).
+  Returns ``w``."""
+  w._fun = fun
+  if code_and_spec is not None:
+    w._code, w._spec = code_and_spec
+  w._stock = None
+  w._row = None   # this function object's row, once called
+  return w
 
 
 # -- the wrapper as a walkable value (a jitted function in a closure) --------
