@@ -61,6 +61,12 @@ def test_entrance_makes_the_wrapper_python_jit_makes():
   assert type(by_c) is not CJ and type(by_c).__base__ is CJ
   assert by_c._fun is f and by_c.__wrapped__ is f
   assert by_c._row is None and by_c._stock is None
+  # the one Python routine that sets a wrapper's slots makes the same
+  from jax_closure_cache.front import wrapper
+  by_fill = wrapper.fill(object.__new__(type(by_c)), f)
+  assert [getattr(by_fill, s) for s in ("_fun", "_code", "_spec", "_stock",
+                                         "_row")] == \
+      [getattr(by_c, s) for s in ("_fun", "_code", "_spec", "_stock", "_row")]
   with counting() as c:
     out = by_c(x)
   assert c == {"traces": 0, "compiles": 0}

@@ -11,7 +11,9 @@ callable. Called with one positional argument ``fun`` and no keywords, where
 ``fronts`` (a dict: code object -> class) has a class for ``fun.__code__``
 whose base is ``base``, it returns a new instance of that class with the
 three slots set to ``fun``, None and None. That is exactly what the Python
-``jit`` does on that path. Any other call is ``slow(*args, **kwargs)``.
+``jit`` does on that path (``wrapper.fill(object.__new__(cls), fun)``, the
+one Python routine that sets a wrapper's slots). Any other call is
+``slow(*args, **kwargs)``.
 
 Invariants:
 

@@ -34,6 +34,7 @@ from jax_closure_cache.key import closure
 _new_wrapper = object.__new__
 _FunctionType = types.FunctionType
 _ClosureJitted = wrapper.ClosureJitted
+_fill = wrapper.fill
 _fronts = inline.fronts
 _hot_spec = jit_options.hot_spec_cell()
 
@@ -61,21 +62,14 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
       (6.0, 8.0)
   """
   if not options and type(fun) is _FunctionType and fun.__closure__:
-    # The hot case (a re-created closure, every call): what __init__ does,
-    # without its frame.
+    # The hot case (a re-created closure, every call): __init__'s slots
+    # without its spec lookup (wrapper.fill).
     cls = _fronts.get(fun.__code__)
     if cls is not None:
       # A front carries its code and the hot spec as class attributes.
-      w = _new_wrapper(cls)
-      w._fun = fun
-      w._stock = w._row = None
-      return w
-    w = _new_wrapper(_ClosureJitted)
-    w._fun = fun
-    w._code = fun.__code__
-    w._spec = _hot_spec[0]
-    w._stock = w._row = None
-    return w
+      return _fill(_new_wrapper(cls), fun)
+    return _fill(_new_wrapper(_ClosureJitted), fun,
+                 (fun.__code__, _hot_spec[0]))
   return _jit_with_options(fun, options)
 
 
