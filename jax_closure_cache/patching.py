@@ -39,7 +39,7 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   callers look them up at call time (``_compat.CONTROL_FLOW_OWNERS``), and
   ``closure_convert`` (``_compat.CLOSURE_CONVERT_OWNERS``), but only where
   the attribute is still JAX's own function; and the memoized trace lookup
-  with the pjit functions around it (``_compat.TRACE_PATCH_POINTS``).
+  with the pjit functions around it (``_compat.trace.TRACE_PATCH_POINTS``).
   """
   from jax_closure_cache.control_flow import launchers
   from jax_closure_cache.front import convert
@@ -55,9 +55,9 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   # layer two: the closure key inside JAX's memoized trace lookup (a jax
   # carrying the upstream series has it natively, behind its option)
   # (only where the running jax has the seams it is written against:
-  # elsewhere the front runs alone, see _compat.TRACE_LOOKUP)
-  if not _compat.jax_carries_patch() and _compat.TRACE_LOOKUP:
-    for owner, name in _compat.TRACE_PATCH_POINTS:
+  # elsewhere the front runs alone, see _compat.trace.TRACE_LOOKUP)
+  if not _compat.jax_carries_patch() and _compat.trace.TRACE_LOOKUP:
+    for owner, name in _compat.trace.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += prebuilt_points()
   # in both modes: the closure key walks and rebuilds with the package's rules

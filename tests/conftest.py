@@ -19,9 +19,9 @@ PATCHED = jcc.mode() == "patched-jax"
 # front runs alone and layer two's tests are skipped, each saying why.
 from jax_closure_cache import _compat  # noqa: E402
 needs_trace_lookup = pytest.mark.skipif(
-    not _compat.TRACE_LOOKUP,
+    not _compat.trace.TRACE_LOOKUP,
     reason="layer two is not ported to this jax: "
-    + "; ".join(_compat.TRACE_LOOKUP_MISSING))
+    + "; ".join(_compat.trace.TRACE_LOOKUP_MISSING))
 
 # Prints whether `jit` caches on closure contents: three fresh closures (the
 # first is stock's, the second compiles the shared entry), one hit.

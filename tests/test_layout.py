@@ -119,3 +119,30 @@ def test_no_import_cycle():
     if name not in state:
       visit(name, [])
   assert cycles == []
+
+
+# JAX's own files, added to jax by the series (patches/): they import jax._src
+# as any module of jax does.
+SERIES_MODULES = {f"{PACKAGE}.lookup.closure_key", f"{PACKAGE}.lookup.closure_cache"}
+
+
+def test_only_the_compat_layer_imports_jaxs_private_modules():
+  """``_compat`` (its ``__init__`` and ``trace``) is the one place a JAX or
+  jaxlib private module is imported, lazy imports included; the series'
+  modules are JAX's own files."""
+  wrong = []
+  for name, path in MODULES.items():
+    if name.startswith(f"{PACKAGE}._compat") or name in SERIES_MODULES:
+      continue
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom):
+        targets = [node.module or ""]
+      elif isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+      else:
+        continue
+      wrong += [f"{name} imports {t}" for t in targets
+                if t.startswith(("jax._src", "jaxlib."))]
+  assert wrong == []

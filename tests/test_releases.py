@@ -17,15 +17,15 @@ def test_the_installed_release_is_in_the_one_table():
   assert jax.__version__ in _compat.SUPPORTED_RELEASES
   assert _compat.versions_match()
   assert _compat.SUPPORTED_RELEASES[jax.__version__] == (
-      "full" if _compat.TRACE_LOOKUP else "front")
+      "full" if _compat.trace.TRACE_LOOKUP else "front")
 
 
 def test_trace_lookup_seams_are_found_by_feature(monkeypatch):
-  assert _compat._trace_lookup_seams() == _compat.TRACE_LOOKUP_MISSING
+  assert _compat.trace._trace_lookup_seams() == _compat.trace.TRACE_LOOKUP_MISSING
   # 0.11's shape: FlatTree moved, ClosedJaxpr is Jaxpr itself
-  monkeypatch.setattr(_compat, "FlatTree", None)
-  monkeypatch.setattr(_compat, "ClosedJaxpr", _compat.Jaxpr)
-  missing = _compat._trace_lookup_seams()
+  monkeypatch.setattr(_compat.trace, "FlatTree", None)
+  monkeypatch.setattr(_compat.trace, "ClosedJaxpr", _compat.trace.Jaxpr)
+  missing = _compat.trace._trace_lookup_seams()
   assert any("FlatTree" in m for m in missing)
   assert any("ClosedJaxpr" in m for m in missing)
 
@@ -36,10 +36,10 @@ def test_front_alone_where_the_trace_lookup_is_missing(monkeypatch):
   """What a release without layer two's seams gets (0.11.x): enable()
   installs no trace-lookup patch, and re-created closures, static functions
   and eager control flow still hit with stock's results."""
-  monkeypatch.setattr(_compat, "TRACE_LOOKUP", False)
+  monkeypatch.setattr(_compat.trace, "TRACE_LOOKUP", False)
   jcc.enable()
-  pjit_module = _compat.TRACE_PATCH_POINTS[1][0]
-  assert pjit_module._infer_params is _compat.STOCK_INFER_PARAMS
+  pjit_module = _compat.trace.TRACE_PATCH_POINTS[1][0]
+  assert pjit_module._infer_params is _compat.trace.STOCK_INFER_PARAMS
   x = jnp.ones(4)
 
   def program(i):

@@ -103,9 +103,9 @@ def _param(p):
       return (frozenset, frozenset(items))
     except TypeError:
       raise closure.Uncacheable("unhashable", "a jaxpr parameter set") from None
-  if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
+  if t is _compat.trace.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
     return ("closed", structure(p.jaxpr), tuple(_const(c) for c in p.consts))
-  if t is _compat.Jaxpr:
+  if t is _compat.trace.Jaxpr:
     return ("jaxpr", structure(p))
   if isinstance(p, (np.dtype, enum.Enum, np.generic)):
     return (t, p)
@@ -141,7 +141,7 @@ def _join_closed(static: JaxprKey, consts):
   jaxpr = static.jaxpr()
   if jaxpr is None:
     raise AssertionError("rebuilding a jaxpr that no longer exists")
-  return _compat.ClosedJaxpr(jaxpr, list(consts))
+  return _compat.trace.ClosedJaxpr(jaxpr, list(consts))
 
 
 def _split_open(j):
@@ -152,6 +152,6 @@ def _join_open(static: JaxprKey, _):
   return static.jaxpr()
 
 
-values.register_wrapper(_compat.ClosedJaxpr, _split_closed, _join_closed)
-if _compat.Jaxpr is not _compat.ClosedJaxpr:   # one class from 0.11 on
-  values.register_wrapper(_compat.Jaxpr, _split_open, _join_open)
+values.register_wrapper(_compat.trace.ClosedJaxpr, _split_closed, _join_closed)
+if _compat.trace.Jaxpr is not _compat.trace.ClosedJaxpr:   # one class from 0.11 on
+  values.register_wrapper(_compat.trace.Jaxpr, _split_open, _join_open)

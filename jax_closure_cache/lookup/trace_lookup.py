@@ -5,7 +5,7 @@ The lookup itself is ``lookup/closure_cache.py`` over the key of
 ``lookup/closure_key.py``, the modules the upstream patch series adds to JAX
 as ``jax/_src/closure_cache.py`` and ``jax/_src/closure_key.py``: the same
 files run in both modes. What the series changes in JAX's own files, this module does
-by replacing the functions involved (``_compat.TRACE_PATCH_POINTS``):
+by replacing the functions involved (``_compat.trace.TRACE_PATCH_POINTS``):
 
 * ``pe.trace_to_jaxpr``: looked up by closure key first
   (``closure_cache.trace_to_jaxpr``); jit's cache-miss path, ``.trace``,
@@ -77,7 +77,7 @@ def own_code(code) -> None:
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   return closure_cache.trace_to_jaxpr(
-      _compat.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
+      _compat.trace.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
 
 
@@ -96,13 +96,13 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
 
 def _evict_weakref(fun) -> None:
   _cached.evict_weakref(fun)
-  _compat.STOCK_TRACE_TO_JAXPR.evict_weakref(fun)
+  _compat.trace.STOCK_TRACE_TO_JAXPR.evict_weakref(fun)
   closure_cache.evict(fun)
 
 
 def _cache_clear() -> None:
   _cached.cache_clear()
-  _compat.STOCK_TRACE_TO_JAXPR.cache_clear()
+  _compat.trace.STOCK_TRACE_TO_JAXPR.cache_clear()
 
 
 trace_to_jaxpr.evict_weakref = _evict_weakref
@@ -118,20 +118,20 @@ def call_shared(fun, a, leaves, args, kwargs):
   so ``.trace``, ``.lower`` and ``.eval_shape`` of any closure of the key
   find what calls stored. None when the trace lookup cannot serve ``fun``
   (the caller traces it itself), as on a jax without layer two's seams."""
-  if not _compat.TRACE_LOOKUP:
+  if not _compat.trace.TRACE_LOOKUP:
     return None
-  args_ft = _compat.FlatTree.flatten_static_argnums_argnames(
+  args_ft = _compat.trace.FlatTree.flatten_static_argnums_argnames(
       args, kwargs, (), ())
-  in_avals = args_ft.map(_compat.typeof)
+  in_avals = args_ft.map(_compat.trace.typeof)
   if any(aval.has_qdd for aval in in_avals):
     return None
   found = _shared_trace(closure.as_method(fun) or fun, a, in_avals,
-                       _compat.jit_debug_info(fun, args, kwargs),
+                       _compat.trace.jit_debug_info(fun, args, kwargs),
                        0)   # pjit's quasi-dynamic-data index: 0 without mutable arrays
   if found is None:
     return None
   jaxpr, consts, out_avals = found
-  out = _compat.eval_jaxpr(jaxpr, [*consts, *leaves], *args_ft.vals)
+  out = _compat.trace.eval_jaxpr(jaxpr, [*consts, *leaves], *args_ft.vals)
   return out_avals.update(out).unflatten()
 
 
@@ -145,13 +145,13 @@ def _shared_trace(fun, a, in_avals, debug_info, *context_for_cache_key):
   JAX has no other caller for, so the module the series adds stays without
   it."""
   found = closure_cache.find(fun, (in_avals, debug_info, context_for_cache_key,
-                                   _compat.trace_context()),
+                                   _compat.trace.trace_context()),
                              (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
   key, leaves, anchors, shared = found
   shared = closure_cache.trace_shared(
-      _compat.STOCK_TRACE_TO_JAXPR, shared, fun, key, leaves, anchors,
+      _compat.trace.STOCK_TRACE_TO_JAXPR, shared, fun, key, leaves, anchors,
       in_avals, debug_info, context_for_cache_key)
   if shared is None:
     return None
@@ -175,10 +175,10 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   ``separate_consts`` branch: the constants become the first arguments
   (with unspecified shardings and layouts, never donated) of the one
   lowering every closure of the key uses."""
-  p = _compat.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
+  p = _compat.trace.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
   if p.consts or not closure_cache.is_shared(p.params["jaxpr"]):
     return p
-  jaxpr, consts = _compat.separate_consts(p.params["jaxpr"])
+  jaxpr, consts = _compat.trace.separate_consts(p.params["jaxpr"])
   n = len(consts)
   params = dict(p.params)
   params["jaxpr"] = jaxpr
@@ -192,7 +192,7 @@ def infer_params(fun, ji, args, kwargs):
   """pjit's ``_infer_params``, noting the constants a shared jaxpr takes, for
   :func:`get_fastpath_data` right after."""
   _pending.consts = None
-  p, args_flat = _compat.STOCK_INFER_PARAMS(fun, ji, args, kwargs)
+  p, args_flat = _compat.trace.STOCK_INFER_PARAMS(fun, ji, args, kwargs)
   if _shared_constants(p.consts):
     # weakly: ``.trace()`` infers too, and nothing consumes it then
     _pending.consts = [weakref.ref(c) for c in p.consts]
@@ -209,10 +209,10 @@ def get_fastpath_data(executable, out_tree, args_flat, out_flat, effects,
   n = len(consts) if consts else 0
   if n and len(args_flat) >= n and all(
       a is c() for a, c in zip(args_flat, consts)):
-    return _compat.STOCK_GET_FASTPATH_DATA(
+    return _compat.trace.STOCK_GET_FASTPATH_DATA(
         executable, out_tree, args_flat[n:], out_flat, effects,
         consts_for_constvars, pgle_profiler, [*const_args, *args_flat[:n]])
-  return _compat.STOCK_GET_FASTPATH_DATA(
+  return _compat.trace.STOCK_GET_FASTPATH_DATA(
       executable, out_tree, args_flat, out_flat, effects,
       consts_for_constvars, pgle_profiler, const_args)
 
@@ -224,7 +224,7 @@ def dedup_consts(jaxpr, num_consts, const_ids):
   find the jaxpr built before (the same one, as eager dispatch needs)."""
   first: dict = {}
   pattern = tuple([first.setdefault(i, k) for k, i in enumerate(const_ids)])
-  return _compat.STOCK_DEDUP_CONSTS(jaxpr, num_consts, pattern)
+  return _compat.trace.STOCK_DEDUP_CONSTS(jaxpr, num_consts, pattern)
 
 
 def traced_lower(traced, **options):
@@ -232,11 +232,11 @@ def traced_lower(traced, **options):
   closure's leaves after the jaxpr's own hoisted constants, so
   ``.lower(x).compile()(x)`` takes the user's arguments alone. The lowering
   itself (cached, shared by every closure of the key) is not modified."""
-  lowered = _compat.STOCK_TRACED_LOWER(traced, **options)
+  lowered = _compat.trace.STOCK_TRACED_LOWER(traced, **options)
   consts = _compat.separated_constants(traced)
   if _shared_constants(consts):
-    _compat.set_lowering(lowered,
-                         _WithLeaves(_compat.lowering_of(lowered), consts))
+    _compat.trace.set_lowering(lowered,
+                         _WithLeaves(_compat.trace.lowering_of(lowered), consts))
   return lowered
 
 
@@ -248,11 +248,11 @@ def lowered_with_leaves(lowered, leaves):
   modified."""
   (_, *args_info), kwargs_info = lowered.args_info
   args_info = (tuple(args_info), kwargs_info)
-  in_types = _compat.lowered_in_types(lowered)
+  in_types = _compat.trace.lowered_in_types(lowered)
   if in_types is not None:
-    in_types = (_compat.tree_structure(args_info), in_types[1][len(leaves):])
-  return _compat.relowered(
-      lowered, _WithLeaves(_compat.lowering_of(lowered), leaves), args_info,
+    in_types = (_compat.trace.tree_structure(args_info), in_types[1][len(leaves):])
+  return _compat.trace.relowered(
+      lowered, _WithLeaves(_compat.trace.lowering_of(lowered), leaves), args_info,
       in_types)
 
 
@@ -298,10 +298,10 @@ def _with_cache_api(replacement, original):
 
 
 _with_cache_api(trace_to_jaxpr, _cached)
-_with_cache_api(dedup_consts, _compat.STOCK_DEDUP_CONSTS)
+_with_cache_api(dedup_consts, _compat.trace.STOCK_DEDUP_CONSTS)
 
 
-#: The replacement of each of ``_compat.TRACE_PATCH_POINTS``.
+#: The replacement of each of ``_compat.trace.TRACE_PATCH_POINTS``.
 REPLACEMENTS = {"trace_to_jaxpr": trace_to_jaxpr,
                 "_trace_for_jit": trace_for_jit,
                 "_infer_params": infer_params,

@@ -75,7 +75,7 @@ def check_patch_points() -> list[tuple[str, bool, str]]:
           _compat.monitoring_active(), bool),
       "trace lookup patch points": lambda: all(
           callable(getattr(owner, name))
-          for owner, name in _compat.TRACE_PATCH_POINTS),
+          for owner, name in _compat.trace.TRACE_PATCH_POINTS),
   }
   for name, check in checks.items():
     try:
@@ -104,9 +104,9 @@ def main(hook: str | None) -> int:
   print(f"  [info] mode: {jax_closure_cache.mode()}")
   print("  [info] layers on this release: " + (
       "1-3 (closure key, JAX's trace lookup, fast front)"
-      if _compat.TRACE_LOOKUP else
+      if _compat.trace.TRACE_LOOKUP else
       "1 and 3 (closure key, fast front); JAX's trace lookup is left stock: "
-      + "; ".join(_compat.TRACE_LOOKUP_MISSING)))
+      + "; ".join(_compat.trace.TRACE_LOOKUP_MISSING)))
   from jax_closure_cache.front import entrance
   print("  [info] fast front's C entrance: " + (
       "built" if entrance.entrance_built() else "not built (pure Python: about 0.15 us more per "

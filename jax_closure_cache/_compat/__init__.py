@@ -1,4 +1,5 @@
-"""The one module that touches JAX's private internals.
+"""The one package that touches JAX's private internals (this module, and
+``trace`` for layer two's seams in pjit, the trace lookup and stages).
 
 Supports the releases in ``SUPPORTED_RELEASES``: every name imported from
 ``jax._src`` or ``jaxlib`` below was read against jax 0.10.2, and where a
@@ -22,7 +23,8 @@ import os as _os
 
 # JAX hides its own frames from user tracebacks; ours are no more the user's
 # business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows them).
-_traceback_util.register_exclusion(_os.path.dirname(_os.path.abspath(__file__)))
+_traceback_util.register_exclusion(
+    _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
 
 #: The releases this package runs on, with what runs there (the one table
 #: ``doctor``, ``enable()`` and the activation hook read; jaxlib must be the
@@ -202,6 +204,7 @@ CONTROL_FLOW_OWNERS = (jax.lax, _internal_lax)
 #: in a frozenset, whose order follows their identity hashes, so no key of
 #: its contents would repeat.)
 JAX_PREBUILT_WRAPPERS = (("jax.experimental.ode", "_odeint_wrapper"),)
+from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402
 _PjitFunction = type(STOCK_JIT(lambda x: x))
 # Parameter names (besides a ``Callable`` annotation) that mark a static
 # argument as a function, for the report on other libraries' wrappers.
@@ -263,55 +266,8 @@ def stock_wrappers_in(module) -> list:
   return found
 
 
-# -- the memoized trace lookup (layer two: lookup/) ------------------------
+# -- jaxprs and treedefs (layer one's rules: key/) ---------------------------
 
-from jax._src import pjit as _pjit   # noqa: E402
-from jax._src.interpreters import partial_eval as _pe   # noqa: E402
-from jax._src.lax.control_flow import common as _control_flow_common   # noqa: E402
-from jax._src import stages as _stages   # noqa: E402
-try:   # 0.10: a class in tree_util; 0.11 moved it (see TRACE_LOOKUP)
-  from jax._src.tree_util import FlatTree   # noqa: E402,F401
-except ImportError:
-  FlatTree = None
-from jax._src.sharding_impls import UNSPECIFIED   # noqa: E402,F401
-
-#: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
-#: the pjit functions around it, as JAX defines them.
-# With the series applied, ``trace_to_jaxpr`` looks a function it has not
-# answered up by closure key and ``_trace_to_jaxpr`` is the uncached trace.
-STOCK_TRACE_TO_JAXPR = getattr(_pe, "_trace_to_jaxpr", _pe.trace_to_jaxpr)
-STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
-STOCK_INFER_PARAMS = _pjit._infer_params
-STOCK_GET_FASTPATH_DATA = _pjit._get_fastpath_data
-#: ``cond``/``switch`` merge their branches' constants with this, cached on
-#: the constants' ids (so on every call's own arrays).
-STOCK_DEDUP_CONSTS = _control_flow_common._dedup_consts
-#: ``Traced.lower``: its ``Lowered`` carries only the jaxpr's own hoisted
-#: constants as the arguments ``Compiled`` passes first.
-STOCK_TRACED_LOWER = _stages.Traced.lower
-Lowered = _stages.Lowered
-
-
-def lowering_of(lowered):
-  """The lowering a ``Lowered`` compiles (its ``const_args`` passed first)."""
-  return lowered._lowering
-
-
-def set_lowering(lowered, lowering) -> None:
-  lowered._lowering = lowering
-
-
-def relowered(lowered, lowering, args_info, in_types):
-  """A ``Lowered`` like ``lowered`` over ``lowering``, with its arguments'
-  info and ``(in_tree, in_avals)`` replaced."""
-  return Lowered(lowering, args_info, lowered.out_tree, lowered._no_kwargs,
-                 in_types, lowered._out_types)
-
-
-def lowered_in_types(lowered):
-  """``(in_tree, in_avals)`` of a ``Lowered``'s flat arguments, or None."""
-  return lowered._in_types
-tree_structure = jax.tree_util.tree_structure
 from jax._src.tree_util import default_registry as _default_registry   # noqa: E402
 
 
@@ -320,12 +276,6 @@ def make_treedef(like, node_data, children):
   ``children``, built as ``like``'s class builds one."""
   return like.from_node_data_and_children(_default_registry, node_data,
                                           children)
-ClosedJaxpr = _core.ClosedJaxpr
-Jaxpr = _core.Jaxpr
-Var = _core.Var
-separate_consts = getattr(_pe, "separate_consts", None)
-typeof = _core.typeof
-eval_jaxpr = _core.eval_jaxpr
 
 
 def bind_equation(eqn, ins: list) -> list:
@@ -337,44 +287,6 @@ def bind_equation(eqn, ins: list) -> list:
   with eqn.ctx.manager:
     out = eqn.primitive.bind(*subfuns, *ins, **params)
   return list(out) if eqn.primitive.multiple_results else [out]
-trace_context = _config.trace_context
-
-
-def jit_debug_info(fun, args, kwargs):
-  """The debug info pjit traces ``fun`` with (no static arguments)."""
-  return _api_util.debug_info("jit", fun, args, kwargs)
-
-#: (module, attribute) of each function layer two replaces; callers look
-#: them up as module globals at call time: ``pe.trace_to_jaxpr`` from pjit
-#: and the control-flow modules, the pjit ones from ``cache_miss`` and
-#: ``jit_trace``.
-def _trace_lookup_seams() -> list[str]:
-  """The seams layer two is written against that the running jax lacks
-  (empty on 0.10.2): checked by feature, not by version string."""
-  missing = []
-  if FlatTree is None:
-    missing.append("jax._src.tree_util.FlatTree (0.11 moved it to "
-                   "jax._src.flattree)")
-  if ClosedJaxpr is Jaxpr:
-    missing.append("a ClosedJaxpr distinct from Jaxpr (0.11 merged them, so "
-                   "one jaxpr shared by identity across closures cannot be "
-                   "closed over each one's leaves)")
-  if not hasattr(_pe, "separate_consts"):
-    missing.append("pe.separate_consts")
-  return missing
-
-
-#: Why layer two (the closure key inside JAX's trace lookup) cannot run on
-#: this jax; empty where it can. Where it cannot, ``enable()`` installs the
-#: front alone (layers one and three: ``jit``, control flow, static
-#: functions), which reads none of these seams.
-TRACE_LOOKUP_MISSING = _trace_lookup_seams()
-TRACE_LOOKUP = not TRACE_LOOKUP_MISSING
-
-TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
-                      (_pjit, "_infer_params"), (_pjit, "_get_fastpath_data"),
-                      (_control_flow_common, "_dedup_consts"),
-                      (_stages.Traced, "lower"))
 
 
 # -- monitoring ----------------------------------------------------------------
@@ -445,3 +357,7 @@ def _series_module(name: str):
   if jax_carries_patch():
     return importlib.import_module(f"jax._src.{name}")
   return importlib.import_module(f"jax_closure_cache.lookup.{name}")
+
+
+# Layer two's seams (pjit, the trace lookup, stages), in their own module.
+from jax_closure_cache._compat import trace   # noqa: E402,F401  (_compat.trace)
