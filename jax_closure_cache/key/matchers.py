@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import kept_by_identity
+from jax_closure_cache.key import match_plan
 from jax_closure_cache.key.code_plan import chain_value, code_plan, is_stable
 from jax_closure_cache.key.parts import (
-    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
     Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
@@ -27,42 +28,10 @@ _ModuleType = types.ModuleType
 _tree_flatten = _compat.jax.tree_util.tree_flatten
 
 
-# How a generated check says "not this key" (``_MatchSource.block``).
-_MISS = "return None"
-
-
-def _is_simple_part(part) -> bool:
-  """A key part that a value can be checked against without building a key:
-  a lifted array, an atom or float, a missing global, an identity object, a
-  pytree of those, a ``functools.partial`` of those, or a nested function (no
-  keyword defaults, no back-reference) whose cells, defaults and read globals
-  are all simple."""
-  if part is LIFTED or part is MISSING or part is NOCHAIN:
-    return True
-  if type(part) is tuple:
-    if len(part) == 2 and part[0] is DYN:
-      return True
-    if len(part) == 2 and part[0] is CYCLE:
-      return True
-    if len(part) == 3 and part[0] is TREE:
-      return all(map(_is_simple_part, part[2]))
-    if len(part) == 4 and part[0] is PARTIAL:
-      return all(map(_is_simple_part,
-                     (part[1], *part[2], *(p for _, p in part[3]))))
-    if len(part) == len(FnPart._fields) and part[0] is FN:
-      fn = FnPart._make(part)
-      return (fn.kwdefaults is None
-              and len(fn.globals) == len(code_plan(fn.code).global_names)
-              and all(map(_is_simple_part,
-                          (*fn.cells, *(fn.defaults or ()), *fn.globals,
-                           *fn.chains))))
-    # an atom, a float, or a value-hashed object (a frozen dataclass, an
-    # enum, a launcher's static parameters): checked by type and equality
-    # (a value keyed by a representation, such as a NumPy scalar's bytes,
-    # is not: the object itself would never equal its part)
-    return len(part) == 2 and (part[0] in ATOMS or part[0] is float or (
-        isinstance(part[0], type) and type(part[1]) is part[0]))
-  return not isinstance(part, Tag)
+class _MissIf(str):
+  """A check's condition: when it holds, the function does not match this
+  key. ``_MatchSource.block`` writes it as ``if <condition>: <miss>``."""
+  __slots__ = ()
 
 
 class _MatchSource:
@@ -89,7 +58,12 @@ class _MatchSource:
     # anchors anyway
     self.globals_by_id: dict[int, dict] = {}
 
-  def block(self, miss: str = _MISS) -> list[str]:
+  def miss_if(self, condition: str) -> None:
+    """A check at the block's own level: ``condition`` holds for a
+    function that does not match."""
+    self.lines.append(_MissIf(condition))
+
+  def block(self, miss: str = "return None") -> list[str]:
     """The checks with ``out`` made: when every leaf is one appended
     variable, the appends give way to one list display after the checks
     (cheaper than appends); else ``out = []`` comes first.
@@ -98,8 +72,8 @@ class _MatchSource:
     a matcher of its own (``compile_matcher``), ``break`` in the fast
     front's loop over a code's stored keys (``front/generated.py``). Every
     check says it as the last statement of an ``if`` at the block's own
-    level (``all_lifted``'s loop only breaks out of itself)."""
-    lines = [line[:-len(_MISS)] + miss if line.endswith(_MISS) else line
+    level (``miss_if``; ``all_lifted``'s loop only breaks out of itself)."""
+    lines = [f"    if {line}: {miss}" if type(line) is _MissIf else line
              for line in self.lines]
     appends = [line for line in lines if line.startswith("    out.")]
     if all(line.startswith("    out.append(") for line in appends):
@@ -118,41 +92,42 @@ class _MatchSource:
     return name
 
   def check(self, expr: str, part) -> None:
-    """Lines that return None unless ``expr`` keys to ``part``; lifted
-    arrays are appended to ``out`` in walk order."""
+    """Checks that ``expr`` keys to ``part``; lifted arrays are appended to
+    ``out`` in walk order."""
     add = self.lines.append
     v = f"v{len(self.lines)}"
     add(f"    {v} = {expr}")
     if part is LIFTED:
-      add(f"    if type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v})): return None")
+      self.miss_if(f"type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v}))")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is DYN:
-      add(f"    if type({v}) is not {self.bind(part[1])}: return None")
+      self.miss_if(f"type({v}) is not {self.bind(part[1])}")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is FN:
       self.function(v, part)
     elif type(part) is tuple and part[0] is CYCLE:
       # the same object as an earlier walked function (distinct otherwise)
-      add(f"    if {v} is not {self.by_index[part[1]]}: return None")
+      self.miss_if(f"{v} is not {self.by_index[part[1]]}")
     elif type(part) is tuple and part[0] is PARTIAL:
       _, func, args, keywords = part
       names = tuple(k for k, _ in keywords)
-      add(f"    if type({v}) is not partial or len({v}.args) != {len(args)} "
-          f"or tuple({v}.keywords) != {self.bind(names)}: return None")
+      self.miss_if(f"type({v}) is not partial or len({v}.args) != "
+                   f"{len(args)} or tuple({v}.keywords) != {self.bind(names)}")
       self.check(f"{v}.func", func)
       for j, p in enumerate(args):
         self.check(f"{v}.args[{j}]", p)
       for k, p in keywords:
         self.check(f"{v}.keywords[{k!r}]", p)
     elif (type(part) is tuple and part[0] is TREE and part[2]
-          and all(p is LIFTED for p in part[2]) and _plain_tree(part[1])):
+          and all(p is LIFTED for p in part[2])
+          and match_plan.plain_tree(part[1])):
       # dicts, lists and tuples of arrays (a params tree): read in place,
       # in the order tree_flatten would give, without flattening
       self.plain_tree(v, part[1])
     elif type(part) is tuple and part[0] is TREE:
       leaves, treedef = f"{v}_leaves", f"{v}_def"
       add(f"    {leaves}, {treedef} = tree_flatten({v})")
-      add(f"    if {treedef} != {self.bind(part[1])}: return None")
+      self.miss_if(f"{treedef} != {self.bind(part[1])}")
       if all(p is LIFTED for p in part[2]):   # the common params pytree
         self.all_lifted(leaves)
         add(f"    out.extend({leaves})")
@@ -160,25 +135,24 @@ class _MatchSource:
         for j, leaf_part in enumerate(part[2]):
           self.check(f"{leaves}[{j}]", leaf_part)
     elif type(part) is tuple and part[0] is float:
-      add(f"    if type({v}) is not float or float_key({v}) != "
-          f"{self.bind(part)}: return None")
+      self.miss_if(f"type({v}) is not float or float_key({v}) != "
+                   f"{self.bind(part)}")
     elif type(part) is tuple:
-      add(f"    if type({v}) is not {self.bind(part[0])} or {v} != "
-          f"{self.bind(part[1])}: return None")
+      self.miss_if(f"type({v}) is not {self.bind(part[0])} or {v} != "
+                   f"{self.bind(part[1])}")
     else:
-      add(f"    if {v} is not {self.bind(part)}: return None")
+      self.miss_if(f"{v} is not {self.bind(part)}")
 
   def all_lifted(self, xs: str) -> None:
-    """Lines that return None unless every element of ``xs`` is a liftable
-    array. The loop only breaks, and the one ``return None`` is a statement
-    of the matcher's own block, so the fast front can turn every
-    ``return None`` of a matcher into a ``break`` (front/generated.py)."""
+    """Checks that every element of ``xs`` is a liftable array. The loop
+    only breaks out of itself; its one miss is a check of the block's own
+    level, after it."""
     add = self.lines.append
     add(f"    for x in {xs}:")
     add(f"      if type(x) is not ArrayImpl or (x.{COMMITTED} and kept_by_identity(x)): break")
     add("    else:")
     add("      x = ALL_LIFTED")
-    add("    if x is not ALL_LIFTED: return None")
+    self.miss_if("x is not ALL_LIFTED")
 
   def plain_tree(self, e: str, treedef) -> None:
     """Checks that variable ``e`` has the structure ``treedef`` (dicts,
@@ -191,11 +165,10 @@ class _MatchSource:
     if kind is dict:
       # Every key is read below (a missing one raises KeyError: no match),
       # so equal lengths mean equal key sets.
-      add(f"    if type({e}) is not dict or len({e}) != {n}: return None")
+      self.miss_if(f"type({e}) is not dict or len({e}) != {n}")
       items = [f"{e}[{self.literal(k)}]" for k in keys]
     else:
-      add(f"    if type({e}) is not {self.bind(kind)} or len({e}) != {n}: "
-          "return None")
+      self.miss_if(f"type({e}) is not {self.bind(kind)} or len({e}) != {n}")
       items = [f"{e}[{i}]" for i in range(n)]
     if (n > _STRAIGHT_LINE and
         all(c.num_nodes == 1 and c.num_leaves == 1 for c in children)):
@@ -211,7 +184,7 @@ class _MatchSource:
       if child.num_nodes == 1 and child.num_leaves == 1:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")
-        add(f"    if type({x}) is not ArrayImpl or ({x}.{COMMITTED} and kept_by_identity({x})): return None")
+        self.miss_if(f"type({x}) is not ArrayImpl or ({x}.{COMMITTED} and kept_by_identity({x}))")
         add(f"    out.append({x})")
       else:
         x = f"{e}_{i}"
@@ -220,79 +193,79 @@ class _MatchSource:
 
   def function(self, f: str, part) -> None:
     """Checks of the function in variable ``f`` against an ``FN`` part, in
-    the walk's order: cells, defaults, read globals.
+    the walk's order: what the function is, cells, defaults, read globals,
+    attribute chains."""
+    fn = FnPart._make(part)
+    self.functions.append(f)
+    self.by_index[fn.index] = f
+    get = self._function_itself(f, fn)
+    for i, p in enumerate(fn.cells):
+      self.check(f"{f}.__closure__[{i}].cell_contents", p)
+    for i, p in enumerate(fn.defaults or ()):
+      self.check(f"{f}_d[{i}]", p)
+    for name, p in zip(code_plan(fn.code).global_names, fn.globals):
+      self.check(f"{get}({name!r}, MISSING)", p)
+    self._chains(f, fn)
+
+  def _function_itself(self, f: str, fn) -> str:
+    """Checks that ``f`` is a function of the part's code, globals dict and
+    number of defaults, with no attributes of its own and no keyword-only
+    defaults; returns the expression that reads one of its globals.
 
     The globals dict is compared by id: the part holds only its id, and a
     match is used only while its entry, which anchors that dict, is alive.
     """
-    fn = FnPart._make(part)
-    index, code, gid, cells, defaults, globs, chains = (
-        fn.index, fn.code, fn.globals_id, fn.cells, fn.defaults, fn.globals,
-        fn.chains)
     add = self.lines.append
-    self.functions.append(f)
-    self.by_index[index] = f
-    g = self.globals_by_id.get(gid)
+    g = self.globals_by_id.get(fn.globals_id)
     same_globals = (f"{f}.__globals__ is not {self.bind(g)}" if g is not None
-                    else f"id({f}.__globals__) != {gid}")
-    # Once the dict is known to be ``g``, its globals are read through
-    # ``g.get`` bound once (one attribute read fewer per global).
-    get = (self.bind(g.get) if g is not None else f"{f}.__globals__.get")
+                    else f"id({f}.__globals__) != {fn.globals_id}")
     # no defaults: tested with the rest (the top function's usual case)
-    no_defaults = f" or {f}.__defaults__ is not None" if defaults is None else ""
+    no_defaults = (f" or {f}.__defaults__ is not None"
+                   if fn.defaults is None else "")
     # A function with attributes of its own has no key (the walk refuses
     # it). Only code that reaches a function as a value can read them: the
     # top function only through a reference to itself (reading ``__dict__``
     # makes a dict, about 0.3 us on the hit path, so it is skipped there
     # otherwise).
     attributes = (f" or {f}.__dict__ and own_attributes({f})"
-                  if index != 0 or self.self_referenced else "")
-    if index == 0:
+                  if fn.index != 0 or self.self_referenced else "")
+    if fn.index == 0:
       # The top function: callers look the matcher up by the code of a
       # plain function (``_quick[fun.__code__]``), so type and code hold.
-      add(f"    if {same_globals} or {f}.__kwdefaults__ is not None"
-          f"{no_defaults}{attributes}: return None")
+      self.miss_if(f"{same_globals} or {f}.__kwdefaults__ is not None"
+                   f"{no_defaults}{attributes}")
     else:
-      add(f"    if (type({f}) is not FunctionType or {f}.__code__ is not "
-          f"{self.bind(code)} or {same_globals} "
-          f"or {f}.__kwdefaults__ is not None{no_defaults}{attributes}): "
-          "return None")
-    # analyse keys a function of jax, numpy or the standard library by
-    # identity instead
-    if part[1] != 0:
-      add(f"    if {f}.__closure__ is None and is_stable({f}): return None")
-    if defaults is not None:
+      self.miss_if(f"type({f}) is not FunctionType or {f}.__code__ is not "
+                   f"{self.bind(fn.code)} or {same_globals} "
+                   f"or {f}.__kwdefaults__ is not None{no_defaults}"
+                   f"{attributes}")
+      # analyse keys a function of jax, numpy or the standard library by
+      # identity instead
+      self.miss_if(f"{f}.__closure__ is None and is_stable({f})")
+    if fn.defaults is not None:
       add(f"    {f}_d = {f}.__defaults__")
-      add(f"    if {f}_d is None or len({f}_d) != {len(defaults)}: return None")
-    for i, p in enumerate(cells):
-      self.check(f"{f}.__closure__[{i}].cell_contents", p)
-    for i, p in enumerate(defaults or ()):
-      self.check(f"{f}_d[{i}]", p)
-    for name, p in zip(code_plan(code).global_names, globs):
-      self.check(f"{get}({name!r}, MISSING)", p)
+      self.miss_if(f"{f}_d is None or len({f}_d) != {len(fn.defaults)}")
+    # Once the dict is known to be ``g``, its globals are read through
+    # ``g.get`` bound once (one attribute read fewer per global).
+    return self.bind(g.get) if g is not None else f"{f}.__globals__.get"
+
+  def _chains(self, f: str, fn) -> None:
+    """Checks of the values the function's attribute chains reach."""
+    code = fn.code
     names = code_plan(code).global_names
-    for chain, p in zip(code_plan(code).chains, chains):
+    for chain, p in zip(code_plan(code).chains, fn.chains):
       kind, name, _ = chain
       if p is NOCHAIN:
         # The base is checked above: by identity when it is a module or a
         # class (then whether it is one of the user's is settled), or by its
         # own key otherwise (then it is not a namespace either).
-        base = (globs[names.index(name)] if kind == "global" else
-                cells[code.co_freevars.index(name)]
+        base = (fn.globals[names.index(name)] if kind == "global" else
+                fn.cells[code.co_freevars.index(name)]
                 if name in code.co_freevars else None)
         if base is not None and not isinstance(base, Tag) and (
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
-
-
-def _refers_to_top(part) -> bool:
-  """Whether a key holds a reference back to its top function."""
-  if type(part) is not tuple:
-    return False
-  if len(part) == 2 and part[0] is CYCLE:
-    return part[1] == 0
-  return any(map(_refers_to_top, part))
 
 
 def own_attributes(f) -> bool:
@@ -301,55 +274,10 @@ def own_attributes(f) -> bool:
   return bool(f.__dict__.keys() - {"__wrapped__"}) and not is_stable(f)
 
 
-_REACH_NODES = 4096   # past it, a globals dict is compared by id
 # Nodes of up to this many leaves are read item by item in straight-line
 # code, which costs about half the gather-and-loop form's per small dict.
 _STRAIGHT_LINE = 8
 _ALL_LIFTED = object()   # a loop over leaves ended without a mismatch
-# Whether a cell holds a value: layer two's test, shared.
-_filled = _compat.closure_key_module().cell_filled
-
-
-def _plain_tree(treedef, budget: int = 4096) -> bool:
-  """Whether ``treedef`` has only dict, list and tuple nodes above its
-  leaves (so a matcher can read it in place), in at most ``budget`` nodes."""
-  if treedef.num_nodes > budget:
-    return False
-  pending = [treedef]
-  while pending:
-    t = pending.pop()
-    if t.num_nodes == 1 and t.num_leaves == 1:
-      continue
-    data = t.node_data()
-    if data is None or data[0] not in (dict, list, tuple) or not t.children():
-      return False
-    pending.extend(t.children())
-  return True
-
-
-def _globals_reached(fun) -> dict:
-  """id -> globals dict of every function a walk of ``fun`` can reach."""
-  found = {}
-  pending = [fun]
-  seen = set()
-  while pending and len(seen) < _REACH_NODES:   # unfound: compared by id
-    f = pending.pop()
-    if id(f) in seen:
-      continue
-    seen.add(id(f))
-    if type(f) is _FunctionType:
-      found[id(f.__globals__)] = f.__globals__
-      values = [c.cell_contents for c in (f.__closure__ or ())
-                if _filled(c)] + list(f.__defaults__ or ())
-      values += [f.__globals__.get(n) for n in code_plan(f.__code__).global_names]
-      pending.extend(values)
-    elif type(f) is functools.partial:
-      pending.extend([f.func, *f.args, *f.keywords.values()])
-    elif type(f) in (list, tuple):
-      pending.extend(f)
-    elif type(f) is dict:
-      pending.extend(f.values())
-  return found
 
 
 def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
@@ -359,7 +287,7 @@ def quick_matcher(fun, key) -> "Callable[[Any], list | None] | None":
   code object (the callers' lookup guarantees both), ``match(f)`` is
   ``f``'s lifted leaves exactly when ``analyse(f).key == key``, and None
   otherwise; or returns None itself
-  when some part of ``key`` is not simple (:func:`_is_simple_part`).
+  when some part of ``key`` is not simple (:func:`match_plan.simple_part`).
   ``match`` is generated for this key, like a ``dataclasses`` method, so it
   reads each value once with no key to build; every object it compares with
   is bound by name, never written into the source. Nested functions must be
@@ -385,20 +313,21 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   """The checks of :func:`quick_matcher` for ``key`` as source lines (a
   block indented by four spaces that reads the function in ``f``, appends
   the lifted leaves to ``out``, may raise, and says "no match" only by a
-  ``return None`` statement of its own level), with the objects they name
+  ``return None`` statement of its own level: ``_MatchSource.block``'s
+  default ``miss``), with the objects they name
   (bound as ``prefix`` and a number); or None when some part of ``key`` is
   not simple."""
   if (type(fun) is not _FunctionType or type(key) is not tuple
-      or key[0] is not FN or not _is_simple_part(key)
+      or key[0] is not FN or not match_plan.simple_part(key)
       or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
     return None
   src = _MatchSource(prefix)
-  src.self_referenced = _refers_to_top(key)
-  src.globals_by_id = _globals_reached(fun)
+  src.self_referenced = match_plan.refers_to_top(key)
+  src.globals_by_id = match_plan.globals_reached(fun)
   src.function("f", key)
   if len(src.functions) > 1:
     ids = ", ".join(f"id({f})" for f in src.functions)
-    src.lines.append(f"    if len({{{ids}}}) != {len(src.functions)}: return None")
+    src.miss_if(f"len({{{ids}}}) != {len(src.functions)}")
   src.name = key[2].co_name
   src.globals_by_id = {}   # what is compared is bound in env; hold no more
   return src

@@ -1,0 +1,115 @@
+"""Which stored keys get a generated matcher, and what the matcher binds.
+
+A key is *simple* when a value can be checked against each of its parts
+without building a key (``simple_part``); a simple key's matcher compares
+the globals dicts of the functions it reaches by identity
+(``globals_reached``), reads plain dict/list/tuple trees in place
+(``plain_tree``), and checks the top function's own attributes only when
+the key refers back to it (``refers_to_top``). ``key/matchers.py``
+generates the checks.
+
+Invariants: these are pure functions of a key (and, for
+``globals_reached``, of the function it was analysed from); they hold
+nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+from jax_closure_cache import _compat
+from jax_closure_cache.key.code_plan import code_plan
+from jax_closure_cache.key.parts import (
+    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    Tag)
+
+_FunctionType = types.FunctionType
+REACH_NODES = 4096   # past it, a globals dict is compared by id
+# Whether a cell holds a value: layer two's test, shared.
+_filled = _compat.closure_key_module().cell_filled
+
+
+def simple_part(part) -> bool:
+  """A key part that a value can be checked against without building a key:
+  a lifted array, an atom or float, a missing global, an identity object, a
+  pytree of those, a ``functools.partial`` of those, or a nested function (no
+  keyword defaults, no back-reference) whose cells, defaults and read globals
+  are all simple."""
+  if part is LIFTED or part is MISSING or part is NOCHAIN:
+    return True
+  if type(part) is tuple:
+    if len(part) == 2 and part[0] is DYN:
+      return True
+    if len(part) == 2 and part[0] is CYCLE:
+      return True
+    if len(part) == 3 and part[0] is TREE:
+      return all(map(simple_part, part[2]))
+    if len(part) == 4 and part[0] is PARTIAL:
+      return all(map(simple_part,
+                     (part[1], *part[2], *(p for _, p in part[3]))))
+    if len(part) == len(FnPart._fields) and part[0] is FN:
+      fn = FnPart._make(part)
+      return (fn.kwdefaults is None
+              and len(fn.globals) == len(code_plan(fn.code).global_names)
+              and all(map(simple_part,
+                          (*fn.cells, *(fn.defaults or ()), *fn.globals,
+                           *fn.chains))))
+    # an atom, a float, or a value-hashed object (a frozen dataclass, an
+    # enum, a launcher's static parameters): checked by type and equality
+    # (a value keyed by a representation, such as a NumPy scalar's bytes,
+    # is not: the object itself would never equal its part)
+    return len(part) == 2 and (part[0] in ATOMS or part[0] is float or (
+        isinstance(part[0], type) and type(part[1]) is part[0]))
+  return not isinstance(part, Tag)
+
+
+def refers_to_top(part) -> bool:
+  """Whether a key holds a reference back to its top function."""
+  if type(part) is not tuple:
+    return False
+  if len(part) == 2 and part[0] is CYCLE:
+    return part[1] == 0
+  return any(map(refers_to_top, part))
+
+
+def plain_tree(treedef, budget: int = 4096) -> bool:
+  """Whether ``treedef`` has only dict, list and tuple nodes above its
+  leaves (so a matcher can read it in place), in at most ``budget`` nodes."""
+  if treedef.num_nodes > budget:
+    return False
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    if t.num_nodes == 1 and t.num_leaves == 1:
+      continue
+    data = t.node_data()
+    if data is None or data[0] not in (dict, list, tuple) or not t.children():
+      return False
+    pending.extend(t.children())
+  return True
+
+
+def globals_reached(fun) -> dict:
+  """id -> globals dict of every function a walk of ``fun`` can reach."""
+  found = {}
+  pending = [fun]
+  seen = set()
+  while pending and len(seen) < REACH_NODES:   # unfound: compared by id
+    f = pending.pop()
+    if id(f) in seen:
+      continue
+    seen.add(id(f))
+    if type(f) is _FunctionType:
+      found[id(f.__globals__)] = f.__globals__
+      values = [c.cell_contents for c in (f.__closure__ or ())
+                if _filled(c)] + list(f.__defaults__ or ())
+      values += [f.__globals__.get(n) for n in code_plan(f.__code__).global_names]
+      pending.extend(values)
+    elif type(f) is functools.partial:
+      pending.extend([f.func, *f.args, *f.keywords.values()])
+    elif type(f) in (list, tuple):
+      pending.extend(f)
+    elif type(f) is dict:
+      pending.extend(f.values())
+  return found
