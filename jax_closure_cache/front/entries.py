@@ -266,7 +266,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
         if out is not None:
           return out
       return rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
-    return closure.watched(current, trace)
+    return trace_lookup.closure_cache.StateWatch.run(current, trace)
 
   trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__

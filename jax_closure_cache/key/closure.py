@@ -67,16 +67,11 @@ from jax_closure_cache.key.parts import (
 #: either budget an object is kept by identity.
 OBJECT_DEPTH_BUDGET = 3
 OBJECT_VALUES_BUDGET = 256
-
-
 #: At most this many functions are walked for one key (helpers reached
 #: through globals, nested closures); past it the function is stock's.
 FUNCTION_BUDGET = 128
 
-
 _key = _compat.closure_key_module()
-
-
 _tree_flatten = jax.tree_util.tree_flatten
 _PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten
@@ -406,15 +401,3 @@ def analyse(fun: Callable, lift_numpy: bool = False,
   else:
     a.key = a.value(as_method(fun) or fun)
   return a
-
-
-def watched(fun, call):
-  """``call()`` (a trace of a rebuilt ``fun``) with the state ``fun``
-  reaches watched: the closure key's ``StateWatch.run``."""
-  return _compat.closure_cache_module().StateWatch.run(fun, call)
-
-
-def state_watch(fun):
-  """A snapshot of the mutable state ``fun`` reaches (``.restore()`` puts
-  it back): the closure key's own ``StateWatch``."""
-  return _compat.closure_cache_module().StateWatch(fun)

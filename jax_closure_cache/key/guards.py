@@ -152,11 +152,10 @@ def made_by_trace(fun, a, args, kwargs, captured: list,
   in value; neither is returned. Side effects of the second trace are undone
   (the closure key's ``StateWatch``)."""
   from jax_closure_cache.key import rebuild
-  from jax_closure_cache.key.closure import state_watch
 
   def again(leaves, *args, **kwargs):
     return rebuild.rebuild(fun, a.key, leaves)(*args, **kwargs)
-  watch = state_watch(fun)
+  watch = _compat.closure_cache_module().StateWatch(fun)
   try:
     second = jax.make_jaxpr(again)(a.leaves, *args, **kwargs).consts
   except Exception:   # the second trace fails: nothing is known to be made
