@@ -5,6 +5,7 @@ retrace after the closure changes and give the twin's fresh answer instead
 of its stale one."""
 
 import gc
+import os
 import weakref
 
 import jax.numpy as jnp
@@ -96,18 +97,38 @@ def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
 
 
 def test_long_lived_wrapper_calls_stocks_object_directly():
-  """After its first call a stock-owned wrapper's ``__call__`` is stock's
-  jitted object itself, so no Python frame of the cache runs per call."""
+  """After its first call a stock-owned wrapper calls stock's jitted object
+  itself (``__call__`` is stock's object), so no Python frame of the cache
+  runs per call; every such wrapper of one class shares one direct class,
+  which holds nothing of the user's."""
+  import sys
   x = jnp.arange(3.0)
-  w = jnp.full(3, 2.0)
-  f = jcc.jit(lambda v: v * w)
-  f(x)
-  f(x)
-  call = type(f).__dict__["__call__"]
-  assert isinstance(call, staticmethod)
-  assert type(call.__func__) is type(STOCK_JIT(lambda v: v))
-  assert isinstance(f, jcc.ClosureJitted)
-  np.testing.assert_array_equal(f(x), 2.0 * x)
+  made = []
+  # two codes, so both are their code's first object: stock-owned
+  for k, mk in ((2.0, lambda w: lambda v: v * w),
+                (3.0, lambda w: lambda v: w * v)):
+    f = jcc.jit(mk(jnp.full(3, k)))
+    f(x)
+    f(x)
+    assert type(f.__call__) is type(STOCK_JIT(lambda v: v))
+    assert f.__call__ is f.stock()
+    assert isinstance(f, jcc.ClosureJitted)
+    made.append(f)
+  assert type(made[0]) is type(made[1])
+  assert "__call__" in type(made[0]).__dict__
+  package = os.path.dirname(jcc.__file__)
+  frames = []
+
+  def profile(frame, event, arg):
+    if event == "call" and frame.f_code.co_filename.startswith(package):
+      frames.append(frame.f_code.co_name)
+  sys.setprofile(profile)
+  try:
+    out = made[1](x)
+  finally:
+    sys.setprofile(None)
+  assert frames == []
+  np.testing.assert_array_equal(out, 3.0 * x)
 
 
 def test_rows_keep_nothing_alive():

@@ -11,6 +11,7 @@ replaced (the hot path holds them); ``clear()`` empties them.
 
 from __future__ import annotations
 
+import operator
 import sys
 import weakref
 
@@ -88,23 +89,27 @@ def remember(table: dict, fun, row) -> None:
 
 
 def direct(wrapper, owned) -> None:
-  """Make calls of ``wrapper`` go straight to stock's ``owned``: a class of
-  its own whose ``__call__`` is ``owned`` itself, so no Python frame of ours
-  runs (within a few percent of calling stock's object). Done only for a
-  wrapper called twice, i.e. a long-lived one."""
+  """Make calls of ``wrapper`` go straight to stock's ``owned``, with no
+  Python frame of ours (within a few percent of calling stock's object).
+  Done only for a wrapper called twice, i.e. a long-lived one.
+
+  The wrapper moves to its class's *direct* subclass, made once per class:
+  its ``__call__`` is a property that returns the wrapper's ``_stock``, so
+  the interpreter calls that object (C all the way). The class holds
+  nothing of the user's; the wrapper holds ``owned`` as before."""
+  wrapper._stock = owned
   cls = type(wrapper)
-  direct = type(cls.__name__, (cls,), {
-      "__slots__": (), "__call__": staticmethod(owned),
-      "__del__": _drop_direct, "__module__": cls.__module__,
-      "__qualname__": cls.__qualname__, "_direct": True})
-  wrapper.__class__ = direct
+  if cls._direct:
+    return
+  made = cls.__dict__.get("_direct_class")
+  if made is None:
+    made = type(cls.__name__, (cls,), {
+        "__slots__": (), "__call__": property(_stock_of_wrapper),
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "_direct": True})
+    cls._direct_class = made
+  wrapper.__class__ = made
 
 
-def _drop_direct(self) -> None:
-  # A class is freed only by the cycle collector; the stock object it names
-  # (and the arrays that object's function closes over) must not wait for it.
-  try:
-    del type(self).__call__   # back to the class it was made from
-  except Exception:
-    pass
+_stock_of_wrapper = operator.attrgetter("_stock")
 
