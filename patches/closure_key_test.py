@@ -158,10 +158,11 @@ class ClosureKeyTest(jtu.JaxTestCase):
     make = lambda w: jax.jit(lambda v: v * w)
     for s in range(3):
       make(jnp.full(3, float(s)))(jnp.ones(3))
-    self.assertNotEqual(len(closure_cache._last_key), 0)
+    self.assertNotEqual(len(closure_cache._first), 0)
     jax.clear_caches()
     self.assertEqual(closure_cache.traces.cache_keys(), [])
-    self.assertEqual(len(closure_cache._last_key), 0)
+    self.assertEqual(len(closure_cache._last_key) + len(closure_cache._first),
+                     0)
 
   # -- patch 3: pjit, the stages and the fast path
 

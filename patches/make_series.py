@@ -66,10 +66,11 @@ MESSAGES = (
      "compile each time. With the new jax_closure_cache option (default off),\n"
      "a function the lookup has not answered is looked up by its closure key:\n"
      "its code and the values its code reads, with closed-over arrays\n"
-     "abstracted to their types. The first function of a key is traced as\n"
-     "usual; the second is traced once with its arrays as arguments, and every\n"
-     "later one gets that Jaxpr closed over its own arrays. Nothing is shared\n"
-     "when the trace captured an array the key does not cover.\n"),
+     "abstracted to their types. The first function object of a code is\n"
+     "traced as usual, every time; a later one is traced once per key with its\n"
+     "arrays as arguments, and every later one of the key gets that Jaxpr\n"
+     "closed over its own arrays. Nothing is shared when the trace captured\n"
+     "an array the key does not cover.\n"),
     ("pjit: pass a shared jaxpr's constants as arguments",
      "pjit's separate_consts branch, the C++ fast path and the ahead-of-time\n"
      "stages pass a shared jaxpr's constants as arguments, so closures of one\n"

@@ -262,3 +262,57 @@ def test_fresh_closures_answer_and_hit_alike_in_both_modes(tmp_path):
                              rtol=1e-6)
   assert monkey == patched
   assert monkey["hits"] >= 5 and monkey["fallbacks"] == 0, monkey
+
+
+_FIRST_OBJECTS = """
+import json, sys
+import numpy as np, jax, jax.numpy as jnp
+from jax._src import test_util as jtu
+if sys.argv[1] == "front":
+  import jax_closure_cache as jcc
+  jcc.enable()
+else:   # the series alone: JAX's option, no package
+  jax.config.update("jax_closure_cache", True)
+x = jnp.ones(3)
+
+def make(w, tag):
+  def f(v):
+    return v * w if tag == "a" else v - w
+  return f
+out, compiles, first = [], [], None
+for s, tag in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "a"), (6, "b")]:
+  f = make(jnp.asarray(float(s)), tag)
+  first = first or jax.jit(f)
+  with jtu.count_jit_compilation_cache_miss() as c:
+    out.append(np.asarray(jax.jit(f)(x)).tolist())
+  compiles.append(c())
+with jtu.count_jit_compilation_cache_miss() as c:
+  out.append(np.asarray(first(x)).tolist())   # the code's first object again
+compiles.append(c())
+print(json.dumps({"out": out, "compiles": compiles}))
+"""
+
+
+@needs_pristine_jax
+def test_the_front_and_the_series_alone_share_one_first_object_rule(tmp_path):
+  """A code's first function object is stock's, every later one shares its
+  key's trace, in the front and in the series alone (JAX's option on, no
+  package): a second key of the code compiles once, not first as stock and
+  then again shared (the series' per-key rule did); the first object called
+  again is stock's own executable. Same results and compiles per call."""
+  target = tmp_path / "site"
+  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
+  assert patch_tool.apply(str(target))[0] == patch_tool.OK
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  runs = []
+  for mode, extra in (("front", {}), ("series", {"PYTHONPATH": str(target)})):
+    out = subprocess.run([sys.executable, "-c", _FIRST_OBJECTS, mode],
+                         env=dict(env, **extra), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs.append(json.loads(out.stdout.splitlines()[-1]))
+  front, series = runs
+  assert front == series
+  assert front["compiles"] == [1, 1, 1, 0, 0, 0, 0]
+

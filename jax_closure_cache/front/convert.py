@@ -86,7 +86,7 @@ def closure_convert(fun, *example_args):
   answered = _answered.get(fun)
   if answered is not None and signature in answered:
     return answered[signature], []
-  if entries.first_object_of_code(fun.__code__):
+  if entries.first_object(fun, fun.__code__):
     # The first object of a code is stock's (a long-lived function keeps
     # stock's own trace and cache).
     _stocks.add(fun)

@@ -16,7 +16,8 @@ Invariants:
   after it), so nothing of a call outlives it. Two threads calling one
   entry at once may trace either caller's function: both matched the
   entry's key, so either traces what the shared executable computes.
-* The first function object of a code is stock's (``first_object_of_code``);
+* The first function object of a code is stock's (``first_object``, the
+  closure cache module's rule);
   a code whose lifted trace failed where stock's did not is stock's from then
   on (``unliftable``).
 """
@@ -48,27 +49,30 @@ _compat.register_cache(cache.jax_handle, "jax_closure_cache entries")
 # Codes whose lifted trace failed (or leaked a tracer) where stock's did not.
 unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 cache.register_clear_hook(unliftable.clear)
-# Code objects that have had one function object jitted: the first object of
-# a code is stock's; the second compiles the shared lifted entry.
-_codes_seen: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
-cache.register_clear_hook(_codes_seen.clear)
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
 ALWAYS_SHARED: set[types.CodeType] = set()
 
 
-def first_object_of_code(code: types.CodeType) -> bool:
-  """Whether this is the first time a function object of ``code`` is seen
-  (recording it): the first object of a code is stock's (identity first)."""
-  if code in _codes_seen:
-    return False
-  _codes_seen.add(code)
-  return True
+def first_object(fun, code: types.CodeType) -> bool:
+  """Whether ``fun`` is the first function object of ``code`` (recording
+  it if the code has none): stock's, every time it is traced (identity
+  first). The closure cache module's one rule, which JAX's trace lookup
+  applies to the same objects, so both modes agree."""
+  return trace_lookup.closure_cache.first_object(fun, code)
+
+
+class _Seen:   # a code's first object when it was answered elsewhere
+  __slots__ = ("__weakref__",)
+
+
+_SEEN = _Seen()
 
 
 def mark_code_seen(code: types.CodeType) -> None:
-  """Count ``code``'s first object as seen (it was answered elsewhere)."""
-  _codes_seen.add(code)
+  """Count ``code``'s first object as seen (it was answered elsewhere):
+  every later object of it is not first."""
+  first_object(_SEEN, code)
 
 
 class JitWrapper:

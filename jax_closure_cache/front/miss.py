@@ -164,10 +164,13 @@ def miss(w, key, a, args, kwargs):
   code = code_of(w._user())
   if (code is not None and code not in entries.ALWAYS_SHARED
       and not entries.spans_processes(a.leaves)
-      and entries.first_object_of_code(code)):
+      and entries.first_object(w._fun, code)):
     # The first function object of this code is stock's: a long-lived
     # function keeps stock's executable and speed. Only a second object
     # of the same code (a re-created closure) compiles the shared entry.
+    # (The object is the wrapper's own function: the user's, or the
+    # package's closure made afresh around it for static arguments or a
+    # loop, so those count per call, as the code of the user's function.)
     started = time.perf_counter()
     w._own()
     out = w.stock()(*args, **kwargs)

@@ -11,11 +11,12 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""Traces shared by closure key (``closure_key.py``): the key's second
-function is traced once with its arrays as arguments, and every later one
-gets that ``Jaxpr`` closed over its own arrays.
+"""Traces shared by closure key (``closure_key.py``): a key's function, past
+its code's first, is traced once with its arrays as arguments, and every
+later one gets that ``Jaxpr`` closed over its own arrays.
 
-Invariants: the first function of a key is traced as usual; a trace that
+Invariants: a code's first function object is traced as usual, every time
+(:func:`first_object`); a trace that
 captured what the key does not cover, failed, or stored a tracer in the
 closure's state (undone) is not shared; tables are locked JAX caches that
 hold the objects whose ids are in a key weakly (:func:`hold_weakly`).
@@ -146,12 +147,11 @@ def _reach(todo: list):   # each object reached from todo, once, in budget
 
 class _Shared:
   """A key's lifted trace, its answer if it lifts nothing, or why it failed."""
-  __slots__ = ("jaxpr", "consts", "out_avals", "answer", "anchors",
-               "failed", "__weakref__")
+  jaxpr = out_avals = answer = failed = None
+  consts, anchors = (), ()
 
-  def __init__(self):
-    self.jaxpr = self.out_avals = self.answer = self.failed = None
-    self.consts, self.anchors = (), []
+  def __init__(self, **fields):
+    self.__dict__.update(fields)
 
 
 class _TraceStore:
@@ -174,14 +174,15 @@ class _TraceStore:
       while len(self.data) > self.capacity:
         self.data.popitem(last=False)
 
-  def discard(self, key, shared: _Shared) -> None:
+  def discard(self, key, shared: _Shared | None) -> None:
     with self.lock:
-      if self.data.get(key) is shared:
+      if shared is not None and self.data.get(key) is shared:
         del self.data[key]
 
   def cache_clear(self) -> None:
     with self.lock:
       self.data.clear()
+      _first.clear()
     _last_key.clear()
 
   def cache_info(self) -> dict:
@@ -198,6 +199,8 @@ util.register_cache(traces, "closure-keyed traces")
 _shared_jaxprs: weakref.WeakSet = weakref.WeakSet()
 # Code of the lifted functions traced here, never keyed themselves.
 own_codes: set = set()
+# Each code's first function object, weakly (first_object).
+_first: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
@@ -234,8 +237,8 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if not leaves:
     return (None, (key, leaves, anchors)) if shared is None else (
         shared.answer, None)
-  if shared is None:           # the first object of the key: as usual
-    _put(key, _Shared(), anchors)
+  if shared is None and first_object(   # as usual
+      fun, getattr(getattr(fun, "func", fun), "__code__", None)):
     return None, None
   shared = trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                         debug_info, ctx)
@@ -243,6 +246,13 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
     return None, None
   return (core.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves]),
           shared.out_avals), None
+
+
+def first_object(fun, code) -> bool:
+  """Records ``code``'s first function object; whether it is ``fun``."""
+  with traces.lock:
+    first = _first.setdefault(code, weakref.ref(fun)) if code else None
+  return first is None or first() is fun
 
 
 def find(fun, sig, found=None, rules=None):
@@ -263,16 +273,14 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                  debug_info, ctx):
   """``shared``'s trace, a new lifted trace (stored if the key covers what it
   captured), or None if one failed."""
-  if shared is not None and (shared.jaxpr is not None or shared.failed):
-    return shared if shared.jaxpr is not None else None
+  if shared is not None:
+    return None if shared.failed else shared
   try:
     shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
                            ctx)
   except Exception as e:   # it needs a leaf's value, or leaked a tracer:
     # remembered, so the key's functions trace as usual
-    failed = _Shared()
-    failed.failed = f"{type(e).__name__}: {e}"[:200]
-    _put(key, failed, anchors)
+    _put(key, _Shared(failed=f"{type(e).__name__}: {e}"[:200]), anchors)
     return None
   if _covers(shared.consts, leaves, anchors):
     _shared_jaxprs.add(shared.jaxpr)
@@ -306,13 +314,11 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
       arg_names=None if names is None else ("",) * len(leaves) + names)
   closed, out_avals = traced(lifted, lifted_in, lifted_debug, *ctx)
   jaxpr, n = closed.jaxpr, len(leaves)
-  shared = _Shared()
-  shared.consts, shared.out_avals = tuple(closed.consts), out_avals
-  shared.jaxpr = jaxpr.replace(
+  jaxpr = jaxpr.replace(
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
-  return shared
+  return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals)
 
 
 def _share_answer(key, leaves, anchors, answer) -> None:
@@ -320,9 +326,7 @@ def _share_answer(key, leaves, anchors, answer) -> None:
   # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
       and not any(isinstance(c, _jax.ArrayImpl) for c in closed.consts)):
-    shared = _Shared()
-    shared.answer = answer
-    _put(key, shared, anchors)
+    _put(key, _Shared(answer=answer), anchors)
 
 
 def _covers(consts, leaves, anchors) -> bool:   # every captured array
@@ -333,11 +337,7 @@ def _covers(consts, leaves, anchors) -> bool:   # every captured array
 
 def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
   ref = weakref.ref(shared)
-
-  def drop(_):
-    s = ref()
-    if s is not None:
-      traces.discard(key, s)
+  drop = lambda _: traces.discard(key, ref())
   try:
     shared.anchors = hold_weakly(anchors, drop)
   except TypeError:
@@ -380,7 +380,7 @@ def explain_miss(fun) -> str:
     return f"  jax_closure_cache: no closure key ({e})"
   last = _last_key.get(getattr(fun, "__code__", None))
   return "  jax_closure_cache: " + (
-      "the first function of its closure key, traced as usual" if last is None
+      "the first function of its code, traced as usual" if last is None
       else "a closure key seen before: its functions share one trace, with "
       "their arrays as arguments" if last == key
       else "its closure differs at "
