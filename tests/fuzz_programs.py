@@ -214,6 +214,16 @@ def compile_time_constant(cfg, x):
   return jax.jit(f)(x)
 
 
+def aot_after_calls(cfg, x):
+  """A fresh closure called (its entry gives the trace lookup its trace),
+  then another of the same configuration traced, lowered and compiled
+  ahead of time, and its output shape evaluated."""
+  jax.jit(_closure(cfg))(x)
+  g = jax.jit(_closure(cfg))
+  shape = g.eval_shape(x).shape
+  return g.trace(x).lower().compile()(x), jnp.asarray(shape)
+
+
 def error_for_a_new_shape(cfg, x):
   """Fresh closures over the weights and the flag alone (simple enough for
   the inline matcher): three called as usual (stock's, the entry's miss, a
@@ -237,7 +247,7 @@ FEATURES = {f.__name__: f for f in (
     cells_and_defaults, object_changed_in_place, drawn_at_trace_time,
     grad_of_closure, fori, while_loop, scan, cond, callable_object,
     method_in_node_data, nested_static, jaxpr_static, compile_time_constant,
-    error_for_a_new_shape)}
+    error_for_a_new_shape, aot_after_calls)}
 
 
 def make_config(choice: dict):

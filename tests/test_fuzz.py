@@ -7,7 +7,8 @@ defaults at once), eager control flow, a long-lived slotted object changed
 in place, a NumPy generator drawn from at trace time, and library wrappers' shapes (callable objects, bound methods in
 a pytree's node data, functions nested in static tuples, jaxprs passed
 statically, constants made under ``ensure_compile_time_eval``) and a trace
-that raises the user's error for a new shape on a hit; each sequence
+that raises the user's error for a new shape on a hit, and ``.trace``,
+``.lower``, ``.compile`` and ``.eval_shape`` after calls; each sequence
 runs twice (the replay hits), with the cache and with stock jit on fresh
 objects, and every result, exception type, dtype, weak type and shape must
 agree. CI runs ``--fuzz-examples`` programs (default 200) from a fixed seed;

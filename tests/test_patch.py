@@ -217,6 +217,24 @@ def test_each_patch_passes_its_own_tests_on_its_own(count, tmp_path):
   assert "OK" in out.stderr
 
 
+def _run_without_and_with_the_series(tmp_path, script, argv=("", "")):
+  """``script``'s last line as JSON, run on the installed jax (with
+  ``argv[0]``) and on a copy of it carrying the series (with ``argv[1]``)."""
+  target = tmp_path / "site"
+  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
+                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
+  assert patch_tool.apply(str(target))[0] == patch_tool.OK
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  runs = []
+  for arg, extra in zip(argv, ({}, {"PYTHONPATH": str(target)})):
+    out = subprocess.run([sys.executable, "-c", script, arg],
+                         env=dict(env, **extra), cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs.append(json.loads(out.stdout.splitlines()[-1]))
+  return runs
+
+
 _BOTH_MODES = """
 import json
 import numpy as np, jax, jax.numpy as jnp
@@ -243,19 +261,7 @@ def test_fresh_closures_answer_and_hit_alike_in_both_modes(tmp_path):
   """The same re-created closures (a jit over a jax and a NumPy constant,
   an eager while_loop body) in monkey-patch mode and on a copy of jax
   carrying the series: the same results, hits, misses and fallbacks."""
-  target = tmp_path / "site"
-  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
-                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
-  assert patch_tool.apply(str(target))[0] == patch_tool.OK
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  runs = []
-  for extra in ({}, {"PYTHONPATH": str(target)}):
-    out = subprocess.run([sys.executable, "-c", _BOTH_MODES],
-                         env=dict(env, **extra), cwd=str(tmp_path),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    runs.append(json.loads(out.stdout.splitlines()[-1]))
-  monkey, patched = runs
+  monkey, patched = _run_without_and_with_the_series(tmp_path, _BOTH_MODES)
   assert (monkey.pop("mode"), patched.pop("mode")) == ("monkey-patch",
                                                       "patched-jax")
   np.testing.assert_allclose(monkey.pop("out"), patched.pop("out"),
@@ -279,17 +285,19 @@ def make(w, tag):
   def f(v):
     return v * w if tag == "a" else v - w
   return f
-out, compiles, first = [], [], None
+out, compiles, traces, first = [], [], [], None
 for s, tag in [(1, "a"), (2, "a"), (3, "b"), (4, "b"), (5, "a"), (6, "b")]:
   f = make(jnp.asarray(float(s)), tag)
   first = first or jax.jit(f)
-  with jtu.count_jit_compilation_cache_miss() as c:
+  with (jtu.count_jit_tracing_cache_miss() as t,
+        jtu.count_jit_compilation_cache_miss() as c):
     out.append(np.asarray(jax.jit(f)(x)).tolist())
   compiles.append(c())
+  traces.append(t())
 with jtu.count_jit_compilation_cache_miss() as c:
   out.append(np.asarray(first(x)).tolist())   # the code's first object again
 compiles.append(c())
-print(json.dumps({"out": out, "compiles": compiles}))
+print(json.dumps({"out": out, "compiles": compiles, "traces": traces}))
 """
 
 
@@ -299,20 +307,10 @@ def test_the_front_and_the_series_alone_share_one_first_object_rule(tmp_path):
   key's trace, in the front and in the series alone (JAX's option on, no
   package): a second key of the code compiles once, not first as stock and
   then again shared (the series' per-key rule did); the first object called
-  again is stock's own executable. Same results and compiles per call."""
-  target = tmp_path / "site"
-  shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
-                  target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
-  assert patch_tool.apply(str(target))[0] == patch_tool.OK
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  runs = []
-  for mode, extra in (("front", {}), ("series", {"PYTHONPATH": str(target)})):
-    out = subprocess.run([sys.executable, "-c", _FIRST_OBJECTS, mode],
-                         env=dict(env, **extra), cwd=str(tmp_path),
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    runs.append(json.loads(out.stdout.splitlines()[-1]))
-  front, series = runs
+  again is stock's own executable. Same results, traces and compiles per
+  call (the front's miss traces once: the lookup is given that trace)."""
+  front, series = _run_without_and_with_the_series(
+      tmp_path, _FIRST_OBJECTS, ("front", "series"))
   assert front == series
   assert front["compiles"] == [1, 1, 1, 0, 0, 0, 0]
 

@@ -66,6 +66,40 @@ def test_fast_path_of_a_reused_stock_jitted_object_passes_its_own_leaves():
   assert misses() == 0
 
 
+@pytest.mark.parametrize("shape", [(4, 4), (2, 4)])
+def test_the_fronts_miss_traces_once_as_stocks_and_shares_that_trace(shape):
+  """Re-created closures through the front, counted with JAX's own
+  counters against stock jit of fresh objects with the cache off: the miss
+  (and a later new signature) traces as many times as stock's call, not
+  once more inside the trace lookup; the lookup is given that trace, so
+  ``.trace`` and ``.eval_shape`` of the next closure trace nothing."""
+  v = jnp.ones(shape)
+  for arg in (x, v):   # jnp's own inner jits, traced once for both runs
+    jnp.tanh(arg @ x)
+  jcc.enable()
+
+  def call(i, arg):
+    f = make(jnp.eye(4) * (i + 1))
+    with counting() as c:
+      out = jax.jit(f)(arg)
+    return out, c["traces"], c["compiles"]
+  for i, arg in enumerate([x, x, x, v, v]):
+    got, traces, compiles = call(i, arg)
+    want, stock_traces, stock_compiles = stock_off(call, i, arg)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert (traces, compiles) <= (stock_traces, stock_compiles), i
+    if i == 1 or (i == 3 and shape != (4, 4)):   # the miss, a new signature
+      assert (traces, compiles) == (stock_traces, stock_compiles) == (1, 1)
+    elif i > 1:
+      assert (traces, compiles) == (0, 0)
+  f = make(jnp.eye(4) * 9)
+  with counting() as c:
+    traced = jax.jit(f).trace(v)
+    shape_out = jax.jit(f).eval_shape(v)
+  assert c["traces"] == 0
+  assert shape_out.shape == traced.out_info.shape == (shape[0], 4)
+
+
 def test_aot_shares_the_calls_trace_and_passes_leaves_as_parameters():
   jcc.enable()
   for i in range(3):

@@ -232,13 +232,20 @@ class _Default:
 _DEFAULT = _Default()
 
 
+def shares_traces(options: dict, leaves) -> bool:
+  """Whether an entry's traces are the trace lookup's too (read from its
+  store, published to it: ``trace_lookup.call_shared`` and ``publish``).
+  Not with static arguments (passed as they are, so pjit's signature for
+  the user's function differs) nor with auto-dynamic scalars (the lookup
+  keys scalars by value, so nothing there would find the trace)."""
+  return not jit_options.has_static_arguments(options) and not any(
+      [type(x) is int or type(x) is float for x in leaves])
+
+
 def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
                     n_args: int):
   """Stock ``jax.jit`` of a function that takes the lifted leaves first."""
   entry_ref = weakref.ref(entry)
-  # Static arguments are passed as they are, so pjit's signature for the
-  # user's function would differ: such entries trace on their own.
-  shares_traces = not jit_options.has_static_arguments(options)
 
   def lifted(leaves, /, *args, **kwargs):
     e = entry_ref()
@@ -261,11 +268,8 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     # side effect that stores a traced value there is undone, and the call
     # answered by stock (the closure key's TracerLeak).
     def trace():
-      if shares_traces and not any(
-          [type(x) is int or type(x) is float for x in a.leaves]):
-        # through the trace lookup's store, keyed by ``a``, so .trace and
-        # .lower find this trace (not with auto-dynamic scalars: they key
-        # scalars by value, so nothing there would find it)
+      if shares_traces(options, a.leaves):
+        # the trace lookup's stored trace of this key, if any
         out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
         if out is not None:
           return out

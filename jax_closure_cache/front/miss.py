@@ -30,6 +30,7 @@ from jax_closure_cache.key import closure
 from jax_closure_cache.key import masks
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
+from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
 
@@ -297,3 +298,6 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
     return
   if not guards:
     w._remember_matcher(key, entry)
+  if (after.key == key[1]   # the walk the trace took, unchanged by it
+      and entries.shares_traces(w._spec.options, after.leaves)):
+    trace_lookup.publish(w._fun, after, traced, args, kwargs)

@@ -113,49 +113,78 @@ def call_shared(fun, a, leaves, args, kwargs):
   """Inside a trace (a shared entry's lifted function): ``fun(*args,
   **kwargs)`` with ``fun``'s arrays replaced by ``leaves`` (tracers, in the
   order of ``a``, the front's analysis of ``fun``), evaluated from the
-  shared jaxpr of ``fun``'s closure key, traced here if it is not stored
-  yet. The signature is pjit's (``jit`` debug info, no static arguments),
-  so ``.trace``, ``.lower`` and ``.eval_shape`` of any closure of the key
-  find what calls stored. None when the trace lookup cannot serve ``fun``
-  (the caller traces it itself), as on a jax without layer two's seams."""
+  shared jaxpr of ``fun``'s closure key if the lookup stores one (put there
+  by ``.trace``/``.lower`` through the lookup, or by :func:`publish` after
+  an entry's own trace). None otherwise, or when the trace lookup cannot
+  serve ``fun`` (as on a jax without layer two's seams): then the caller
+  traces ``fun`` itself, so an entry's miss traces once, as stock's does."""
+  found = _stored(fun, a, args, kwargs)
+  if found is None:
+    return None
+  args_ft, shared = found
+  out = _compat.trace.eval_jaxpr(shared.jaxpr, [*shared.consts, *leaves],
+                                 *args_ft.vals)
+  return shared.out_avals.update(out).unflatten()
+
+
+def publish(fun, a, traced, args, kwargs) -> None:
+  """Store a front entry's own trace as the shared trace of ``fun``'s key:
+  ``traced`` is the ``Traced`` of the entry's lifted function (leaves first,
+  then ``args`` and ``kwargs``), which is what the lookup's own lifted
+  trace makes. Then ``.trace``, ``.lower`` and ``.eval_shape`` of any
+  closure of the key find it, and no second trace is made for them. Only
+  outside a trace and for a trace that separated no constants; a key that
+  has a stored trace, or whose trace captured what it does not cover, is
+  left as it is (``closure_cache.trace_shared`` decides, as for its own)."""
+  if (not _compat.trace.TRACE_LOOKUP or not _compat.trace_state_clean()
+      or _compat.separated_constants(traced)):
+    return
+  found = _key_of(fun, a, args, kwargs, list(traced.jaxpr.in_avals))
+  if found is None or found[1][3] is not None:
+    return
+  _, (key, leaves, anchors, _), in_avals, debug_info = found
+  tree_util = _compat.jax.tree_util
+  out_avals = _compat.trace.FlatTree.flatten(tree_util.tree_unflatten(
+      traced.out_tree, traced.jaxpr.out_avals))
+  closure_cache.trace_shared(
+      lambda *_: (traced.jaxpr, out_avals), None, closure.as_method(fun) or fun,
+      key, leaves, anchors, in_avals, debug_info, (0,))
+
+
+def _stored(fun, a, args, kwargs):
+  """``(the arguments' FlatTree, the stored shared trace)`` of ``fun``'s key
+  for these arguments, or None."""
+  found = _key_of(fun, a, args, kwargs)
+  if found is None or found[1][3] is None:
+    return None
+  args_ft, (key, leaves, anchors, shared), in_avals, debug_info = found
+  shared = closure_cache.trace_shared(None, shared, fun, key, leaves, anchors,
+                                      in_avals, debug_info, (0,))
+  return None if shared is None else (args_ft, shared)
+
+
+def _key_of(fun, a, args, kwargs, avals=None):
+  """``(args FlatTree, closure_cache.find's answer, in_avals, debug_info)``
+  for ``fun`` (walked as ``a``) called with ``args`` and ``kwargs`` as pjit
+  calls it (``jit`` debug info, no static arguments; ``avals``: the flat
+  leaves' and arguments' types, else the arguments' own), or None."""
   if not _compat.trace.TRACE_LOOKUP:
     return None
   args_ft = _compat.trace.FlatTree.flatten_static_argnums_argnames(
       args, kwargs, (), ())
-  in_avals = args_ft.map(_compat.trace.typeof)
+  in_avals = (args_ft.map(_compat.trace.typeof) if avals is None else
+              args_ft.update(avals[len(a.leaves):]))
   if any(aval.has_qdd for aval in in_avals):
     return None
-  found = _shared_trace(closure.as_method(fun) or fun, a, in_avals,
-                       _compat.trace.jit_debug_info(fun, args, kwargs),
-                       0)   # pjit's quasi-dynamic-data index: 0 without mutable arrays
-  if found is None:
-    return None
-  jaxpr, consts, out_avals = found
-  out = _compat.trace.eval_jaxpr(jaxpr, [*consts, *leaves], *args_ft.vals)
-  return out_avals.update(out).unflatten()
-
-
-def _shared_trace(fun, a, in_avals, debug_info, *context_for_cache_key):
-  """``(jaxpr, consts, out_avals)``: the trace lookup's shared trace of
-  ``fun``'s key (``a``, the front's walk of ``fun``, made by the walk the
-  lookup uses), traced and stored if needed (with no first-object rule: the
-  front knows ``fun`` is one of many), to be closed over ``[*consts,
-  *leaves]``; or None if ``fun`` has no leaves or its lifted trace fails.
-  Built from the lookup's own steps (``find``, ``trace_shared``), which
-  JAX has no other caller for, so the module the series adds stays without
-  it."""
-  found = closure_cache.find(fun, (in_avals, debug_info, context_for_cache_key,
-                                   _compat.trace.trace_context()),
-                             (a.key, a.leaves, a.anchors), RULES)
+  debug_info = _compat.trace.jit_debug_info(fun, args, kwargs)
+  # pjit's quasi-dynamic-data index is 0 without mutable arrays
+  found = closure_cache.find(
+      closure.as_method(fun) or fun,
+      (in_avals, debug_info, (0,), _compat.trace.trace_context()),
+      (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
-  key, leaves, anchors, shared = found
-  shared = closure_cache.trace_shared(
-      _compat.trace.STOCK_TRACE_TO_JAXPR, shared, fun, key, leaves, anchors,
-      in_avals, debug_info, context_for_cache_key)
-  if shared is None:
-    return None
-  return shared.jaxpr, shared.consts, shared.out_avals
+  return args_ft, found, in_avals, debug_info
 
 
 # -- pjit: the leaves as arguments of one executable ---------------------------
