@@ -116,6 +116,17 @@ def stock_off(run, *args):
       jcc.enable()
 
 
+class Unkeyable(bytearray):   # a mutable C base: no hash, state unread
+  """Unhashable, not a pytree, and state the walk cannot read."""
+  __slots__ = ("n",)
+
+  def __init__(self, n):
+    self.n = n
+
+  def __eq__(self, other):
+    return self.n == other.n
+
+
 class Ticker:
   """A value that changes every time a trace reads it, hidden from the key
   by a wrapper rule that leaves it out (a library rule's mistake): what the

@@ -11,7 +11,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache.key import closure
-from conftest import warm, STOCK_JIT, assert_like_stock, counting
+from conftest import warm, STOCK_JIT, Unkeyable, assert_like_stock, counting
 import helper_module
 
 
@@ -150,17 +150,6 @@ def test_tracer_in_closure_falls_back():
     return jnp.sum(inner(jnp.ones(2)))
   assert jax.grad(outer)(3.0) == 2.0
   assert jcc.stats()["fallback_reasons"].get("tracer", 0) >= 1
-
-
-class Unkeyable(bytearray):   # a mutable C base: no hash, state unread
-  """Unhashable, not a pytree, and state the walk cannot read."""
-  __slots__ = ("n",)
-
-  def __init__(self, n):
-    self.n = n
-
-  def __eq__(self, other):
-    return self.n == other.n
 
 
 def test_sets_key_by_contents():

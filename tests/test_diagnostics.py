@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import needs_trace_lookup, ticker
+from conftest import Unkeyable, needs_trace_lookup, ticker
 
 
 @pytest.fixture
@@ -69,16 +69,6 @@ def test_jax_own_explain_option_turns_it_on(caplog):
   finally:
     jax.config.update("jax_explain_cache_misses", False)
   assert any("closure-cache miss" in m for m in messages(caplog))
-
-
-class Unkeyable(bytearray):   # a mutable C base: no hash, state unread
-  __slots__ = ("n",)
-
-  def __init__(self, n):
-    self.n = n
-
-  def __eq__(self, other):
-    return self.n == other.n
 
 
 def test_fallback_names_the_cell(explain):
