@@ -3,8 +3,8 @@
 The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
 the build, so that it lands in site-packages next to the package: Python runs
 its one line at every start, which imports the package (and not jax) only
-when ``JAX_CLOSURE_CACHE`` is set. The upstream patch series is copied into
-the package for ``python -m jax_closure_cache patch``.
+when ``JAX_CLOSURE_CACHE`` is set. The upstream patch series (one folder per
+JAX tag) is copied into the package for ``python -m jax_closure_cache patch``.
 """
 
 import os
@@ -19,16 +19,17 @@ SERIES = os.path.join(HERE, "patches", "series")
 
 class BuildPyWithStartupHook(build_py):
   """Also installs the start-up hook at the root of site-packages and the
-  upstream patch series inside the package (``patch apply`` reads it
-  there, from ``jax_closure_cache/patches/``)."""
+  upstream patch series inside the package (``patch apply`` reads the one
+  for the installed jax there, from ``jax_closure_cache/patches/<tag>/``)."""
 
   def _extras(self):
     return [(os.path.join(HERE, "jax_closure_cache", PTH),
              os.path.join(self.build_lib, PTH))] + [
-                (os.path.join(SERIES, name),
+                (os.path.join(SERIES, tag, name),
                  os.path.join(self.build_lib, "jax_closure_cache", "patches",
-                              name))
-                for name in sorted(os.listdir(SERIES))
+                              tag, name))
+                for tag in sorted(os.listdir(SERIES))
+                for name in sorted(os.listdir(os.path.join(SERIES, tag)))
                 if name.endswith(".patch")]
 
   def run(self):

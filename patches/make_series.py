@@ -1,10 +1,11 @@
-"""Generate the upstream patch series, ``patches/series/000N-*.patch``.
+"""Generate the upstream patch series, ``patches/series/<tag>/000N-*.patch``.
 
-A pull request against JAX's own sources at tag jax-v0.10.2 (source layout:
+A pull request against JAX's own sources at each tag of ``TAGS`` (source layout:
 ``jax/...``, ``tests/...``): two new modules, ``jax/_src/closure_key.py``
 and ``jax/_src/closure_cache.py``, which are ``jax_closure_cache/lookup/``'s
 files of the same names (the package runs them in monkey-patch mode) byte
-for byte but for the one line importing the key (``PACKAGE_IMPORT``), and
+for byte but for the lines importing the key and flat trees
+(``PACKAGE_IMPORTS``), and
 small edits to JAX's own files, in four patches, as ``git format-patch`` writes them, that each
 apply, and pass their tests, on their own:
 
@@ -17,10 +18,13 @@ apply, and pass their tests, on their own:
    jaxpr's constants as arguments (carried in ``PjitParams``/``Traced``);
 4. explanations of misses (``pe.explain``).
 
-The ``.py`` sources are read from the installed jax (identical to the tag's
-files); ``BUILD`` files and JAX's tests from a checkout of the tag
-(``--jax-repo``, default ``/work/.mirror/jax-ml+jax/repo``). ``--check``
-fails when a committed patch differs from a fresh generation.
+One table of edits, written against jax-v0.10.2; a later tag lists only the
+edits whose anchor or text differ there (``RETARGETED``) and how its modules
+import flat trees (``FLAT_TREES``). Every file is read from a checkout of
+the tag (``--jax-repo``, default ``/work/.mirror/jax-ml+jax/repo``); without
+one, the installed jax's ``.py`` files stand in for the tag it was released
+from. ``--check`` fails when a committed patch differs from a fresh
+generation.
 """
 
 from __future__ import annotations
@@ -34,14 +38,22 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SERIES = os.path.join(HERE, "series")
+SERIES = os.path.join(HERE, "series")   # one folder per tag
 MODULES = ("closure_key.py", "closure_cache.py")   # in jax_closure_cache/lookup
 #: The line by which the package's cache module imports its key module, and
 #: JAX's.
-PACKAGE_IMPORT = ("from jax_closure_cache.lookup import closure_key\n",
-                  "from jax._src import closure_key\n")
+PACKAGE_IMPORTS = (("from jax_closure_cache.lookup import closure_key\n",
+                    "from jax._src import closure_key\n"),
+                   ("from jax_closure_cache._compat.trace import flat_trees as ft\n",
+                    None))   # FLAT_TREES[tag]
 TEST = os.path.join(HERE, "closure_key_test.py")
-TAG = "jax-v0.10.2"
+#: The tags a series is cut against, and the installed release each one is
+#: applied to by ``python -m jax_closure_cache patch`` (``_compat.SERIES``).
+TAGS = ("jax-v0.10.2", "jax-v0.11.0")
+#: How the cache module imports flat trees at each tag (0.11 made them a
+#: module of functions with the same names).
+FLAT_TREES = {"jax-v0.10.2": "from jax._src.tree_util import FlatTree as ft\n",
+              "jax-v0.11.0": "from jax._src import flattree as ft\n"}
 
 NAMES = ("0001-control-flow-dedup-consts-keyed-on-sharing-pattern.patch",
          "0002-closure-key-trace-lookup.patch",
@@ -182,14 +194,12 @@ closure_cache = bool_state(
         ("jax/_src/pjit.py", _PJIT_EVICT,
          _PJIT_EVICT + "  closure_cache.evict(self._fun)\n"),
         ("jax/_src/pjit.py", _PJIT_SEPARATE,
-         "  # one executable, many closures: their constants are arguments\n"
          "  shared_consts = closure_cache.is_shared(jaxpr)\n"
          "  if shared_consts or any(isinstance(c, core.Tracer) or\n"
          "                          core.typeof(c).has_qdd for c in jaxpr.consts):\n"),
         ("jax/_src/pjit.py", _PJIT_PARAMS_FIELDS,
          _PJIT_PARAMS_FIELDS +
-         "  # consts are a shared jaxpr's (closure_cache): passed as arguments, and\n"
-         "  # by the fast path as its const_args\n"
+         "  # consts are a shared jaxpr's: arguments, the fast path's const_args\n"
          "  shared_consts: bool = False\n"),
         ("jax/_src/pjit.py", _PJIT_PARAMS_RETURN,
          "  return PjitParams(consts, params, avals_ft.vals, avals_ft.tree_without_statics,\n"
@@ -309,12 +319,74 @@ BUILD_EDITS = (
      "jax_multiplatform_test(\n    name = \"lax_control_flow_test\",\n"),
 )
 
+_PE_DEF_011 = (") -> tuple[Jaxpr, ft.FlatTree]:\n"
+               "  return trace_to_jaxpr_nocache(\n"
+               "      fun,\n      in_avals,\n      debug_info,\n"
+               "      *context_for_cache_key,\n")
+_SEPARATE_011 = ("  return convert_constvars_jaxpr(jaxpr), jaxpr.consts\n\n"
+                 "@weakref_lru_cache\ndef convert_constvars_jaxpr(")
+_EXPLAIN_MISSES_011 = "explain_cache_misses = bool_state(\n"
 
-def module_source(name: str) -> str:
-  """The series' text of the package's module ``name`` (JAX's import line)."""
+#: Per later tag: {(path, jax-v0.10.2's anchor): (the tag's anchor, text)}
+#: for each edit of ``EDITS`` and ``BUILD_EDITS`` that differs there.
+RETARGETED = {"jax-v0.11.0": {
+    ("jax/_src/config.py", _CONFIG_ANCHOR): (
+        _EXPLAIN_MISSES_011,
+        EDITS[1][0][2].replace(_CONFIG_ANCHOR, "").lstrip("\n")
+        + "\n" + _EXPLAIN_MISSES_011),
+    ("jax/_src/interpreters/partial_eval.py", _PE_DEF): (
+        _PE_DEF_011,
+        ") -> tuple[Jaxpr, ft.FlatTree]:\n"
+        "  # a function not answered yet: with jax_closure_cache on, looked up\n"
+        "  # by its closure key (closure_cache.py)\n"
+        "  if config.closure_cache.value and not (\n"
+        "      fun_takes_flat_tree_arg or fun_returns_flat_tree or requires_low):\n"
+        "    return closure_cache.trace_to_jaxpr(\n"
+        "        trace_to_jaxpr_nocache, fun, in_avals, debug_info,\n"
+        "        *context_for_cache_key)\n" + _PE_DEF_011.split("\n", 1)[1]),
+    ("jax/_src/pjit.py", _PJIT_PARAMS_RETURN): (
+        "  return PjitParams(consts, params, avals_ft.vals, in_tree_filtered,\n"
+        "                    out_avals.tree, dbg.safe_arg_names(len(avals_ft)))\n",
+        "  return PjitParams(consts, params, avals_ft.vals, in_tree_filtered,\n"
+        "                    out_avals.tree, dbg.safe_arg_names(len(avals_ft)),\n"
+        "                    shared_consts)\n"),
+    ("jax/_src/BUILD", BUILD_EDITS[1][1]): (
+        BUILD_EDITS[1][1],
+        BUILD_EDITS[1][2].replace('        ":core",\n',
+                                  '        ":core",\n        ":flattree",\n')),
+}}
+
+
+#: Per later tag: {patch number: edits it adds there}. From 0.11 each closed
+#: jaxpr is its own object, and ``separate_consts`` (pjit's and control
+#: flow's) is cached on it: a shared one is separated as its shared jaxpr.
+ADDED = {"jax-v0.11.0": {2: (
+    ("jax/_src/interpreters/partial_eval.py", _SEPARATE_011,
+     "  shared = closure_cache.shared_jaxpr(jaxpr)  # one for its key's closures\n"
+     "  if shared is not None:\n"
+     "    out = convert_constvars_jaxpr(shared)\n"
+     "    out._debug_info = out.debug_info._replace(\n"
+     "        result_paths=jaxpr.debug_info.result_paths)  # as named by the caller\n"
+     "    return out, jaxpr.consts\n" + _SEPARATE_011),
+)}}
+
+
+def edits_for(tag: str, table, k: int = 0) -> list:
+  """``table``'s edits (``EDITS``' patch ``k``, or ``BUILD_EDITS``) as at
+  ``tag``."""
+  retargeted = RETARGETED.get(tag, {})
+  return [(path, *retargeted.get((path, anchor), (anchor, new)))
+          for path, anchor, new in table] + list(ADDED.get(tag, {}).get(k, ()))
+
+
+def module_source(name: str, tag: str) -> str:
+  """The series' text of the package's module ``name`` (JAX's import
+  lines at ``tag``)."""
   with open(os.path.join(ROOT, "jax_closure_cache", "lookup", name)) as f:
     text = f.read()
-  return text.replace(*PACKAGE_IMPORT)
+  for package_line, jax_line in PACKAGE_IMPORTS:
+    text = text.replace(package_line, jax_line or FLAT_TREES[tag])
+  return text
 
 
 def installed_jax_root() -> str:
@@ -322,17 +394,26 @@ def installed_jax_root() -> str:
   return os.path.dirname(os.path.dirname(spec.origin))
 
 
-def read_source(path: str, jax_repo: str | None) -> str | None:
-  """A file of the tag: ``jax/**.py`` from the installed jax, the rest from
-  the checkout (None when there is none)."""
-  if path.startswith("jax/") and path.endswith(".py"):
+def _installed_release() -> str:
+  with open(os.path.join(installed_jax_root(), "jax", "version.py")) as f:
+    for line in f:
+      if line.startswith("_version = "):
+        return line.split('"')[1]
+  return ""
+
+
+def read_source(path: str, jax_repo: str | None, tag: str) -> str | None:
+  """A file at ``tag``, from the checkout; without one, a ``jax/**.py``
+  file from the installed jax if it is the tag's release (else None)."""
+  if jax_repo is not None and os.path.isdir(jax_repo):
+    out = subprocess.run(["git", "-C", jax_repo, "show", f"{tag}:{path}"],
+                         capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+  if (path.startswith("jax/") and path.endswith(".py")
+      and tag == f"jax-v{_installed_release()}"):
     with open(os.path.join(installed_jax_root(), path)) as f:
       return f.read()
-  if jax_repo is None or not os.path.isdir(jax_repo):
-    return None
-  out = subprocess.run(["git", "-C", jax_repo, "show", f"{TAG}:{path}"],
-                       capture_output=True, text=True)
-  return out.stdout if out.returncode == 0 else None
+  return None
 
 
 def _replace_once(text: str, anchor: str, new: str, path: str) -> str:
@@ -366,29 +447,30 @@ def _diff(path: str, old: str | None, new: str) -> str:
   return "".join(lines)
 
 
-def generate(jax_repo: str | None) -> dict[str, str]:
-  """{patch name: text}."""
+def generate(jax_repo: str | None, tag: str = TAGS[0]) -> dict[str, str]:
+  """{patch name: text} of the series cut against ``tag``."""
   state: dict[str, str | None] = {}
 
   def current(path):
     if path not in state:
-      state[path] = read_source(path, jax_repo)
+      state[path] = read_source(path, jax_repo, tag)
+      if state[path] is None:
+        raise SystemExit(f"{path} needs a checkout of {tag} (--jax-repo)")
     return state[path]
 
   patches = {}
   for k, (name, edits) in enumerate(zip(NAMES, EDITS), start=1):
     parts = []
     changed: dict[str, str] = {}
-    for path, anchor, new in edits:
+    for path, anchor, new in edits_for(tag, edits, k):
       text = changed.get(path, current(path))
       changed[path] = _replace_once(text, anchor, new, path)
     if k == KEY_PATCH:
       for module in MODULES:
-        parts.append(_diff(f"jax/_src/{module}", None, module_source(module)))
-      for path, anchor, new in BUILD_EDITS:
+        parts.append(_diff(f"jax/_src/{module}", None,
+                           module_source(module, tag)))
+      for path, anchor, new in edits_for(tag, BUILD_EDITS):
         text = changed.get(path, current(path))
-        if text is None:
-          raise SystemExit(f"{path} needs a checkout of {TAG} (--jax-repo)")
         changed[path] = _replace_once(text, anchor, new, path)
     for path in sorted(changed):
       parts.append(_diff(path, current(path), changed[path]))
@@ -433,23 +515,60 @@ def _format_patch(k: int, diff: str) -> str:
           f"{body}---\n{_diffstat(diff)}\n{diff}")
 
 
+def apply_check(jax_repo: str, tag: str) -> subprocess.CompletedProcess:
+  """``git apply --check`` of each patch of the committed series for
+  ``tag``, in order, on a pristine tree of the tag (the files the series
+  touches, read from the checkout) that the patches before it changed."""
+  import tempfile
+  folder = os.path.join(SERIES, tag)
+  paths = sorted(os.path.join(folder, n) for n in os.listdir(folder))
+  existing, added = set(), set()
+  for path in paths:
+    with open(path) as f:
+      lines = f.read().splitlines()
+    for old, new in zip(lines, lines[1:]):
+      if old.startswith("--- ") and new.startswith("+++ b/"):
+        if old == "--- /dev/null":
+          added.add(new[6:])
+        elif old[6:] not in added:
+          existing.add(old[6:])
+  with tempfile.TemporaryDirectory() as tree:
+    for rel in existing:
+      os.makedirs(os.path.dirname(os.path.join(tree, rel)), exist_ok=True)
+      with open(os.path.join(tree, rel), "w") as f:
+        f.write(read_source(rel, jax_repo, tag))
+    subprocess.run(["git", "init", "-q", tree], check=True)
+    for path in paths:   # in order, each on the tree the ones before left
+      out = subprocess.run(["git", "-C", tree, "apply", "--check", path],
+                           capture_output=True, text=True)
+      if out.returncode == 0:
+        out = subprocess.run(["git", "-C", tree, "apply", path],
+                             capture_output=True, text=True)
+      if out.returncode != 0:
+        break
+    return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", action="store_true")
   parser.add_argument("--jax-repo", default="/work/.mirror/jax-ml+jax/repo")
+  parser.add_argument("--tag", choices=TAGS, action="append",
+                      help="only these tags (default: all)")
   args = parser.parse_args(argv)
-  patches = generate(args.jax_repo)
   stale = []
-  for name, text in patches.items():
-    path = os.path.join(SERIES, name)
-    if args.check:
-      if not os.path.exists(path) or open(path).read() != text:
-        stale.append(path)
-      continue
-    os.makedirs(SERIES, exist_ok=True)
-    with open(path, "w") as f:
-      f.write(text)
-    print(f"wrote {path}")
+  for tag in args.tag or TAGS:
+    folder = os.path.join(SERIES, tag)
+    for name, text in generate(args.jax_repo, tag).items():
+      path = os.path.join(folder, name)
+      if args.check:
+        if not os.path.exists(path) or open(path).read() != text:
+          stale.append(path)
+        continue
+      os.makedirs(folder, exist_ok=True)
+      with open(path, "w") as f:
+        f.write(text)
+      print(f"wrote {path}")
   if stale:
     print("stale: " + ", ".join(stale) + ": run python patches/make_series.py")
     return 1

@@ -19,13 +19,24 @@ from jax_closure_cache.tools import patch_tool
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_SERIES = os.path.join(REPO, "patches", "make_series.py")
 JAX_REPO = "/work/.mirror/jax-ml+jax/repo"
-_SERIES_RELEASE = jax.__version__
 needs_pristine_jax = pytest.mark.skipif(
-    _compat.jax_carries_patch() or _SERIES_RELEASE != _compat.JAX_VERSION,
+    _compat.jax_carries_patch() or jax.__version__ not in _compat.SERIES,
     reason=("the installed jax carries the patch"
             if _compat.jax_carries_patch() else
-            f"the series is cut against jax {_compat.JAX_VERSION}; "
-            f"{_SERIES_RELEASE} is installed"))
+            f"no series is cut for jax {jax.__version__} (series: "
+            f"{', '.join(_compat.SERIES)})"))
+needs_checkout = pytest.mark.skipif(
+    not os.path.isdir(JAX_REPO), reason="needs a checkout of JAX's tags")
+sys.path.insert(0, os.path.join(REPO, "patches"))
+import make_series   # noqa: E402
+sys.path.pop(0)
+
+
+def every_series():
+  """(tag, its patches' paths) for every tag a series is cut for."""
+  return [(tag, [os.path.join(make_series.SERIES, tag, n) for n in
+                 sorted(os.listdir(os.path.join(make_series.SERIES, tag)))])
+          for tag in make_series.TAGS]
 
 
 def tree_digest(root):
@@ -48,9 +59,7 @@ def jax_copy(tmp_path_factory):
   return str(target)
 
 
-@needs_pristine_jax
-@pytest.mark.skipif(not os.path.isdir(JAX_REPO),
-                    reason="needs a checkout of jax-v0.10.2 (BUILD, tests)")
+@needs_checkout
 def test_committed_series_is_a_fresh_generation():
   out = subprocess.run([sys.executable, MAKE_SERIES, "--check",
                         "--jax-repo", JAX_REPO],
@@ -58,13 +67,39 @@ def test_committed_series_is_a_fresh_generation():
   assert out.returncode == 0, out.stdout + out.stderr
 
 
+@needs_checkout
+@pytest.mark.parametrize("tag", make_series.TAGS)
+def test_each_series_applies_to_a_pristine_tree_of_its_tag(tag):
+  """``git apply --check``, patch by patch, on the tag's own files (BUILD,
+  tests and CHANGELOG included), as the pull request would be."""
+  out = make_series.apply_check(JAX_REPO, tag)
+  assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_installed_jax_gets_its_own_series():
+  if jax.__version__ not in _compat.SERIES:
+    with pytest.raises(patch_tool.PatchError) as e:
+      patch_tool.series_paths()
+    assert e.value.code == patch_tool.BAD_TARGET
+    assert jax.__version__ in str(e.value)
+    return
+  tag = _compat.SERIES[jax.__version__]
+  assert [os.path.basename(p) for p in patch_tool.series_paths()] == list(
+      make_series.NAMES)
+  assert all(os.path.basename(os.path.dirname(p)) == tag
+             for p in patch_tool.series_paths())
+  assert set(_compat.SERIES.values()) == set(make_series.TAGS)
+
+
+@pytest.mark.parametrize("tag", make_series.TAGS)
 @pytest.mark.parametrize("module", ["closure_key.py", "closure_cache.py"])
-def test_the_series_adds_the_packages_own_modules(module):
+def test_the_series_adds_the_packages_own_modules(module, tag):
   """One source: each module the series adds to JAX is the file the package
-  runs in monkey-patch mode, byte for byte but for the line by which the
-  cache module imports the key module (JAX's own import there)."""
+  runs in monkey-patch mode, byte for byte but for the lines by which the
+  cache module imports the key module and flat trees (JAX's own imports at
+  the tag)."""
   files = []
-  for path in patch_tool.series_paths():
+  for path in dict(every_series())[tag]:
     with open(path) as f:
       files += patch_tool.parse(f.read())
   added = [fp for fp in files if fp.path == f"jax/_src/{module}"]
@@ -77,15 +112,19 @@ def test_the_series_adds_the_packages_own_modules(module):
   assert len(package) == len(series)
   assert differ == ([] if module == "closure_key.py" else [
       ("from jax_closure_cache.lookup import closure_key\n",
-       "from jax._src import closure_key\n")])
+       "from jax._src import closure_key\n"),
+      ("from jax_closure_cache._compat.trace import flat_trees as ft\n",
+       make_series.FLAT_TREES[tag])])
 
 
-def test_series_size_and_shape():
-  """At most 1,200 changed lines in all (issue 20's bound), four patches, no
-  package code but its two modules, no re-binding of jax.jit or jax.lax, no environment
-  variable read, events under /jax/."""
+@pytest.mark.parametrize("tag", make_series.TAGS)
+def test_series_size_and_shape(tag):
+  """Each series: at most 1,200 changed lines in all (issue 20's bound),
+  four patches, no package code but its two modules, no re-binding of
+  jax.jit or jax.lax, no environment variable read, events under /jax/."""
   changed = 0
-  for path in patch_tool.series_paths():
+  paths = dict(every_series())[tag]
+  for path in paths:
     with open(path) as f:
       text = f.read()
     added = [l[1:] for l in text.splitlines()
@@ -99,7 +138,7 @@ def test_series_size_and_shape():
     assert "os.environ" not in body and "getenv" not in body
     assert "jax.jit =" not in body and "lax.while_loop =" not in body
     assert "/jax_closure_cache/" not in body
-  assert len(patch_tool.series_paths()) == 4
+  assert len(paths) == 4
   assert changed <= 1200, changed
 
 
@@ -202,11 +241,6 @@ def test_each_patch_passes_its_own_tests_on_its_own(count, tmp_path):
   shutil.copytree(os.path.join(patch_tool.default_target(), "jax"),
                   target / "jax", ignore=shutil.ignore_patterns("__pycache__"))
   patch_tool.apply_first(str(target), count)
-  sys.path.insert(0, os.path.join(REPO, "patches"))
-  try:
-    import make_series
-  finally:
-    sys.path.pop(0)
   test_file = tmp_path / "closure_key_test.py"
   test_file.write_text(make_series.test_stage(count))
   env = dict(os.environ, PYTHONPATH=str(target))

@@ -3,6 +3,8 @@ branches, chosen by feature; the branch for a release not installed here is
 exercised against a stub with that release's shape. CI runs jax 0.10.2; on
 0.11.x the same file runs against the real thing."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,12 +24,70 @@ def test_the_installed_release_is_in_the_one_table():
 
 def test_trace_lookup_seams_are_found_by_feature(monkeypatch):
   assert _compat.trace._trace_lookup_seams() == _compat.trace.TRACE_LOOKUP_MISSING
-  # 0.11's shape: FlatTree moved, ClosedJaxpr is Jaxpr itself
-  monkeypatch.setattr(_compat.trace, "FlatTree", None)
-  monkeypatch.setattr(_compat.trace, "ClosedJaxpr", _compat.trace.Jaxpr)
+  assert _compat.trace.TRACE_LOOKUP_MISSING == []   # every supported release
+  # a release whose flat trees or merged jaxprs lack what the lookup calls
+  monkeypatch.setattr(_compat.trace, "flat_trees", types.SimpleNamespace())
+  monkeypatch.setattr(_compat.trace, "MERGED_JAXPR", True)
+  monkeypatch.setattr(_compat.trace, "Jaxpr", object)
   missing = _compat.trace._trace_lookup_seams()
-  assert any("FlatTree" in m for m in missing)
-  assert any("ClosedJaxpr" in m for m in missing)
+  assert any("FlatTree's pack" in m for m in missing)
+  assert any("with_consts" in m for m in missing)
+
+
+def test_the_trace_context_seam_reads_the_uncached_traces_signature(
+    monkeypatch):
+  """0.10 has no ``trace_to_jaxpr_nocache``, 0.11.0's takes the qdd token as
+  ``*context_for_cache_key``, 0.11.2's takes none: pjit passes ``(0,)``,
+  ``(0,)`` and ``()``, and the front's key of a trace must say the same."""
+  def with_context(fun, in_avals, debug_info, *context, requires_low=False):
+    pass
+
+  def without(fun, in_avals, debug_info, requires_low=False):
+    pass
+  pe = types.SimpleNamespace()
+  monkeypatch.setattr(_compat.trace, "_pe", pe)
+  assert _compat.trace._trace_takes_context()
+  pe.trace_to_jaxpr_nocache = with_context
+  assert _compat.trace._trace_takes_context()
+  pe.trace_to_jaxpr_nocache = without
+  assert not _compat.trace._trace_takes_context()
+
+
+def test_the_stateful_aval_seam_on_either_release():
+  aval = jax.core.ShapedArray((2,), jnp.float32)
+  assert not _compat.trace.stateful_aval(aval)
+  # 0.10: has_qdd says; 0.11 dropped it: only a plain array type is keyed
+  assert _compat.trace.stateful_aval(types.SimpleNamespace(has_qdd=True))
+  assert not _compat.trace.stateful_aval(types.SimpleNamespace(has_qdd=False))
+  assert _compat.trace.stateful_aval(object())
+
+
+def test_separating_a_shared_jaxpr_on_either_jaxpr_shape(monkeypatch):
+  """0.10 separates with ``pe.separate_consts`` (cached on the shared open
+  jaxpr); 0.11 caches that on each closure's own jaxpr, so the shared
+  jaxpr's own conversion is returned, with the result names pjit gave the
+  closure's."""
+  closed = types.SimpleNamespace(
+      consts=(1, 2), debug_info=types.SimpleNamespace(result_paths=("r",)))
+
+  class Dbg(types.SimpleNamespace):
+    def _replace(self, **kw):
+      return Dbg(**{**vars(self), **kw})
+
+  class Shared:
+    _debug_info = Dbg(result_paths=("",), arg_names=("", "", "x"))
+    debug_info = property(lambda self: self._debug_info)
+  shared, converted = Shared(), Shared()
+  monkeypatch.setattr(_compat.trace, "MERGED_JAXPR", True)
+  monkeypatch.setattr(_compat.trace, "_pe", types.SimpleNamespace(
+      convert_constvars_jaxpr={shared: converted}.__getitem__))
+  assert _compat.trace.separate_shared(closed, shared) == (converted, [1, 2])
+  assert converted.debug_info.result_paths == ("r",)
+  assert converted.debug_info.arg_names == ("", "", "x")
+  monkeypatch.setattr(_compat.trace, "MERGED_JAXPR", False)
+  monkeypatch.setattr(_compat.trace, "separate_consts",
+                      lambda c: ("separated", c.consts))
+  assert _compat.trace.separate_shared(closed, shared) == ("separated", (1, 2))
 
 
 @pytest.mark.skipif(PATCHED, reason="a jax carrying the series installs no "

@@ -30,16 +30,18 @@ _traceback_util.register_exclusion(
 #: ``doctor``, ``enable()`` and the activation hook read; jaxlib must be the
 #: same release). "full": the three layers; "front": layers one and three
 #: (``jit``, control flow, static functions), JAX's trace lookup left stock
-#: (see ``TRACE_LOOKUP_MISSING`` for the seams it lacks there).
+#: (see ``TRACE_LOOKUP_MISSING`` for the seams it would lack).
 SUPPORTED_RELEASES = {
     "0.10.2": "full",
-    "0.11.0": "front",
-    "0.11.1": "front",
-    "0.11.2": "front",
+    "0.11.0": "full",
+    "0.11.1": "full",
+    "0.11.2": "full",
 }
-#: The release the upstream series (``patches/series``) is cut against.
-JAX_VERSION = "0.10.2"
-JAXLIB_VERSION = "0.10.2"
+#: The release each upstream series (``patches/series/<tag>/``) is applied
+#: to, and the tag it is cut against: a jax with no series here runs the
+#: package in monkey-patch mode alone (0.11.1 and 0.11.2 changed the trace
+#: lookup and pjit lines the 0.11.0 series edits).
+SERIES = {"0.10.2": "jax-v0.10.2", "0.11.0": "jax-v0.11.0"}
 
 #: ``jax.jit`` as JAX defines it, whatever the patch registry has installed.
 STOCK_JIT = _api.jit

@@ -19,10 +19,11 @@ from jax._src import pjit as _pjit
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lax.control_flow import common as _control_flow_common
 from jax._src import stages as _stages
-try:   # 0.10: a class in tree_util; 0.11 moved it (see TRACE_LOOKUP)
-  from jax._src.tree_util import FlatTree   # noqa: F401
-except ImportError:
-  FlatTree = None
+import inspect as _inspect
+try:   # 0.10: a class in tree_util, its constructors static methods
+  from jax._src.tree_util import FlatTree as flat_trees
+except ImportError:   # 0.11: a module of the same functions
+  from jax._src import flattree as flat_trees
 
 #: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
 #: the pjit functions around it, as JAX defines them.
@@ -64,11 +65,54 @@ def lowered_in_types(lowered):
 
 ClosedJaxpr = _core.ClosedJaxpr
 Jaxpr = _core.Jaxpr
+#: 0.11 merged ``ClosedJaxpr`` into ``Jaxpr``: a jaxpr carries its constants,
+#: and closing one over new constants makes a new object.
+MERGED_JAXPR = ClosedJaxpr is Jaxpr
 tree_structure = jax.tree_util.tree_structure
 separate_consts = getattr(_pe, "separate_consts", None)
 typeof = _core.typeof
 eval_jaxpr = _core.eval_jaxpr
 trace_context = _config.trace_context
+
+
+def separate_shared(closed, shared):
+  """pjit's ``separate_consts`` for a closed jaxpr the trace lookup shares
+  (``shared``: the jaxpr every closure of the key is closed from): the
+  jaxpr taking the constants as its first arguments, the same object for
+  every closure (so one lowering serves them all), and the constants."""
+  if not MERGED_JAXPR:   # cached on ``closed.jaxpr``, which is ``shared``
+    return separate_consts(closed)
+  # 0.11 caches it on each closure's own jaxpr; ``shared``'s conversion is
+  # cached on ``shared`` (0.11.2: ``shared`` itself, which has no constants
+  # attached). pjit named ``closed``'s results.
+  jaxpr = _pe.convert_constvars_jaxpr(shared)
+  jaxpr._debug_info = jaxpr.debug_info._replace(
+      result_paths=closed.debug_info.result_paths)
+  return jaxpr, list(closed.consts)
+
+
+def _trace_takes_context() -> bool:
+  """Whether ``pe.trace_to_jaxpr`` takes a context for its cache key after
+  the debug info (pjit passes its quasi-dynamic-data token there): 0.10 and
+  0.11.0 do; 0.11.2's uncached trace has no such parameter."""
+  nocache = getattr(_pe, "trace_to_jaxpr_nocache", None)
+  return nocache is None or any(
+      p.kind is p.VAR_POSITIONAL
+      for p in _inspect.signature(nocache).parameters.values())
+
+
+#: What pjit passes ``pe.trace_to_jaxpr`` after the debug info of a call
+#: without mutable arrays (its quasi-dynamic-data token, 0, where it takes
+#: one), which the front's key of a trace must match.
+PJIT_TRACE_CONTEXT = (0,) if _trace_takes_context() else ()
+
+
+def stateful_aval(aval) -> bool:
+  """Whether pjit keys a trace on more than ``aval`` (a mutable array's
+  quasi-dynamic data on 0.10); 0.11 dropped ``has_qdd``: anything but a
+  plain array type counts."""
+  has_qdd = getattr(aval, "has_qdd", None)
+  return has_qdd if has_qdd is not None else type(aval) is not _core.ShapedArray
 
 
 def jit_debug_info(fun, args, kwargs):
@@ -79,16 +123,14 @@ def jit_debug_info(fun, args, kwargs):
 def _trace_lookup_seams() -> list[str]:
   """The seams layer two is written against that the running jax lacks
   (empty on 0.10.2): checked by feature, not by version string."""
-  missing = []
-  if FlatTree is None:
-    missing.append("jax._src.tree_util.FlatTree (0.11 moved it to "
-                   "jax._src.flattree)")
-  if ClosedJaxpr is Jaxpr:
-    missing.append("a ClosedJaxpr distinct from Jaxpr (0.11 merged them, so "
-                   "one jaxpr shared by identity across closures cannot be "
-                   "closed over each one's leaves)")
-  if not hasattr(_pe, "separate_consts"):
+  missing = [f"FlatTree's {name}" for name in
+             ("pack", "flatten", "flatten_static_argnums_argnames")
+             if not hasattr(flat_trees, name)]
+  if not MERGED_JAXPR and not hasattr(_pe, "separate_consts"):
     missing.append("pe.separate_consts")
+  if MERGED_JAXPR and not hasattr(Jaxpr, "with_consts"):
+    missing.append("Jaxpr.with_consts (a merged jaxpr closed over new "
+                   "constants)")
   return missing
 
 
@@ -99,11 +141,18 @@ def _trace_lookup_seams() -> list[str]:
 TRACE_LOOKUP_MISSING = _trace_lookup_seams()
 TRACE_LOOKUP = not TRACE_LOOKUP_MISSING
 
+#: ``pe.separate_consts``, which control flow and pjit call on every closed
+#: jaxpr; from 0.11 it is cached on each closure's own jaxpr, and layer two
+#: replaces it there (``MERGED_JAXPR``) to separate a shared one as its
+#: shared jaxpr.
+STOCK_SEPARATE_CONSTS = separate_consts
+
 #: (module, attribute) of each function layer two replaces; callers look
-#: them up as module globals at call time: ``pe.trace_to_jaxpr`` from pjit
-#: and the control-flow modules, the pjit ones from ``cache_miss`` and
-#: ``jit_trace``.
+#: them up as module globals at call time: ``pe.trace_to_jaxpr`` (and on
+#: 0.11 ``pe.separate_consts``) from pjit and the control-flow modules, the
+#: pjit ones from ``cache_miss`` and ``jit_trace``.
 TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
                       (_pjit, "_infer_params"), (_pjit, "_get_fastpath_data"),
                       (_control_flow_common, "_dedup_consts"),
-                      (_stages.Traced, "lower"))
+                      (_stages.Traced, "lower")) + (
+                          ((_pe, "separate_consts"),) if MERGED_JAXPR else ())

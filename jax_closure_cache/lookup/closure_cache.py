@@ -38,8 +38,8 @@ from jax_closure_cache.lookup import closure_key
 from jax._src import config
 from jax._src import core
 from jax._src import monitoring
-from jax._src import tree_util
 from jax._src import util
+from jax_closure_cache._compat.trace import flat_trees as ft
 from jax._src.lib import _jax
 
 
@@ -195,17 +195,19 @@ class _TraceStore:
 
 traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
 util.register_cache(traces, "closure-keyed traces")
-# Every shared Jaxpr: pjit passes the consts of these as arguments.
-_shared_jaxprs: weakref.WeakSet = weakref.WeakSet()
-# Code of the lifted functions traced here, never keyed themselves.
-own_codes: set = set()
-# Each code's first function object, weakly (first_object).
-_first: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_closings = weakref.WeakKeyDictionary()   # closed jaxpr -> the shared one
+own_codes: set = set()   # of the lifted functions traced here, never keyed
+_first = weakref.WeakKeyDictionary()   # each code's first function, weakly
 
 
 def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
   """Whether ``closed_jaxpr``'s constants are a shared jaxpr's arguments."""
-  return closed_jaxpr.jaxpr in _shared_jaxprs
+  return shared_jaxpr(closed_jaxpr) is not None
+
+
+def shared_jaxpr(closed_jaxpr: core.ClosedJaxpr) -> core.Jaxpr | None:
+  """The jaxpr that ``closed_jaxpr`` closes, shared by its key's closures."""
+  return _closings.get(closed_jaxpr)
 
 
 def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
@@ -244,8 +246,9 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
                         debug_info, ctx)
   if shared is None:
     return None, None
-  return (core.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves]),
-          shared.out_avals), None
+  closed = core.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves])
+  _closings[closed] = shared.jaxpr
+  return (closed, shared.out_avals), None
 
 
 def first_object(fun, code) -> bool:
@@ -283,7 +286,6 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     _put(key, _Shared(failed=f"{type(e).__name__}: {e}"[:200]), anchors)
     return None
   if _covers(shared.consts, leaves, anchors):
-    _shared_jaxprs.add(shared.jaxpr)
     _put(key, shared, anchors)
   return shared
 
@@ -307,8 +309,7 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
     return StateWatch.run(fun, new)
   own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
-  lifted_in = tree_util.FlatTree.pack(
-      ((tree_util.FlatTree.flatten(list(leaf_avals)), *args.unpack()), kwargs))
+  lifted_in = ft.pack(((ft.flatten(list(leaf_avals)), *args.unpack()), kwargs))
   names = debug_info.arg_names
   lifted_debug = debug_info._replace(
       arg_names=None if names is None else ("",) * len(leaves) + names)

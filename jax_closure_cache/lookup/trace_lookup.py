@@ -144,11 +144,12 @@ def publish(fun, a, traced, args, kwargs) -> None:
     return
   _, (key, leaves, anchors, _), in_avals, debug_info = found
   tree_util = _compat.jax.tree_util
-  out_avals = _compat.trace.FlatTree.flatten(tree_util.tree_unflatten(
+  out_avals = _compat.trace.flat_trees.flatten(tree_util.tree_unflatten(
       traced.out_tree, traced.jaxpr.out_avals))
   closure_cache.trace_shared(
       lambda *_: (traced.jaxpr, out_avals), None, closure.as_method(fun) or fun,
-      key, leaves, anchors, in_avals, debug_info, (0,))
+      key, leaves, anchors, in_avals, debug_info,
+      _compat.trace.PJIT_TRACE_CONTEXT)
 
 
 def _stored(fun, a, args, kwargs):
@@ -159,7 +160,8 @@ def _stored(fun, a, args, kwargs):
     return None
   args_ft, (key, leaves, anchors, shared), in_avals, debug_info = found
   shared = closure_cache.trace_shared(None, shared, fun, key, leaves, anchors,
-                                      in_avals, debug_info, (0,))
+                                      in_avals, debug_info,
+                                      _compat.trace.PJIT_TRACE_CONTEXT)
   return None if shared is None else (args_ft, shared)
 
 
@@ -170,17 +172,17 @@ def _key_of(fun, a, args, kwargs, avals=None):
   leaves' and arguments' types, else the arguments' own), or None."""
   if not _compat.trace.TRACE_LOOKUP:
     return None
-  args_ft = _compat.trace.FlatTree.flatten_static_argnums_argnames(
+  args_ft = _compat.trace.flat_trees.flatten_static_argnums_argnames(
       args, kwargs, (), ())
   in_avals = (args_ft.map(_compat.trace.typeof) if avals is None else
               args_ft.update(avals[len(a.leaves):]))
-  if any(aval.has_qdd for aval in in_avals):
+  if any(map(_compat.trace.stateful_aval, in_avals)):
     return None
   debug_info = _compat.trace.jit_debug_info(fun, args, kwargs)
-  # pjit's quasi-dynamic-data index is 0 without mutable arrays
   found = closure_cache.find(
       closure.as_method(fun) or fun,
-      (in_avals, debug_info, (0,), _compat.trace.trace_context()),
+      (in_avals, debug_info, _compat.trace.PJIT_TRACE_CONTEXT,
+       _compat.trace.trace_context()),
       (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
@@ -207,7 +209,8 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   p = _compat.trace.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
   if p.consts or not closure_cache.is_shared(p.params["jaxpr"]):
     return p
-  jaxpr, consts = _compat.trace.separate_consts(p.params["jaxpr"])
+  jaxpr, consts = _compat.trace.separate_shared(
+      p.params["jaxpr"], closure_cache.shared_jaxpr(p.params["jaxpr"]))
   n = len(consts)
   params = dict(p.params)
   params["jaxpr"] = jaxpr
@@ -215,6 +218,16 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   params["in_layouts"] = (None,) * n + p.params["in_layouts"]
   params["donated_invars"] = (False,) * n + p.params["donated_invars"]
   return p._replace(consts=list(consts), params=params)
+
+
+def separate_consts(jaxpr):
+  """``pe.separate_consts`` where a closed jaxpr is its own object (0.11):
+  a shared one is separated as the jaxpr its key's closures share, so
+  control flow and pjit see one jaxpr for all of them."""
+  shared = closure_cache.shared_jaxpr(jaxpr)
+  if shared is None:
+    return _compat.trace.STOCK_SEPARATE_CONSTS(jaxpr)
+  return _compat.trace.separate_shared(jaxpr, shared)
 
 
 def infer_params(fun, ji, args, kwargs):
@@ -336,4 +349,5 @@ REPLACEMENTS = {"trace_to_jaxpr": trace_to_jaxpr,
                 "_infer_params": infer_params,
                 "_get_fastpath_data": get_fastpath_data,
                 "_dedup_consts": dedup_consts,
-                "lower": traced_lower}
+                "lower": traced_lower,
+                "separate_consts": separate_consts}

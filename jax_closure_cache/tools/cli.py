@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
   patch = sub.add_parser(
       "patch", help="apply, check or revert the upstream patch on a jax copy "
       "(exit 0 done/applied, 1 nothing to do/not applied, 2 conflicting, "
-      "3 not a jax 0.10.2 target)")
+      "3 not a target with a series)")
   patch.add_argument("action", choices=("apply", "check", "revert"))
   patch.add_argument("--target", metavar="DIR", default=None,
                      help="folder containing jax/ (default: the installed jax)")

@@ -1,7 +1,9 @@
 """Apply, check and revert the upstream patch series on an installed jax.
 
-The series (``patches/series/000N-*.patch``, shipped inside the package as
-``jax_closure_cache/patches/``) is a pull request against JAX's sources:
+Each series (``patches/series/<tag>/000N-*.patch``, shipped inside the
+package as ``jax_closure_cache/patches/<tag>/``; ``_compat.SERIES`` names
+the tag for each release it applies to) is a pull request against JAX's
+sources:
 unified diffs whose paths start with ``jax/`` or ``tests/``. A target is a
 folder that contains a ``jax/`` package (site-packages, or any copy): the
 patches' changes to ``jax/**.py`` are applied there, in order; JAX's tests
@@ -14,12 +16,13 @@ Invariants:
   nothing is written.
 * ``revert`` after ``apply`` restores every file byte for byte and removes
   the files the series added.
-* The target must be jax 0.10.2 (read from ``jax/version.py``, not imported).
+* The target must be a release with a series (read from ``jax/version.py``,
+  not imported); that release's series is the one applied.
 
 Exit codes (also of ``python -m jax_closure_cache patch ...``):
 ``0`` done / applied; ``1`` nothing to do: already applied (``apply``) or not
 applied (``revert``, ``check``); ``2`` conflicting: hunks match neither the
-pristine nor the patched sources; ``3`` not a jax 0.10.2 target.
+pristine nor the patched sources; ``3`` not a target with a series.
 """
 
 from __future__ import annotations
@@ -57,11 +60,18 @@ class FilePatch:
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 
-def series_paths() -> list[str]:
-  """The series shipped with the package, or the checkout's, in order."""
+def series_paths(release: str | None = None) -> list[str]:
+  """The series for ``release`` (default: the installed jax's) shipped with
+  the package, or the checkout's, in order."""
+  release = release or _jax_version(default_target())
+  tag = _compat.SERIES.get(release)
+  if tag is None:
+    raise PatchError(BAD_TARGET, f"no series for jax {release or '(none)'}: "
+                     "series are cut for " + ", ".join(_compat.SERIES))
   package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for folder in (os.path.join(package, "patches"),
-                 os.path.join(os.path.dirname(package), "patches", "series")):
+  for folder in (os.path.join(package, "patches", tag),
+                 os.path.join(os.path.dirname(package), "patches", "series",
+                              tag)):
     if os.path.isdir(folder):
       names = sorted(n for n in os.listdir(folder) if n.endswith(".patch"))
       if names:
@@ -136,14 +146,13 @@ def _plan(target: str, reverse: bool,
   """New content of every touched file (None: delete) after the series (its
   first ``upto`` patches), or PatchError."""
   version = _jax_version(target)
-  if version != _compat.JAX_VERSION:
-    raise PatchError(BAD_TARGET, f"{target} does not hold jax "
-                     f"{_compat.JAX_VERSION} (found {version or 'no jax'}): "
-                     "the upstream series is cut against that release only "
-                     "(the package itself runs on "
-                     f"{_compat.supported_text()})")
+  if version not in _compat.SERIES:
+    raise PatchError(BAD_TARGET, f"{target} does not hold a jax the upstream "
+                     f"series is cut for ({', '.join(_compat.SERIES)}; found "
+                     f"{version or 'no jax'}); the package itself runs on "
+                     f"{_compat.supported_text()} in monkey-patch mode")
   series = []
-  for path in series_paths()[:upto]:
+  for path in series_paths(version)[:upto]:
     with open(path) as f:
       series.append([fp for fp in parse(f.read())
                      if _applies_to_target(fp.path)])
