@@ -49,11 +49,19 @@ PACKAGE_IMPORTS = (("from jax_closure_cache.lookup import closure_key\n",
 TEST = os.path.join(HERE, "closure_key_test.py")
 #: The tags a series is cut against, and the installed release each one is
 #: applied to by ``python -m jax_closure_cache patch`` (``_compat.SERIES``).
-TAGS = ("jax-v0.10.2", "jax-v0.11.0")
+TAGS = ("jax-v0.10.2", "jax-v0.11.0", "jax-v0.11.1", "jax-v0.11.2")
+#: Tags not in the checkout, cut from the installed release's own
+#: ``jax/**.py`` files (the wheel): only where that release is installed, and
+#: without the edits to ``BUILD`` files, the CHANGELOG and JAX's existing
+#: tests, which a wheel does not carry. They serve ``patch`` and the
+#: patched-jax tests on that release; the pull request is the tag series.
+FROM_WHEEL = ("jax-v0.11.1", "jax-v0.11.2")
 #: How the cache module imports flat trees at each tag (0.11 made them a
 #: module of functions with the same names).
 FLAT_TREES = {"jax-v0.10.2": "from jax._src.tree_util import FlatTree as ft\n",
-              "jax-v0.11.0": "from jax._src import flattree as ft\n"}
+              "jax-v0.11.0": "from jax._src import flattree as ft\n",
+              "jax-v0.11.1": "from jax._src import flattree as ft\n",
+              "jax-v0.11.2": "from jax._src import flattree as ft\n"}
 
 NAMES = ("0001-control-flow-dedup-consts-keyed-on-sharing-pattern.patch",
          "0002-closure-key-trace-lookup.patch",
@@ -355,6 +363,65 @@ RETARGETED = {"jax-v0.11.0": {
         BUILD_EDITS[1][2].replace('        ":core",\n',
                                   '        ":core",\n        ":flattree",\n')),
 }}
+_PE_DEF_0112 = ("trace_to_jaxpr = weakref_lru_cache(maxsize=None, explain=explain)(\n"
+                "    trace_to_jaxpr_nocache)\n")
+_SEPARATE_0112 = ("  return convert_constvars_jaxpr(jaxpr), jaxpr.consts\n\n"
+                  "def convert_constvars_jaxpr(")
+_PJIT_SEPARATE_0112 = "  if any(isinstance(c, core.Tracer) for c in jaxpr.consts):\n"
+_PJIT_TRACED_0112 = (
+    "  return stages.Traced(arg_types, p.params, p.in_tree, p.out_tree, p.consts,\n"
+    "                       jit_func._jit_info.fun_sourceinfo)\n")
+_STAGES_TRACED_INIT_0112 = (
+    "  __slots__ = ['_meta_tys_flat', '_params', '_in_tree', 'out_tree', '_consts',\n"
+    "               '_fun_sourceinfo', '_lojax', '_closure_converted']\n\n"
+    "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts,\n"
+    "               fun_sourceinfo):\n")
+_STAGES_PHYSICALIZE_0112 = (
+    "        self._consts,\n        self._fun_sourceinfo,\n    )\n\n"
+    "  @property\n  def lojax(self) -> LoJax:\n")
+_STAGES_CLOSED_0112 = next(
+    new for _, anchor, new in EDITS[2] if anchor == _STAGES_LOJAX_PYTREE).replace(
+    "lo._in_types, lo._out_types, ())\n",
+    "lo._in_types, lo._out_types, (), lo._fun_sourceinfo)\n").replace(
+    "  from jax._src.interpreters import partial_eval as pe  # type:ignore\n", ""
+    ).replace(   # 0.11.2: a jaxpr takes constants for its first inputs
+    "  params['jaxpr'] = core.ClosedJaxpr(\n"
+    "      pe.convert_invars_to_constvars(params['jaxpr'].jaxpr, n), lo._consts)\n",
+    "  params['jaxpr'] = params['jaxpr'].with_consts(lo._consts)\n")
+RETARGETED["jax-v0.11.2"] = {
+    **RETARGETED["jax-v0.11.0"],
+    ("jax/_src/interpreters/partial_eval.py", _PE_DEF): (
+        _PE_DEF_0112,
+        "@weakref_lru_cache(maxsize=None, explain=explain)\n"
+        "def trace_to_jaxpr(fun: Callable, in_avals: ft.FlatTree,\n"
+        "                   debug_info: core.DebugInfo,\n"
+        "                   **kwargs) -> tuple[Jaxpr, ft.FlatTree]:\n"
+        "  # a function not answered yet: with jax_closure_cache on, looked up\n"
+        "  # by its closure key (closure_cache.py)\n"
+        "  if config.closure_cache.value and not kwargs:\n"
+        "    return closure_cache.trace_to_jaxpr(\n"
+        "        trace_to_jaxpr_nocache, fun, in_avals, debug_info)\n"
+        "  return trace_to_jaxpr_nocache(fun, in_avals, debug_info, **kwargs)\n"),
+    ("jax/_src/pjit.py", _PJIT_SEPARATE): (
+        _PJIT_SEPARATE_0112,
+        "  shared_consts = closure_cache.is_shared(jaxpr)\n"
+        "  if shared_consts or any(isinstance(c, core.Tracer) for c in jaxpr.consts):\n"),
+    ("jax/_src/pjit.py", _PJIT_TRACED): (
+        _PJIT_TRACED_0112,
+        "  return stages.Traced(arg_types, p.params, p.in_tree, p.out_tree, p.consts,\n"
+        "                       jit_func._jit_info.fun_sourceinfo,\n"
+        "                       shared_consts=p.shared_consts)\n"),
+    ("jax/_src/stages.py", _STAGES_TRACED_INIT): (
+        _STAGES_TRACED_INIT_0112,
+        "  __slots__ = ['_meta_tys_flat', '_params', '_in_tree', 'out_tree', '_consts',\n"
+        "               '_fun_sourceinfo', '_lojax', '_closure_converted',\n"
+        "               '_shared_consts']\n\n"
+        "  def __init__(self, meta_tys_flat, params, in_tree, out_tree, consts,\n"
+        "               fun_sourceinfo, shared_consts=False):\n"
+        "    self._shared_consts = shared_consts  # a shared jaxpr's (pjit)\n"),
+    ("jax/_src/stages.py", _STAGES_LOJAX_PYTREE): (
+        _STAGES_LOJAX_PYTREE, _STAGES_CLOSED_0112),
+}
 
 
 #: Per later tag: {patch number: edits it adds there}. From 0.11 each closed
@@ -369,14 +436,30 @@ ADDED = {"jax-v0.11.0": {2: (
      "        result_paths=jaxpr.debug_info.result_paths)  # as named by the caller\n"
      "    return out, jaxpr.consts\n" + _SEPARATE_011),
 )}}
+ADDED["jax-v0.11.2"] = {
+    2: ((ADDED["jax-v0.11.0"][2][0][0], _SEPARATE_0112,
+         ADDED["jax-v0.11.0"][2][0][2].replace(_SEPARATE_011, _SEPARATE_0112)),),
+    3: (("jax/_src/stages.py", _STAGES_PHYSICALIZE_0112,
+         "        self._consts,\n        self._fun_sourceinfo,\n"
+         "        shared_consts=self._shared_consts,\n    )\n\n"
+         "  @property\n  def lojax(self) -> LoJax:\n"),),
+}
+# 0.11.1: 0.11.2's anchors, without ``Traced.physicalize`` (new in 0.11.2)
+RETARGETED["jax-v0.11.1"] = RETARGETED["jax-v0.11.2"]
+ADDED["jax-v0.11.1"] = {2: ADDED["jax-v0.11.2"][2]}
 
 
 def edits_for(tag: str, table, k: int = 0) -> list:
   """``table``'s edits (``EDITS``' patch ``k``, or ``BUILD_EDITS``) as at
   ``tag``."""
   retargeted = RETARGETED.get(tag, {})
-  return [(path, *retargeted.get((path, anchor), (anchor, new)))
-          for path, anchor, new in table] + list(ADDED.get(tag, {}).get(k, ()))
+  edits = [(path, *retargeted.get((path, anchor), (anchor, new)))
+           for path, anchor, new in table] + list(ADDED.get(tag, {}).get(k, ()))
+  return [e for e in edits if tag not in FROM_WHEEL or is_jax_source(e[0])]
+
+
+def is_jax_source(path: str) -> bool:
+  return path.startswith("jax/") and path.endswith(".py")
 
 
 def module_source(name: str, tag: str) -> str:
@@ -402,15 +485,24 @@ def _installed_release() -> str:
   return ""
 
 
+def available(jax_repo: str | None, tag: str) -> bool:
+  """Whether ``tag``'s sources are at hand (the checkout, or for a tag of
+  ``FROM_WHEEL`` its release installed, without the series)."""
+  if tag in FROM_WHEEL:   # pristine: not a copy the series was applied to
+    return tag == f"jax-v{_installed_release()}" and not os.path.exists(
+        os.path.join(installed_jax_root(), "jax", "_src", "closure_cache.py"))
+  return jax_repo is not None and os.path.isdir(jax_repo)
+
+
 def read_source(path: str, jax_repo: str | None, tag: str) -> str | None:
-  """A file at ``tag``, from the checkout; without one, a ``jax/**.py``
-  file from the installed jax if it is the tag's release (else None)."""
-  if jax_repo is not None and os.path.isdir(jax_repo):
+  """A file at ``tag``, from the checkout; without one (or for a tag of
+  ``FROM_WHEEL``), a ``jax/**.py`` file from the installed jax if it is the
+  tag's release (else None)."""
+  if tag not in FROM_WHEEL and jax_repo is not None and os.path.isdir(jax_repo):
     out = subprocess.run(["git", "-C", jax_repo, "show", f"{tag}:{path}"],
                          capture_output=True, text=True)
     return out.stdout if out.returncode == 0 else None
-  if (path.startswith("jax/") and path.endswith(".py")
-      and tag == f"jax-v{_installed_release()}"):
+  if is_jax_source(path) and tag == f"jax-v{_installed_release()}":
     with open(os.path.join(installed_jax_root(), path)) as f:
       return f.read()
   return None
@@ -559,6 +651,10 @@ def main(argv=None) -> int:
   stale = []
   for tag in args.tag or TAGS:
     folder = os.path.join(SERIES, tag)
+    if not available(args.jax_repo, tag):
+      print(f"{tag}: skipped, its sources are not at hand"
+            + (f" (install jax {tag[5:]})" if tag in FROM_WHEEL else ""))
+      continue
     for name, text in generate(args.jax_repo, tag).items():
       path = os.path.join(folder, name)
       if args.check:

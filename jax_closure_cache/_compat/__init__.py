@@ -37,11 +37,13 @@ SUPPORTED_RELEASES = {
     "0.11.1": "full",
     "0.11.2": "full",
 }
-#: The release each upstream series (``patches/series/<tag>/``) is applied
-#: to, and the tag it is cut against: a jax with no series here runs the
-#: package in monkey-patch mode alone (0.11.1 and 0.11.2 changed the trace
-#: lookup and pjit lines the 0.11.0 series edits).
-SERIES = {"0.10.2": "jax-v0.10.2", "0.11.0": "jax-v0.11.0"}
+#: The series (``patches/series/<tag>/``) ``patch`` applies to each release:
+#: its tag's, or for 0.11.1 and 0.11.2 (which moved the trace lookup and pjit
+#: lines the 0.11.0 series edits; the checkout has no tag for them) one cut
+#: from that release's wheel. A release without one runs in monkey-patch
+#: mode only.
+SERIES = {"0.10.2": "jax-v0.10.2", "0.11.0": "jax-v0.11.0",
+          "0.11.1": "jax-v0.11.1", "0.11.2": "jax-v0.11.2"}
 
 #: ``jax.jit`` as JAX defines it, whatever the patch registry has installed.
 STOCK_JIT = _api.jit

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 24's proof on a GPU, as one prepared run on a device machine (jax
+# 0.11.2 with CUDA installed there; nothing outside it reachable):
+#
+#   run(command="bash benchmarks/gpu_check.sh", timeout_s=840)
+#
+# It installs this checkout with --no-deps into a venv over the machine's
+# own packages, then runs `doctor`, `patch check`, the suite in monkey-patch
+# mode, the series on a copy of jax and the suite in patched-jax mode, the
+# series alone, and `jax-closure-cache bench --only jit`; each step is
+# bounded (STEP_LIMITS below, about 12 minutes in all) and its output kept.
+# The record is written to $OUT/gpu-jax-<version>.md, to be committed as
+# benchmarks/gpu-jax-<version>.md. Dry-run it on a CPU with PYTHON=... and
+# OUT=... (the record then says which platform it ran on).
+set -uo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+out_dir="${OUT:-$(mktemp -d)}"
+py="${PYTHON:-python3}"
+work="$(mktemp -d)"
+# seconds per step: doctor, patch check, suite (each mode), series alone, bench
+DOCTOR=90 PATCH=60 SUITE=${SUITE_LIMIT:-240} ALONE=120 BENCH=${BENCH_LIMIT:-150}
+
+"$py" -m venv --system-site-packages "$work/venv" || exit 1
+v="$work/venv/bin/python"
+if ! "$v" -m pip install --quiet --no-deps --no-build-isolation "$repo" \
+    > "$work/install.txt" 2>&1; then
+  # no setuptools there: the checkout itself, pure-Python front
+  tail -n 5 "$work/install.txt"
+  echo "install failed; running from the checkout (PYTHONPATH)"
+  export PYTHONPATH="$repo"
+fi
+version="$("$v" -c 'import jax; print(jax.__version__)')"
+record="$out_dir/gpu-jax-$version.md"
+cd "$repo/tests" || exit 1
+
+step() {   # step TITLE LIMIT COMMAND...: runs it bounded, appends its tail
+  local title="$1" limit="$2" start rc
+  shift 2
+  start=$(date +%s)
+  timeout "$limit" "$@" > "$work/step.txt" 2>&1
+  rc=$?
+  {
+    echo "## $title"
+    echo
+    echo "\`$*\` (limit ${limit} s): exit $rc in $(( $(date +%s) - start )) s"
+    echo
+    echo '```'
+    tail -n 40 "$work/step.txt"
+    echo '```'
+    echo
+  } >> "$record"
+  echo "$title: exit $rc"
+}
+
+{
+  echo "# jax $version on $("$v" -c 'import jax; print(jax.devices()[0].device_kind, "x", jax.device_count())')"
+  echo
+  echo "Written by \`benchmarks/gpu_check.sh\` on $(date -u +%Y-%m-%d), from commit"
+  echo "$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '(no git)')."
+  echo "Platform: $("$v" -c 'import jax; print(jax.default_backend())'); Python $("$v" -c 'import sys; print(sys.version.split()[0])')."
+  echo
+} > "$record"
+
+step "doctor" "$DOCTOR" "$v" -m jax_closure_cache doctor
+step "patch check (the installed jax)" "$PATCH" "$v" -m jax_closure_cache patch check
+step "suite, monkey-patch mode" "$SUITE" "$v" -m pytest -q -x \
+  -p no:cacheprovider . --fuzz-examples 20
+site="$("$v" -c 'import jax, os; print(os.path.dirname(os.path.dirname(jax.__file__)))')"
+mkdir -p "$work/patched" && cp -r "$site/jax" "$work/patched/jax"
+step "patch apply (a copy of jax)" "$PATCH" "$v" -m jax_closure_cache patch \
+  apply --target "$work/patched"
+step "suite, patched-jax mode" "$SUITE" env PYTHONPATH="$work/patched${PYTHONPATH:+:$PYTHONPATH}" \
+  "$v" -m pytest -q -x -p no:cacheprovider . --fuzz-examples 20
+step "the series alone" "$ALONE" env PYTHONPATH="$work/patched${PYTHONPATH:+:$PYTHONPATH}" \
+  "$v" "$repo/patches/closure_key_test.py"
+step "bench --only jit" "$BENCH" "$v" -m jax_closure_cache bench --only jit
+echo "record: $record"
