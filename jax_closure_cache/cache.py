@@ -71,44 +71,56 @@ class LRUStore:
       entry.used = True
     return entry
 
+  # Nothing is freed while the lock is held: a freed entry can drop the
+  # last reference to an anchor whose weak reference's callback takes the
+  # lock again (``discard_entry``). Each removal returns what it removed,
+  # to be freed by the caller's frame after the lock is released.
+
   def put(self, key, entry: Entry) -> None:
     with self._lock:
       entry.used = False
+      replaced = self._data.get(key)
       self._data[key] = entry
       self._data.move_to_end(key)
-      self._evict()
+      evicted = self._evict()
+    del replaced, evicted   # freed outside the lock
 
-  def _evict(self) -> None:
-    data = self._data
+  def _evict(self) -> list:
+    data, evicted = self._data, []
     while len(data) > _capacity:
       key, entry = next(iter(data.items()))
       if entry.used:   # used since its last chance: move it to the young end
         entry.used = False
         data.move_to_end(key)
       else:
-        del data[key]
+        evicted.append(data.pop(key))
+    return evicted
 
   def discard(self, key) -> None:
     with self._lock:
-      self._data.pop(key, None)
+      removed = self._data.pop(key, None)
+    del removed   # freed outside the lock
 
   def discard_entry(self, key, entry: Entry) -> None:
     """Drop ``key`` if it still maps to ``entry`` (a weak reference's
     callback: the key may have been stored again since)."""
     with self._lock:
-      if self._data.get(key) is entry:
-        del self._data[key]
+      removed = (self._data.pop(key) if entry is not None
+                 and self._data.get(key) is entry else None)
+    del removed   # freed outside the lock
 
   def clear(self) -> None:
     with self._lock:
-      self._data.clear()
+      old, self._data = self._data, collections.OrderedDict()
+    del old   # freed outside the lock
 
   def __len__(self) -> int:
     return len(self._data)
 
   def trim(self) -> None:
     with self._lock:
-      self._evict()
+      evicted = self._evict()
+    del evicted   # freed outside the lock
 
 
 def new_store(kind: str = "entries") -> LRUStore:

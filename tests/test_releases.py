@@ -99,7 +99,8 @@ def test_front_alone_where_the_trace_lookup_is_missing(monkeypatch):
   monkeypatch.setattr(_compat.trace, "TRACE_LOOKUP", False)
   jcc.enable()
   pjit_module = _compat.trace.TRACE_PATCH_POINTS[1][0]
-  assert pjit_module._infer_params is _compat.trace.STOCK_INFER_PARAMS
+  assert (pjit_module._get_fastpath_data
+          is _compat.trace.STOCK_GET_FASTPATH_DATA)
   x = jnp.ones(4)
 
   def program(i):

@@ -313,12 +313,12 @@ def test_clear_caches_clears_the_shared_traces():
 def test_disable_restores_every_trace_lookup_patch():
   from jax._src import pjit, stages
   from jax._src.interpreters import partial_eval as pe
-  originals = (pe.trace_to_jaxpr, pjit._trace_for_jit, pjit._infer_params,
+  originals = (pe.trace_to_jaxpr, pjit._trace_for_jit,
                pjit._get_fastpath_data, stages.Traced.lower)
   jcc.enable()
   assert pe.trace_to_jaxpr is not originals[0]
   jcc.disable()
-  assert (pe.trace_to_jaxpr, pjit._trace_for_jit, pjit._infer_params,
+  assert (pe.trace_to_jaxpr, pjit._trace_for_jit,
           pjit._get_fastpath_data, stages.Traced.lower) == originals
 
 

@@ -31,7 +31,6 @@ except ImportError:   # 0.11: a module of the same functions
 # answered up by closure key and ``_trace_to_jaxpr`` is the uncached trace.
 STOCK_TRACE_TO_JAXPR = getattr(_pe, "_trace_to_jaxpr", _pe.trace_to_jaxpr)
 STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
-STOCK_INFER_PARAMS = _pjit._infer_params
 STOCK_GET_FASTPATH_DATA = _pjit._get_fastpath_data
 #: ``cond``/``switch`` merge their branches' constants with this, cached on
 #: the constants' ids (so on every call's own arrays).
@@ -120,12 +119,41 @@ def jit_debug_info(fun, args, kwargs):
   return _api_util.debug_info("jit", fun, args, kwargs)
 
 
+def _pjit_cache_miss_code():
+  """The code of the ``cache_miss`` that ``_cpp_pjit`` gives the C++ fast
+  path: the one caller of ``_get_fastpath_data`` whose ``p`` (the params
+  ``_infer_params`` returned) pairs its arguments with a shared jaxpr's
+  constants. ``_pjit_call_impl`` calls ``_get_fastpath_data`` too, for a
+  jaxpr bound as a primitive, whose arguments are all its own. None where
+  no such code is found."""
+  for c in getattr(_pjit, "_cpp_pjit").__code__.co_consts:
+    if (isinstance(c, type(_pjit_cache_miss_code.__code__))
+        and c.co_name == "cache_miss" and "p" in c.co_varnames
+        and "_get_fastpath_data" in c.co_names):
+      return c
+  return None
+
+
+#: ``_cpp_pjit``'s ``cache_miss`` code (see :func:`_pjit_cache_miss_code`).
+PJIT_CACHE_MISS_CODE = _pjit_cache_miss_code()
+
+
+def pjit_params_of_caller(frame):
+  """The ``p`` of pjit's ``cache_miss`` if ``frame`` is one, else None."""
+  if frame.f_code is not PJIT_CACHE_MISS_CODE:
+    return None
+  return frame.f_locals.get("p")
+
+
 def _trace_lookup_seams() -> list[str]:
   """The seams layer two is written against that the running jax lacks
   (empty on 0.10.2): checked by feature, not by version string."""
   missing = [f"FlatTree's {name}" for name in
              ("pack", "flatten", "flatten_static_argnums_argnames")
              if not hasattr(flat_trees, name)]
+  if PJIT_CACHE_MISS_CODE is None:
+    missing.append("pjit's cache_miss (the caller of _get_fastpath_data "
+                   "that holds the inferred params)")
   if not MERGED_JAXPR and not hasattr(_pe, "separate_consts"):
     missing.append("pe.separate_consts")
   if MERGED_JAXPR and not hasattr(Jaxpr, "with_consts"):
@@ -152,7 +180,7 @@ STOCK_SEPARATE_CONSTS = separate_consts
 #: 0.11 ``pe.separate_consts``) from pjit and the control-flow modules, the
 #: pjit ones from ``cache_miss`` and ``jit_trace``.
 TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
-                      (_pjit, "_infer_params"), (_pjit, "_get_fastpath_data"),
+                      (_pjit, "_get_fastpath_data"),
                       (_control_flow_common, "_dedup_consts"),
                       (_stages.Traced, "lower")) + (
                           ((_pe, "separate_consts"),) if MERGED_JAXPR else ())

@@ -155,7 +155,12 @@ class _Shared:
 
 
 class _TraceStore:
-  """A locked LRU mapping; a JAX cache (``jax.clear_caches`` clears it)."""
+  """A locked LRU mapping; a JAX cache (``jax.clear_caches`` clears it).
+
+  Nothing is freed while the lock is held: a freed entry can take the last
+  reference to an anchor, whose weak reference's callback discards from
+  this store (``_put``), so every removal hands what it removed back to be
+  dropped after the lock is released."""
 
   def __init__(self, capacity: int):
     self.capacity, self.lock = capacity, threading.Lock()
@@ -168,22 +173,27 @@ class _TraceStore:
       return self.data.get(key)
 
   def put(self, key, shared: _Shared) -> None:
+    evicted = []
     with self.lock:
+      evicted.append(self.data.get(key))
       self.data[key] = shared
       self.data.move_to_end(key)
       while len(self.data) > self.capacity:
-        self.data.popitem(last=False)
+        evicted.append(self.data.popitem(last=False))
+    del evicted   # freed here, outside the lock
 
   def discard(self, key, shared: _Shared | None) -> None:
     with self.lock:
-      if shared is not None and self.data.get(key) is shared:
-        del self.data[key]
+      removed = (self.data.pop(key) if shared is not None
+                 and self.data.get(key) is shared else None)
+    del removed   # freed outside the lock
 
   def cache_clear(self) -> None:
     with self.lock:
-      self.data.clear()
+      old, self.data = self.data, collections.OrderedDict()
       _first.clear()
     _last_key.clear()
+    del old   # freed here, outside the lock
 
   def cache_info(self) -> dict:
     return {"entries": len(self.data)}

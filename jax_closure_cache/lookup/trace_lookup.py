@@ -14,7 +14,7 @@ by replacing the functions involved (``_compat.trace.TRACE_PATCH_POINTS``):
 * pjit's ``_trace_for_jit``: a shared jaxpr's constants (trace-time ones and
   the closure's arrays) become arguments, as its ``separate_consts`` branch
   does for tracers, so one lowering serves every closure of the key;
-  ``_infer_params`` and ``_get_fastpath_data`` give the C++ fast path of
+  ``_get_fastpath_data`` gives the C++ fast path of
   each jitted object those arguments as its ``const_args``.
 * ``Traced.lower``: the ``Lowered`` passes them first, so
   ``.lower(x).compile()(x)`` takes the user's arguments alone.
@@ -28,8 +28,8 @@ share one trace.
 
 from __future__ import annotations
 
-import threading
-import weakref
+import operator
+import sys
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -191,9 +191,6 @@ def _key_of(fun, a, args, kwargs, avals=None):
 
 # -- pjit: the leaves as arguments of one executable ---------------------------
 
-_pending = threading.local()   # the constants of the call pjit is inferring
-
-
 def _shared_constants(consts) -> bool:
   """Whether pjit's separated constants are a shared jaxpr's, as the series
   decides: outside a trace only a shared jaxpr separates constants that are
@@ -230,30 +227,26 @@ def separate_consts(jaxpr):
   return _compat.trace.separate_shared(jaxpr, shared)
 
 
-def infer_params(fun, ji, args, kwargs):
-  """pjit's ``_infer_params``, noting the constants a shared jaxpr takes, for
-  :func:`get_fastpath_data` right after."""
-  _pending.consts = None
-  p, args_flat = _compat.trace.STOCK_INFER_PARAMS(fun, ji, args, kwargs)
-  if _shared_constants(p.consts):
-    # weakly: ``.trace()`` infers too, and nothing consumes it then
-    _pending.consts = [weakref.ref(c) for c in p.consts]
-  return p, args_flat
-
-
 def get_fastpath_data(executable, out_tree, args_flat, out_flat, effects,
                       consts_for_constvars, pgle_profiler, const_args):
   """pjit's ``_get_fastpath_data``; for a shared jaxpr the leaves go into
   the C++ fast path's ``const_args`` (which it passes before the call's own
-  arguments), so later calls of this jitted object pass them too."""
-  consts = getattr(_pending, "consts", None)
-  _pending.consts = None
-  n = len(consts) if consts else 0
-  if n and len(args_flat) >= n and all(
-      a is c() for a, c in zip(args_flat, consts)):
-    return _compat.trace.STOCK_GET_FASTPATH_DATA(
-        executable, out_tree, args_flat[n:], out_flat, effects,
-        consts_for_constvars, pgle_profiler, [*const_args, *args_flat[:n]])
+  arguments), so later calls of this jitted object pass them too.
+
+  Only for the call from pjit's ``cache_miss``, whose own ``p`` (the params
+  it inferred, read from its frame) says which leading arguments are the
+  shared jaxpr's constants: ``_pjit_call_impl`` calls this too, for a jaxpr
+  bound as a primitive (under ``jvp``, say), and there every argument is
+  the primitive's own, whatever an enclosing call inferred."""
+  p = _compat.trace.pjit_params_of_caller(sys._getframe(1))
+  consts = () if p is None else p.consts
+  n = len(consts)
+  if _shared_constants(consts):
+    if len(args_flat) >= n and all(map(operator.is_, args_flat, consts)):
+      return _compat.trace.STOCK_GET_FASTPATH_DATA(
+          executable, out_tree, args_flat[n:], out_flat, effects,
+          consts_for_constvars, pgle_profiler, [*const_args, *args_flat[:n]])
+    return None   # no fast path: every call takes cache_miss, as it must
   return _compat.trace.STOCK_GET_FASTPATH_DATA(
       executable, out_tree, args_flat, out_flat, effects,
       consts_for_constvars, pgle_profiler, const_args)
@@ -346,7 +339,6 @@ _with_cache_api(dedup_consts, _compat.trace.STOCK_DEDUP_CONSTS)
 #: The replacement of each of ``_compat.trace.TRACE_PATCH_POINTS``.
 REPLACEMENTS = {"trace_to_jaxpr": trace_to_jaxpr,
                 "_trace_for_jit": trace_for_jit,
-                "_infer_params": infer_params,
                 "_get_fastpath_data": get_fastpath_data,
                 "_dedup_consts": dedup_consts,
                 "lower": traced_lower,
