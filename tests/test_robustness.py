@@ -2,6 +2,7 @@
 the cache crash, deadlock or keep memory alive before its fix, and each is
 compared with stock on fresh function objects, run twice so hits happen."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -137,3 +138,56 @@ def test_clear_caches_and_exit_return():
                        capture_output=True, text=True, timeout=240)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip().endswith("cleared")
+
+
+def _attributes(jitted):
+  return {a: getattr(jitted, f"__{a}__")
+          for a in ("doc", "name", "module", "qualname", "annotations")}
+
+
+@pytest.mark.parametrize("options", [{}, {"static_argnames": "n"},
+                                     {"donate_argnums": 0}])
+def test_wrapper_attributes_are_the_users_as_on_stocks(options):
+  """``functools.wraps(fun)(jax.jit(fun, ...))`` (what numerical libraries
+  do for every public function at import) works, and a wrapper reports
+  the user's attributes as stock's jitted object does, set or not."""
+  def make():
+    def f(x, n=2):
+      """docstring of f."""
+      return x * n
+    f.some_value = 4
+    return f
+
+  jcc.enable()
+  for _ in range(2):
+    f = make()
+    got = functools.wraps(f)(jax.jit(f, **options))
+    want = functools.wraps(f)(STOCK_JIT(make(), **options))
+    assert _attributes(got) == _attributes(want)
+    assert got.__wrapped__ is f and got.some_value == 4
+    assert _attributes(jax.jit(f, **options)) == _attributes(
+        STOCK_JIT(f, **options))
+    np.testing.assert_array_equal(got(jnp.ones(2), n=3),
+                                  want(jnp.ones(2), n=3))
+  assert type(got).__module__.startswith("jax_closure_cache")
+  assert type(got).__doc__ and "jitted" in type(got).__doc__
+  with pytest.raises(AttributeError):
+    jax.jit(make()).no_such_attribute
+
+
+def test_repr_of_a_function_whose_repr_raises():
+  class Callable:
+    def __call__(self):
+      pass
+
+    def __repr__(self):
+      raise ValueError("invalid repr")
+
+  jcc.enable()
+  for jit in (jax.jit, STOCK_JIT):
+    jitted = jit(Callable())
+    assert repr(jitted) == "<PjitFunction>"
+    del jitted.__wrapped__
+    assert repr(jitted) == "<PjitFunction>"
+    with pytest.raises(AttributeError):
+      jitted.__wrapped__

@@ -56,7 +56,87 @@ _quick = inline.quick
 code_of = miss.code_of
 
 
-class ClosureJitted(entries.JitWrapper):
+_UNSET = object()     # an attribute never set on the wrapper itself
+_DELETED = object()   # an attribute deleted from a wrapper (``del w.__wrapped__``)
+
+
+class _FromFun:
+  """A wrapper's attribute as stock's jitted object has it: what was set on
+  the wrapper (``functools.wraps`` writes every one of these), else the
+  user's function's own, read when asked (a hit never pays for it). On the
+  class, the class's own value (its docstring, its module)."""
+  __slots__ = ("name", "class_value")
+
+  def __init__(self, name, class_value=None):
+    self.name, self.class_value = name, class_value
+
+  def __get__(self, w, cls=None):
+    if w is None:
+      return self.class_value
+    value = w.__dict__.get(self.name, _UNSET)
+    if value is _UNSET:
+      return self.of_function(w)
+    if value is _DELETED:
+      raise AttributeError(self.name)
+    return value
+
+  def of_function(self, w):
+    return getattr(w._fun, self.name, self.class_value)
+
+  def __set__(self, w, value):
+    w.__dict__[self.name] = value
+
+  def __delete__(self, w):
+    if w.__dict__.get(self.name, None) is _DELETED:
+      raise AttributeError(self.name)
+    w.__dict__[self.name] = _DELETED
+
+
+class _Wrapped(_FromFun):
+  """``__wrapped__``: the user's function, whose identity row is published
+  first (another wrapper of it may be made from it)."""
+  __slots__ = ()
+
+  def of_function(self, w):
+    w._publish_row()
+    return w._fun
+
+
+class _Name(_FromFun):
+  """``__name__``: a callable object without one is named by its class."""
+  __slots__ = ()
+
+  def of_function(self, w):
+    return getattr(w._fun, "__name__", type(w._fun).__name__)
+
+
+#: What ``__getattr__`` takes from the user's function besides its own
+#: ``__dict__`` (what ``functools.wraps`` copies onto stock's object and is
+#: not a class attribute here).
+_WRAPPED_ONLY = frozenset(("__qualname__", "__annotations__",
+                           "__type_params__"))
+
+
+class _WrapperType(type):
+  """The wrappers' metaclass: each class's ``__doc__`` and ``__module__``
+  become :class:`_FromFun` (a wrapper reads the user's function's, as
+  stock's jitted object does), while the class itself still reports its
+  own (``type.__doc__`` asks the descriptor; ``__module__`` is answered
+  here)."""
+
+  def __new__(mcs, name, bases, ns, **kwargs):
+    for attr in ("__doc__", "__module__"):
+      value = ns.get(attr)
+      if not isinstance(value, _FromFun):
+        ns[attr] = _FromFun(attr, value)
+    return super().__new__(mcs, name, bases, ns, **kwargs)
+
+  @property
+  def __module__(cls):
+    return cls.__dict__["__module__"].class_value
+
+
+class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
   """A jitted callable: stock's ``jax.jit`` for a function object already
   traced, one shared executable for re-created closures with equal keys.
 
@@ -70,7 +150,8 @@ class ClosureJitted(entries.JitWrapper):
   the entry its first call used, with the arrays it read then -- whatever
   its closure holds later.
   """
-  __slots__ = ("_fun", "_code", "_spec", "_stock", "_row", "__weakref__")
+  __slots__ = ("_fun", "_code", "_spec", "_stock", "_row", "__weakref__",
+               "__dict__")
   _direct = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
@@ -85,10 +166,27 @@ class ClosureJitted(entries.JitWrapper):
         fun.__code__ if type(fun) is types.FunctionType else None, spec))
 
   # -- what jax.jit's result offers ------------------------------------------
-  @property
-  def __wrapped__(self):
-    self._publish_row()
-    return self._fun
+  __wrapped__ = _Wrapped("__wrapped__")
+  __name__ = _Name("__name__")
+
+  def __getattr__(self, name):
+    """The user's function's attributes that ``functools.wraps`` copies
+    onto stock's jitted object (``__qualname__``, ``__annotations__``, its
+    own ``__dict__``), read from the function; anything else is missing,
+    as on stock's."""
+    if name in _WRAPPED_ONLY or not name.startswith("_"):
+      try:
+        fun = object.__getattribute__(self, "_fun")
+      except AttributeError:
+        pass
+      else:
+        if name in _WRAPPED_ONLY:
+          return getattr(fun, name)
+        own = getattr(fun, "__dict__", None)
+        if type(own) is dict and name in own:
+          return own[name]
+    raise AttributeError(
+        f"{type(self).__name__!r} object has no attribute {name!r}")
 
   def _publish_row(self) -> None:
     """Record this wrapper's row in the identity table, where another
@@ -102,12 +200,11 @@ class ClosureJitted(entries.JitWrapper):
       except TypeError:
         pass
 
-  @property
-  def __name__(self):
-    return getattr(self._fun, "__name__", type(self._fun).__name__)
-
   def __repr__(self):   # as stock's, for a drop-in
-    return f"<PjitFunction of {self._fun!r}>"
+    try:
+      return f"<PjitFunction of {self.__wrapped__!r}>"
+    except Exception:   # the function's repr raised, or it was deleted
+      return "<PjitFunction>"
 
   def __getstate__(self):
     """Stock's state (``function_name`` ...), for introspection."""
