@@ -155,12 +155,7 @@ class _Shared:
 
 
 class _TraceStore:
-  """A locked LRU mapping; a JAX cache (``jax.clear_caches`` clears it).
-
-  Nothing is freed while the lock is held: a freed entry can take the last
-  reference to an anchor, whose weak reference's callback discards from
-  this store (``_put``), so every removal hands what it removed back to be
-  dropped after the lock is released."""
+  """A locked LRU mapping, a JAX cache; nothing is freed under its lock."""
 
   def __init__(self, capacity: int):
     self.capacity, self.lock = capacity, threading.Lock()
@@ -173,27 +168,23 @@ class _TraceStore:
       return self.data.get(key)
 
   def put(self, key, shared: _Shared) -> None:
-    evicted = []
     with self.lock:
-      evicted.append(self.data.get(key))
+      evicted = [self.data.pop(key, None)]   # an anchor's callback locks
       self.data[key] = shared
-      self.data.move_to_end(key)
       while len(self.data) > self.capacity:
         evicted.append(self.data.popitem(last=False))
-    del evicted   # freed here, outside the lock
 
-  def discard(self, key, shared: _Shared | None) -> None:
+  def discard(self, key, shared: _Shared | None):
     with self.lock:
-      removed = (self.data.pop(key) if shared is not None
-                 and self.data.get(key) is shared else None)
-    del removed   # freed outside the lock
+      if shared is not None and self.data.get(key) is shared:
+        return self.data.pop(key)   # freed by the caller, unlocked
 
-  def cache_clear(self) -> None:
+  def cache_clear(self):
     with self.lock:
       old, self.data = self.data, collections.OrderedDict()
       _first.clear()
     _last_key.clear()
-    del old   # freed here, outside the lock
+    return old
 
   def cache_info(self) -> dict:
     return {"entries": len(self.data)}
