@@ -78,7 +78,8 @@ class Record:
 
 class CodeStats:
   """Everything seen for one code object (one source location)."""
-  __slots__ = ("location", "misses", "fallbacks", "records", "keys", "warned")
+  __slots__ = ("location", "misses", "fallbacks", "records", "keys",
+               "met_once", "warned")
 
   def __init__(self, location: str):
     self.location = location
@@ -87,6 +88,8 @@ class CodeStats:
     self.records: list[Record] = []
     # recent keys of this code: (options key, function key), newest last
     self.keys: collections.deque = collections.deque(maxlen=64)
+    # recent keys met once and answered by stock (no entry), newest last
+    self.met_once: collections.deque = collections.deque(maxlen=64)
     self.warned = False
 
   @property
@@ -209,11 +212,37 @@ def miss(fun, code, full_key, cost: float, first_object: bool = False) -> Record
       why = why + ["first function object of this code: stock jit traces it "
                    "(a re-created one compiles the shared lifted entry)"]
     logger.warning("closure-cache miss for %s: %s", s.location, "; ".join(why))
-  distinct = len(set(_hashable(k) for k in previous + [full_key]))
+  _guard_storm(fun, code, s, previous + list(s.met_once) + [full_key])
+  return record
+
+
+def met_once(fun, code, full_key, detail: str) -> None:
+  """A key met for the first time past its code's first object, answered
+  by stock (no entry): explained by what differs from the code's recent
+  keys, and counted by the storm guard, since stock compiles it."""
+  if code is None:
+    return fallback(fun, code, "key_met_once", detail)
+  s = _stats(code, fun)
+  with _lock:
+    s.fallbacks["key_met_once"] += 1
+    previous = list(s.keys) + list(s.met_once)
+    s.met_once.append(full_key)
+  if _monitoring_active():
+    jax.monitoring.record_event("/jax_closure_cache/fallback",
+                                reason="key_met_once")
+  if explaining():
+    why = explain.explain_miss(fun, full_key, previous) if previous else []
+    logger.warning("closure-cache fallback to stock jit for %s: %s",
+                   s.location, "; ".join([*why, detail]))
+  _guard_storm(fun, code, s, previous + [full_key])
+  return None
+
+
+def _guard_storm(fun, code, s: CodeStats, keys: list) -> None:
+  distinct = len(set(_hashable(k) for k in keys))
   if distinct > _storm_threshold and not s.warned:
     s.warned = True
-    _warn_storm(fun, code, s, previous + [full_key])
-  return record
+    _warn_storm(fun, code, s, keys)
 
 
 def _hashable(key):

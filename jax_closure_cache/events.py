@@ -50,6 +50,13 @@ def fallback(fun, code, reason: str, detail: str) -> None:
   diagnostics.fallback(fun, code, reason, detail)
 
 
+def met_once(fun, code, key, detail: str) -> None:
+  """A call answered by stock because its key was met for the first time
+  (counted as the fallback ``key_met_once``)."""
+  cache.count_fallback("key_met_once")
+  diagnostics.met_once(fun, code, key, detail)
+
+
 def not_stored(fun, reason: str, detail: str) -> None:
   """A miss whose entry was answered but not stored, for ``reason``."""
   cache.count_not_stored(reason)

@@ -74,12 +74,36 @@ def test_concrete_use_stays_static_with_stock_results(monkeypatch, caplog):
   for n in (2, 3, 4, 5, 4):
     assert_like_stock(jcc.jit(make(n))(x), make(n), x)
   # verification (one, before anything compiles) keeps n static: no lifted
-  # trace fails, so no stock retry is needed
-  assert jcc.stats()["fallback_reasons"] == {}
+  # trace fails, so no stock retry is needed; 3, 4 and 5, each a key met
+  # once, are stock's (4, met again, compiles its entry)
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 3}
+  assert jcc.stats()["misses"] == 2
   assert jcc.stats()["auto_dynamic"]["verifications"] == 1
   text = " ".join(r.getMessage() for r in caplog.records)
   assert "it stays static (keyed by value)" in text
   assert "ConcretizationTypeError" in text
+
+
+def test_a_key_met_once_is_compared_with_by_the_next_miss():
+  """A key met once (stock's) is the state the next miss of its code is
+  compared with: after a static cell changed, a float that then changes
+  becomes dynamic, one executable for every later value."""
+  x = jnp.ones(3)
+
+  def make(tag, s):
+    return lambda v: v * s if tag == "a" else v - s
+  seq = [("a", 1.0), ("b", 1.0)] + [("b", float(i)) for i in range(2, 8)]
+  compiles = []
+  for tag, s in seq:
+    with counting() as c:
+      out = jcc.jit(make(tag, s))(x)
+    compiles.append(c["compiles"])
+    assert_like_stock(out, make(tag, s), x)
+  # ("a", 1.0) is the first object's; ("b", 1.0) a key met once; 2.0
+  # differs from it in s alone: verified, one shared entry from then on
+  assert compiles == [1, 1, 1, 0, 0, 0, 0, 0]
+  assert jcc.stats()["auto_dynamic"]["verified"] == 1
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 1}
 
 
 def test_auto_dynamic_off_keys_scalars_by_value():

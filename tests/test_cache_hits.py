@@ -59,10 +59,12 @@ def test_static_scalar_in_cell_is_keyed_by_value():
   def make(scale):   # auto_dynamic off: scalars keyed by value
     return jcc.jit(lambda x: x * scale, auto_dynamic=False)
   x = jnp.arange(3.0)
-  for s in [2.0, 3.0, 2.0, 3.0]:
+  for s in [2.0, 3.0, 2.0, 3.0, 2.0, 3.0]:
     assert_like_stock(make(s)(x), make(s).__wrapped__, x)
-  # the first object is stock's; 3.0 compiles the entry, 2.0 then its own
-  assert jcc.stats()["misses"] == 3 and jcc.stats()["hits"] == 1
+  # the first object is stock's and 3.0, a key met once, too; met again,
+  # 2.0 and 3.0 compile an entry each, which their next objects hit
+  assert jcc.stats()["misses"] == 3 and jcc.stats()["hits"] == 2
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 1}
 
 
 def test_zero_signs_never_share_an_entry():
@@ -95,11 +97,14 @@ def test_int_float_bool_numpy_scalar_are_distinct(order):
   if order:
     consts = consts[::-1]
   x = jnp.arange(3, dtype=jnp.int32)
-  for c in consts:
+  for c in consts * 3:
     got, want = jcc.jit(make(c))(x), stock(make(c), x)
     assert got.dtype == want.dtype and got.weak_type == want.weak_type, c
     np.testing.assert_array_equal(got, want)
-  assert jcc.stats()["misses"] == 4
+  # round one: the first object and three keys met once, stock's; round
+  # two: each key, met again, compiles its own entry; round three hits them
+  assert jcc.stats()["misses"] == 5 and jcc.stats()["hits"] == 4
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 3}
 
 
 def test_pytree_leaves_are_lifted():

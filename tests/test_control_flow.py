@@ -100,13 +100,15 @@ def test_fresh_closures_reuse_one_executable(prog):
 def test_static_parameters_are_keyed():
   x = jnp.arange(3.0)
   step = lambda c, _: (c + 1, c)
-  # fori: 2 is stock's first object, 3 and 2 compile entries, 3 hits
-  for n in (2, 3, 2, 3):
+  # each: 2 is stock's first object, 3 a key met once (stock's); met again,
+  # 2 and 3 compile an entry each; then both hit
+  for n in (2, 3, 2, 3, 2, 3):
     assert_trees_equal(count_up(cached_lax, 0, n, x), count_up(StockLax, 0, n, x))
-  for length in (2, 3):
+  for length in (2, 3, 2, 3, 2, 3):
     assert_trees_equal(cached_lax.scan(step, x, None, length=length),
                        StockLax.scan(step, x, None, length=length))
-  assert jcc.stats()["misses"] == 5 and jcc.stats()["hits"] == 1
+  assert jcc.stats()["misses"] == 6 and jcc.stats()["hits"] == 4
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 2}
 
 
 def count_up(lax, lo, hi, x):

@@ -28,14 +28,21 @@ def messages(caplog):
 
 
 def test_miss_names_the_changed_cell(explain):
+  """The changed cell is named when its key is met once (stock answers) and
+  when it is met again (the miss that compiles its entry)."""
   def make(scale):
     return lambda x: x * scale
   x = jnp.ones(2)
   jcc.jit(make(2.0), auto_dynamic=False)(x)
-  jcc.jit(make(3.0), auto_dynamic=False)(x)
-  text = messages(explain)[-1]
-  assert "cell 'scale' changed: 2.0 -> 3.0 (static float)" in text
-  assert "test_diagnostics.py" in text   # file:line of the function
+  jcc.jit(make(3.0), auto_dynamic=False)(x)   # a key met once
+  once = messages(explain)[-1]
+  jcc.jit(make(3.0), auto_dynamic=False)(x)   # met again: the miss
+  again = messages(explain)[-1]
+  assert "fallback" in once and "key is new" in once, once
+  assert "closure-cache miss" in again, again
+  for text in (once, again):
+    assert "cell 'scale' changed: 2.0 -> 3.0 (static float)" in text, text
+    assert "test_diagnostics.py" in text   # file:line of the function
 
 
 def test_miss_names_a_changed_default(explain):

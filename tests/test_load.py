@@ -89,7 +89,10 @@ def two_entries_keyed_by_value():
 
 def test_lru_evicts_the_least_recently_used():
   with two_entries_keyed_by_value() as (make, x):
-    jcc.jit(make(1.0))(x)   # A
+    for s in (1.0, 2.0, 3.0):   # each key met once: stock's, no entry
+      jcc.jit(make(s))(x)
+    assert jcc.stats()["entries"] == 0
+    jcc.jit(make(1.0))(x)   # A, met again
     jcc.jit(make(2.0))(x)   # B
     jcc.jit(make(1.0))(x)   # A used again
     jcc.jit(make(3.0))(x)   # C: evicts B, the least recently used
@@ -109,7 +112,9 @@ def test_a_hit_of_the_fast_front_counts_as_a_use_for_eviction():
   from jax_closure_cache.front import generated
   with two_entries_keyed_by_value() as (make, x):
     jcc.jit(make(9.0))(x)   # the code's first object: stock's own jit
-    jcc.jit(make(1.0))(x)   # A
+    for s in (1.0, 2.0, 3.0):   # each key met once: stock's, no entry
+      jcc.jit(make(s))(x)
+    jcc.jit(make(1.0))(x)   # A, met again
     jcc.jit(make(2.0))(x)   # B
     hits = jcc.stats()["hits"]
     w = jcc.jit(make(1.0))
@@ -193,11 +198,18 @@ def test_random_closures_match_stock_and_never_share_wrongly(a, b):
   # Stock bakes closed-over arrays as constants that XLA may fold, so sums
   # can round differently in the last ulp (one example: 33.20862 vs
   # 33.208622); dtypes and weak types must still match exactly.
-  # a's first object is stock's, its second compiles the shared entry
+  # a's first object is stock's, its second compiles the shared entry; b,
+  # if its key is a's, hits it twice, else compiles its own entry: met
+  # again, or at once where a float in it became dynamic (then hit)
   assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x, rtol=1e-6)
   assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x, rtol=1e-6)
   assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x, rtol=1e-6)
+  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x, rtol=1e-6)
   same = canonical(a) == canonical(b)
   s = jcc.stats()
-  assert s["fallbacks"] == 0
-  assert (s["hits"], s["misses"]) == ((1, 2) if same else (0, 3)), (a, b)
+  dynamic = s["auto_dynamic"]["verified"] > 0
+  assert not (same and dynamic), (a, b)
+  assert s["fallback_reasons"] == (
+      {} if same or dynamic else {"key_met_once": 1}), (a, b)
+  assert (s["hits"], s["misses"]) == (
+      (2, 2) if same else (1, 3) if dynamic else (0, 3)), (a, b)

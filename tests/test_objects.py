@@ -37,6 +37,33 @@ def test_array_on_an_object_attribute_is_lifted():
   assert_like_stock(jcc.jit(make(h))(x), make(h), x)
 
 
+def test_state_the_first_call_fills_is_the_key_met_next():
+  """An object the first call fills lazily (a cached attribute, as a mesh's)
+  changes the key its code is met with next: the first object records that
+  key too, so the second object, meeting it again, compiles the shared
+  entry and the third hits."""
+  class Config:
+    def __init__(self):
+      self.factor = None
+
+    def get(self):
+      if self.factor is None:
+        self.factor = 3.0   # filled at first use
+      return self.factor
+  cfg = Config()
+  x = jnp.ones(3)
+  make = lambda w: (lambda v: (w @ v) * cfg.get())
+  compiles = []
+  for i in range(1, 5):
+    w = jnp.eye(3) * i
+    with counting() as c:
+      out = jcc.jit(make(w))(x)
+    compiles.append(c["compiles"])
+    assert_like_stock(out, make(w), x)
+  assert compiles == [1, 1, 0, 0]
+  assert jcc.stats()["fallbacks"] == 0
+
+
 def test_function_held_by_an_object_is_keyed_by_its_closure():
   class Solver:
     def __init__(self, fun):

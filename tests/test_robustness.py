@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from jax_closure_cache import cache
+from jax_closure_cache import _compat, cache
 from conftest import PATCHED, STOCK_JIT, needs_trace_lookup, stock_off
 
 
@@ -191,3 +191,131 @@ def test_repr_of_a_function_whose_repr_raises():
     assert repr(jitted) == "<PjitFunction>"
     with pytest.raises(AttributeError):
       jitted.__wrapped__
+
+
+def _lr_schedule_steps(params, x, steps, start):
+  """A training step whose closure reads a new Python float each step (a
+  learning rate): a key that never repeats."""
+  def step(p, lr):
+    def update(p):
+      g = jax.grad(lambda q: jnp.mean(jnp.tanh(x @ q["w"] + q["b"]) ** 2))(p)
+      return jax.tree.map(lambda a, b: a - lr * b, p, g)
+    return jax.jit(update)(p)
+  for i in range(steps):
+    params = step(params, 0.1 / (start + i))
+  return params
+
+
+def _live_executables_after(run, *args):
+  import gc
+  out = run(*args)
+  jax.block_until_ready(out)
+  gc.collect()
+  return out, _compat.live_executables()
+
+
+def test_never_repeating_keys_keep_no_more_alive_than_stock():
+  """Keys that never repeat keep what stock keeps: no entry, no shared
+  trace, and live executables within a small constant of stock's."""
+  params = {"w": jnp.ones((16, 16)) * 0.1, "b": jnp.zeros(16)}
+  x = jnp.ones((4, 16))
+  jcc.disable()
+  _lr_schedule_steps(params, x, 5, 1)   # JAX's own one-time executables
+  want, stock_live = _live_executables_after(
+      _lr_schedule_steps, params, x, 40, 10)
+  jcc.enable()
+  for start in (100, 200):   # run twice: a replay with fresh objects
+    got, live = _live_executables_after(
+        _lr_schedule_steps, params, x, 40, start)
+    assert live <= 1.5 * stock_live + 4, (live, stock_live)
+    # no entry at all, and no trace stored per step (a closure-free helper
+    # of the step, the same every step, may be)
+    assert jcc.stats()["entries"] == 0 and jcc.stats()["shared_traces"] <= 2
+  np.testing.assert_allclose(got["w"], stock_off(
+      _lr_schedule_steps, params, x, 40, 200)["w"], rtol=1e-6)
+
+
+class _ElementwiseEq:
+  """An array-like whose ``==`` is elementwise (its truth value raises)."""
+
+  def __init__(self, v):
+    self.v = np.asarray(v)
+
+  def __eq__(self, other):
+    return self.v == getattr(other, "v", other)
+
+  def __hash__(self):
+    return 0
+
+
+def _closes_over_an_array_like(x, scale):
+  a = _ElementwiseEq([1.0, 2.0, scale])
+  return jax.jit(lambda v: v * 2.0 + float(a.v.sum()))(x)
+
+
+def test_an_elementwise_eq_in_a_closure_is_never_called():
+  """The key walks a Python object's state, never its ``__eq__``/``__hash__``
+  (stock never compares closures): no crash, stock's values, and a changed
+  attribute is a different key."""
+  jcc.enable()
+  x = jnp.ones(3)
+  for _ in range(2):
+    for scale in (3.0, 3.0, 4.0, 3.0):
+      got = _closes_over_an_array_like(x, scale)
+      want = stock_off(_closes_over_an_array_like, x, scale)
+      np.testing.assert_array_equal(got, want)
+      assert got.dtype == want.dtype and got.weak_type == want.weak_type
+
+
+@needs_trace_lookup
+def test_explaining_a_miss_of_a_recreated_partial():
+  """``pe.explain``'s closure sentence (``jax_explain_cache_misses``) for a
+  ``functools.partial``, which has no ``__code__`` of its own."""
+  from jax_closure_cache.lookup import trace_lookup
+  cc = trace_lookup.closure_cache
+
+  def f(w, x):
+    return jnp.sin(x) * w
+  jcc.enable()
+  first = functools.partial(f, jnp.ones(3))
+  assert "first function" in cc.explain_miss(first)
+  cc.find(first, ("sig",))   # remembered as its code's last key
+  again = cc.explain_miss(functools.partial(f, jnp.zeros(3)))
+  assert "seen before" in again, again
+
+
+def _donating_calls(jit, options, n):
+  """Fresh lambdas of one code, donating unusable buffers: the warnings
+  each call gives."""
+  import warnings
+  x = jnp.array([1.0, 2.0], jnp.float32)
+  y = jnp.array([1, 2], jnp.int32)
+  warned = []
+  for _ in range(n):
+    f = jit(lambda a, b: a.sum() + jnp.float32(b.sum()), **options)
+    with warnings.catch_warnings(record=True) as w:
+      warnings.simplefilter("always")
+      f(x, y)
+    warned.append(sum("donated buffers were not usable" in str(m.message)
+                      for m in w))
+  return warned
+
+
+def test_every_fresh_function_warns_of_unusable_donations_as_stock():
+  """XLA warns at each compile, which stock makes per function object:
+  nothing that warned is shared, in the front or the trace lookup, and the
+  options are validated at jit() time as stock's are."""
+  jcc.enable()
+  for _ in range(2):
+    for options in ({"donate_argnames": ("a", "b")},
+                    {"donate_argnums": (0, 1)}):
+      want = stock_off(_donating_calls, STOCK_JIT, options, 4)
+      assert want == [1, 1, 1, 1]
+      assert _donating_calls(jax.jit, options, 4) == want
+      assert _donating_calls(STOCK_JIT, options, 4) == want
+  w = jnp.ones(2)
+  for bad in ({"donate_argnums": (0, 3)}, {"donate_argnames": ("nope",)}):
+    with pytest.raises(ValueError):
+      STOCK_JIT(lambda a, b: a * w, **bad)
+    with pytest.raises(ValueError):
+      jax.jit(lambda a, b: a * w, **bad)

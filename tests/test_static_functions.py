@@ -78,7 +78,9 @@ def test_static_function_by_keyword_and_other_static_values():
     return f(v) * n
   jitted = jcc.jit(scaled, static_argnames=("f", "n"))
   warm(lambda: jitted(x, f=_matvec(jnp.eye(3)), n=2))
-  for n in (2, 3):   # a plain static value is keyed by value, as stock does
+  # a plain static value is keyed by value, as stock does: n=3, a new key,
+  # is stock's when met once and compiles its entry when met again
+  for n in (2, 3, 3):
     w = jnp.eye(3) * n
     out = jitted(x, f=_matvec(w), n=n)
     want = STOCK_JIT(scaled, static_argnames=("f", "n"))(x, f=_matvec(w), n=n)
@@ -87,6 +89,7 @@ def test_static_function_by_keyword_and_other_static_values():
   with counting() as c:
     jitted(x, f=_matvec(w), n=3)
   assert c["compiles"] == 0
+  assert jcc.stats()["fallback_reasons"] == {"key_met_once": 1}
 
 
 def test_long_lived_static_function_is_stocks():

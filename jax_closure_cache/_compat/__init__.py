@@ -104,6 +104,12 @@ def cache_size(jitted) -> int:
   return jitted._cache_size()
 
 
+def live_executables() -> int:
+  """Executables the default backend holds now (each keeps its code and
+  buffers), for bounding what the cache keeps alive against stock."""
+  return len(jax.devices()[0].client.live_executables())
+
+
 def count_traces():
   """JAX's own trace counter (``pe.trace_to_jaxpr`` misses), as a context
   manager yielding a read-out function. Imported on use: ``jax._src.test_util``

@@ -114,6 +114,12 @@ def stateful_aval(aval) -> bool:
   return has_qdd if has_qdd is not None else type(aval) is not _core.ShapedArray
 
 
+def donates(jit_info) -> bool:
+  """Whether a jitted object's options donate arguments."""
+  return bool(getattr(jit_info, "donate_argnums", ())
+              or getattr(jit_info, "donate_argnames", ()))
+
+
 def jit_debug_info(fun, args, kwargs):
   """The debug info pjit traces ``fun`` with (no static arguments)."""
   return _api_util.debug_info("jit", fun, args, kwargs)

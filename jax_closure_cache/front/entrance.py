@@ -114,7 +114,12 @@ def _jit_with_options(fun, options: dict):
                              types.MethodType, _ClosureJitted))
             or closure.as_method(fun) is not None):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
-  return _ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+  w = _ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+  if options.get("donate_argnums") or options.get("donate_argnames"):
+    # Stock's own jitted object, made now: its validation of the donated
+    # arguments raises here, at jit() time, as stock's does.
+    w.stock()
+  return w
 
 
 # The fast front's entrance: ``jit`` itself, or the same in C where the

@@ -62,6 +62,13 @@ def first_object(fun, code: types.CodeType) -> bool:
   return trace_lookup.closure_cache.first_object(fun, code)
 
 
+def met_before(key) -> bool:
+  """Whether ``key`` was met before (recording it): an entry is stored for
+  a key met twice, so never-repeating keys keep only what stock keeps. The
+  closure cache module's rule, as :func:`first_object`."""
+  return trace_lookup.closure_cache.met_before(key)
+
+
 class _Seen:   # a code's first object when it was answered elsewhere
   __slots__ = ("__weakref__",)
 

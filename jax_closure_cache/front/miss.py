@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import types
+import warnings
 
 from jax_closure_cache import _compat
 from jax_closure_cache import diagnostics
@@ -172,12 +173,18 @@ def miss(w, key, a, args, kwargs):
     # (The object is the wrapper's own function: the user's, or the
     # package's closure made afresh around it for static arguments or a
     # loop, so those count per call, as the code of the user's function.)
+    entries.met_before(key)   # recorded: the next object of it shares
     started = time.perf_counter()
     w._own()
     out = w.stock()(*args, **kwargs)
     remember_last_key(w)
     events.miss(w._user(), code, key, time.perf_counter() - started,
                 first_object=True)
+    try:   # and the key of the state the call left (a mesh's attributes
+      # filled lazily, say): the next object is met in that state
+      entries.met_before(stored(w)[1])
+    except (Uncacheable, TypeError):
+      pass
     return out
   if code is not None and code in entries.unliftable:
     return fallback(
@@ -192,6 +199,20 @@ def miss(w, key, a, args, kwargs):
       events.hit(entry.record)
       w._pin(entry, key, a.leaves)
       return w._call_entry(entry, key, a.leaves, args, kwargs)
+  if (made is None and code not in entries.ALWAYS_SHARED
+      and not entries.spans_processes(a.leaves)
+      and not entries.met_before(key)):
+    # A key met once is stock's: one that never repeats (a new Python
+    # float each step) keeps no entry, executable or array alive. The state
+    # after the call is the next miss's to compare with (auto-dynamic), as
+    # after the code's first object.
+    events.met_once(w._user(), code, key, "its closure key is new; a "
+                    "function met again with the same key shares one "
+                    "executable")
+    w._own()
+    out = w.stock()(*args, **kwargs)
+    remember_last_key(w)
+    return out
   baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
   if baked is not None:
     # An array kept by identity (committed to a device, or inside an
@@ -212,15 +233,29 @@ def miss(w, key, a, args, kwargs):
   try:
     # .trace() fills JAX's _infer_params cache, so the call below compiles
     # without tracing again; the Traced object yields the captured consts.
-    with entries.calling(entry, w._fun, a):   # the trace takes this walk
+    with entries.calling(entry, w._fun, a), \
+         warnings.catch_warnings(record=True) as warned:
+      warnings.simplefilter("always")
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       out = entry.jitted(a.leaves, *args, **kwargs)
   except Exception as e:
     return retry_stock(w, key, args, kwargs, e)
   cost = time.perf_counter() - started   # trace + compile + first run
+  w._pin(entry, key, a.leaves)
+  if warned:
+    # What tracing or compiling warned (unusable donated buffers, say),
+    # stock warns for every function object it compiles: such an entry is
+    # not shared, and the warnings go out as stock's, under the user's
+    # filters.
+    entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
+    events.not_stored(w._user(), "warned", "; ".join(
+        f"{m.category.__name__}: {m.message}" for m in warned)[:300])
+    for m in warned:
+      warnings.warn_explicit(m.message, m.category, m.filename, m.lineno,
+                             source=m.source)
+    return out
   # a miss is counted when stored or not stored (below): a failed trace
   # counts as a fallback alone
-  w._pin(entry, key, a.leaves)
   w._store(key, entry, a.leaves, args, kwargs, traced, cost)
   return out
 

@@ -173,8 +173,9 @@ class Analysis(_key.Walk):
     return self.opaque(v, t)
 
   def opaque(self, v, t):
-    """A registered pytree by its parts, a value-hashable object by value,
-    a plain object by its attributes, any other by identity."""
+    """A registered pytree by its parts, a Python object by its state (its
+    attributes or slots, whatever its ``__eq__``), a value type written in C
+    by value, a library object by identity; anything else is refused."""
     if drawn_from(v):
       raise Uncacheable("drawn_state", f"a trace draws from {v!r:.60}, which "
                         "gives a new value each time (stock draws again)")
@@ -185,18 +186,20 @@ class Analysis(_key.Walk):
     if not (len(leaves) == 1 and leaves[0] is v):
       return self.tree_parts(leaves, treedef)
     h = t.__hash__
-    if h is not None and h is not object.__hash__:
-      try:   # a dataclass hash fails on an unhashable field: walk it instead
-        hash(v)
-      except TypeError:
-        pass
-      else:
-        return (t, v)   # value-based hash and equality, like a static argument
+    # A Python class's own __eq__/__hash__ are never trusted (they may
+    # compare a name only, or elementwise): its state is walked instead.
     if is_plain_type(t):
       return self.plain_object(v, t)
     members = slot_members(t)
     if members:   # state in __slots__: keyed by their values, not identity
       return self.plain_object(v, t, members)
+    if h is not None and h is not object.__hash__:
+      try:
+        hash(v)
+      except TypeError:
+        pass
+      else:   # a value type implemented in C (a date, a Decimal): by value
+        return (t, v)
     if h is object.__hash__ and kept_as_library_object(t):
       return self.identity(v, root=True)   # library state; arrays guarded
     if h is object.__hash__:

@@ -183,6 +183,7 @@ class _TraceStore:
     with self.lock:
       old, self.data = self.data, collections.OrderedDict()
       _first.clear()
+      _met.clear()
     _last_key.clear()
     return old
 
@@ -199,6 +200,7 @@ util.register_cache(traces, "closure-keyed traces")
 _closings = weakref.WeakKeyDictionary()   # closed jaxpr -> the shared one
 own_codes: set = set()   # of the lifted functions traced here, never keyed
 _first = weakref.WeakKeyDictionary()   # each code's first function, weakly
+_met: dict = {}   # hashes of keys met, oldest first: no trace stored before
 
 
 def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
@@ -240,8 +242,8 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if not leaves:
     return (None, (key, leaves, anchors)) if shared is None else (
         shared.answer, None)
-  if shared is None and first_object(   # as usual
-      fun, getattr(getattr(fun, "func", fun), "__code__", None)):
+  if shared is None and (first_object(fun, _code(fun))   # as usual
+      | (not met_before(key))):   # lifted only for a key met again
     return None, None
   shared = trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                         debug_info, ctx)
@@ -252,11 +254,25 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   return (closed, shared.out_avals), None
 
 
+def _code(fun):   # a function's code, or its partial's function's
+  return getattr(getattr(fun, "func", fun), "__code__", None)
+
+
 def first_object(fun, code) -> bool:
   """Records ``code``'s first function object; whether it is ``fun``."""
   with traces.lock:
     first = _first.setdefault(code, weakref.ref(fun)) if code else None
   return first is None or first() is fun
+
+
+def met_before(key) -> bool:
+  """Whether ``key`` was met before (recording it, of the last 4096)."""
+  with traces.lock:
+    met = _met.pop(hash(key), False)
+    _met[hash(key)] = True
+    if len(_met) > 4096:
+      del _met[next(iter(_met))]
+  return met
 
 
 def find(fun, sig, found=None, rules=None):
@@ -369,7 +385,7 @@ _last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _remember(fun, key) -> None:
-  code = getattr(fun, "__code__", None)
+  code = _code(fun)
   if code is not None:
     _last_key[code] = key
 
@@ -380,7 +396,7 @@ def explain_miss(fun) -> str:
     key, _, _ = closure_key.closure_key(fun)
   except closure_key.Unkeyable as e:
     return f"  jax_closure_cache: no closure key ({e})"
-  last = _last_key.get(getattr(fun, "__code__", None))
+  last = _last_key.get(_code(fun)) if _code(fun) is not None else None
   return "  jax_closure_cache: " + (
       "the first function of its code, traced as usual" if last is None
       else "a closure key seen before: its functions share one trace, with "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import threading
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -75,7 +76,17 @@ def own_code(code) -> None:
   closure_cache.own_codes.add(code)
 
 
+#: Set while pjit traces for a jitted object that donates arguments: XLA
+#: warns of unusable donated buffers at every compile, and stock compiles
+#: per function object, so such traces are never shared (a shared jaxpr
+#: would find pjit's executable and skip the compile and its warning).
+_unshared = threading.local()
+
+
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
+  if getattr(_unshared, "on", False):
+    return _compat.trace.STOCK_TRACE_TO_JAXPR(
+        fun, in_avals, debug_info, *context_for_cache_key, **options)
   return closure_cache.trace_to_jaxpr(
       _compat.trace.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
@@ -203,6 +214,13 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
   ``separate_consts`` branch: the constants become the first arguments
   (with unspecified shardings and layouts, never donated) of the one
   lowering every closure of the key uses."""
+  if _compat.trace.donates(ji):
+    saved, _unshared.on = getattr(_unshared, "on", False), True
+    try:
+      return _compat.trace.STOCK_TRACE_FOR_JIT(
+          fun, ji, ctx_mesh, dbg, avals, args, kwargs)
+    finally:
+      _unshared.on = saved
   p = _compat.trace.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
   if p.consts or not closure_cache.is_shared(p.params["jaxpr"]):
     return p

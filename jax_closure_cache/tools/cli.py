@@ -42,10 +42,11 @@ def _parser() -> argparse.ArgumentParser:
                      "(stock, cache, hoisted) and cache/baseline per row "
                      "(pip install '.[plot]')")
   bench.add_argument("--only", choices=("jit", "control-flow", "scale",
-                                        "upstream"),
-                     help="run one of the four tables (scale: sharded and "
+                                        "upstream", "memory"),
+                     help="run one of the tables (scale: sharded and "
                      "two-process rows, each in its own processes; upstream: "
-                     "the series with its option off against pristine jax)")
+                     "the series with its option off against pristine jax; "
+                     "memory: what never-repeating keys keep alive)")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
                  "start-up hook and whether the cache is active")
   patch = sub.add_parser(
@@ -132,6 +133,13 @@ def _bench(args) -> int:
       print("\nThe upstream series with its option off, against pristine "
             "jax\n")
       print(bench_upstream.table(rows))
+  if args.only == "memory" or (args.only is None and not quick):
+    from jax_closure_cache.tools import bench_memory
+    rows = bench_memory.run()
+    report["memory"] = rows
+    print(f"\nA new Python float in the closure each step "
+          f"({bench_memory.STEPS} steps, one process per way)\n")
+    print(bench_memory.format_table(rows))
   if args.plot:
     from jax_closure_cache.tools import bench_plot
     bench_plot.write(args.plot, report)
