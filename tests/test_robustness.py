@@ -319,3 +319,28 @@ def test_every_fresh_function_warns_of_unusable_donations_as_stock():
       STOCK_JIT(lambda a, b: a * w, **bad)
     with pytest.raises(ValueError):
       jax.jit(lambda a, b: a * w, **bad)
+
+
+def _writes_at_trace_time(jit, w, x):
+  log = []
+
+  def f(v):
+    log.append(v.shape)   # a trace-time write its caller reads after
+    return v * w
+  return jit(f)(x), len(log)
+
+
+@needs_trace_lookup
+def test_the_trace_lookup_never_shares_a_trace_that_writes_state():
+  """A function whose trace writes to what it reaches (JAX's own internal
+  closures fill a cell their caller reads after the trace) is traced as
+  stock traces it, every time: its write happens, as with stock."""
+  jcc.enable()
+  x = jnp.ones(3)
+  for _ in range(2):
+    for i in range(4):
+      w = jnp.full((3,), float(i))
+      got, writes = _writes_at_trace_time(STOCK_JIT, w, x)
+      want, stock_writes = stock_off(_writes_at_trace_time, STOCK_JIT, w, x)
+      np.testing.assert_array_equal(got, want)
+      assert writes == stock_writes == 1

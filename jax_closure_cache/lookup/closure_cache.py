@@ -227,8 +227,9 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   monitoring.record_event("/jax/closure_cache/miss" if answer is None
                           else "/jax/closure_cache/hit")
   if answer is None:
+    watch = None if share is None else StateWatch(fun)
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
-    if share is not None:
+    if share is not None and not watch.changes():   # a write is not shared
       _share_answer(*share, answer)
   return answer
 
@@ -322,8 +323,14 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   rules, key, leaf_avals, _ = key
 
   def lifted(leaves, *args, **kwargs):
-    new = lambda: closure_key.rebuild(fun, key, leaves, rules)(*args, **kwargs)
-    return StateWatch.run(fun, new)
+    new = closure_key.rebuild(fun, key, leaves, rules)
+    watches = StateWatch(new), StateWatch(fun)   # a trace that writes what
+    out = StateWatch.run(fun, lambda: new(*args, **kwargs))   # it reaches
+    if any(w.changes() for w in watches):   # (a cell its caller reads after)
+      for w in watches:   # is traced as usual, every time, its writes once
+        w.restore()
+      raise TracerLeak("the trace wrote to state its function reaches")
+    return out
   own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = ft.pack(((ft.flatten(list(leaf_avals)), *args.unpack()), kwargs))
