@@ -62,10 +62,15 @@ class LRUStore:
     self.kind = kind   # the stats() count this store's size goes to
     self._data: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
+    # (key, entry) pairs a weak reference's callback could not drop at once:
+    # the collector can run it while this thread holds the lock
+    self._pending: list = []
 
   def get(self, key) -> Any:
     """The entry for ``key`` or None. Raises TypeError if ``key`` is
     unhashable (a pytree's metadata can be)."""
+    if self._pending:
+      self._drain()
     entry = self._data.get(key)
     if entry is not None:
       entry.used = True
@@ -77,6 +82,8 @@ class LRUStore:
   # to be freed by the caller's frame after the lock is released.
 
   def put(self, key, entry: Entry) -> None:
+    if self._pending:
+      self._drain()
     with self._lock:
       entry.used = False
       replaced = self._data.get(key)
@@ -103,11 +110,24 @@ class LRUStore:
 
   def discard_entry(self, key, entry: Entry) -> None:
     """Drop ``key`` if it still maps to ``entry`` (a weak reference's
-    callback: the key may have been stored again since)."""
-    with self._lock:
-      removed = (self._data.pop(key) if entry is not None
-                 and self._data.get(key) is entry else None)
+    callback: the key may have been stored again since). Never blocks: a
+    callback the collector runs while the lock is held defers the drop to
+    the next use of the store."""
+    if entry is None:
+      return
+    if not self._lock.acquire(blocking=False):
+      self._pending.append((key, entry))
+      return
+    try:
+      removed = self._data.pop(key) if self._data.get(key) is entry else None
+    finally:
+      self._lock.release()
     del removed   # freed outside the lock
+
+  def _drain(self) -> None:
+    pending, self._pending = self._pending, []
+    for key, entry in pending:
+      self.discard_entry(key, entry)
 
   def clear(self) -> None:
     with self._lock:

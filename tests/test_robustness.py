@@ -344,3 +344,107 @@ def test_the_trace_lookup_never_shares_a_trace_that_writes_state():
       want, stock_writes = stock_off(_writes_at_trace_time, STOCK_JIT, w, x)
       np.testing.assert_array_equal(got, want)
       assert writes == stock_writes == 1
+
+
+@needs_trace_lookup
+def test_a_collection_under_a_store_lock_never_deadlocks():
+  """The collector can run a dead anchor's weak-reference callback while
+  this thread holds the trace store's lock (Python 3.12 collects at any
+  bytecode): the callback defers its drop instead of blocking."""
+  import gc
+  from jax_closure_cache.lookup import trace_lookup
+  cc = trace_lookup.closure_cache
+
+  class _Cyclic:
+    pass
+
+  def attempt(k):
+    gc.collect()
+    gc.disable()
+    a = _Cyclic()
+    a.self = a   # dies only in a collection
+    cc._put(("gc test", k), cc._Shared(), [a])
+    del a
+    gc.set_threshold(k)
+    gc.enable()
+    cc.traces.put(("other", k), cc._Shared())
+
+  def run():
+    for k in range(1, 60):
+      attempt(k)
+
+  saved = gc.get_threshold()
+  try:
+    assert _store_then_clear(run, cc.traces.cache_clear), "deadlocked"
+  finally:
+    gc.set_threshold(*saved)
+    gc.enable()
+  assert cc.traces.get(("no such key",)) is None   # drains what was deferred
+  assert not cc.traces.pending
+
+
+def _closes_over_library_values(x, i):
+  import inspect
+  sig = inspect.signature(lambda a, b=2: None)   # a standard-library value
+  return jax.jit(lambda v: jax.nn.relu(v * (i + len(sig.parameters))))(x)
+
+
+def test_library_value_types_are_keyed_by_value_and_hit():
+  """Value types of the standard library and jax (a Signature, a jitted
+  jax.nn function's options) are keyed by value: re-created closures over
+  them hit, with stock's values."""
+  jcc.enable()
+  x = jnp.arange(3.0) - 1.0
+  for _ in range(2):
+    for i in (1, 1, 1):
+      np.testing.assert_array_equal(_closes_over_library_values(x, i),
+                                    stock_off(_closes_over_library_values,
+                                              x, i))
+  assert jcc.stats()["hits"] >= 3
+  assert "unhashable" not in jcc.stats()["fallback_reasons"]
+
+
+class _Tag(str):
+  """A str whose ``==`` is elementwise."""
+
+  def __eq__(self, other):
+    return np.array([str.__eq__(self, other), True])
+
+  __hash__ = str.__hash__
+
+
+def _closes_over_a_tag(x):
+  t = _Tag("a")
+  return jax.jit(lambda v: v * 2.0 if t else v)(x)
+
+
+def test_a_python_eq_over_a_c_value_type_is_never_called():
+  jcc.enable()
+  x = jnp.ones(3)
+  for _ in range(4):
+    np.testing.assert_array_equal(_closes_over_a_tag(x),
+                                  stock_off(_closes_over_a_tag, x))
+
+
+def _warns_at_trace_time(x, w):
+  return jax.jit(lambda v: v * w + jnp.zeros(3, dtype=jnp.float64))(x)
+
+
+def test_a_trace_time_warning_still_shares_and_warns_as_stock():
+  """A warning that is not about donation (a float64 request without x64)
+  leaves sharing as it was; under the default filter it is shown as often
+  as stock shows it."""
+  import warnings
+  jcc.enable()
+  x = jnp.ones(3)
+
+  def shown(run):
+    with warnings.catch_warnings(record=True) as got:
+      warnings.simplefilter("default")
+      for i in range(6):
+        run(_warns_at_trace_time, x, jnp.full(3, float(i)))
+    return len(got)
+  want = shown(lambda f, *a: stock_off(f, *a))
+  jcc.clear()
+  assert shown(lambda f, *a: f(*a)) == want
+  assert jcc.stats()["hits"] >= 3

@@ -16,6 +16,7 @@ is one ``events`` call (counted and explained together).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import types
@@ -230,12 +231,11 @@ def miss(w, key, a, args, kwargs):
       w._fun, code_of(w._fun), entry, w._spec.options, w._spec.lift_numpy,
       len(args))
   started = time.perf_counter()
+  donating = jit_options.donates(w._spec.options)
   try:
     # .trace() fills JAX's _infer_params cache, so the call below compiles
     # without tracing again; the Traced object yields the captured consts.
-    with entries.calling(entry, w._fun, a), \
-         warnings.catch_warnings(record=True) as warned:
-      warnings.simplefilter("always")
+    with entries.calling(entry, w._fun, a), _compile_warnings(donating) as warned:
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       out = entry.jitted(a.leaves, *args, **kwargs)
   except Exception as e:
@@ -243,21 +243,32 @@ def miss(w, key, a, args, kwargs):
   cost = time.perf_counter() - started   # trace + compile + first run
   w._pin(entry, key, a.leaves)
   if warned:
-    # What tracing or compiling warned (unusable donated buffers, say),
-    # stock warns for every function object it compiles: such an entry is
-    # not shared, and the warnings go out as stock's, under the user's
-    # filters.
+    # XLA warns of unusable donated buffers at every compile, which stock
+    # makes per function object: such an entry is not shared. The warnings
+    # passed the user's filters already; they are shown now.
     entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
     events.not_stored(w._user(), "warned", "; ".join(
         f"{m.category.__name__}: {m.message}" for m in warned)[:300])
     for m in warned:
-      warnings.warn_explicit(m.message, m.category, m.filename, m.lineno,
-                             source=m.source)
+      warnings.showwarning(m.message, m.category, m.filename, m.lineno,
+                           m.file, m.line)
     return out
   # a miss is counted when stored or not stored (below): a failed trace
   # counts as a fallback alone
   w._store(key, entry, a.leaves, args, kwargs, traced, cost)
   return out
+
+
+@contextlib.contextmanager
+def _compile_warnings(record: bool):
+  """The warnings a donating entry's trace and compile give, as they pass
+  the user's filters (an ``error`` filter still raises); nothing is
+  recorded, and the warning machinery left alone, for other options."""
+  if not record:
+    yield ()
+    return
+  with warnings.catch_warnings(record=True) as warned:
+    yield warned
 
 
 def _guards(w, after, traced, args, kwargs):

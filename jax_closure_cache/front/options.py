@@ -37,6 +37,11 @@ ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
                             "donate_argnums", "donate_argnames"})
 
 
+def donates(options: dict) -> bool:
+  """Whether jit ``options`` donate arguments."""
+  return bool(options.get("donate_argnums") or options.get("donate_argnames"))
+
+
 def has_static_arguments(options: dict) -> bool:
   """Whether the jit options name static arguments (their values are then
   passed as they are, not traced)."""

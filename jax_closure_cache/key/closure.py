@@ -186,7 +186,15 @@ class Analysis(_key.Walk):
     if not (len(leaves) == 1 and leaves[0] is v):
       return self.tree_parts(leaves, treedef)
     h = t.__hash__
-    # A Python class's own __eq__/__hash__ are never trusted (they may
+    if (h is not None and h is not object.__hash__
+        and not _user_equality(t)):
+      try:   # a library value type (a date, a Signature): by value
+        hash(v)
+      except TypeError:
+        pass
+      else:
+        return (t, v)
+    # A user class's own __eq__/__hash__ are never trusted (they may
     # compare a name only, or elementwise): its state is walked instead.
     if is_plain_type(t):
       return self.plain_object(v, t)
@@ -194,12 +202,8 @@ class Analysis(_key.Walk):
     if members:   # state in __slots__: keyed by their values, not identity
       return self.plain_object(v, t, members)
     if h is not None and h is not object.__hash__:
-      try:
-        hash(v)
-      except TypeError:
-        pass
-      else:   # a value type implemented in C (a date, a Decimal): by value
-        return (t, v)
+      raise Uncacheable("user_equality", f"a {t.__name__} compares by its "
+                        "own __eq__ and keeps state the key cannot read")
     if h is object.__hash__ and kept_as_library_object(t):
       return self.identity(v, root=True)   # library state; arrays guarded
     if h is object.__hash__:
@@ -385,6 +389,21 @@ class Analysis(_key.Walk):
     finally:
       self.in_object = saved
     return (CLASS, i, t, tuple(items))
+
+
+def _user_equality(t: type) -> bool:
+  """Whether ``t``'s ``__eq__`` or ``__hash__`` is written in Python
+  outside the stable packages (jax, numpy, the standard library...)."""
+  for name in ("__eq__", "__hash__"):
+    owner = next((c for c in t.__mro__ if name in c.__dict__), object)
+    if _python_function(owner.__dict__.get(name)) and not stable_module(
+        getattr(owner, "__module__", None)):
+      return True
+  return False
+
+
+def _python_function(f) -> bool:
+  return isinstance(f, types.FunctionType)
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,

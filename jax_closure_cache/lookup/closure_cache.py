@@ -128,9 +128,11 @@ class StateWatch:
           del place.cell_contents
       elif type(place) is list:
         place[:] = before.values()
-      else:
-        place.clear()
-        place.update(before)
+      else:   # key by key: a module's globals are never empty meanwhile
+        for k in [k for k in place if k not in before]:
+          del place[k]
+        place.update([(k, v) for k, v in before.items()
+                      if place.get(k, place) is not v])
 
 
 def _reach(todo: list):   # each object reached from todo, once, in budget
@@ -160,8 +162,11 @@ class _TraceStore:
   def __init__(self, capacity: int):
     self.capacity, self.lock = capacity, threading.Lock()
     self.data: collections.OrderedDict = collections.OrderedDict()
+    self.pending: list = []
 
   def get(self, key):
+    while self.pending:   # what weakref callbacks dropped
+      self.discard(*self.pending.pop())
     with self.lock:
       if key in self.data:
         self.data.move_to_end(key)
@@ -362,7 +367,9 @@ def _covers(consts, leaves, anchors) -> bool:   # every captured array
 
 def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
   ref = weakref.ref(shared)
-  drop = lambda _: traces.discard(key, ref())
+  # a weakref callback never locks (the collector may run it under the
+  # lock): the drop waits for the store's next lookup
+  drop = lambda _: traces.pending.append((key, ref()))
   try:
     shared.anchors = hold_weakly(anchors, drop)
   except TypeError:
