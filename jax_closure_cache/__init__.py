@@ -15,6 +15,7 @@ Public API::
     mode()                             # "monkey-patch" or "patched-jax"
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
+    max_bytes(), set_max_bytes(n)      # bytes of captured constants kept
     storm_threshold(), set_storm_threshold(n)   # log past n keys per function
 
 Importing this package does not import jax: names load on first use, so the
@@ -44,6 +45,8 @@ _PUBLIC = {
     "clear": "cache",
     "capacity": "cache",
     "set_capacity": "cache",
+    "max_bytes": "cache",
+    "set_max_bytes": "cache",
     "storm_threshold": "diagnostics",
     "set_storm_threshold": "diagnostics",
     "enable": "patching",

@@ -1,8 +1,9 @@
 """The bounded store of compiled entries and the counters behind ``stats()``.
 
 Invariants:
-* At most ``capacity()`` entries per store; inserting past it evicts the least
-  recently used one. ``get`` refreshes recency.
+* At most ``capacity()`` entries and ``max_bytes()`` bytes of the constants
+  entries keep alive per store; inserting past either evicts the least
+  recently used. ``get`` refreshes recency.
 * ``hits + misses + fallbacks`` counts every call routed through the cache;
   counters are exact under threads (``itertools.count`` steps atomically).
 * Every store registered with :func:`new_store` is emptied by :func:`clear`.
@@ -20,6 +21,7 @@ from jax_closure_cache import settings
 
 DEFAULT_CAPACITY = settings.CAPACITY.default
 _capacity = settings.read(settings.CAPACITY)
+_max_bytes = settings.read(settings.MAX_BYTES)
 _stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
 _clear_hooks: list = []
 
@@ -43,10 +45,11 @@ def register_hit_count(count) -> None:
 class Entry:
   """Base of stored values: ``used`` is the second-chance bit, set by every
   hit (the inline cache's included) and cleared by eviction's sweep."""
-  __slots__ = ("used", "__weakref__")
+  __slots__ = ("used", "nbytes", "__weakref__")
 
   def __init__(self):
     self.used = False
+    self.nbytes = 0   # what it keeps alive of captured constants
 
 
 class LRUStore:
@@ -62,6 +65,7 @@ class LRUStore:
     self.kind = kind   # the stats() count this store's size goes to
     self._data: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
+    self._bytes = 0   # the entries' nbytes, summed
     # (key, entry) pairs a weak reference's callback could not drop at once:
     # the collector can run it while this thread holds the lock
     self._pending: list = []
@@ -87,25 +91,30 @@ class LRUStore:
     with self._lock:
       entry.used = False
       replaced = self._data.get(key)
+      if replaced is not None:
+        self._bytes -= replaced.nbytes
       self._data[key] = entry
+      self._bytes += entry.nbytes
       self._data.move_to_end(key)
       evicted = self._evict()
     del replaced, evicted   # freed outside the lock
 
   def _evict(self) -> list:
     data, evicted = self._data, []
-    while len(data) > _capacity:
+    while len(data) > _capacity or (self._bytes > _max_bytes and len(data) > 1):
       key, entry = next(iter(data.items()))
       if entry.used:   # used since its last chance: move it to the young end
         entry.used = False
         data.move_to_end(key)
       else:
         evicted.append(data.pop(key))
+        self._bytes -= entry.nbytes
     return evicted
 
   def discard(self, key) -> None:
     with self._lock:
       removed = self._data.pop(key, None)
+      self._bytes -= 0 if removed is None else removed.nbytes
     del removed   # freed outside the lock
 
   def discard_entry(self, key, entry: Entry) -> None:
@@ -120,6 +129,7 @@ class LRUStore:
       return
     try:
       removed = self._data.pop(key) if self._data.get(key) is entry else None
+      self._bytes -= 0 if removed is None else removed.nbytes
     finally:
       self._lock.release()
     del removed   # freed outside the lock
@@ -132,6 +142,7 @@ class LRUStore:
   def clear(self) -> None:
     with self._lock:
       old, self._data = self._data, collections.OrderedDict()
+      self._bytes = 0
     del old   # freed outside the lock
 
   def __len__(self) -> int:
@@ -152,6 +163,23 @@ def new_store(kind: str = "entries") -> LRUStore:
 def capacity() -> int:
   """Entries kept per store (default 1024, or ``JAX_CLOSURE_CACHE_CAPACITY``)."""
   return _capacity
+
+
+def max_bytes() -> int:
+  """Bytes of captured constants kept per store (default 1 GiB, or
+  ``JAX_CLOSURE_CACHE_MAX_BYTES``)."""
+  return _max_bytes
+
+
+def set_max_bytes(n: int) -> None:
+  """Keep at most ``n`` bytes of captured constants per store, evicting the
+  oldest entries now if needed."""
+  global _max_bytes
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"max_bytes must be a positive int, got {n!r}")
+  _max_bytes = n
+  for store in list(_stores):
+    store.trim()
 
 
 def set_capacity(n: int) -> None:
@@ -251,6 +279,12 @@ _reports: list = []   # (name, function) of other modules' figures
 def register_report(name: str, report) -> None:
   """Add ``report()`` to :func:`stats` under ``name``."""
   _reports.append((name, report))
+
+
+def _stores_of(kind: str) -> list:
+  """The entries held now by the stores counted under ``kind``."""
+  return [e for s in list(_stores) if s.kind == kind
+          for e in list(s._data.values())]
 
 
 def _held(kind: str) -> int:

@@ -10,6 +10,7 @@ reads ``JAX_CLOSURE_CACHE`` through it at every Python start.
 | ``JAX_CLOSURE_CACHE_LIFT_NUMPY`` | flag | off | default of ``jit(..., lift_numpy=)`` |
 | ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` | flag | on | default of ``jit(..., auto_dynamic=)`` |
 | ``JAX_CLOSURE_CACHE_CAPACITY`` | positive int | 1024 | entries per bounded store |
+| ``JAX_CLOSURE_CACHE_MAX_BYTES`` | positive int | 2**30 | bytes of captured constants per bounded store |
 | ``JAX_CLOSURE_CACHE_STORM_THRESHOLD`` | positive int | 8 | entries per code before the storm warning |
 
 A flag is on for ``1``, ``true``, ``yes``, ``on`` and off for ``0``,
@@ -46,9 +47,12 @@ AUTO_DYNAMIC = Setting("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "flag", True,
                        "lift Python scalars that keep changing")
 CAPACITY = Setting("JAX_CLOSURE_CACHE_CAPACITY", "count", 1024,
                    "entries per bounded store")
+MAX_BYTES = Setting("JAX_CLOSURE_CACHE_MAX_BYTES", "count", 1 << 30,
+                    "bytes of captured constants per bounded store")
 STORM_THRESHOLD = Setting("JAX_CLOSURE_CACHE_STORM_THRESHOLD", "count", 8,
                           "entries per code before the storm warning")
-ALL = (ENABLE, EXPLAIN, LIFT_NUMPY, AUTO_DYNAMIC, CAPACITY, STORM_THRESHOLD)
+ALL = (ENABLE, EXPLAIN, LIFT_NUMPY, AUTO_DYNAMIC, CAPACITY, MAX_BYTES,
+       STORM_THRESHOLD)
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off"})

@@ -123,8 +123,9 @@ def test_the_series_adds_the_packages_own_modules(module, tag):
 
 @pytest.mark.parametrize("tag", make_series.TAGS)
 def test_series_size_and_shape(tag):
-  """Each series: at most 1,230 changed lines in all (issue 20's bound of
-  1,200, with room for the store's lock discipline and admission rule),
+  """Each series: at most 1,250 changed lines in all (issue 20's bound of
+  1,200, with room for the trace store's lock discipline, byte bound and
+  admission rule),
   four patches, no package code but its two modules, no re-binding of
   jax.jit or jax.lax, no environment variable read, events under /jax/."""
   changed = 0
@@ -144,7 +145,7 @@ def test_series_size_and_shape(tag):
     assert "jax.jit =" not in body and "lax.while_loop =" not in body
     assert "/jax_closure_cache/" not in body
   assert len(paths) == 4
-  assert changed <= 1230, changed
+  assert changed <= 1250, changed
 
 
 @needs_pristine_jax

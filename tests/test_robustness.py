@@ -448,3 +448,44 @@ def test_a_trace_time_warning_still_shares_and_warns_as_stock():
   jcc.clear()
   assert shown(lambda f, *a: f(*a)) == want
   assert jcc.stats()["hits"] >= 3
+
+
+def _closes_over_a_big_numpy_constant(x, i):
+  big = np.full((256, 256), float(i % 3), np.float32)   # 256 KiB, baked
+  return jax.jit(lambda v: v.sum() + jnp.asarray(big).sum())(x)
+
+
+def test_stores_are_bounded_by_the_bytes_their_entries_keep_alive():
+  """An entry's captured constants count against the store's byte budget:
+  past it the least recently used entries go (and what they baked)."""
+  jcc.enable()
+  x = jnp.ones(3)
+  saved = jcc.max_bytes()
+  jcc.set_max_bytes(600 * 1024)   # room for two 256 KiB constants
+  try:
+    for _ in range(2):
+      for i in range(6):
+        for _ in range(2):   # each key met twice: stored
+          got = _closes_over_a_big_numpy_constant(x, i)
+          np.testing.assert_array_equal(
+              got, stock_off(_closes_over_a_big_numpy_constant, x, i))
+      held = sum(e.nbytes for e in cache._stores_of("entries"))
+      assert 0 < held <= 600 * 1024, held
+  finally:
+    jcc.set_max_bytes(saved)
+  with pytest.raises(ValueError):
+    jcc.set_max_bytes(0)
+
+
+@needs_trace_lookup
+def test_the_trace_store_is_bounded_by_the_bytes_of_its_constants(
+    monkeypatch):
+  from jax_closure_cache.lookup import trace_lookup
+  cc = trace_lookup.closure_cache
+  monkeypatch.setattr(cc, "MAX_BYTES", 3 * 4096)
+  for i in range(6):
+    cc.traces.put(("bytes test", i),
+                  cc._Shared(consts=(np.zeros(1024, np.float32),)))
+  kept = [k for k in cc.traces.cache_keys() if k[0] == "bytes test"]
+  assert kept == [("bytes test", i) for i in (3, 4, 5)]
+  cc.traces.cache_clear()

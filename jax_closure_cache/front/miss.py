@@ -337,6 +337,9 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   entry.anchors = held
   entry.guards = guards
   entry.checked = entry.traces
+  # what the entry keeps alive of its trace's constants (the store's bound)
+  entry.nbytes = sum(int(getattr(c, "nbytes", 0) or 0)
+                     for c in _compat.captured_constants(traced))
   try:
     entries.entries.put(key, entry)
   except TypeError as e:

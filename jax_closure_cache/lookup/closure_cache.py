@@ -176,8 +176,11 @@ class _TraceStore:
     with self.lock:
       evicted = [self.data.pop(key, None)]   # an anchor's callback locks
       self.data[key] = shared
-      while len(self.data) > self.capacity:
+      size = sum(map(_nbytes, self.data.values()))
+      while len(self.data) > self.capacity or (
+          len(self.data) > 1 and size > MAX_BYTES):
         evicted.append(self.data.popitem(last=False))
+        size -= _nbytes(evicted[-1][1])
 
   def discard(self, key, shared: _Shared | None):
     with self.lock:
@@ -198,6 +201,13 @@ class _TraceStore:
   def cache_keys(self) -> list:
     with self.lock:
       return list(self.data)
+
+
+MAX_BYTES = 1 << 30   # of the constants the stored traces keep alive
+def _nbytes(s: _Shared) -> int:
+  consts = s.answer[0].consts if s.answer else s.consts
+  return sum(int(getattr(c, "nbytes", 0) or 0) for c in consts)
+
 
 
 traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
