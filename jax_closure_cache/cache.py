@@ -175,19 +175,24 @@ def set_max_bytes(n: int) -> None:
   """Keep at most ``n`` bytes of captured constants per store, evicting the
   oldest entries now if needed."""
   global _max_bytes
-  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-    raise ValueError(f"max_bytes must be a positive int, got {n!r}")
-  _max_bytes = n
-  for store in list(_stores):
-    store.trim()
+  _max_bytes = _positive("max_bytes", n)
+  _trim_all()
 
 
 def set_capacity(n: int) -> None:
   """Keep at most ``n`` entries per store, evicting the oldest now if needed."""
   global _capacity
+  _capacity = _positive("capacity", n)
+  _trim_all()
+
+
+def _positive(name: str, n) -> int:
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-    raise ValueError(f"capacity must be a positive int, got {n!r}")
-  _capacity = n
+    raise ValueError(f"{name} must be a positive int, got {n!r}")
+  return n
+
+
+def _trim_all() -> None:
   for store in list(_stores):
     store.trim()
 
