@@ -174,7 +174,7 @@ class _TraceStore:
 
   def put(self, key, shared: _Shared) -> None:
     with self.lock:
-      evicted = [self.data.pop(key, None)]   # an anchor's callback locks
+      evicted = [self.data.pop(key, None)]   # freed once unlocked
       self.data[key] = shared
       size = sum(map(_nbytes, self.data.values()))
       while len(self.data) > self.capacity or (
@@ -204,10 +204,11 @@ class _TraceStore:
 
 
 MAX_BYTES = 1 << 30   # of the constants the stored traces keep alive
+
+
 def _nbytes(s: _Shared) -> int:
   consts = s.answer[0].consts if s.answer else s.consts
   return sum(int(getattr(c, "nbytes", 0) or 0) for c in consts)
-
 
 
 traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
