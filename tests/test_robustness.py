@@ -54,7 +54,7 @@ class _Anchor:
   """An object kept by identity whose last reference a stored entry holds."""
 
 
-def _store_then_clear(put, clear):
+def _store_then_clear(put, clear, timeout=20):
   """Stores an entry that holds the last reference to an object with a
   weak reference whose callback takes the store's lock, then clears the
   store in a thread: whether ``clear`` returned within the timeout."""
@@ -67,7 +67,7 @@ def _store_then_clear(put, clear):
 
   t = threading.Thread(target=run, daemon=True)
   t.start()
-  return done.wait(20)
+  return done.wait(timeout)
 
 
 @needs_trace_lookup
@@ -362,13 +362,14 @@ def test_a_collection_under_a_store_lock_never_deadlocks():
     pass
 
   def attempt(k):
-    gc.collect()
+    gc.collect(0)
     gc.disable()
     a = _Cyclic()
     a.self = a   # dies only in a collection
     cc._put(("gc test", k), cc._Shared(), [a])
     del a
-    gc.set_threshold(k)
+    # young collections only, often: cheap however large the heap is
+    gc.set_threshold(k, 1 << 30, 1 << 30)
     gc.enable()
     cc.traces.put(("other", k), cc._Shared())
 
@@ -378,7 +379,8 @@ def test_a_collection_under_a_store_lock_never_deadlocks():
 
   saved = gc.get_threshold()
   try:
-    assert _store_then_clear(run, cc.traces.cache_clear), "deadlocked"
+    assert _store_then_clear(run, cc.traces.cache_clear, timeout=120), \
+        "deadlocked"
   finally:
     gc.set_threshold(*saved)
     gc.enable()
