@@ -106,7 +106,7 @@ def canonical_jitted(fun: types.FunctionType, options: dict,
                      options_key: tuple, lift_numpy: bool,
                      auto_dynamic: bool = False):
   """The shared stock jitted object for ``fun``, or None if it needs lifting."""
-  if options.get("donate_argnums") or options.get("donate_argnames"):
+  if jit_options.donates(options):
     # XLA warns of unusable donated buffers at every compile, which stock
     # makes per function object: the jit wrapper sees the warning and
     # shares no entry that warned.

@@ -115,7 +115,7 @@ def _jit_with_options(fun, options: dict):
             or closure.as_method(fun) is not None):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
   w = _ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
-  if options.get("donate_argnums") or options.get("donate_argnames"):
+  if jit_options.donates(options):
     # Stock's own jitted object, made now: its validation of the donated
     # arguments raises here, at jit() time, as stock's does.
     w.stock()
