@@ -22,6 +22,7 @@ from jax_closure_cache import settings
 DEFAULT_CAPACITY = settings.CAPACITY.default
 _capacity = settings.read(settings.CAPACITY)
 _max_bytes = settings.read(settings.MAX_BYTES)
+_verify = settings.read(settings.VERIFY)
 _stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
 _clear_hooks: list = []
 
@@ -186,6 +187,48 @@ def set_capacity(n: int) -> None:
   _trim_all()
 
 
+def verifying() -> bool:
+  """Whether verify mode is on: every hit is also answered as stock would
+  answer it and compared (``JAX_CLOSURE_CACHE_VERIFY``, ``enable(verify=)``)."""
+  return _verify
+
+
+_verify_hooks: list = []
+
+
+def register_verify_hook(hook) -> None:
+  """Call ``hook(on)`` whenever verify mode is turned on or off (generated
+  hit paths are made anew with or without the check)."""
+  _verify_hooks.append(hook)
+
+
+def set_verify(on: bool) -> None:
+  global _verify
+  if bool(on) != _verify:
+    _verify = bool(on)
+    for hook in _verify_hooks:
+      hook(_verify)
+
+
+def count_verified(same: bool) -> None:
+  """One hit checked in verify mode; ``same``: it matched stock's."""
+  next(counters.verified)
+  next(_verify_totals[0])
+  if not same:
+    next(counters.verify_mismatches)
+    next(_verify_totals[1])
+
+
+# Hits checked and mismatches since the process started (``clear()`` does
+# not reset them): what ``pytest --closure-cache-verify`` reports.
+_verify_totals = (itertools.count(), itertools.count())
+
+
+def verify_totals() -> tuple[int, int]:
+  """``(hits checked, mismatches)`` in verify mode since the process started."""
+  return _read(_verify_totals[0]), _read(_verify_totals[1])
+
+
 def _positive(name: str, n) -> int:
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:
     raise ValueError(f"{name} must be a positive int, got {n!r}")
@@ -214,6 +257,8 @@ class Counters:
     self.misses = itertools.count()
     self.fallbacks = itertools.count()
     self.retraces = itertools.count()
+    self.verified = itertools.count()
+    self.verify_mismatches = itertools.count()
     self.reasons: collections.Counter = collections.Counter()
     self.not_stored: collections.Counter = collections.Counter()
 
@@ -260,7 +305,10 @@ def stats() -> dict:
   found their entry but traced it again (a hit is not always free of
   tracing); ``entries`` is the number of shared executables' entries held
   now, and ``shared_traces`` the number of traces the memoized trace
-  lookup holds for re-created closures (``lookup/trace_lookup.py``); ``auto_dynamic``
+  lookup holds for re-created closures (``lookup/trace_lookup.py``);
+  ``verified`` the hits checked in verify mode and ``verify_mismatches``
+  those that differed from stock's (answered by stock); ``tier_a`` the
+  shared lowerings (``lowering/shared.py``); ``auto_dynamic``
   what verifying auto-dynamic scalars cost (runs, passed, rejected,
   seconds).
   """
@@ -273,6 +321,8 @@ def stats() -> dict:
           "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
           "retraces": _read(c.retraces),
           "not_stored": not_stored,
+          "verified": _read(c.verified),
+          "verify_mismatches": _read(c.verify_mismatches),
           "entries": _held("entries"),
           "shared_traces": _held("shared_traces"),
           **{kind: report() for kind, report in _reports}}

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache.front import entrance
 from jax_closure_cache.front import options as jit_options
 
@@ -59,6 +60,13 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   if not _compat.jax_carries_patch() and _compat.trace.TRACE_LOOKUP:
     for owner, name in _compat.trace.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
+  # tier A: pjit's lowering for a call, shared by the jaxpr's structure
+  # (in both modes: the series leaves pjit's lowering cache stock)
+  from jax_closure_cache._compat import lowering as compat_lowering
+  if not compat_lowering.LOWERING_MISSING:
+    from jax_closure_cache.lowering import shared
+    for owner, name in compat_lowering.LOWERING_PATCH_POINTS:
+      points.append((owner, name, shared.REPLACEMENTS[name]))
   points += prebuilt_points()
   # in both modes: the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
@@ -134,12 +142,16 @@ def mode() -> str:
 
 
 def enable(*, lift_numpy: bool | None = None,
-           auto_dynamic: bool | None = None, force: bool = False) -> None:
+           auto_dynamic: bool | None = None, verify: bool | None = None,
+           force: bool = False) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
 
   Args:
     lift_numpy: if given, the default of ``jit(..., lift_numpy=...)``.
     auto_dynamic: if given, the default of ``jit(..., auto_dynamic=...)``.
+    verify: if given, turns verify mode on or off: every hit is also
+      traced (tier B) or lowered (tier A) as stock would, and compared; a
+      mismatch is answered by stock, counted in ``stats()`` and logged.
     force: enable even if the installed jax is not the pinned release.
 
   With a jax that carries the upstream series this also sets its
@@ -159,6 +171,8 @@ def enable(*, lift_numpy: bool | None = None,
       jit_options.set_lift_numpy_default(lift_numpy)
     if auto_dynamic is not None:
       jit_options.set_auto_dynamic_default(auto_dynamic)
+    if verify is not None:
+      cache.set_verify(verify)
     if _applied:
       return
     if _compat.jax_carries_patch():
@@ -185,18 +199,22 @@ def disable() -> None:
 
 @contextlib.contextmanager
 def enabled(*, lift_numpy: bool | None = None,
-            auto_dynamic: bool | None = None, force: bool = False):
+            auto_dynamic: bool | None = None, verify: bool | None = None,
+            force: bool = False):
   """Enable for the ``with`` block, then restore the previous state."""
   with _lock:
     was_enabled = is_enabled()
     saved_lift_numpy = jit_options.lift_numpy_default()
     saved_auto_dynamic = jit_options.auto_dynamic_default()
-    enable(lift_numpy=lift_numpy, auto_dynamic=auto_dynamic, force=force)
+    saved_verify = cache.verifying()
+    enable(lift_numpy=lift_numpy, auto_dynamic=auto_dynamic, verify=verify,
+           force=force)
   try:
     yield
   finally:
     with _lock:
       jit_options.set_lift_numpy_default(saved_lift_numpy)
       jit_options.set_auto_dynamic_default(saved_auto_dynamic)
+      cache.set_verify(saved_verify)
       if not was_enabled:
         disable()

@@ -7,6 +7,7 @@ reads ``JAX_CLOSURE_CACHE`` through it at every Python start.
 |---|---|---|---|
 | ``JAX_CLOSURE_CACHE`` | flag | off | enable at start-up (``activation``) |
 | ``JAX_CLOSURE_CACHE_EXPLAIN`` | flag | off | log why a call missed or fell back (read at each miss) |
+| ``JAX_CLOSURE_CACHE_VERIFY`` | flag | off | verify mode: every hit also traces (or lowers) as stock would and compares |
 | ``JAX_CLOSURE_CACHE_LIFT_NUMPY`` | flag | off | default of ``jit(..., lift_numpy=)`` |
 | ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` | flag | on | default of ``jit(..., auto_dynamic=)`` |
 | ``JAX_CLOSURE_CACHE_CAPACITY`` | positive int | 1024 | entries per bounded store |
@@ -41,6 +42,8 @@ ENABLE = Setting("JAX_CLOSURE_CACHE", "flag", False,
                  "enable the cache at start-up")
 EXPLAIN = Setting("JAX_CLOSURE_CACHE_EXPLAIN", "flag", False,
                   "explain misses and fallbacks")
+VERIFY = Setting("JAX_CLOSURE_CACHE_VERIFY", "flag", False,
+                 "check every hit against stock's own trace")
 LIFT_NUMPY = Setting("JAX_CLOSURE_CACHE_LIFT_NUMPY", "flag", False,
                      "lift captured NumPy arrays")
 AUTO_DYNAMIC = Setting("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "flag", True,
@@ -51,7 +54,7 @@ MAX_BYTES = Setting("JAX_CLOSURE_CACHE_MAX_BYTES", "count", 1 << 30,
                     "bytes of captured constants per bounded store")
 STORM_THRESHOLD = Setting("JAX_CLOSURE_CACHE_STORM_THRESHOLD", "count", 8,
                           "entries per code before the storm warning")
-ALL = (ENABLE, EXPLAIN, LIFT_NUMPY, AUTO_DYNAMIC, CAPACITY, MAX_BYTES,
+ALL = (ENABLE, EXPLAIN, VERIFY, LIFT_NUMPY, AUTO_DYNAMIC, CAPACITY, MAX_BYTES,
        STORM_THRESHOLD)
 
 _ON = frozenset({"1", "true", "yes", "on"})

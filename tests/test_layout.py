@@ -55,10 +55,11 @@ def _layer(name: str) -> str:
 
 # What each layer may import from the package, besides itself.
 ALLOWED = {
+    "lowering": {"_compat", "cache", "settings"},
     "key": {"_compat", "cache"},
     "lookup": {"_compat", "cache", "key"},
     "front": {"_compat", "cache", "settings", "events", "diagnostics", "explain", "key",
-              "lookup"},
+              "lookup", "lowering"},
     "control_flow": {"_compat", "front", "key"},
 }
 

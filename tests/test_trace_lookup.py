@@ -28,13 +28,13 @@ def make(w):
   return lambda v: jnp.tanh(v @ w)
 
 
-def test_stock_jit_called_eagerly_shares_the_trace_and_compiles_as_stock():
+def test_stock_jit_called_eagerly_shares_the_trace_and_the_executable():
   """With the front installed, a stock jitted object called eagerly (made
-  before ``enable()``, or by library code) gets the shared trace but
-  stock's executable, its arrays baked: passing them as arguments would
-  cost every call of a long-lived object about a microsecond per array
-  (issue 18). Re-created closures share executables through the front."""
-  jcc.enable()
+  before ``enable()``, or by library code) gets the shared trace, and tier
+  A (``lowering/shared.py``) shares its executable with the closure's
+  arrays as arguments: the first object of the structure is stock's own,
+  the second compiles the shared lowering, the rest compile nothing."""
+  jcc.enable(verify=True)
   counts = []
   for i in range(5):
     f = make(jnp.eye(4) * (i + 1))
@@ -42,8 +42,9 @@ def test_stock_jit_called_eagerly_shares_the_trace_and_compiles_as_stock():
       out = STOCK_JIT(f)(x)
     counts.append((c["traces"], c["compiles"]))
     assert_like_stock(out, f, x, rtol=1e-6)
-  # the first object is stock's own, the second traces the lifted form
-  assert counts[2:] == [(0, 1)] * 3, counts
+  assert [n for _, n in counts] == [1, 1, 0, 0, 0], counts
+  assert counts[2:] == [(0, 0)] * 3, counts
+  assert jcc.stats()["verify_mismatches"] == 0
 
 
 def test_fast_path_of_a_reused_stock_jitted_object_passes_its_own_leaves():

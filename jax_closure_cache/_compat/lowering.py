@@ -1,0 +1,127 @@
+"""JAX's private seams that the shared lowering (``lowering/``, tier A)
+reads and replaces: pjit's memoized lowering (``_pjit_lower``), the one
+caller whose lowering it shares (``_pjit_call_impl_python``, a call), and
+what building a jaxpr with its constants as arguments needs.
+
+Invariants: chosen by feature, never by version string (0.11 merged
+``ClosedJaxpr`` into ``Jaxpr``); ``LOWERING_MISSING`` lists each seam the
+running jax lacks, and tier A is installed only where it is empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import numpy as np
+
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import effects as _effects
+from jax._src import pjit as _pjit
+from jax._src import util as _util
+from jax._src.lib import _jax as _jaxlib_ext
+
+#: pjit's lowering of a closed jaxpr for a jit call, a ``weakref_lru_cache``
+#: keyed on the jaxpr object: re-created functions never share it.
+STOCK_PJIT_LOWER = _pjit._pjit_lower
+#: The caller whose lowering tier A shares: a call (``jit(f)(x)``, eager
+#: control flow through ``xla_primitive_callable``), never ``.lower()``.
+CALL_IMPL_CODE = getattr(getattr(_pjit, "_pjit_call_impl_python", None),
+                         "__code__", None)
+RESOLVE_AND_LOWER_CODE = getattr(getattr(_pjit, "_resolve_and_lower", None),
+                                 "__code__", None)
+UNSPECIFIED = _pjit.UNSPECIFIED
+ArrayImpl = _jaxlib_ext.ArrayImpl
+Literal = _core.Literal
+Var = _core.Var
+Jaxpr = _core.Jaxpr
+ClosedJaxpr = _core.ClosedJaxpr
+MERGED_JAXPR = ClosedJaxpr is Jaxpr
+#: An effect tied to an input's position (a ``Ref`` argument's): moving the
+#: constants to the front would renumber it.
+JaxprInputEffect = _effects.JaxprInputEffect
+trace_context = _config.trace_context
+weakref_lru_cache = _util.weakref_lru_cache
+register_cache = _util.register_cache
+#: ``JAX_ENABLE_PGLE``: profile-guided recompiles are per function object.
+enable_pgle = _config.enable_pgle
+
+
+def called_for_a_call(frame) -> bool:
+  """Whether ``frame`` (``_pjit_lower``'s caller) lowers for a call:
+  ``_resolve_and_lower`` called by ``_pjit_call_impl_python``."""
+  return (frame.f_code is RESOLVE_AND_LOWER_CODE
+          and frame.f_back is not None
+          and frame.f_back.f_code is CALL_IMPL_CODE)
+
+
+def closed_parts(closed):
+  """``(open jaxpr, constants)`` of a closed jaxpr, on either release."""
+  return closed.jaxpr, closed.consts
+
+
+def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
+  """A closed jaxpr without constants whose inputs are ``invars`` (the
+  first ``n_new`` of them new: the former constants and lifted literals),
+  computing ``eqns`` into ``outvars``; its debug info names the new inputs
+  with empty names, as pjit names hoisted constants."""
+  dbg = open_jaxpr.debug_info
+  names = dbg.arg_names
+  dbg = dbg._replace(arg_names=None if names is None
+                     else ("",) * n_new + tuple(names))
+  if MERGED_JAXPR:
+    return open_jaxpr.replace(constvars=[], invars=invars, eqns=eqns,
+                              outvars=outvars, debug_info=dbg, consts=[])
+  return ClosedJaxpr(open_jaxpr.replace(constvars=[], invars=invars, eqns=eqns,
+                                        outvars=outvars, debug_info=dbg), [])
+
+
+def committed(x) -> bool:
+  """Whether a jax array was placed on a device explicitly."""
+  return bool(getattr(x, "_committed", True))
+
+
+def single_device(x) -> bool:
+  try:
+    return len(x.sharding.device_set) == 1
+  except Exception:   # an array without a concrete sharding
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _defined_by_jax(module_name: str) -> bool:
+  module = sys.modules.get(module_name)
+  path = getattr(module, "__file__", None) or ""
+  return any(path.startswith(root) for root in _JAX_ROOTS)
+
+
+_JAX_ROOTS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                   for m in (sys.modules["jax"], sys.modules["jaxlib"]))
+
+
+def defined_by_jax(cls) -> bool:
+  """Whether ``cls`` is defined in a module loaded from jax's or jaxlib's
+  own folder (decided by where the module was loaded from, never by a
+  ``__module__`` a decorator may have copied)."""
+  return _defined_by_jax(getattr(cls, "__module__", None) or "")
+
+
+def _lowering_seams() -> list[str]:
+  missing = []
+  if CALL_IMPL_CODE is None:
+    missing.append("pjit._pjit_call_impl_python")
+  if RESOLVE_AND_LOWER_CODE is None:
+    missing.append("pjit._resolve_and_lower")
+  if not hasattr(STOCK_PJIT_LOWER, "cache_clear"):
+    missing.append("pjit._pjit_lower as a weakref_lru_cache")
+  return missing
+
+
+LOWERING_MISSING = _lowering_seams()
+
+#: (module, attribute) tier A replaces.
+LOWERING_PATCH_POINTS = ((_pjit, "_pjit_lower"),)
+
+np_generic = np.generic

@@ -1,0 +1,308 @@
+"""Tier A: one lowering and executable for every jaxpr of one structure.
+
+pjit lowers and compiles a closed jaxpr in ``_pjit_lower``, a cache keyed
+on the jaxpr object, so a re-created function (a fresh ``jax.jit`` of a
+nested ``def``, a fresh loop body) compiles on every call although stock
+traced the same computation. Here ``_pjit_lower``, for a call, is looked
+up by the jaxpr's structure (``structure.of``) first: the jaxpr is stock's
+own trace, with every Python side effect of it, and only its lowering and
+compilation are shared. The shared lowering takes the jaxpr's constants,
+and those of its top-level floating-point literals whose value changed
+between two traces of the structure, as its leading arguments, which pjit
+passes as it passes hoisted constants (``const_args``, also to the C++
+fast path of the jitted object).
+
+Invariants:
+* Identity first: a jaxpr object lowered before gets the answer it got
+  (a ``weakref_lru_cache`` on it, as stock's); a structure met once is
+  lowered as stock lowers it and keeps nothing alive but its hash and its
+  literals' bits; the second meeting stores a shared lowering.
+* Nothing of the user's is kept by a stored lowering: its constants are
+  arguments, not parts of it (a callable a parameter holds is kept, by
+  identity, as the executable calling it must).
+* Never shared: donating calls (XLA warns at every compile), profile-guided
+  compiles, constants committed to a device or of other types than arrays,
+  effects tied to input positions.
+* In verify mode every hit also lowers this jaxpr afresh and compares the
+  module text with the shared one; a mismatch answers with stock's own
+  lowering, is counted and logged.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from jax_closure_cache import cache
+from jax_closure_cache import settings
+from jax_closure_cache._compat import lowering as _compat
+from jax_closure_cache.lowering import structure
+
+logger = logging.getLogger("jax_closure_cache")
+
+STOCK = _compat.STOCK_PJIT_LOWER
+#: Structures met once, remembered by hash with their literals' bits.
+MET_CAPACITY = 4096
+
+
+class SharedLowering(cache.Entry):
+  """A stored lowering: ``lifted`` says, per top-level floating-point
+  literal, whether it is an argument; ``bits`` are the literals it was
+  lowered with (compared where not lifted)."""
+  __slots__ = ("lifted", "bits", "computation")
+
+  def __init__(self, lifted: tuple, bits: tuple, computation):
+    super().__init__()
+    self.lifted, self.bits, self.computation = lifted, bits, computation
+
+  def serves(self, bits: tuple) -> bool:
+    return all(lift or b == e
+               for lift, b, e in zip(self.lifted, bits, self.bits))
+
+  def widened(self, bits: tuple) -> tuple:
+    return tuple(lift or b != e
+                 for lift, b, e in zip(self.lifted, bits, self.bits))
+
+
+class Bound:
+  """A shared lowering seen with one jaxpr's constants and lifted literals
+  as its leading arguments (``const_args``, which pjit passes first)."""
+  __slots__ = ("computation", "const_args")
+
+  def __init__(self, computation, args: list):
+    self.computation = computation
+    self.const_args = [*computation.const_args, *args]
+
+  def compile(self, *args, **kwargs):
+    return self.computation.compile(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self.computation, name)
+
+
+class Lowerings:
+  """The shared lowerings (a bounded store), the structures met once, and
+  their counts; cleared with the package's caches and ``jax.clear_caches()``."""
+
+  def __init__(self):
+    self.store = cache.new_store("lowerings")
+    self.lock = threading.Lock()
+    self.met: collections.OrderedDict = collections.OrderedDict()
+    self.counts: collections.Counter = collections.Counter()
+    self.refusals: collections.Counter = collections.Counter()
+
+  def clear(self) -> None:
+    with self.lock:
+      self.met.clear()
+
+  def reset_counts(self) -> None:
+    with self.lock:
+      self.counts.clear()
+      self.refusals.clear()
+
+  def count(self, what: str) -> None:
+    with self.lock:
+      self.counts[what] += 1
+
+  def refuse(self, reason: str) -> None:
+    with self.lock:
+      self.refusals[reason] += 1
+
+  def first_bits(self, key_hash: int, bits: tuple):
+    """The bits of the structure's first meeting, or None (recording this
+    one as it)."""
+    with self.lock:
+      first = self.met.pop(key_hash, None)
+      if first is None:
+        self.met[key_hash] = bits
+        if len(self.met) > MET_CAPACITY:
+          self.met.popitem(last=False)
+    return first
+
+  def report(self) -> dict:
+    with self.lock:
+      return {"entries": len(self.store), **self.counts,
+              "refused": dict(self.refusals)}
+
+
+LOWERINGS = Lowerings()
+cache.register_clear_hook(LOWERINGS.clear)
+cache.register_report("tier_a", LOWERINGS.report)
+
+
+class CallLowering(NamedTuple):
+  """What ``_pjit_lower`` takes besides the jaxpr, for one call."""
+  in_shardings: tuple
+  out_shardings: tuple
+  in_layouts: tuple
+  out_layouts: tuple
+  donated_invars: tuple
+  ctx_mesh: object
+  name: str
+  keep_unused: bool
+  inline: bool
+  compiler_options_kvs: tuple
+  lowering_platforms: object
+  lowering_parameters: object
+  pgle_profiler: object
+
+  def stock(self, jaxpr):
+    *args, platforms, parameters, profiler = self
+    return STOCK(jaxpr, *args, lowering_platforms=platforms,
+                 lowering_parameters=parameters, pgle_profiler=profiler)
+
+  def with_leading(self, n: int) -> "CallLowering":
+    """The same for a jaxpr taking ``n`` more arguments first: unspecified
+    shardings and layouts, never donated (as pjit's hoisted constants)."""
+    return self._replace(
+        in_shardings=(_compat.UNSPECIFIED,) * n + tuple(self.in_shardings),
+        in_layouts=(None,) * n + tuple(self.in_layouts),
+        donated_invars=(False,) * n + tuple(self.donated_invars))
+
+
+def pjit_lower(jaxpr, in_shardings, out_shardings, in_layouts, out_layouts,
+               donated_invars, ctx_mesh, name, keep_unused, inline,
+               compiler_options_kvs, *, lowering_platforms,
+               lowering_parameters, pgle_profiler):
+  """pjit's ``_pjit_lower``: for a call, the lowering shared by the jaxpr's
+  structure (identity first); for ``.lower()`` and the rest, stock's."""
+  call = CallLowering(in_shardings, out_shardings, in_layouts, out_layouts,
+                      tuple(donated_invars), ctx_mesh, name, keep_unused,
+                      inline, compiler_options_kvs, lowering_platforms,
+                      lowering_parameters, pgle_profiler)
+  if not _compat.called_for_a_call(sys._getframe(1)):
+    return call.stock(jaxpr)
+  return _for_call(jaxpr, call)
+
+
+@_compat.weakref_lru_cache
+def _for_call(jaxpr, call: CallLowering):
+  """The lowering of ``jaxpr`` for a call: identity first (this cache)."""
+  reason = _refusal(jaxpr, call)
+  if reason is None:
+    try:
+      s = structure.of(jaxpr)
+    except structure.NotShared as e:
+      reason = str(e)
+  if reason is not None:
+    LOWERINGS.refuse(reason)
+    if _explaining():
+      logger.warning("jax_closure_cache: tier A does not share %s's "
+                     "lowering: %s", call.name, reason)
+    return call.stock(jaxpr)
+  return _shared(jaxpr, s, call)
+
+
+def _refusal(jaxpr, call: CallLowering) -> str | None:
+  if call.pgle_profiler is not None or _compat.enable_pgle.value:
+    return "profile-guided compilation"
+  if any(call.donated_invars):
+    return "donated arguments"
+  if call.lowering_platforms is not None:
+    return "lowering for other platforms"
+  for c in _compat.closed_parts(jaxpr)[1]:
+    t = type(c)
+    if t is _compat.ArrayImpl:
+      if _compat.committed(c) or not _compat.single_device(c):
+        return "a constant committed to a device"
+    elif not (t is np.ndarray or isinstance(c, _compat.np_generic)
+              or t in (int, float, bool, complex)):
+      return f"a constant of type {t.__name__}"
+  return None
+
+
+def _shared(jaxpr, s: structure.Structure, call: CallLowering):
+  key = (s.key, call._replace(pgle_profiler=None))
+  entry = LOWERINGS.store.get(key)
+  if entry is not None and entry.serves(s.bits):
+    LOWERINGS.count("hits")
+    if _verifying() and not _verified(jaxpr, s, call, entry):
+      return call.stock(jaxpr)
+    return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted))
+  if entry is not None:
+    lifted = entry.widened(s.bits)
+  else:
+    first = LOWERINGS.first_bits(hash(key), s.bits)
+    if first is None:   # met once: stock's own lowering
+      LOWERINGS.count("met_once")
+      return call.stock(jaxpr)
+    lifted = (tuple(b != f for b, f in zip(s.bits, first))
+              if len(first) == len(s.bits) else (True,) * len(s.bits))
+  computation = _lower_lifted(jaxpr, lifted, call)
+  LOWERINGS.store.put(key, SharedLowering(lifted, s.bits, computation))
+  LOWERINGS.count("compiles")
+  return Bound(computation, _arguments(jaxpr, s, lifted))
+
+
+def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
+  consts = _compat.closed_parts(jaxpr)[1]
+  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift)]
+
+
+def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
+  """Stock's lowering of ``jaxpr`` with its constants and the ``lifted``
+  literals as leading arguments."""
+  open_jaxpr, _ = _compat.closed_parts(jaxpr)
+  flags = iter(lifted)
+  new_vars: list = []
+
+  def operand(v):
+    if structure.lifted_literal(v) and next(flags):
+      new = _compat.Var(v.aval)
+      new_vars.append(new)
+      return new
+    return v
+
+  eqns = [e.replace(invars=list(map(operand, e.invars)))
+          if any(type(v) is _compat.Literal for v in e.invars) else e
+          for e in open_jaxpr.eqns]
+  outvars = list(map(operand, open_jaxpr.outvars))
+  n = len(open_jaxpr.constvars) + len(new_vars)
+  closed = _compat.with_leading_inputs(
+      open_jaxpr, [*open_jaxpr.constvars, *new_vars, *open_jaxpr.invars],
+      eqns, outvars, n)
+  return call.with_leading(n).stock(closed)
+
+
+def _verified(jaxpr, s, call, entry) -> bool:
+  """Verify mode: this jaxpr lowered afresh the same way is the module the
+  hit runs (counted; a mismatch logged)."""
+  fresh = _lower_lifted(jaxpr, entry.lifted, call)
+  same = fresh.as_text() == entry.computation.as_text()
+  cache.count_verified(same)
+  if not same:
+    logger.warning(
+        "jax_closure_cache: verify mismatch in tier A for %s: the shared "
+        "lowering differs from this jaxpr's own; stock's lowering answers",
+        call.name)
+  return same
+
+
+def _verifying() -> bool:
+  return cache.verifying()
+
+
+def _explaining() -> bool:
+  return settings.read(settings.EXPLAIN)
+
+
+def _cache_clear() -> None:
+  _for_call.cache_clear()
+  STOCK.cache_clear()
+
+
+cache.register_clear_hook(_for_call.cache_clear)
+pjit_lower.cache_clear = _cache_clear
+pjit_lower.cache_info = STOCK.cache_info
+if hasattr(STOCK, "cache_keys"):
+  pjit_lower.cache_keys = STOCK.cache_keys
+if hasattr(STOCK, "evict_weakref"):
+  pjit_lower.evict_weakref = STOCK.evict_weakref
+
+#: The replacement of each of ``_compat.lowering.LOWERING_PATCH_POINTS``.
+REPLACEMENTS = {"_pjit_lower": pjit_lower}

@@ -1,0 +1,205 @@
+"""A jaxpr's structure, as the key of the lowering it shares (tier A).
+
+Two closed jaxprs with equal :func:`of` keys lower to the same computation
+once their constants (and their top-level floating-point literals) are
+passed as arguments: the key holds every input and output type (dtype,
+weak type, sharding), each equation's primitive, parameters and operands
+(variables numbered by first use), effects and the debug names the
+lowering prints; it holds no constant's value.
+
+Invariants:
+* No user equality: atoms by exact type and bits (``0.0`` and ``-0.0``,
+  ``1`` and ``True`` differ), containers in their order; a value of a
+  class jax does not define (a callable, a user object) by identity, as a
+  lowering that calls back into Python holds that very object.
+* Nested jaxprs by their own structure; their constants by value when
+  small, else the jaxpr is not shared (:class:`NotShared`).
+* Parameters no lowering reads (a custom rule's differentiation
+  functions, :data:`NOT_LOWERED`) are left out.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jax_closure_cache._compat import lowering as _compat
+
+#: Constants of nested jaxprs up to this many elements are keyed by value.
+NESTED_CONST_ELEMENTS = 1 << 12
+
+#: Per primitive, the parameters its lowering never reads: the custom
+#: rules' differentiation functions (made afresh by every trace), which
+#: only transformations at trace time use.
+NOT_LOWERED = {
+    "custom_jvp_call": frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk",
+                                  "symbolic_zeros"}),
+    "custom_vjp_call": frozenset({"fwd_jaxpr_thunk", "bwd", "out_trees",
+                                  "symbolic_zeros"}),
+}
+
+
+class NotShared(Exception):
+  """The jaxpr holds what its structure cannot key (the reason)."""
+
+
+class Identity:
+  """An object keyed by identity (holding it, so its id is not reused)."""
+  __slots__ = ("obj",)
+
+  def __init__(self, obj):
+    self.obj = obj
+
+  def __eq__(self, other):
+    return type(other) is Identity and other.obj is self.obj
+
+  def __hash__(self):
+    return id(self.obj)
+
+  def __repr__(self):
+    return f"<{type(self.obj).__name__} by identity>"
+
+
+class Structure(NamedTuple):
+  """``key`` (hashable, no constant's value), the values of the top-level
+  floating-point literals (``literals``, which a shared lowering may take
+  as arguments) and their bits (``bits``, compared where it does not)."""
+  key: tuple
+  literals: tuple
+  bits: tuple
+
+
+def of(closed) -> Structure:
+  """The structure of a closed jaxpr pjit lowers; raises :class:`NotShared`."""
+  jaxpr, _ = _compat.closed_parts(closed)
+  literals: list = []
+  bits: list = []
+  key = _open_structure(jaxpr, literals, bits)
+  return Structure(key, tuple(literals), tuple(bits))
+
+
+def lifted_literal(v) -> bool:
+  """Whether a top-level operand is a literal a shared lowering can take as
+  an argument: a floating-point or complex scalar."""
+  return type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
+
+
+def _open_structure(jaxpr, literals: list | None, bits: list | None) -> tuple:
+  names: dict = {}
+  top = literals is not None
+
+  def name(v):
+    if type(v) is _compat.Literal:
+      if top and v.aval.dtype.kind in "fc":
+        literals.append(v.val)
+        bits.append(_atom(v.val))
+        return ("arg", v.aval)
+      return ("lit", v.aval, _atom(v.val))
+    n = names.get(v)
+    if n is None:
+      n = names[v] = len(names)
+    return n
+
+  binders = (tuple(name(v) for v in jaxpr.constvars),
+             tuple(v.aval for v in jaxpr.constvars),
+             tuple(name(v) for v in jaxpr.invars),
+             tuple(v.aval for v in jaxpr.invars))
+  eqns = []
+  for e in jaxpr.eqns:
+    ignored = NOT_LOWERED.get(e.primitive.name, ())
+    eqns.append((
+        Identity(e.primitive),
+        tuple((k, param_key(p)) for k, p in e.params.items() if k not in ignored),
+        tuple(map(name, e.invars)),
+        tuple(v.aval for v in e.outvars),
+        tuple(name(v) for v in e.outvars),
+        _effects(e.effects)))
+  outs = tuple(map(name, jaxpr.outvars))
+  dbg = jaxpr.debug_info
+  return (binders, tuple(eqns), outs, _effects(jaxpr.effects),
+          None if dbg is None else (dbg.func_src_info, _names(dbg.arg_names),
+                                    _names(dbg.result_paths)))
+
+
+def _names(names):
+  return None if names is None else tuple(names)
+
+
+def _effects(effects) -> tuple:
+  if not effects:
+    return ()
+  for e in effects:
+    if isinstance(e, _compat.JaxprInputEffect):
+      raise NotShared("an effect tied to an input's position")
+  return frozenset(effects)   # JAX's effect objects compare by value
+
+
+def _atom(x) -> tuple:
+  """An atom by its exact type and bits."""
+  t = type(x)
+  if t is float:
+    return (t, x.hex())
+  if t is complex:
+    return (t, x.real.hex(), x.imag.hex())
+  if t is int or t is bool:
+    return (t, x)
+  a = np.asarray(x)
+  return (t, a.dtype, a.shape, a.tobytes())
+
+
+_ATOMS = (int, float, bool, complex, str, bytes, type(None), type(Ellipsis))
+
+
+def param_key(p) -> Any:
+  t = type(p)
+  if t in _ATOMS:
+    return _atom(p) if t in (float, complex, int, bool) else (t, p)
+  if t is tuple or t is list:
+    return (t, tuple(map(param_key, p)))
+  if t is dict:
+    return (t, tuple((param_key(k), param_key(v)) for k, v in p.items()))
+  if t is frozenset or t is set:
+    return (t, tuple(sorted(repr(param_key(x)) for x in p)))
+  if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
+    jaxpr, consts = _compat.closed_parts(p)
+    return ("closed", _nested(jaxpr), tuple(map(_nested_const, consts)))
+  if t is _compat.Jaxpr:
+    return ("jaxpr", _nested(p))
+  if isinstance(p, np.dtype):
+    return (np.dtype, p)
+  if isinstance(p, (np.ndarray, _compat.np_generic)):
+    return _nested_const(p)
+  if isinstance(p, enum.Enum) or isinstance(p, (types.FunctionType,
+                                                 types.MethodType,
+                                                 types.BuiltinFunctionType)):
+    return Identity(p)
+  if _compat.defined_by_jax(t) and _hashable(p):
+    return (t, p)   # jax's own value types: shardings, dimension numbers
+  return Identity(p)
+
+
+def _hashable(p) -> bool:
+  try:
+    hash(p)
+    return True
+  except TypeError:
+    return False
+
+
+def _nested(jaxpr) -> tuple:
+  return _nested_cached(jaxpr)
+
+
+@_compat.weakref_lru_cache
+def _nested_cached(jaxpr) -> tuple:
+  return _open_structure(jaxpr, None, None)
+
+
+def _nested_const(c) -> tuple:
+  size = getattr(c, "size", 1)
+  if size > NESTED_CONST_ELEMENTS:
+    raise NotShared(f"a nested jaxpr's constant of {size} elements")
+  return _atom(np.asarray(c))

@@ -1,0 +1,233 @@
+"""Tier A: the executable shared after stock's own trace, by the jaxpr's
+structure (``lowering/shared.py``), compared with stock on fresh function
+objects, each sequence run twice, in verify mode.
+
+Closures here hold what the closure key refuses (an object holding a
+logger, too large to key by its attributes), so every call traces as
+stock does; only lowering and compiling are shared.
+"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from conftest import counting, stock_off
+
+LOG = logging.getLogger("tier_a_test")
+
+
+class Model:
+  """What the closure key refuses (a logger inside): tier A's case."""
+
+  def __init__(self, w):
+    self.w = w
+    self.log = LOG
+
+
+def tier_a_stats():
+  return jcc.stats()["tier_a"]
+
+
+def run_steps(make, n, *args):
+  return [jax.jit(make(i))(*args) for i in range(n)]
+
+
+def same_as_stock(got, want, rtol=0.0):
+  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+  assert got_tree == want_tree
+  for g, w in zip(got_leaves, want_leaves):
+    assert g.dtype == w.dtype and g.weak_type == w.weak_type, (g, w)
+    assert g.sharding == w.sharding
+    np.testing.assert_allclose(g, w, rtol=rtol, atol=0, equal_nan=True)
+
+
+WEIGHTS = [np.full((4, 4), 1.0 + i, np.float32) for i in range(8)]
+
+
+def make_model_step(i):
+  m = Model(jnp.asarray(WEIGHTS[i]))
+  lr = 0.1 / (i + 1)
+
+  def step(p):
+    return p - lr * jnp.tanh(p @ m.w) + 1.0
+  return step
+
+
+@pytest.mark.parametrize("rerun", [0, 1])
+def test_refused_closures_trace_as_stock_and_compile_twice(rerun):
+  del rerun   # the sequence runs twice: the second finds the first's entry
+  p = jnp.eye(4)
+  with counting() as stock:
+    want = stock_off(run_steps, make_model_step, 8, p)
+  jcc.enable(verify=True)
+  with counting() as c:
+    got = run_steps(make_model_step, 8, p)
+  for g, w in zip(got, want):
+    same_as_stock(g, w, rtol=1e-6)
+  assert c["traces"] == 8   # every call traces, as stock
+  assert stock["compiles"] >= 8
+  assert c["compiles"] <= 2   # stock: 8
+  s = jcc.stats()
+  assert s["verify_mismatches"] == 0 and s["tier_a"]["hits"] >= 6
+  with counting() as c:
+    run_steps(make_model_step, 4, p)
+  assert c["compiles"] == 0
+
+
+def test_learning_rate_schedule_compiles_once_after_its_first_meeting():
+  """A new Python float each step, 100 steps: stock compiles 100 times; the
+  shared lowering takes the literal as an argument from the second step."""
+  p = jnp.eye(4)
+  m = Model(jnp.ones((4, 4)))
+
+  def run(n):
+    out, q = [], p
+    for i in range(n):
+      lr = 0.5 / (i + 1)
+      q = jax.jit(lambda q: q - lr * jnp.tanh(q @ m.w))(q)
+      out.append(q)
+    return out
+
+  jcc.enable(verify=True)
+  with counting() as c:
+    got = run(100)
+  want = stock_off(run, 100)
+  for g, w in zip(got, want):
+    same_as_stock(g, w, rtol=2e-6)   # the literal is now an argument
+  assert c["compiles"] == 2   # the first step's own, then the shared one
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_division_by_a_zero_scalar_raises_as_stock():
+  m = Model(jnp.ones(3))
+
+  def run(lr):
+    return jax.jit(lambda x: x * m.w * (1.0 / lr))(jnp.ones(3))
+
+  jcc.enable(verify=True)
+  run(1.0), run(2.0), run(4.0)
+  with pytest.raises(ZeroDivisionError):
+    run(0.0)
+  with pytest.raises(ZeroDivisionError):
+    stock_off(run, 0.0)
+
+
+def test_int_and_bool_literals_stay_part_of_the_key():
+  """``1``, ``True`` and ``1.0`` make different jaxprs; integer literals are
+  never arguments (they may be indices XLA folds)."""
+  m = Model(jnp.arange(6.0))
+
+  def run(k):
+    return jax.jit(lambda x: x[k] + m.w[k] * k)(jnp.arange(6.0))
+
+  jcc.enable(verify=True)
+  for k in (1, True, 2, 1, True, 2):
+    same_as_stock(run(k), stock_off(run, k))
+
+
+def test_runtime_callbacks_never_share_an_executable():
+  """Each fresh callback is a parameter held by identity: every object logs
+  to its own list, as stock's."""
+  m = Model(jnp.ones(3))
+
+  def run(log):
+    def f(x):
+      jax.debug.callback(lambda v: log.append(float(v)), x.sum())
+      return x * m.w
+    out = jax.jit(f)(jnp.ones(3))
+    jax.effects_barrier()
+    return out
+
+  jcc.enable(verify=True)
+  logs = [[] for _ in range(4)]
+  for log in logs:
+    run(log)
+  want = [[] for _ in range(4)]
+  for log in want:
+    stock_off(run, log)
+  assert logs == want == [[3.0]] * 4
+
+
+def test_weak_types_and_dtypes_of_constants_as_stock():
+  def run(c):
+    m = Model(c)
+    return jax.jit(lambda x: x + m.w)(jnp.ones(3, jnp.float32))
+
+  jcc.enable(verify=True)
+  for c in (np.float32(2), jnp.float32(2), np.ones(3, np.float32),
+            jnp.ones(3, jnp.int32), np.float32(3), jnp.ones(3, jnp.int32) * 2,
+            np.ones(3, np.float32) * 5):
+    same_as_stock(run(c), stock_off(run, c))
+
+
+def test_a_committed_constant_is_answered_by_stock():
+  w = jax.device_put(jnp.ones(3), jax.devices()[0])
+  assert w.committed
+
+  def run():
+    m = Model(w)
+    return jax.jit(lambda x: x + m.w)(jnp.ones(3))
+
+  jcc.enable(verify=True)
+  for _ in range(3):
+    out = run()
+    same_as_stock(out, stock_off(run))
+    assert out.committed == stock_off(run).committed
+  assert tier_a_stats()["refused"].get("a constant committed to a device")
+
+
+def test_never_repeating_structures_store_nothing():
+  jcc.enable()
+  m = Model(jnp.ones(2))
+  for n in range(1, 12):
+    jax.jit(lambda x: x * m.w.sum() + jnp.arange(float(n)))(jnp.ones(n))
+  assert tier_a_stats()["entries"] == 0
+
+
+def test_lower_is_stocks_own():
+  m = Model(jnp.ones(3))
+  mk = lambda: jax.jit(lambda x: x * m.w)   # noqa: E731
+  jcc.enable()
+  for _ in range(3):
+    mk()(jnp.ones(3))
+  text = mk().lower(jnp.ones(3)).as_text()
+  assert text == stock_off(lambda: mk().lower(jnp.ones(3)).as_text())
+
+
+def test_verify_mode_catches_a_lowering_that_differs(monkeypatch):
+  """The oracle can fail: a structure key that left out what the lowering
+  reads (here, every parameter) is caught on the hit, and stock answers."""
+  from jax_closure_cache.lowering import structure
+  monkeypatch.setattr(structure, "param_key", lambda p: None)
+  m = Model(jnp.ones(4))
+
+  def run(axis):
+    return jax.jit(lambda x: jnp.sum(x * m.w[:, None], axis=axis))(
+        jnp.arange(16.0).reshape(4, 4))
+
+  jcc.enable(verify=True)
+  outs = [run(a) for a in (0, 0, 1)]
+  same_as_stock(outs[2], stock_off(run, 1))
+  assert jcc.stats()["verify_mismatches"] == 1
+
+
+def test_eager_control_flow_shares_through_tier_a():
+  m = Model(jnp.ones(3))
+
+  def run(i):
+    def body(c, x):
+      return c * m.w + x, c
+    return jax.lax.scan(body, jnp.zeros(3) + i, jnp.ones((5, 3)))
+
+  jcc.enable(verify=True)
+  with counting() as c:
+    got = [run(i) for i in range(6)]
+  for i, g in enumerate(got):
+    same_as_stock(g, stock_off(run, i))
+  assert c["compiles"] <= 4
+  assert jcc.stats()["verify_mismatches"] == 0
