@@ -190,3 +190,15 @@ TRACE_PATCH_POINTS = ((_pe, "trace_to_jaxpr"), (_pjit, "_trace_for_jit"),
                       (_control_flow_common, "_dedup_consts"),
                       (_stages.Traced, "lower")) + (
                           ((_pe, "separate_consts"),) if MERGED_JAXPR else ())
+
+
+def stock_trace(fun, args, kwargs):
+  """The closed jaxpr stock's ``jax.jit(fun)`` traces for ``fun(*args,
+  **kwargs)`` (no static arguments), through JAX's own trace cache and
+  none of the package's lookups: verify mode's reference."""
+  args_ft = flat_trees.flatten_static_argnums_argnames(args, kwargs, (), ())
+  in_avals = args_ft.map(typeof)
+  debug_info = jit_debug_info(fun, args, kwargs)
+  closed, _ = STOCK_TRACE_TO_JAXPR(fun, in_avals, debug_info,
+                                   *PJIT_TRACE_CONTEXT)
+  return closed

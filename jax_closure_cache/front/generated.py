@@ -73,15 +73,26 @@ if entry.traces != entry.checked:   # traced a new signature
 return res
 """
 
+#: Verify mode's line, put before HIT's ``return`` while it is on.
+VERIFY = "res = VERIFIED(self, f, key, entry, out, args, kwargs, res)\n"
 
-def hit_function(env: dict):
+
+def hit_source(verify: bool) -> str:
+  """:data:`HIT`, checked against stock's trace where ``verify``."""
+  if not verify:
+    return HIT
+  head, _, tail = HIT.rpartition("return res\n")
+  return head + VERIFY + "return res\n" + tail
+
+
+def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
-  RETRY_STOCK, and LONE_REFS: the references to a function held by a
-  wrapper alone, as a front counts them)."""
+  RETRY_STOCK, VERIFIED, and LONE_REFS: the references to a function held
+  by a wrapper alone, as a front counts them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
-          + textwrap.indent(HIT, "  "))
+          + textwrap.indent(hit_source(verify), "  "))
   namespace = dict(env)
   # the caller's own name for the function is one more reference
   namespace["LONE"] = env["LONE_REFS"] + 1
@@ -89,7 +100,8 @@ def hit_function(env: dict):
   return namespace["hit"]
 
 
-def front_class(base: type, spec, code, quicks, env: dict) -> type:
+def front_class(base: type, spec, code, quicks, env: dict,
+                verify: bool = False) -> type:
   """A subclass of ``base`` whose ``__call__`` takes the hit inline for
   ``quicks`` (``(key, source, entry_ref)`` triples, newest first, all of
   ``code`` and of ``spec``; each ``source`` from
@@ -118,7 +130,7 @@ def front_class(base: type, spec, code, quicks, env: dict) -> type:
              "      if entry is None or entry.guards:",
              "        break",
              f"      key = KEY{i}",
-             textwrap.indent(HIT, "      ").rstrip("\n")]
+             textwrap.indent(hit_source(verify), "      ").rstrip("\n")]
   body.append("  return GENERIC(self, *args, **kwargs)")
   exec(compile("\n".join(body), FILENAME, "exec"), names)
   cls = type(base.__name__, (base,), {

@@ -78,7 +78,8 @@ def refresh_front(code, row: list, base: type, hit_env: dict) -> None:
   spec = options.hot_spec()
   mine = [(q.key, q.source, q.entry) for q in row
           if q.options_key is spec.key]
-  cls = (generated.front_class(base, spec, code, mine, hit_env)
+  cls = (generated.front_class(base, spec, code, mine, hit_env,
+                               cache.verifying())
          if mine else None)
   if cls is None:
     fronts.pop(code, None)

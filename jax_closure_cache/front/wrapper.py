@@ -35,6 +35,7 @@ from __future__ import annotations
 import types
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import generated
@@ -42,6 +43,7 @@ from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import miss
 from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.front import verify
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import values
 from jax_closure_cache.key.closure import Uncacheable
@@ -329,6 +331,9 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
       entry.caller = None
     if entry.traces != entry.checked:   # traced a new signature
       self._store(key, entry, leaves, args, kwargs)
+    if cache.verifying():
+      return verify.checked(self, self._fun, key, entry, leaves, args, kwargs,
+                            out)
     return out
 
   def _call_again(self, row, args, kwargs):
@@ -441,8 +446,19 @@ _HIT_ENV = {"MONITORING": _compat.monitoring_module,
             "RECORD_EVENT": _compat.jax.monitoring.record_event,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
-            "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock}
-_hit = generated.hit_function(_HIT_ENV)
+            "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock,
+            "VERIFIED": verify.checked}
+_hit = generated.hit_function(_HIT_ENV, cache.verifying())
+
+
+def _verify_changed(on: bool) -> None:
+  """Verify mode turned on or off: the hit and the fronts are made anew."""
+  global _hit
+  _hit = generated.hit_function(_HIT_ENV, on)
+  inline.fronts.clear()
+
+
+cache.register_verify_hook(_verify_changed)
 
 
 

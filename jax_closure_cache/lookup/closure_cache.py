@@ -380,7 +380,8 @@ def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
   ref = weakref.ref(shared)
   # a weakref callback never locks (the collector may run it under the
   # lock): the drop waits for the store's next lookup
-  drop = lambda _: traces.pending.append((key, ref()))
+  pending = traces.pending   # (module globals are gone at exit)
+  drop = lambda _: pending.append((key, ref()))
   try:
     shared.anchors = hold_weakly(anchors, drop)
   except TypeError:

@@ -28,6 +28,7 @@ share one trace.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 import threading
@@ -81,6 +82,17 @@ def own_code(code) -> None:
 #: per function object, so such traces are never shared (a shared jaxpr
 #: would find pjit's executable and skip the compile and its warning).
 _unshared = threading.local()
+
+
+@contextlib.contextmanager
+def unshared():
+  """Within: every trace is stock's own (verify mode's answer on a
+  mismatch), never a shared one."""
+  saved, _unshared.on = getattr(_unshared, "on", False), True
+  try:
+    yield
+  finally:
+    _unshared.on = saved
 
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):

@@ -1,0 +1,128 @@
+"""Verify mode's oracle: would stock's trace of this function object now
+compute what the hit runs?
+
+:func:`first_difference` walks stock's closed jaxpr and the hit's in
+lockstep: the same primitives with equal parameters (``structure``'s
+rules: atoms by type and bits, nested jaxprs by structure, callables by
+identity), operands that correspond, the same output types, effects and
+outputs. A stock constant corresponds to the hit's input that holds the
+same object (a lifted leaf), or to a value of equal type and bits (a
+constant the trace made itself, or a Python scalar the hit takes as an
+argument).
+
+Invariants: it never calls a user's ``__eq__``; it reads jaxprs and
+constants only; None means "the same computation".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jax_closure_cache._compat import lowering as _compat
+from jax_closure_cache.lowering import structure
+
+
+class _Value:
+  """A binder bound to a concrete value (a constant or a leaf)."""
+  __slots__ = ("value",)
+
+  def __init__(self, value):
+    self.value = value
+
+
+def _same_value(x, y) -> bool:
+  if x is y:
+    return True
+  try:
+    a, b = np.asarray(x), np.asarray(y)
+  except Exception:   # not an array-like value: only identity counts
+    return False
+  return (a.dtype == b.dtype and a.shape == b.shape
+          and a.tobytes() == b.tobytes()
+          and (type(x) is type(y) or not _scalar_type(x, y)))
+
+
+def _scalar_type(x, y) -> bool:   # Python scalars must agree in type
+  return type(x) in (bool, int, float, complex) or type(y) in (
+      bool, int, float, complex)
+
+
+def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
+  """None if ``hit_closed`` (a jaxpr whose first inputs take ``leaves``)
+  computes what ``stock_closed`` does, else where they first differ."""
+  stock, stock_consts = _compat.closed_parts(stock_closed)
+  hit, hit_consts = _compat.closed_parts(hit_closed)
+  n = len(hit.invars) - len(stock.invars)
+  if n != len(leaves):
+    return (f"the hit takes {len(hit.invars)} inputs for "
+            f"{len(stock.invars)} arguments and {len(leaves)} leaves")
+  bound: dict = {}   # hit var -> _Value
+  for v, c in zip(hit.constvars, hit_consts):
+    bound[v] = _Value(c)
+  for v, c in zip(hit.invars[:n], leaves):
+    bound[v] = _Value(c)
+  env: dict = {}   # stock var -> hit var, or _Value
+  for v, c in zip(stock.constvars, stock_consts):
+    env[v] = _Value(c)
+  for i, (v, w) in enumerate(zip(stock.invars, hit.invars[n:])):
+    if v.aval != w.aval:
+      return f"argument {i}: {v.aval} against {w.aval}"
+    env[v] = w
+
+  def same(x, y) -> bool:
+    if type(x) is _compat.Literal:
+      if type(y) is _compat.Literal:
+        return x.aval == y.aval and _same_value(x.val, y.val)
+      b = bound.get(y)
+      return b is not None and _same_value(x.val, b.value)
+    mapped = env.get(x)
+    if mapped is y:
+      return True
+    if type(mapped) is _Value:
+      if type(y) is _compat.Literal:
+        return _same_value(mapped.value, y.val)
+      b = bound.get(y)
+      return b is not None and _same_value(mapped.value, b.value)
+    return False
+
+  if len(stock.eqns) != len(hit.eqns):
+    first = _first_eqn_difference(stock, hit, same, env)
+    return first or (f"{len(stock.eqns)} equations against "
+                     f"{len(hit.eqns)}")
+  first = _first_eqn_difference(stock, hit, same, env)
+  if first:
+    return first
+  if len(stock.outvars) != len(hit.outvars) or not all(
+      map(same, stock.outvars, hit.outvars)):
+    return "the outputs differ"
+  if stock.effects != hit.effects:
+    return f"effects {stock.effects} against {hit.effects}"
+  return None
+
+
+def _first_eqn_difference(stock, hit, same, env) -> str | None:
+  for i, (e, f) in enumerate(zip(stock.eqns, hit.eqns)):
+    where = f"equation {i} ({e.primitive})"
+    if e.primitive is not f.primitive:
+      return f"{where}: {e.primitive} against {f.primitive}"
+    if len(e.invars) != len(f.invars) or not all(map(same, e.invars,
+                                                      f.invars)):
+      return f"{where}: its operands differ"
+    if _params(e) != _params(f):
+      return f"{where}: its parameters differ"
+    if [v.aval for v in e.outvars] != [v.aval for v in f.outvars]:
+      return f"{where}: its output types differ"
+    if e.effects != f.effects:
+      return f"{where}: its effects differ"
+    for v, w in zip(e.outvars, f.outvars):
+      env[v] = w
+  return None
+
+
+def _params(e) -> tuple:
+  ignored = structure.NOT_LOWERED.get(e.primitive.name, ())
+  try:
+    return tuple((k, structure.param_key(p)) for k, p in e.params.items()
+                 if k not in ignored)
+  except structure.NotShared as err:
+    return ("not comparable", str(err), id(e))

@@ -1,0 +1,79 @@
+"""Verify mode: every hit is also answered as stock would answer it and
+compared (``front/verify.py`` for the closure key's hits, tier A's in
+``lowering/shared.py``); the oracle the other tests run under."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache import cache
+from conftest import assert_like_stock, stock_off, ticker
+
+
+def make(w):
+  return lambda x: jnp.tanh(x @ w)
+
+
+@pytest.mark.parametrize("rerun", [0, 1])
+def test_closure_key_hits_are_checked_against_stocks_trace(rerun):
+  del rerun
+  jcc.enable(verify=True)
+  x = jnp.ones((3, 3))
+  for i in range(6):
+    f = make(jnp.eye(3) * (i % 2 + 1))
+    assert_like_stock(jax.jit(f)(x), f, x, rtol=1e-6)
+  s = jcc.stats()
+  assert s["hits"] >= 3 and s["verified"] >= 3, s
+  assert s["verify_mismatches"] == 0
+
+
+def test_a_stale_hit_is_caught_and_answered_by_stock():
+  """A value the key does not see (a wrapper rule that leaves it out) makes
+  the stored trace stale: verify mode traces as stock, finds the literal
+  differs, and returns stock's result."""
+  x = jnp.ones(2)
+  with ticker() as t:
+    jcc.enable(verify=True)
+    outs = [jax.jit(lambda v: v * t.tick())(x) for _ in range(4)]
+  got = [float(o[0]) for o in outs]
+  # stock traces every fresh object: each reads the next tick
+  assert got == sorted(set(got)) and len(got) == 4, got
+  assert jcc.stats()["verify_mismatches"] >= 1
+
+
+def test_verify_mode_costs_nothing_when_off():
+  """Off, the generated hit has no verify line and no check runs."""
+  from jax_closure_cache.front import generated
+  assert "VERIFIED" not in generated.hit_source(False)
+  assert "VERIFIED" in generated.hit_source(True)
+  jcc.enable()
+  x = jnp.ones((3, 3))
+  for i in range(5):
+    jax.jit(make(jnp.eye(3) * 2))(x)
+  assert jcc.stats()["verified"] == 0
+
+
+def test_enable_and_enabled_set_and_restore_verify():
+  assert not cache.verifying()
+  with jcc.enabled(verify=True):
+    assert cache.verifying()
+  assert not cache.verifying()
+  jcc.enable(verify=True)
+  assert cache.verifying()
+  jcc.enable(verify=False)
+  assert not cache.verifying()
+
+
+def test_exceptions_in_verify_mode_are_stocks():
+  jcc.enable(verify=True)
+
+  def run(k):
+    w = jnp.ones(3) * k
+    return jax.jit(lambda x: x[:k] + w[:k])(jnp.ones(3))
+
+  for k in (1, 2, 1, 2):
+    np.testing.assert_array_equal(run(k), stock_off(run, k))
+  with pytest.raises(TypeError):
+    jax.jit(lambda x: x.reshape(-7, 5))(jnp.ones(3))
