@@ -9,7 +9,7 @@ reads ``JAX_CLOSURE_CACHE`` through it at every Python start.
 | ``JAX_CLOSURE_CACHE_EXPLAIN`` | flag | off | log why a call missed or fell back (read at each miss) |
 | ``JAX_CLOSURE_CACHE_VERIFY`` | flag | off | verify mode: every hit also traces (or lowers) as stock would and compares |
 | ``JAX_CLOSURE_CACHE_LIFT_NUMPY`` | flag | off | default of ``jit(..., lift_numpy=)`` |
-| ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` | flag | on | default of ``jit(..., auto_dynamic=)`` |
+| ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` | flag | off | default of ``jit(..., auto_dynamic=)`` |
 | ``JAX_CLOSURE_CACHE_CAPACITY`` | positive int | 1024 | entries per bounded store |
 | ``JAX_CLOSURE_CACHE_MAX_BYTES`` | positive int | 2**30 | bytes of captured constants per bounded store |
 | ``JAX_CLOSURE_CACHE_STORM_THRESHOLD`` | positive int | 8 | entries per code before the storm warning |
@@ -46,7 +46,7 @@ VERIFY = Setting("JAX_CLOSURE_CACHE_VERIFY", "flag", False,
                  "check every hit against stock's own trace")
 LIFT_NUMPY = Setting("JAX_CLOSURE_CACHE_LIFT_NUMPY", "flag", False,
                      "lift captured NumPy arrays")
-AUTO_DYNAMIC = Setting("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "flag", True,
+AUTO_DYNAMIC = Setting("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "flag", False,
                        "lift Python scalars that keep changing")
 CAPACITY = Setting("JAX_CLOSURE_CACHE_CAPACITY", "count", 1024,
                    "entries per bounded store")

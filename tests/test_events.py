@@ -38,11 +38,10 @@ def test_state_changed_by_the_trace_is_counted_and_explained(
   jcc.enable()
 
   def make(w):
-    extra = None
+    extra = [None]   # (a nonlocal assignment has no closure key at all)
     def f(v):
-      nonlocal extra
-      out = v * w if extra is None else v * w + 1.0
-      extra = made_at_trace_time()
+      out = v * w if extra[0] is None else v * w + 1.0
+      extra[0] = made_at_trace_time()
       return out
     return f
 

@@ -13,7 +13,7 @@ def fresh_warnings(monkeypatch):
 
 
 @pytest.mark.parametrize("raw,expected", [
-    (None, True), ("", True), ("  ", True), ("0", False), (" OFF ", False),
+    (None, False), ("", False), ("  ", False), ("0", False), (" OFF ", False),
     ("no", False), ("1", True), ("Yes", True), ("on", True)])
 def test_flag_values(monkeypatch, raw, expected):
   if raw is None:

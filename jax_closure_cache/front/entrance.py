@@ -46,7 +46,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   given to ``enable(lift_numpy=...)`` or ``JAX_CLOSURE_CACHE_LIFT_NUMPY``,
   else False), which passes closed-over numpy arrays as arguments instead of
   baking them, and ``auto_dynamic`` (default: ``enable(auto_dynamic=...)``
-  or ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC``, else True), which passes a closed-
+  or ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC``, else False), which passes a closed-
   over Python int or float that keeps changing as a weakly typed argument.
   Without ``fun`` it returns a decorator.
 

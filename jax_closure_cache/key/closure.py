@@ -269,10 +269,16 @@ class Analysis(_key.Walk):
 
   def cells(self, f) -> tuple:
     written = code_plan(f.__code__).written_cells
-    if not written or self.dynamic is None or f.__closure__ is None:
-      return super().cells(f)
-    return tuple([self.written_cell(c) if n in written else self.cell(c)
-                  for n, c in zip(f.__code__.co_freevars, f.__closure__)])
+    # (jax's own nested helpers keep bookkeeping in cells of a call that
+    # has returned: nothing reads those after the trace)
+    if (written and f.__closure__ is not None
+        and not _compat.library_code(f.__code__)):
+      # a trace-time write a hit would skip (a nonlocal trace counter)
+      raise Uncacheable(
+          "writes_cells", f"{f.__qualname__} assigns to the closed-over "
+          f"variable {sorted(written)[0]!r} (nonlocal): stock's trace "
+          "writes it, a hit would not")
+    return super().cells(f)
 
   def reads(self, f) -> tuple[tuple, tuple]:
     plan = code_plan(f.__code__)
@@ -282,14 +288,12 @@ class Analysis(_key.Walk):
     if why:
       raise Uncacheable("dynamic_read", f"{f.__qualname__} calls {why}: what "
                         "it reads by a computed name is in no key")
-    if plan.writes_globals:   # its globals' scalars are never arguments
-      self.frozen += 1
-    try:
-      globs = tuple([value(g[n]) if n in g else MISSING
-                     for n in plan.global_names])
-    finally:
-      if plan.writes_globals:
-        self.frozen -= 1
+    if plan.writes_globals and not _compat.library_code(f.__code__):
+      raise Uncacheable(
+          "writes_globals", f"{f.__qualname__} assigns to a global: stock's "
+          "trace writes it, a hit would not")
+    globs = tuple([value(g[n]) if n in g else MISSING
+                   for n in plan.global_names])
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
 
@@ -318,13 +322,6 @@ class Analysis(_key.Walk):
       return self.value(obj)
     finally:
       self.in_object = saved
-
-  def written_cell(self, c):
-    self.frozen += 1
-    try:
-      return self.cell(c)
-    finally:
-      self.frozen -= 1
 
   def plain_object(self, v, t, slots=None):
     i = self.enter(v)
