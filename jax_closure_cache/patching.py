@@ -32,7 +32,19 @@ class Patch(NamedTuple):
   replacement: Any
 
 
-def _patch_points() -> list[tuple[Any, str, Any]]:
+def _tier_a_points() -> list[tuple[Any, str, Any]]:
+  """Tier A's patch points: pjit's lowering for a call, shared by the
+  jaxpr's structure (in both modes: the series leaves pjit's lowering cache
+  stock); none where the running jax lacks its seams."""
+  from jax_closure_cache._compat import lowering as compat_lowering
+  if compat_lowering.LOWERING_MISSING:
+    return []
+  from jax_closure_cache.lowering import shared
+  return [(owner, name, shared.REPLACEMENTS[name])
+          for owner, name in compat_lowering.LOWERING_PATCH_POINTS]
+
+
+def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   """(owner, attribute, replacement) for every place ``enable()`` patches.
 
   ``jax.jit`` (JAX's own modules call their internal ``api.jit`` and keep
@@ -42,6 +54,8 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   the attribute is still JAX's own function; and the memoized trace lookup
   with the pjit functions around it (``_compat.trace.TRACE_PATCH_POINTS``).
   """
+  if not closure_key:
+    return _tier_a_points()
   from jax_closure_cache.control_flow import launchers
   from jax_closure_cache.front import convert
   from jax_closure_cache.lookup import trace_lookup
@@ -60,13 +74,7 @@ def _patch_points() -> list[tuple[Any, str, Any]]:
   if not _compat.jax_carries_patch() and _compat.trace.TRACE_LOOKUP:
     for owner, name in _compat.trace.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
-  # tier A: pjit's lowering for a call, shared by the jaxpr's structure
-  # (in both modes: the series leaves pjit's lowering cache stock)
-  from jax_closure_cache._compat import lowering as compat_lowering
-  if not compat_lowering.LOWERING_MISSING:
-    from jax_closure_cache.lowering import shared
-    for owner, name in compat_lowering.LOWERING_PATCH_POINTS:
-      points.append((owner, name, shared.REPLACEMENTS[name]))
+  points += _tier_a_points()
   points += prebuilt_points()
   # in both modes: the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
@@ -143,7 +151,7 @@ def mode() -> str:
 
 def enable(*, lift_numpy: bool | None = None,
            auto_dynamic: bool | None = None, verify: bool | None = None,
-           force: bool = False) -> None:
+           closure_key: bool = True, force: bool = False) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
 
   Args:
@@ -152,6 +160,10 @@ def enable(*, lift_numpy: bool | None = None,
     verify: if given, turns verify mode on or off: every hit is also
       traced (tier B) or lowered (tier A) as stock would, and compared; a
       mismatch is answered by stock, counted in ``stats()`` and logged.
+    closure_key: False installs tier A alone (the executable shared after
+      stock's own trace, ``jax.jit`` left stock): nothing skips a trace.
+      It takes effect when the cache is switched on, not by a second
+      ``enable()`` while on.
     force: enable even if the installed jax is not the pinned release.
 
   With a jax that carries the upstream series this also sets its
@@ -175,9 +187,9 @@ def enable(*, lift_numpy: bool | None = None,
       cache.set_verify(verify)
     if _applied:
       return
-    if _compat.jax_carries_patch():
+    if _compat.jax_carries_patch() and closure_key:
       jax.config.update("jax_closure_cache", True)
-    for owner, name, replacement in _patch_points():
+    for owner, name, replacement in _patch_points(closure_key):
       original = getattr(owner, name)
       _applied.append(Patch(owner, name, original, replacement))
       setattr(owner, name, replacement)

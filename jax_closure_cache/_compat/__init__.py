@@ -19,6 +19,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import traceback_util as _traceback_util
 from jax._src.lib import _jax as _jaxlib_ext
+import contextlib as _contextlib
 import os as _os
 
 # JAX hides its own frames from user tracebacks; ours are no more the user's
@@ -371,3 +372,39 @@ def _series_module(name: str):
 
 # Layer two's seams (pjit, the trace lookup, stages), in their own module.
 from jax_closure_cache._compat import trace   # noqa: E402,F401  (_compat.trace)
+
+
+def reset_persistent_cache() -> None:
+  """Forget JAX's persistent compilation cache's set-up, so that a changed
+  ``jax_compilation_cache_dir`` is read again (``bench``)."""
+  from jax._src import compilation_cache
+  compilation_cache.reset_cache()
+
+
+@_contextlib.contextmanager
+def oracle_muted():
+  """Within: JAX's test events (the trace, lowering and compile counters of
+  ``jax._src.test_util``) are not sent: verify mode's own oracle work is
+  not the cache's, and a test counting the cache's traces must not see it."""
+  from jax._src import util
+  saved, util.test_event_listener = util.test_event_listener, None
+  try:
+    yield
+  finally:
+    util.test_event_listener = saved
+
+
+def _library_roots() -> tuple:
+  import numpy
+  return tuple(_os.path.dirname(_os.path.abspath(m.__file__)) + _os.sep
+               for m in (jax, jaxlib, numpy))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def library_code(code) -> bool:
+  """Whether ``code`` was loaded from jax's, jaxlib's or numpy's own folder
+  (decided by where its file lies, never by a ``__module__`` a decorator
+  may have copied)."""
+  return code.co_filename.startswith(_LIBRARY_ROOTS)

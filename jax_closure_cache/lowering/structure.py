@@ -94,7 +94,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None) -> tuple:
   def name(v):
     if type(v) is _compat.Literal:
       if top and v.aval.dtype.kind in "fc":
-        literals.append(v.val)
+        literals.append(np.asarray(v.val, v.aval.dtype))   # as the argument
         bits.append(_atom(v.val))
         return ("arg", v.aval)
       return ("lit", v.aval, _atom(v.val))

@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--full] [--plot FILE.png] [--json FILE] [--only jit|control-flow|scale|upstream] [--match A,B]``
+``python -m jax_closure_cache bench [--full] [--plot FILE.png] [--json FILE] [--only jit|control-flow|tier-a|ecosystem|scale|upstream|memory] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="alternating rounds; best median kept (default 3)")
   bench.add_argument("--match", default="", metavar="A,B",
                      help="only workloads whose name (jit table) or key (control-flow "
-                     "table: decode, minimize, scan, fori, odeint, cg, gpt2) "
+                     "table: decode, minimize, scan, fori, odeint, cg, gpt2; "
+                     "ecosystem table: library or idiom, e.g. optax, linen) "
                      "contains A or B")
   bench.add_argument("--full", action="store_true",
                      help="every row of the four tables (README's full "
@@ -41,9 +42,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="also draw per-call time over seed 001's loop "
                      "(stock, cache, hoisted) and cache/baseline per row "
                      "(pip install '.[plot]')")
-  bench.add_argument("--only", choices=("jit", "control-flow", "scale",
-                                        "upstream", "memory"),
-                     help="run one of the tables (scale: sharded and "
+  bench.add_argument("--only", choices=("jit", "control-flow", "tier-a",
+                                        "ecosystem", "scale", "upstream",
+                                        "memory"),
+                     help="run one of the tables (ecosystem: optax, "
+                     "equinox, flax and dm-haiku idioms, pip install "
+                     "'.[ecosystem]'; scale: sharded and "
                      "two-process rows, each in its own processes; upstream: "
                      "the series with its option off against pristine jax; "
                      "memory: what never-repeating keys keep alive)")
@@ -115,6 +119,25 @@ def _bench(args) -> int:
     report["skipped"] = skipped
     print("\nEager control flow with fresh closures\n")
     print(bench_control_flow.format_table(rows))
+    for line in skipped:
+      print(f"skipped: {line}")
+  if args.only in (None, "tier-a"):
+    from jax_closure_cache.tools import bench_tier_a
+    rows = bench_tier_a.run()
+    report["tier_a"] = rows
+    print("\nTier A: library-shaped workloads, a fresh function per call "
+          "(stock's trace, the shared executable)\n")
+    print(bench_tier_a.format_table(rows))
+  if args.only == "ecosystem":
+    from jax_closure_cache.tools import bench_ecosystem
+    rows, skipped = bench_ecosystem.run(
+        match=[m for m in args.match.split(",") if m], rounds=args.rounds)
+    report["ecosystem"] = rows
+    report["ecosystem_skipped"] = skipped
+    print("\nReal libraries' fresh-closure idioms: median per call of calls "
+          "3-6 (target: stock / cache >= 5x)\n")
+    if rows:
+      print(bench_ecosystem.format_table(rows))
     for line in skipped:
       print(f"skipped: {line}")
   if args.only == "scale" or (args.only is None and not quick):
