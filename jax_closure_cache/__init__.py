@@ -3,15 +3,20 @@
 Code that builds a fresh function on every call (a nested ``def``, a lambda in
 a loop, ``functools.partial``, a re-wrapped ``jax.grad``) pays a full trace and
 XLA compile per call under stock ``jax.jit``, which caches on the function
-object. This package keys the cache on the code object plus what the closure
-holds, verified free of tracers, and passes closed-over arrays as arguments
-to one shared executable.
+object. This package shares one executable between such functions in two
+tiers: tier A after stock's own trace, keyed by the jaxpr's structure (only
+lowering and compiling are skipped); tier B, the closure key, where it can
+prove the trace would be the same (the code object plus what the closure
+holds, verified free of tracers), with closed-over arrays passed as
+arguments. Verify mode checks every hit against what stock would do.
 
 Public API::
 
     jit(fun=None, **jax_jit_options)   # closure-aware drop-in for jax.jit
     lax.while_loop, fori_loop, scan, cond, switch, map   # eager, cached
     enable(), disable(), is_enabled(), enabled()   # patch jax.jit globally
+    enable(verify=True)                # verify mode: each hit checked
+    enable(closure_key=False)          # tier A alone
     mode()                             # "monkey-patch" or "patched-jax"
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
@@ -41,8 +46,8 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "jit": "front.entrance",
     "ClosureJitted": "front.wrapper",
-    "stats": "cache",
-    "clear": "cache",
+    "stats": "patching",   # (which loads every layer's stats() row)
+    "clear": "patching",
     "capacity": "cache",
     "set_capacity": "cache",
     "max_bytes": "cache",

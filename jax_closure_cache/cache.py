@@ -364,11 +364,21 @@ def clear_entries() -> None:
     hook()
 
 
+_count_resets: list = []
+
+
+def register_count_reset(hook) -> None:
+  """Call ``hook()`` from :func:`clear`, for counts kept outside ``counters``."""
+  _count_resets.append(hook)
+
+
 def clear() -> None:
   """Drop every entry of every store and zero the counters."""
   clear_entries()
   with counters.lock:
     counters.reset()
+  for hook in _count_resets:
+    hook()
 
 
 class _JaxCacheHandle:

@@ -20,7 +20,9 @@ import jax
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
+from jax_closure_cache.cache import clear, stats   # noqa: F401 (public names)
 from jax_closure_cache.front import entrance
+from jax_closure_cache.lowering import shared as _tier_a   # its stats() row
 from jax_closure_cache.front import options as jit_options
 
 

@@ -48,7 +48,7 @@ def test_verify_mode_costs_nothing_when_off():
   from jax_closure_cache.front import generated
   assert "VERIFIED" not in generated.hit_source(False)
   assert "VERIFIED" in generated.hit_source(True)
-  jcc.enable()
+  jcc.enable(verify=False)
   x = jnp.ones((3, 3))
   for i in range(5):
     jax.jit(make(jnp.eye(3) * 2))(x)
@@ -56,6 +56,7 @@ def test_verify_mode_costs_nothing_when_off():
 
 
 def test_enable_and_enabled_set_and_restore_verify():
+  cache.set_verify(False)   # (the suite may run with JAX_CLOSURE_CACHE_VERIFY=1)
   assert not cache.verifying()
   with jcc.enabled(verify=True):
     assert cache.verifying()

@@ -105,7 +105,11 @@ def _known(fun, full_options_key):
 def canonical_jitted(fun: types.FunctionType, options: dict,
                      options_key: tuple, lift_numpy: bool,
                      auto_dynamic: bool = False):
-  """The shared stock jitted object for ``fun``, or None if it needs lifting."""
+  """The shared stock jitted object for ``fun``, or None if it needs lifting
+  (or in verify mode, where every hit is checked at its call: the wrapper
+  answers)."""
+  if cache.verifying():
+    return None
   if jit_options.donates(options):
     # XLA warns of unusable donated buffers at every compile, which stock
     # makes per function object: the jit wrapper sees the warning and

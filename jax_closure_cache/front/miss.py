@@ -23,10 +23,12 @@ import types
 import warnings
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache import diagnostics
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.front import verify
 from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import masks
@@ -199,7 +201,11 @@ def miss(w, key, a, args, kwargs):
     if entry is not None and not entry.guards:   # another value's entry
       events.hit(entry.record)
       w._pin(entry, key, a.leaves)
-      return w._call_entry(entry, key, a.leaves, args, kwargs)
+      out = w._call_entry(entry, key, a.leaves, args, kwargs)
+      if cache.verifying():
+        return verify.checked(w, w._fun, key, entry, a.leaves, args, kwargs,
+                              out)
+      return out
   if (made is None and code not in entries.ALWAYS_SHARED
       and not entries.spans_processes(a.leaves)
       and not entries.met_before(key)):
@@ -293,9 +299,8 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   fresh guards, or drop it.
 
   The closure is analysed again after tracing, for the guard roots. A
-  trace that mutated the closure (a trace counter in a list, a
-  ``nonlocal``) leaves the entry under the state it started from: a fresh
-  closure in that state would trace the same way. ``traced`` is the miss
+  trace that changed what the closure holds (a trace counter in a list)
+  is not stored: a hit would skip its write. ``traced`` is the miss
   path's own trace; without it (a call that traced a new signature) the
   entry is asked for it again, which JAX answers from its cache.
   """
@@ -315,6 +320,13 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   if len(after.leaves) != len(leaves):
     events.not_stored(w._user(), "layout_changed",
                       "the trace changed how many arrays the closure holds")
+    return
+  if after.key != key[1]:
+    # a trace-time write (a counter in a list, a cache filled lazily): a
+    # hit would skip it where stock's trace makes it
+    events.not_stored(w._user(), "trace_wrote_state",
+                      "the trace changed what the closure holds; a hit "
+                      "would skip that change, so every object traces")
     return
   if traced is None:
     try:

@@ -19,6 +19,7 @@ result.
 from __future__ import annotations
 
 import logging
+import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -29,9 +30,28 @@ from jax_closure_cache.front import entries
 logger = logging.getLogger("jax_closure_cache")
 
 
+#: Function object -> the argument signatures checked for it: stock traces
+#: a function object once per signature, and so does the oracle.
+_checked = weakref.WeakKeyDictionary()
+
+
+def _signature(args, kwargs):
+  leaves, tree = _compat.jax.tree_util.tree_flatten((args, kwargs))
+  return tree, tuple(_compat.trace.typeof(x) for x in leaves)
+
+
 def checked(w, f, key, entry, leaves, args, kwargs, result):
   """``result`` of a hit of ``entry`` for ``f`` if stock's trace of ``f``
-  is the computation the hit ran; else stock's own answer."""
+  is the computation the hit ran; else stock's own answer. Each function
+  object is checked once per argument signature, as stock traces it."""
+  try:
+    sig = _signature(args, kwargs)
+    seen = _checked.setdefault(f, set())
+    if sig in seen:
+      return result
+    seen.add(sig)
+  except TypeError:   # unhashable or not weakly referable: check every call
+    pass
   with _compat.oracle_muted():
     try:
       stock = _compat.trace.stock_trace(f, args, kwargs)

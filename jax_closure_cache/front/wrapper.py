@@ -331,9 +331,6 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
       entry.caller = None
     if entry.traces != entry.checked:   # traced a new signature
       self._store(key, entry, leaves, args, kwargs)
-    if cache.verifying():
-      return verify.checked(self, self._fun, key, entry, leaves, args, kwargs,
-                            out)
     return out
 
   def _call_again(self, row, args, kwargs):
@@ -418,7 +415,11 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
       self._remember_matcher(key, entry)
     events.hit(entry.record)
     self._pin(entry, key, a.leaves)
-    return self._call_entry(entry, key, a.leaves, args, kwargs)
+    out = self._call_entry(entry, key, a.leaves, args, kwargs)
+    if cache.verifying():
+      return verify.checked(self, self._fun, key, entry, a.leaves, args,
+                            kwargs, out)
+    return out
 
   # -- the slow paths (front/miss.py)
   def _miss(self, key, a, args, kwargs):

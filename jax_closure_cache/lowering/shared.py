@@ -133,6 +133,7 @@ class Lowerings:
 LOWERINGS = Lowerings()
 cache.register_clear_hook(LOWERINGS.clear)
 cache.register_report("tier_a", LOWERINGS.report)
+cache.register_count_reset(LOWERINGS.reset_counts)
 
 
 class CallLowering(NamedTuple):
