@@ -64,6 +64,11 @@ setup(
         # The seed's real client, for the benchmark's GPT-2 generate row:
         # the last transformers line with Flax, which runs on jax 0.10.2.
         "clients": ["transformers==4.57.6", "flax==0.12.8"],
+        # tests/ecosystem and `bench --only ecosystem`: the newest releases
+        # that install beside jax/jaxlib 0.10.2 on Python 3.11 (flax 0.12.9
+        # and later need Python 3.12; optax 0.2.8 no longer needs chex).
+        "ecosystem": ["optax==0.2.8", "equinox==0.13.8", "flax==0.12.8",
+                      "dm-haiku==0.0.17"],
     },
     # The fast front's entrance in C (jax_closure_cache/front/_entrance.c): optional,
     # so a machine without a compiler installs the pure-Python front, which

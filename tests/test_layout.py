@@ -147,3 +147,18 @@ def test_only_the_compat_layer_imports_jaxs_private_modules():
       wrong += [f"{name} imports {t}" for t in targets
                 if t.startswith(("jax._src", "jaxlib."))]
   assert wrong == []
+
+
+def test_contributing_names_every_module():
+  """CONTRIBUTING.md's module table names each module of the package (by
+  its path below the package, or its file name in a row of a folder)."""
+  with open(os.path.join(os.path.dirname(ROOT), "CONTRIBUTING.md")) as f:
+    text = f.read()
+  missing = []
+  for name, path in MODULES.items():
+    rel = os.path.relpath(path, ROOT)
+    if os.path.basename(rel) == "__init__.py" and rel != "__init__.py":
+      continue
+    if f"`{rel}`" not in text and f"`{os.path.basename(rel)}`" not in text:
+      missing.append(rel)
+  assert missing == []

@@ -25,14 +25,13 @@ import functools
 import statistics
 import sys
 import time
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_closure_cache as jcc
-from jax_closure_cache.tools.bench_tier_a import _max_diff, _persistent_cache
+from jax_closure_cache.tools.bench_tier_a import max_diff, persistent_cache
 
 CALLS = 6        # calls 3..CALLS are timed
 INSTALL = "pip install 'jax-closure-cache[ecosystem]'"
@@ -296,11 +295,11 @@ def missing(modules) -> list[str]:
 def _time(make_sequence, calls: int = CALLS):
   """Per-call seconds of calls 3..calls, their outputs, and the compiles
   JAX counted in them."""
-  from jax._src import test_util as jtu
+  from jax_closure_cache import _compat
   step = make_sequence()
   times, outs, compiles = [], [], 0
   for i in range(calls):
-    with jtu.count_jit_compilation_cache_miss() as count:
+    with _compat.count_compiles() as count:
       t0 = time.perf_counter()
       out = jax.block_until_ready(step(i))
       dt = time.perf_counter() - t0
@@ -347,7 +346,7 @@ def run(calls: int = CALLS, match=(), rounds: int = 1
       jcc.clear()
       us, stock_outs, stock_compiles = _time(make_sequence, calls)
       stock_us = min(stock_us, us)
-      with _persistent_cache():
+      with persistent_cache():
         _time(make_sequence, calls)   # fills the persistent cache
         us, _, _ = _time(make_sequence, calls)
       persistent_us = min(persistent_us, us)
@@ -359,7 +358,7 @@ def run(calls: int = CALLS, match=(), rounds: int = 1
       tier = _tier(before, jcc.stats())
       jcc.disable()
       jcc.clear()
-    diff = max((_max_diff(a, b) for a, b in zip(cache_outs, stock_outs)),
+    diff = max((max_diff(a, b) for a, b in zip(cache_outs, stock_outs)),
                default=0.0)
     rows.append({
         "library": library, "idiom": idiom, "stock_us": stock_us,

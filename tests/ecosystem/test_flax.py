@@ -1,0 +1,178 @@
+"""flax as its users write it. NNX: an ``nnx.jit`` train step re-made every
+step (its loss closes over the batch), updating an ``nnx.Module`` and an
+``nnx.Optimizer`` in place. Linen: a ``TrainState`` whose ``apply_fn`` is
+re-made every step (a fresh ``functools.partial``/lambda around
+``model.apply``), stepped by a fresh ``jax.jit`` closure or by one
+module-level ``jax.jit`` step. Each sequence runs with stock, then twice
+with the cache in verify mode.
+
+Which tier answers (from ``jax_closure_cache.stats()``):
+- ``nnx.jit``: tier A. Tier B refuses the function nnx hands to ``jax.jit``
+  (``fallback_reasons``: ``attributes``: "dataclass has attributes", nnx's
+  ``JitFn``, which holds its ``JitWrapped`` context).
+- Linen, fresh ``jax.jit`` closure: tier B keys the closure and hits, but
+  the ``TrainState``'s static part (its pytree aux data) holds the new
+  ``apply_fn`` object, so every hit retraces (``retraces``); tier A shares
+  the executable. Traces do not reach 0.
+- Linen, one module-level jitted step: stock's own jit object, retraced by
+  JAX for the new static ``apply_fn``; tier A shares the executable.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+optax = pytest.importorskip("optax")
+nnx = pytest.importorskip("flax.nnx")
+nn = pytest.importorskip("flax.linen")
+train_state = pytest.importorskip("flax.training.train_state")
+
+from ecosystem_check import (STEPS, assert_tier_a_answers,  # noqa: E402
+                             check_against_stock, compiles, traces)
+
+
+def _batches():
+  rng = np.random.default_rng(2)
+  return [(jnp.asarray(rng.standard_normal((8, 4)), jnp.float32),
+           jnp.asarray(rng.standard_normal((8, 2)), jnp.float32))
+          for _ in range(4)]
+
+
+BATCHES = _batches()
+
+
+def arrays(tree):
+  """The leaves by path, copied out now (nnx updates its Variables in
+  place)."""
+  return {jax.tree_util.keystr(p): v
+          for p, v in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+# -- NNX ---------------------------------------------------------------------
+
+class MLP(nnx.Module):
+
+  def __init__(self, rngs):
+    self.l1 = nnx.Linear(4, 16, rngs=rngs)
+    self.l2 = nnx.Linear(16, 2, rngs=rngs)
+
+  def __call__(self, x):
+    return self.l2(nnx.relu(self.l1(x)))
+
+
+def nnx_training():
+  model = MLP(nnx.Rngs(0))
+  optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+  def step(i):
+    x, y = BATCHES[i % len(BATCHES)]
+
+    @nnx.jit
+    def train_step(model, optimizer):
+      def loss_fn(model):
+        return jnp.mean((model(x) - y) ** 2)
+      loss, grads = nnx.value_and_grad(loss_fn)(model)
+      optimizer.update(model, grads)
+      return loss
+
+    loss = train_step(model, optimizer)
+    return loss, arrays(nnx.state(model)), arrays(nnx.state(optimizer))
+  return step
+
+
+def test_nnx_jit_train_step_remade_every_step():
+  stock, runs, s = check_against_stock(nnx_training)
+  assert_tier_a_answers(s)   # tier B: attributes (nnx's JitFn)
+  assert compiles(runs[1]) == [0] * STEPS
+
+
+# -- Linen -------------------------------------------------------------------
+
+class LinenMLP(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Dense(2)(nn.relu(nn.Dense(16)(x)))
+
+
+LINEN = LinenMLP()
+LINEN_PARAMS = LINEN.init(jax.random.key(0), BATCHES[0][0])["params"]
+
+
+def new_state():
+  return train_state.TrainState.create(
+      apply_fn=LINEN.apply, params=LINEN_PARAMS, tx=optax.adam(1e-2))
+
+
+def linen_fresh_closure():
+  state = [new_state()]
+
+  def step(i):
+    x, y = BATCHES[i % len(BATCHES)]
+    st = state[0].replace(apply_fn=functools.partial(LINEN.apply))
+
+    def train_step(st):
+      def loss_fn(params):
+        return jnp.mean((st.apply_fn({"params": params}, x) - y) ** 2)
+      loss, grads = jax.value_and_grad(loss_fn)(st.params)
+      return st.apply_gradients(grads=grads), loss
+
+    st, loss = jax.jit(train_step)(st)
+    state[0] = st
+    return loss, st.step, st.params, st.opt_state
+  return step
+
+
+@jax.jit
+def linen_train_step(st, x, y):
+  def loss_fn(params):
+    return jnp.mean((st.apply_fn({"params": params}, x) - y) ** 2)
+  loss, grads = jax.value_and_grad(loss_fn)(st.params)
+  return st.apply_gradients(grads=grads), loss
+
+
+def linen_global_step():
+  state = [new_state()]
+
+  def step(i):
+    x, y = BATCHES[i % len(BATCHES)]
+    st = state[0].replace(apply_fn=lambda v, inp: LINEN.apply(v, inp))
+    st, loss = linen_train_step(st, x, y)
+    state[0] = st
+    return loss, st.step, st.params, st.opt_state
+  return step
+
+
+def test_linen_train_state_fresh_apply_fn_fresh_jit_closure():
+  # Three compiles in the first run, not two: call 1 is stock's own; call 2
+  # is tier B's miss, which compiles the shared *lifted* entry (tier A meets
+  # that lowering for the first time, and leaves it to stock's compile);
+  # call 3 hits tier B's key but retraces (the TrainState's static part
+  # holds the new apply_fn), and its lowering is tier A's second meeting:
+  # tier A compiles the shared executable. From call 4: none.
+  stock, runs, s = check_against_stock(linen_fresh_closure,
+                                       first_free_call=3)
+  assert compiles(runs[0]) == [1, 1, 1] + [0] * (STEPS - 3), runs[0]
+  assert s["hits"] == 2 * STEPS - 2 and s["retraces"] == 2 * STEPS - 2, s
+  assert all(t >= 1 for t in traces(runs[0]) + traces(runs[1]))
+  assert s["tier_a"]["compiles"] == 1, s
+  assert s["tier_a"]["hits"] == 2 * STEPS - 3, s
+  assert compiles(runs[1]) == [0] * STEPS
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "tier B's lifted entry, compiled at call 2, is not handed to tier A, "
+    "so call 3's retrace is tier A's second meeting and compiles: 0 "
+    "compiles from the fourth call, not the third"))
+def test_linen_train_state_fresh_jit_closure_compiles_nothing_from_call_3():
+  check_against_stock(linen_fresh_closure)
+
+
+def test_linen_train_state_fresh_apply_fn_one_jitted_step():
+  stock, runs, s = check_against_stock(linen_global_step)
+  # stock's own jit object: no tier B; tier A shares the executable
+  assert_tier_a_answers(s)
+  assert compiles(runs[1]) == [0] * STEPS
