@@ -231,3 +231,37 @@ def test_eager_control_flow_shares_through_tier_a():
     same_as_stock(g, stock_off(run, i))
   assert c["compiles"] <= 4
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_a_constant_free_structure_shares_its_first_lowering_while_it_lives():
+  """A second jaxpr of a structure with nothing to pass (no constants, the
+  same literals) uses the first meeting's own lowering as it is, while the
+  first's jitted object keeps it alive: one compile in all."""
+  scale = Model(2.0)   # a Python float inside an object: baked, no constant
+
+  def make():
+    return jax.jit(lambda x: x * scale.w + 1.0)
+
+  x = jnp.ones(3)
+  jcc.enable(verify=True)
+  first = make()
+  with counting() as c:
+    outs = [first(x)] + [make()(x) for _ in range(4)]
+  assert c["compiles"] == 1, c
+  for o in outs:
+    same_as_stock(o, stock_off(lambda: make()(x)))
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_explanations_name_the_first_structural_difference(monkeypatch,
+                                                           caplog):
+  import logging
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_EXPLAIN", "1")
+  caplog.set_level(logging.WARNING, logger="jax_closure_cache")
+  m = Model(jnp.ones(3))
+  jcc.enable()
+  jax.jit(lambda x: jnp.sin(x) * m.w.sum())(jnp.ones(3))
+  jax.jit(lambda x: jnp.sin(x) * m.w.sum())(jnp.ones(4))
+  text = caplog.text
+  assert "met <lambda>'s structure for the first time" in text
+  assert "it differs from the last one at the inputs" in text

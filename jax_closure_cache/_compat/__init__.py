@@ -384,12 +384,14 @@ def reset_persistent_cache() -> None:
 @_contextlib.contextmanager
 def oracle_muted():
   """Within: JAX's test events (the trace, lowering and compile counters of
-  ``jax._src.test_util``) are not sent: verify mode's own oracle work is
-  not the cache's, and a test counting the cache's traces must not see it."""
+  ``jax._src.test_util``) are not sent, nor are its cache-miss explanations
+  logged: verify mode's own oracle work is not the cache's, and a test
+  counting the cache's traces must not see it."""
   from jax._src import util
   saved, util.test_event_listener = util.test_event_listener, None
   try:
-    yield
+    with _config.explain_cache_misses(False):   # nor JAX's explanations
+      yield
   finally:
     util.test_event_listener = saved
 

@@ -24,6 +24,7 @@ from jax_closure_cache.front import entries
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.front import verify
 from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import code_plan
@@ -106,10 +107,17 @@ def canonical_jitted(fun: types.FunctionType, options: dict,
                      options_key: tuple, lift_numpy: bool,
                      auto_dynamic: bool = False):
   """The shared stock jitted object for ``fun``, or None if it needs lifting
-  (or in verify mode, where every hit is checked at its call: the wrapper
-  answers)."""
-  if cache.verifying():
-    return None
+  (in verify mode, another object's is seen through
+  ``verify.CheckedCanonical``, which checks each call)."""
+  jitted = _canonical_jitted(fun, options, options_key, lift_numpy,
+                             auto_dynamic)
+  if (jitted is not None and cache.verifying()
+      and getattr(jitted, "__wrapped__", fun) is not fun):
+    return verify.CheckedCanonical(fun, jitted)
+  return jitted
+
+
+def _canonical_jitted(fun, options, options_key, lift_numpy, auto_dynamic):
   if jit_options.donates(options):
     # XLA warns of unusable donated buffers at every compile, which stock
     # makes per function object: the jit wrapper sees the warning and

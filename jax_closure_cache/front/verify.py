@@ -40,45 +40,90 @@ def _signature(args, kwargs):
   return tree, tuple(_compat.trace.typeof(x) for x in leaves)
 
 
-def checked(w, f, key, entry, leaves, args, kwargs, result):
-  """``result`` of a hit of ``entry`` for ``f`` if stock's trace of ``f``
-  is the computation the hit ran; else stock's own answer. Each function
-  object is checked once per argument signature, as stock traces it."""
+def _first_check(f, args, kwargs) -> bool:
+  """Whether this is ``f``'s first check for this argument signature."""
   try:
     sig = _signature(args, kwargs)
     seen = _checked.setdefault(f, set())
-    if sig in seen:
-      return result
-    seen.add(sig)
   except TypeError:   # unhashable or not weakly referable: check every call
-    pass
+    return True
+  if sig in seen:
+    return False
+  seen.add(sig)
+  return True
+
+
+def _difference(f, hit_trace, leaves, args, kwargs) -> str | None:
+  """Where the jaxpr ``hit_trace()`` gives differs from stock's trace of
+  ``f`` (None: the same computation), JAX's test counters muted."""
   with _compat.oracle_muted():
     try:
       stock = _compat.trace.stock_trace(f, args, kwargs)
     except Exception as e:   # stock's trace raises where the hit answered
-      return _mismatch(w, f, key, args, kwargs,
-                       f"stock's trace raises {type(e).__name__}: {e}")
+      return f"stock's trace raises {type(e).__name__}: {e}"
     try:
-      with entries.calling(entry, f):
-        hit = entry.jitted.trace(leaves, *args, **kwargs).jaxpr
+      hit = hit_trace()
     except Exception as e:
-      return _mismatch(w, f, key, args, kwargs,
-                       f"the hit's trace raises {type(e).__name__}: {e}")
-  flat = _compat.jax.tree_util.tree_leaves(list(leaves))
-  diff = compare.first_difference(stock, hit, flat)
+      return f"the hit's trace raises {type(e).__name__}: {e}"
+  return compare.first_difference(
+      stock, hit, _compat.jax.tree_util.tree_leaves(list(leaves)))
+
+
+def checked(w, f, key, entry, leaves, args, kwargs, result):
+  """``result`` of a hit of ``entry`` for ``f`` if stock's trace of ``f``
+  is the computation the hit ran; else stock's own answer. Each function
+  object is checked once per argument signature, as stock traces it."""
+  if not _first_check(f, args, kwargs):
+    return result
+
+  def hit_trace():
+    with entries.calling(entry, f):
+      return entry.jitted.trace(leaves, *args, **kwargs).jaxpr
+  diff = _difference(f, hit_trace, leaves, args, kwargs)
   if diff is not None:
     return _mismatch(w, f, key, args, kwargs, diff)
   cache.count_verified(True)
   return result
 
 
+class CheckedCanonical:
+  """Verify mode's view of the canonical stock object another function
+  object of ``fun``'s key owns (``front/canonical.py``): each call is
+  checked as a hit, once per signature, against stock's trace of ``fun``."""
+
+  def __init__(self, fun, jitted):
+    self._fun, self._jitted = fun, jitted
+
+  def __call__(self, *args, **kwargs):
+    out = self._jitted(*args, **kwargs)
+    f = self._fun
+    if not _first_check(f, args, kwargs):
+      return out
+    diff = _difference(f, lambda: self._jitted.trace(*args, **kwargs).jaxpr,
+                       (), args, kwargs)
+    cache.count_verified(diff is None)
+    if diff is None:
+      return out
+    _log_mismatch(f, "a canonical stock object", diff)
+    self._jitted = _compat.STOCK_JIT(f)
+    with trace_lookup.unshared():
+      return self._jitted(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted, name)
+
+
+def _log_mismatch(f, what: str, diff: str) -> None:
+  logger.warning(
+      "jax_closure_cache: verify mismatch for %s: %s should have differed; "
+      "%s. Stock's answer is returned.", getattr(f, "__qualname__", f),
+      what, diff)
+
+
 def _mismatch(w, f, key, args, kwargs, diff: str):
   cache.count_verified(False)
   entries.entries.discard(key)
-  logger.warning(
-      "jax_closure_cache: verify mismatch for %s: the closure key %s "
-      "should have differed; %s. Stock's answer is returned.",
-      getattr(f, "__qualname__", f), _key_text(key), diff)
+  _log_mismatch(f, f"the closure key {_key_text(key)}", diff)
   w._own()
   with trace_lookup.unshared():
     return w.stock()(*args, **kwargs)

@@ -15,8 +15,10 @@ fast path of the jitted object).
 Invariants:
 * Identity first: a jaxpr object lowered before gets the answer it got
   (a ``weakref_lru_cache`` on it, as stock's); a structure met once is
-  lowered as stock lowers it and keeps nothing alive but its hash and its
-  literals' bits; the second meeting stores a shared lowering.
+  lowered as stock lowers it and keeps nothing alive but its hash, its
+  literals' bits and a weak reference to that lowering (used as it is by
+  a second jaxpr of the structure with no constants, while it lives); the
+  second meeting stores a shared lowering.
 * Nothing of the user's is kept by a stored lowering: its constants are
   arguments, not parts of it (a callable a parameter holds is kept, by
   identity, as the executable calling it must).
@@ -34,6 +36,7 @@ import collections
 import logging
 import sys
 import threading
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -95,10 +98,13 @@ class Lowerings:
     self.met: collections.OrderedDict = collections.OrderedDict()
     self.counts: collections.Counter = collections.Counter()
     self.refusals: collections.Counter = collections.Counter()
+    # each name's last structure (explanations only)
+    self.last_by_name: dict = {}
 
   def clear(self) -> None:
     with self.lock:
       self.met.clear()
+      self.last_by_name.clear()
 
   def reset_counts(self) -> None:
     with self.lock:
@@ -113,20 +119,33 @@ class Lowerings:
     with self.lock:
       self.refusals[reason] += 1
 
-  def first_bits(self, key_hash: int, bits: tuple):
-    """The bits of the structure's first meeting, or None (recording this
-    one as it)."""
+  def first_meeting(self, key_hash: int):
+    """``(bits, weak lowering or None)`` of the structure's first meeting,
+    or None if this is it (then :meth:`met_first` records it)."""
     with self.lock:
-      first = self.met.pop(key_hash, None)
-      if first is None:
-        self.met[key_hash] = bits
-        if len(self.met) > MET_CAPACITY:
-          self.met.popitem(last=False)
-    return first
+      return self.met.pop(key_hash, None)
+
+  def met_first(self, key_hash: int, bits: tuple, computation) -> None:
+    """Remember a structure met once: its literals' bits and, where the
+    lowering takes nothing but the call's arguments (no constants), a weak
+    reference to stock's lowering, which a second jaxpr of the same
+    structure and bits can use as it is while the first keeps it alive."""
+    weak = None
+    if computation is not None:
+      try:
+        weak = weakref.ref(computation)
+      except TypeError:
+        pass
+    with self.lock:
+      self.met[key_hash] = (bits, weak)
+      if len(self.met) > MET_CAPACITY:
+        self.met.popitem(last=False)
 
   def report(self) -> dict:
     with self.lock:
-      return {"entries": len(self.store), **self.counts,
+      return {"entries": len(self.store), "hits": self.counts["hits"],
+              "compiles": self.counts["compiles"],
+              "met_once": self.counts["met_once"],
               "refused": dict(self.refusals)}
 
 
@@ -228,15 +247,28 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     if _verifying() and not _verified(jaxpr, s, call, entry):
       return call.stock(jaxpr)
     return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted))
+  consts = _compat.closed_parts(jaxpr)[1]
   if entry is not None:
     lifted = entry.widened(s.bits)
   else:
-    first = LOWERINGS.first_bits(hash(key), s.bits)
+    first = LOWERINGS.first_meeting(hash(key))
     if first is None:   # met once: stock's own lowering
       LOWERINGS.count("met_once")
-      return call.stock(jaxpr)
-    lifted = (tuple(b != f for b, f in zip(s.bits, first))
-              if len(first) == len(s.bits) else (True,) * len(s.bits))
+      computation = call.stock(jaxpr)
+      LOWERINGS.met_first(hash(key), s.bits,
+                          None if consts else computation)
+      _explain_first_meeting(call, s)
+      return computation
+    bits, weak = first
+    alive = None if weak is None else weak()
+    if alive is not None and not consts and bits == s.bits:
+      # the first meeting's own lowering takes exactly these arguments
+      LOWERINGS.store.put(key, SharedLowering((False,) * len(bits), bits,
+                                              alive))
+      LOWERINGS.count("hits")
+      return alive
+    lifted = (tuple(b != f for b, f in zip(s.bits, bits))
+              if len(bits) == len(s.bits) else (True,) * len(s.bits))
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
   except Exception as e:   # stock's own lowering answers (and its errors)
@@ -245,6 +277,23 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
   LOWERINGS.store.put(key, SharedLowering(lifted, s.bits, computation))
   LOWERINGS.count("compiles")
   return Bound(computation, _arguments(jaxpr, s, lifted))
+
+
+def _explain_first_meeting(call: CallLowering, s: structure.Structure):
+  """With explanations on: where this structure first differs from the last
+  one lowered under the same name (why tier A found nothing to share)."""
+  if not _explaining():
+    return
+  with LOWERINGS.lock:
+    last = LOWERINGS.last_by_name.get(call.name)
+    LOWERINGS.last_by_name[call.name] = s.key
+    if len(LOWERINGS.last_by_name) > MET_CAPACITY:
+      LOWERINGS.last_by_name.pop(next(iter(LOWERINGS.last_by_name)))
+  logger.warning("jax_closure_cache: tier A met %s's structure for the "
+                 "first time (stock's own lowering)%s", call.name,
+                 "" if last is None else
+                 "; it differs from the last one at "
+                 + structure.first_difference(last, s.key))
 
 
 def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:

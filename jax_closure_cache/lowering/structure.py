@@ -203,3 +203,22 @@ def _nested_const(c) -> tuple:
   if size > NESTED_CONST_ELEMENTS:
     raise NotShared(f"a nested jaxpr's constant of {size} elements")
   return _atom(np.asarray(c))
+
+
+def first_difference(a: tuple, b: tuple) -> str:
+  """Where two structures' keys first differ, in words (explanations)."""
+  names = ("the inputs", "the equations", "the outputs", "the effects",
+           "the debug names")
+  for part, (x, y) in enumerate(zip(a, b)):
+    if x == y:
+      continue
+    if part == 1:
+      for i, (e, f) in enumerate(zip(x, y)):
+        if e != f:
+          what = ("its primitive" if e[0] != f[0] else
+                  "its parameters" if e[1] != f[1] else
+                  "its operands" if e[2] != f[2] else "its outputs")
+          return f"equation {i} ({e[0].obj}): {what}"
+      return f"the number of equations ({len(x)} against {len(y)})"
+    return names[part] if part < len(names) else "its options"
+  return "its options (shardings, layouts, names)"

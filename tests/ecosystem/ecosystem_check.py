@@ -105,7 +105,8 @@ def assert_tier_a_answers(s, steps: int = STEPS):
   """Every call from the third on of both runs was a tier A hit (stock's
   trace, the shared executable) and tier B never skipped a trace."""
   assert s["hits"] == 0, s
-  # run 1: call 1 is stock's own, call 2 compiles the shared executable,
-  # calls 3.. hit it; run 2: every call hits it
-  assert s["tier_a"]["compiles"] == 1, s
-  assert s["tier_a"]["hits"] == 2 * steps - 2, s
+  # run 1: call 1 is stock's own, call 2 compiles the shared executable
+  # (or, with no constants to pass, uses call 1's own lowering while it
+  # lives), calls 3.. hit it; run 2: every call hits it
+  assert s["tier_a"]["compiles"] <= 1, s
+  assert s["tier_a"]["compiles"] + s["tier_a"]["hits"] == 2 * steps - 1, s
