@@ -8,6 +8,7 @@ stock does; only lowering and compiling are shared.
 """
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -265,3 +266,46 @@ def test_explanations_name_the_first_structural_difference(monkeypatch,
   text = caplog.text
   assert "met <lambda>'s structure for the first time" in text
   assert "it differs from the last one at the inputs" in text
+
+
+def test_the_equation_context_is_part_of_the_structure():
+  """``threefry_partitionable`` (an equation's context) changes the random
+  bits: a structure traced under the other setting is not shared."""
+  def run(p):
+    with jax.threefry_partitionable(p):
+      return jax.jit(lambda k: jax.random.bits(k, (3,)))(jax.random.key(0))
+
+  want = {p: np.asarray(stock_off(run, p)) for p in (True, False)}
+  jcc.enable(verify=True)
+  for p in (True, True, False, False, True, False):
+    np.testing.assert_array_equal(run(p), want[p])
+
+
+def test_a_constant_only_dead_code_reads_is_not_passed():
+  """pjit prunes an input only dead code reads; a constant passed for it
+  would be paired with another input's sharding (two devices)."""
+  import subprocess
+  import sys
+  import textwrap
+  code = textwrap.dedent("""
+      import jax, jax.numpy as jnp, numpy as np
+      from jax.sharding import NamedSharding, PartitionSpec as P
+      import jax_closure_cache as jcc
+      mesh = jax.make_mesh((2,), ("x",))
+      x = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("x")))
+      def run(i):
+        c, d = jnp.ones(3) * i, jnp.float32(i + 1)
+        return jax.jit(lambda x: (jnp.sin(c), x * d)[1])(x)
+      want = [np.asarray(run(i)) for i in range(4)]
+      jcc.enable(verify=True, closure_key=False)   # tier A alone
+      got = [np.asarray(run(i)) for i in range(4)]
+      assert all((g == w).all() for g, w in zip(got, want)), (got, want)
+      assert jcc.stats()["verify_mismatches"] == 0
+      print("ok", jcc.stats()["tier_a"]["refused"])
+      """)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], env=env, timeout=300,
+                       capture_output=True, text=True)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "dead code" in out.stdout

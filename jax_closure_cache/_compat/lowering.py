@@ -21,6 +21,7 @@ from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import pjit as _pjit
 from jax._src import util as _util
+from jax._src.interpreters import partial_eval as _pe
 from jax._src.lib import _jax as _jaxlib_ext
 
 #: pjit's lowering of a closed jaxpr for a jit call, a ``weakref_lru_cache``
@@ -82,6 +83,13 @@ def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
                               outvars=outvars, debug_info=dbg, consts=[])
   return ClosedJaxpr(open_jaxpr.replace(constvars=[], invars=invars, eqns=eqns,
                                         outvars=outvars, debug_info=dbg), [])
+
+
+def used_inputs(closed) -> list:
+  """Which inputs of a closed jaxpr without constants its outputs use (the
+  inputs pjit keeps when ``keep_unused`` is off)."""
+  jaxpr = closed.jaxpr
+  return _pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[1]
 
 
 def committed(x) -> bool:

@@ -240,7 +240,7 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
 
 
 def _shared(jaxpr, s: structure.Structure, call: CallLowering):
-  key = (s.key, call._replace(pgle_profiler=None))
+  key = (s.key, call._replace(pgle_profiler=None), _compat.trace_context())
   entry = LOWERINGS.store.get(key)
   if entry is not None and entry.serves(s.bits):
     LOWERINGS.count("hits")
@@ -271,6 +271,9 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
+  except DeadConstant as e:
+    LOWERINGS.refuse(str(e))
+    return call.stock(jaxpr)
   except Exception as e:   # stock's own lowering answers (and its errors)
     LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
     return call.stock(jaxpr)
@@ -323,7 +326,15 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
   closed = _compat.with_leading_inputs(
       open_jaxpr, [*open_jaxpr.constvars, *new_vars, *open_jaxpr.invars],
       eqns, outvars, n)
+  if not call.keep_unused and not all(_compat.used_inputs(closed)[:n]):
+    # pjit would prune such an argument, and pair the constants it is
+    # passed with the wrong shardings
+    raise DeadConstant("a constant or literal only dead code reads")
   return call.with_leading(n).stock(closed)
+
+
+class DeadConstant(Exception):
+  """A leading argument the lowering would prune."""
 
 
 def _verified(jaxpr, s, call, entry) -> bool:

@@ -11,7 +11,9 @@ Invariants:
 * No user equality: atoms by exact type and bits (``0.0`` and ``-0.0``,
   ``1`` and ``True`` differ), containers in their order; a value of a
   class jax does not define (a callable, a user object) by identity, as a
-  lowering that calls back into Python holds that very object.
+  lowering that calls back into Python holds that very object; each
+  equation's context (``threefry_partitionable``, ``compute_on``, XLA
+  metadata: JAX interns it) by identity.
 * Nested jaxprs by their own structure; their constants by value when
   small, else the jaxpr is not shared (:class:`NotShared`).
 * Parameters no lowering reads (a custom rule's differentiation
@@ -112,6 +114,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None) -> tuple:
     ignored = NOT_LOWERED.get(e.primitive.name, ())
     eqns.append((
         Identity(e.primitive),
+        Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         tuple((k, param_key(p)) for k, p in e.params.items() if k not in ignored),
         tuple(map(name, e.invars)),
         tuple(v.aval for v in e.outvars),
@@ -216,8 +219,9 @@ def first_difference(a: tuple, b: tuple) -> str:
       for i, (e, f) in enumerate(zip(x, y)):
         if e != f:
           what = ("its primitive" if e[0] != f[0] else
-                  "its parameters" if e[1] != f[1] else
-                  "its operands" if e[2] != f[2] else "its outputs")
+                  "its context" if e[1] != f[1] else
+                  "its parameters" if e[2] != f[2] else
+                  "its operands" if e[3] != f[3] else "its outputs")
           return f"equation {i} ({e[0].obj}): {what}"
       return f"the number of equations ({len(x)} against {len(y)})"
     return names[part] if part < len(names) else "its options"
