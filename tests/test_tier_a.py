@@ -309,3 +309,23 @@ def test_a_constant_only_dead_code_reads_is_not_passed():
                        capture_output=True, text=True)
   assert out.returncode == 0, out.stdout + out.stderr
   assert "dead code" in out.stdout
+
+
+def test_a_nested_jits_constants_are_arguments_of_the_shared_lowering():
+  """An inner ``jax.jit`` closing over an array puts it in its own jaxpr's
+  constants; at the top level they are hoisted into arguments, so the
+  outer structure is shared whatever the array's value."""
+  def run(i):
+    m = Model(jnp.asarray(WEIGHTS[i % 8]))
+    inner = jax.jit(lambda x: x @ m.w)
+    return jax.jit(lambda x: jnp.tanh(inner(x)) + 1.0)(jnp.eye(4))
+
+  want = [stock_off(run, i) for i in range(6)]
+  jcc.enable(verify=True)
+  for _ in range(2):
+    with counting() as c:
+      got = [run(i) for i in range(6)]
+    for g, w in zip(got, want):
+      same_as_stock(g, w, rtol=1e-6)
+    assert c["compiles"] <= 2, c
+  assert jcc.stats()["verify_mismatches"] == 0

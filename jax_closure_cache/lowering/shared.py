@@ -39,7 +39,6 @@ import threading
 import weakref
 from typing import NamedTuple
 
-import numpy as np
 
 from jax_closure_cache import cache
 from jax_closure_cache import settings
@@ -228,14 +227,10 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
   if call.lowering_platforms is not None:
     return "lowering for other platforms"
   for c in _compat.closed_parts(jaxpr)[1]:
-    t = type(c)
-    if t is _compat.ArrayImpl:
-      if _compat.committed(c) or not _compat.single_device(c):
+    if not structure.acceptable_constant(c):
+      if type(c) is _compat.ArrayImpl:
         return "a constant committed to a device"
-    elif not (t is np.ndarray or isinstance(c, _compat.np_generic)
-              or t in (int, float, bool, complex)
-              or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t))):
-      return f"a constant of type {t.__name__}"
+      return f"a constant of type {type(c).__name__}"
   return None
 
 
@@ -301,7 +296,8 @@ def _explain_first_meeting(call: CallLowering, s: structure.Structure):
 
 def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
   consts = _compat.closed_parts(jaxpr)[1]
-  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift)]
+  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
+          *s.hoisted]
 
 
 def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
@@ -318,14 +314,34 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
       return new
     return v
 
-  eqns = [e.replace(invars=list(map(operand, e.invars)))
-          if any(type(v) is _compat.Literal for v in e.invars) else e
-          for e in open_jaxpr.eqns]
+  hoisted_vars: list = []
+
+  def equation(e):
+    if any(type(v) is _compat.Literal for v in e.invars):
+      e = e.replace(invars=list(map(operand, e.invars)))
+    if structure.hoists(e):   # a nested jit's constants: its first operands
+      inner, consts = _compat.closed_parts(e.params["jaxpr"])
+      k = len(consts)
+      outer = [_compat.Var(v.aval) for v in inner.constvars]
+      hoisted_vars.extend(outer)
+      params = dict(e.params)
+      params["jaxpr"] = _compat.with_leading_inputs(
+          inner, [*inner.constvars, *inner.invars], inner.eqns,
+          inner.outvars, k)
+      params["in_shardings"] = ((_compat.UNSPECIFIED,) * k
+                                + tuple(params["in_shardings"]))
+      params["in_layouts"] = (None,) * k + tuple(params["in_layouts"])
+      params["donated_invars"] = ((False,) * k
+                                  + tuple(params["donated_invars"]))
+      e = e.replace(invars=[*outer, *e.invars], params=params)
+    return e
+
+  eqns = list(map(equation, open_jaxpr.eqns))
   outvars = list(map(operand, open_jaxpr.outvars))
-  n = len(open_jaxpr.constvars) + len(new_vars)
+  leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
+  n = len(leading)
   closed = _compat.with_leading_inputs(
-      open_jaxpr, [*open_jaxpr.constvars, *new_vars, *open_jaxpr.invars],
-      eqns, outvars, n)
+      open_jaxpr, [*leading, *open_jaxpr.invars], eqns, outvars, n)
   if not call.keep_unused and not all(_compat.used_inputs(closed)[:n]):
     # pjit would prune such an argument, and pair the constants it is
     # passed with the wrong shardings

@@ -68,10 +68,13 @@ class Identity:
 class Structure(NamedTuple):
   """``key`` (hashable, no constant's value), the values of the top-level
   floating-point literals (``literals``, which a shared lowering may take
-  as arguments) and their bits (``bits``, compared where it does not)."""
+  as arguments) and their bits (``bits``, compared where it does not), and
+  the constants of the top-level nested jits (``hoisted``, which a shared
+  lowering takes as arguments, :func:`hoists`)."""
   key: tuple
   literals: tuple
   bits: tuple
+  hoisted: tuple = ()
 
 
 def of(closed) -> Structure:
@@ -79,8 +82,33 @@ def of(closed) -> Structure:
   jaxpr, _ = _compat.closed_parts(closed)
   literals: list = []
   bits: list = []
-  key = _open_structure(jaxpr, literals, bits)
-  return Structure(key, tuple(literals), tuple(bits))
+  hoisted: list = []
+  key = _open_structure(jaxpr, literals, bits, hoisted)
+  return Structure(key, tuple(literals), tuple(bits), tuple(hoisted))
+
+
+def acceptable_constant(c) -> bool:
+  """A constant a shared executable can take as an argument: a NumPy array
+  or scalar (jax's own subclasses too), a Python number, or a jax array
+  on one device not committed to it."""
+  t = type(c)
+  if t is _compat.ArrayImpl:
+    return not _compat.committed(c) and _compat.single_device(c)
+  return (t is np.ndarray or isinstance(c, _compat.np_generic)
+          or t in (int, float, bool, complex)
+          or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t)))
+
+
+def hoists(e) -> bool:
+  """Whether a top-level equation is a nested jit whose constants (closed
+  over by an inner ``jax.jit``) a shared lowering passes as arguments."""
+  if e.primitive.name not in ("jit", "pjit"):
+    return False
+  inner = e.params.get("jaxpr")
+  if type(inner) is not _compat.ClosedJaxpr:
+    return False
+  consts = _compat.closed_parts(inner)[1]
+  return bool(consts) and all(map(acceptable_constant, consts))
 
 
 def lifted_literal(v) -> bool:
@@ -89,7 +117,8 @@ def lifted_literal(v) -> bool:
   return type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
 
 
-def _open_structure(jaxpr, literals: list | None, bits: list | None) -> tuple:
+def _open_structure(jaxpr, literals: list | None, bits: list | None,
+                    hoisted: list | None = None) -> tuple:
   names: dict = {}
   top = literals is not None
 
@@ -112,10 +141,18 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None) -> tuple:
   eqns = []
   for e in jaxpr.eqns:
     ignored = NOT_LOWERED.get(e.primitive.name, ())
+    if top and hoists(e):   # its constants become arguments: not keyed
+      inner, consts = _compat.closed_parts(e.params["jaxpr"])
+      hoisted.extend(consts)
+      params = tuple((k, ("hoisted", _nested(inner)) if k == "jaxpr"
+                      else param_key(p)) for k, p in e.params.items())
+    else:
+      params = tuple((k, param_key(p)) for k, p in e.params.items()
+                     if k not in ignored)
     eqns.append((
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
-        tuple((k, param_key(p)) for k, p in e.params.items() if k not in ignored),
+        params,
         tuple(map(name, e.invars)),
         tuple(v.aval for v in e.outvars),
         tuple(name(v) for v in e.outvars),
