@@ -171,3 +171,10 @@ def pytest_addoption(parser):
   parser.addoption(
       "--fuzz-seed", type=int, default=0,
       help="the fuzzer's seed (CI runs the default, fixed seed)")
+  parser.addoption(
+      "--grammar-examples", type=int, default=0,
+      help="programs the value-grammar fuzzer (test_value_grammar.py) runs "
+           "(default 0: an opt-in while it finds open classes)")
+  parser.addoption(
+      "--grammar-seed", type=int, default=0,
+      help="the value-grammar fuzzer's seed (CI runs the default, fixed seed)")

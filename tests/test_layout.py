@@ -152,7 +152,8 @@ def test_only_the_compat_layer_imports_jaxs_private_modules():
 def test_contributing_names_every_module():
   """CONTRIBUTING.md's module table names each module of the package (by
   its path below the package, or its file name in a row of a folder)."""
-  with open(os.path.join(os.path.dirname(ROOT), "CONTRIBUTING.md")) as f:
+  here = os.path.dirname(os.path.abspath(__file__))   # the checkout's tests/
+  with open(os.path.join(os.path.dirname(here), "CONTRIBUTING.md")) as f:
     text = f.read()
   missing = []
   for name, path in MODULES.items():

@@ -42,8 +42,8 @@ from jax_closure_cache.key import rebuild
 closure_key = _compat.closure_key_module()
 closure_cache = _compat.closure_cache_module()
 
-cache.register_size("shared_traces",
-                    lambda: len(closure_cache.traces.cache_keys()))
+cache.register_size("shared_traces",   # its length: never iterated here
+                    lambda: closure_cache.traces.cache_info()["entries"])
 cache.register_clear_hook(closure_cache.traces.cache_clear)
 
 
