@@ -51,9 +51,16 @@ QUICK_K = "Caching or jit or cache"
 TEST_ENV = {"JAX_NUM_GENERATED_CASES": "1", "JAX_SKIP_SLOW_TESTS": "true"}
 NO_PLUGIN = ["-p", "no:jax_closure_cache"]
 GUARD = ("# Written by patches/prs/check.py: jax runs here without the\n"
-         "# jax_closure_cache package (installed in the development venvs).\n"
+         "# jax_closure_cache package (installed in the development venvs):\n"
+         "# a finder that refuses it (a None in sys.modules would break\n"
+         "# pytest's scan of installed plugins).\n"
          "import sys\n"
-         "sys.modules['jax_closure_cache'] = None\n")
+         "class _Hidden:\n"
+         "  def find_spec(self, name, path=None, target=None):\n"
+         "    if name.partition('.')[0] == 'jax_closure_cache':\n"
+         "      raise ModuleNotFoundError(name + ' is hidden by check.py')\n"
+         "    return None\n"
+         "sys.meta_path.insert(0, _Hidden())\n")
 
 
 def log(msg: str) -> None:
