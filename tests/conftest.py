@@ -3,6 +3,7 @@
 import contextlib
 
 import jax
+import numpy as np
 import pytest
 from jax._src import test_util as jtu
 
@@ -106,6 +107,24 @@ def assert_like_stock(got, fun, *args, rtol=0.0, **kwargs):
       np.testing.assert_allclose(g, w, rtol=rtol, atol=0, equal_nan=True)
     else:
       np.testing.assert_array_equal(g, w)
+
+
+def same_as_stock(got, want, rtol: float = 0.0, where: str = ""):
+  """``got`` is ``want`` (stock's): pytree structure, dtype, weak type,
+  shape, sharding, and values (exact, or within ``rtol``)."""
+  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
+  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+  assert got_tree == want_tree, where
+  for g, w in zip(got_leaves, want_leaves):
+    assert g.dtype == w.dtype, (where, g.dtype, w.dtype)
+    assert g.weak_type == w.weak_type, (where, g, w)
+    assert g.shape == w.shape, (where, g.shape, w.shape)
+    assert g.sharding == w.sharding, where
+    if rtol:
+      np.testing.assert_allclose(g, w, rtol=rtol, atol=0, equal_nan=True,
+                                 err_msg=where)
+    else:
+      np.testing.assert_array_equal(g, w, err_msg=where)
 
 
 def stock_off(run, *args):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import counting, stock_off
+from conftest import counting, same_as_stock, stock_off
 
 LOG = logging.getLogger("tier_a_test")
 
@@ -35,16 +35,6 @@ def tier_a_stats():
 
 def run_steps(make, n, *args):
   return [jax.jit(make(i))(*args) for i in range(n)]
-
-
-def same_as_stock(got, want, rtol=0.0):
-  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
-  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
-  assert got_tree == want_tree
-  for g, w in zip(got_leaves, want_leaves):
-    assert g.dtype == w.dtype and g.weak_type == w.weak_type, (g, w)
-    assert g.sharding == w.sharding
-    np.testing.assert_allclose(g, w, rtol=rtol, atol=0, equal_nan=True)
 
 
 WEIGHTS = [np.full((4, 4), 1.0 + i, np.float32) for i in range(8)]

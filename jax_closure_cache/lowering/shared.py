@@ -239,7 +239,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
   entry = LOWERINGS.store.get(key)
   if entry is not None and entry.serves(s.bits):
     LOWERINGS.count("hits")
-    if _verifying() and not _verified(jaxpr, s, call, entry):
+    if cache.verifying() and not _verified(jaxpr, s, call, entry):
       return call.stock(jaxpr)
     return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted))
   consts = _compat.closed_parts(jaxpr)[1]
@@ -366,10 +366,6 @@ def _verified(jaxpr, s, call, entry) -> bool:
         "lowering differs from this jaxpr's own; stock's lowering answers",
         call.name)
   return same
-
-
-def _verifying() -> bool:
-  return cache.verifying()
 
 
 def _explaining() -> bool:

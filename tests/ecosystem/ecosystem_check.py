@@ -21,10 +21,9 @@ This module imports none of the libraries: each test file skips with
 from __future__ import annotations
 
 import jax
-import numpy as np
 
 import jax_closure_cache as jcc
-from conftest import counting, stock_off
+from conftest import counting, same_as_stock, stock_off
 
 STEPS = 6
 
@@ -39,22 +38,6 @@ def run(make_sequence, steps: int = STEPS):
     outs.append(out)
     counts.append(c)
   return outs, counts
-
-
-def same_as_stock(got, want, rtol: float = 0.0, where: str = ""):
-  got_leaves, got_tree = jax.tree_util.tree_flatten(got)
-  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
-  assert got_tree == want_tree, where
-  for g, w in zip(got_leaves, want_leaves):
-    assert g.dtype == w.dtype, (where, g.dtype, w.dtype)
-    assert g.weak_type == w.weak_type, (where, g, w)
-    assert g.shape == w.shape, (where, g.shape, w.shape)
-    assert g.sharding == w.sharding, where
-    if rtol:
-      np.testing.assert_allclose(g, w, rtol=rtol, atol=0, equal_nan=True,
-                                 err_msg=where)
-    else:
-      np.testing.assert_array_equal(g, w, err_msg=where)
 
 
 def check_against_stock(make_sequence, steps: int = STEPS,
