@@ -102,9 +102,6 @@ def test_callback_runs_this_steps_callback():
 
 # 2. Values equal under == but of another type or sign share an entry.
 
-@pytest.mark.xfail(strict=True, reason="values equal under == but of "
-                   "another type or sign share an entry: fixed by the "
-                   "narrowed closure key")
 def test_equal_values_of_another_type_or_sign():
   def step(keys):
     d = {k: 2.0 for k in keys}   # dict keys and set elements: 1 == True
@@ -123,8 +120,6 @@ def test_equal_values_of_another_type_or_sign():
 
 # 3. A dict's insertion order is lost.
 
-@pytest.mark.xfail(strict=True, reason="a dict's insertion order is lost: "
-                   "fixed by the narrowed closure key")
 def test_dict_insertion_order():
   def step(items):
     d = dict(items)
@@ -147,8 +142,6 @@ class Mode(enum.Enum):
 Mode.SCALE = 1.0   # a class attribute (not a member), changed between calls
 
 
-@pytest.mark.xfail(strict=True, reason="state of a hashable object's class "
-                   "is not keyed: fixed by the narrowed closure key")
 def test_class_attribute_of_a_hashable_object():
   def step(scale):
     Mode.SCALE = scale
@@ -178,8 +171,6 @@ class Layer:
     return cls(*children)
 
 
-@pytest.mark.xfail(strict=True, reason="attributes outside a pytree's "
-                   "flatten are lost: fixed by the narrowed closure key")
 def test_pytree_state_outside_flatten():
   def step(scale):
     layer = Layer(jnp.ones(3, jnp.float32), scale)
@@ -219,9 +210,6 @@ def test_grad_of_a_changing_float_does_not_crash():
   assert_like_stock(step, [float("nan"), float("inf"), 2.0])
 
 
-@pytest.mark.xfail(strict=True, reason="pytree aux data changed in place is "
-                   "held by reference in the key: stale results (and a "
-                   "corrupted trace store whose iteration by stats() hangs)")
 def test_pytree_aux_data_changed_in_place():
   @jax.tree_util.register_pytree_node_class
   class Node:
@@ -253,8 +241,6 @@ class Static:
 jax.tree_util.register_static(Static)
 
 
-@pytest.mark.xfail(strict=True, reason="a register_static object changed in "
-                   "place is keyed by its identity: stale results")
 def test_register_static_object_changed_in_place():
   cfg = Static(1)
 
@@ -264,8 +250,6 @@ def test_register_static_object_changed_in_place():
   assert_like_stock(step, [1, 0.5, 2])
 
 
-@pytest.mark.xfail(strict=True, reason="a NumPy masked array is keyed by its "
-                   "data alone: a new mask shares the entry")
 def test_masked_array_mask_is_keyed():
   def step(mask):
     a = np.ma.masked_array(np.array([1.0, 2.0, 3.0], np.float32), mask=mask)
@@ -274,9 +258,6 @@ def test_masked_array_mask_is_keyed():
                            (False, False, True)])
 
 
-@pytest.mark.xfail(strict=True, reason="an array in a pytree's aux data: "
-                   "the cache compares aux data with ==, which raises "
-                   "ValueError where stock returns")
 def test_array_in_pytree_aux_data():
   @jax.tree_util.register_pytree_node_class
   class Node:

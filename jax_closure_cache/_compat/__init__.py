@@ -289,6 +289,12 @@ def make_treedef(like, node_data, children):
                                           children)
 
 
+def flatten_one_level(tree):
+  """``(children, node data)`` of a pytree node; ``ValueError`` for a leaf."""
+  from jax._src.tree_util import flatten_one_level as flatten
+  return flatten(tree)
+
+
 def bind_equation(eqn, ins: list) -> list:
   """Bind one jaxpr equation's primitive on ``ins``, as ``eval_jaxpr`` does;
   its outputs as a list. ``get_bind_params`` returns the params (0.10) or,

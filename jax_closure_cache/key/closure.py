@@ -40,6 +40,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 import weakref
@@ -53,6 +54,7 @@ from jax_closure_cache.key.values import (
     chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
     kept_by_identity, node_data_function, wrapper_rules)
 from jax_closure_cache.key import names as key_names
+from jax_closure_cache.key import trees
 from jax_closure_cache.key.objects import (
     SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
     slot_members, slot_values)
@@ -145,8 +147,10 @@ class Analysis(_key.Walk):
       return part
     if t is complex:
       return (complex, repr(v))
-    if t is set:   # unhashable, but its elements are hashable by definition
-      return (set, frozenset(v))
+    if t is set or t is frozenset:
+      # its elements by exact type and bits, in the order a trace iterates
+      # them (two equal sets may iterate differently)
+      return (t, tuple([trees.key_atom(x) for x in v]))
     if t is bytearray:
       return (bytearray, bytes(v))
     if t is functools.partial:
@@ -184,7 +188,9 @@ class Analysis(_key.Walk):
     except Exception as e:  # a custom flatten that fails: key it otherwise
       raise Uncacheable("unhashable", f"flattening {t.__name__} raised {e!r}")
     if not (len(leaves) == 1 and leaves[0] is v):
-      return self.tree_parts(leaves, treedef)
+      if not self.flatten_covers(v, t, treedef):
+        return self.state_object(v, t)
+      return self.tree_parts(leaves, treedef, trees.layout(v, treedef))
     h = t.__hash__
     if (h is not None and h is not object.__hash__
         and not _user_equality(t)):
@@ -192,8 +198,27 @@ class Analysis(_key.Walk):
         hash(v)
       except TypeError:
         pass
-      else:
-        return (t, v)
+      else:   # a user subclass (an Enum) with its class's namespace
+        return (t, v) if stable_module(t.__module__) else (
+            t, v, self.klass(t))
+    return self.state_object(v, t)
+
+  @staticmethod
+  def flatten_covers(v, t, treedef) -> bool:
+    """Whether a pytree node's flatten carries its whole state (see
+    ``trees.covers_state``): always for dicts, lists, tuples and
+    NamedTuples; a custom node only if each attribute is flattened as it
+    is (never for one whose node data is itself, ``register_static``)."""
+    if t in BUILTIN_NODES or t in _ORDERED_NODES or (
+        isinstance(v, tuple) and hasattr(t, "_fields")):
+      return True
+    data = treedef.node_data()
+    return data[1] is not v and trees.covers_state(v)
+
+  def state_object(self, v, t):
+    """A Python object by its state, a library object by identity, or a
+    refusal (see ``opaque``)."""
+    h = t.__hash__
     # A user class's own __eq__/__hash__ are never trusted (they may
     # compare a name only, or elementwise): its state is walked instead.
     if is_plain_type(t):
@@ -227,6 +252,11 @@ class Analysis(_key.Walk):
       self.leaves.append(v)
       return LIFTED
     if isinstance(v, np.ndarray):
+      if type(v) is not np.ndarray and not self.in_object:
+        # a masked array's mask, a matrix's algebra: not in its bytes
+        raise Uncacheable("numpy_subclass", f"a {t.__name__} keeps state "
+                          "the key of a NumPy array (dtype, shape, bytes) "
+                          "does not cover")
       if self.in_object:
         return self.identity(v)
       if self.lift_numpy and not v.dtype.hasobject:
@@ -237,12 +267,22 @@ class Analysis(_key.Walk):
       return (t, v.tobytes())
     return None
 
-  def tree_parts(self, leaves, treedef):
+  def tree(self, v):
+    try:
+      leaves, treedef = _tree_flatten(v)
+    except Exception as e:   # dict keys that do not sort
+      raise Uncacheable("unhashable", f"flattening raised {e!r}") from e
+    return self.tree_parts(leaves, treedef, trees.layout(v, treedef))
+
+  def tree_parts(self, leaves, treedef, layout=()):
+    """``(TREE, treedef, leaves' parts, layout)``; ``TREEAUX`` with the
+    node parts first (the rebuild's order) where a node's data or class
+    must be walked: a treedef compares node data with ``==``."""
     value = self.value
-    if node_data_function(treedef) is None:
-      return (TREE, treedef, tuple([value(x) for x in leaves]))
+    if not _walks_node_data(treedef):
+      return (TREE, treedef, tuple([value(x) for x in leaves]), layout)
     parts = self.node_parts(treedef)   # walked first: the rebuild's order
-    return (TREEAUX, parts, tuple([value(x) for x in leaves]))
+    return (TREEAUX, parts, tuple([value(x) for x in leaves]), layout)
 
   def node_parts(self, treedef):
     """``(type, aux key, children's parts)`` of each node of ``treedef``
@@ -252,10 +292,20 @@ class Analysis(_key.Walk):
     if data is None:
       return None
     t, aux = data
-    aux_key = (tuple(aux) if type(aux) is list else aux
-               ) if t in BUILTIN_NODES else self.value(aux)
+    if t in BUILTIN_NODES or t in _ORDERED_NODES:
+      # dict keys: their order and exact types are in the layout
+      aux_key, class_key = tuple(aux) if type(aux) is list else aux, None
+      if t is collections.defaultdict:   # its factory: never lifted
+        saved, self.in_object = self.in_object, True
+        try:
+          aux_key = (self.value(aux[0]), aux[1])
+        finally:
+          self.in_object = saved
+    else:   # by value, never by ==; the class by its namespace
+      aux_key = self.value(aux)
+      class_key = self.klass(t)
     return (t, aux_key, tuple([self.node_parts(c)
-                               for c in treedef.children()]))
+                               for c in treedef.children()]), class_key)
 
   def enter(self, v):
     i = super().enter(v)
@@ -386,6 +436,33 @@ class Analysis(_key.Walk):
     finally:
       self.in_object = saved
     return (CLASS, i, t, tuple(items))
+
+
+#: Nodes of the standard library whose node data is their keys (and a
+#: defaultdict's factory), keyed by the layout.
+_ORDERED_NODES = frozenset({collections.OrderedDict, collections.defaultdict})
+
+
+def _walks_node_data(treedef) -> bool:
+  """Whether a node of ``treedef`` is neither a dict, list, tuple or None
+  nor a NamedTuple of a stable module (whose class is keyed by identity):
+  its node data (or a NamedTuple class's namespace) is then walked."""
+  if node_data_function(treedef) is not None:
+    return True
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    data = t.node_data()
+    if data is None:
+      continue
+    kind = data[0]
+    if kind not in BUILTIN_NODES and kind not in _ORDERED_NODES and not (
+        data[1] is None and hasattr(kind, "_fields")
+        and stable_module(kind.__module__)):
+      return True
+    if t.num_nodes != t.num_leaves + 1:
+      pending.extend(t.children())
+  return False
 
 
 def _user_equality(t: type) -> bool:

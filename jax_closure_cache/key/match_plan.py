@@ -43,7 +43,7 @@ def simple_part(part) -> bool:
       return True
     if len(part) == 2 and part[0] is CYCLE:
       return True
-    if len(part) == 3 and part[0] is TREE:
+    if len(part) == 4 and part[0] is TREE:
       return all(map(simple_part, part[2]))
     if len(part) == 4 and part[0] is PARTIAL:
       return all(map(simple_part,
@@ -88,6 +88,13 @@ def plain_tree(treedef, budget: int = 4096) -> bool:
       return False
     pending.extend(t.children())
   return True
+
+
+def plain_keys(layout) -> bool:
+  """Whether every dict of a ``TREE`` part's layout has only ``str`` and
+  ``int`` keys (whose ``==`` is exact within one type), so a matcher can
+  check them as a tuple and its types."""
+  return all(a[0] is str or a[0] is int for keys in layout for a in keys)
 
 
 def globals_reached(fun) -> dict:

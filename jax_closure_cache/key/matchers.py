@@ -16,6 +16,7 @@ from typing import Any, Callable
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import kept_by_identity
 from jax_closure_cache.key import match_plan
+from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import chain_value, code_plan, is_stable
 from jax_closure_cache.key.parts import (
     CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
@@ -43,6 +44,7 @@ class _MatchSource:
     # one namespace: front/generated.py)
     self.env = {"MISSING": MISSING, "ArrayImpl": _ArrayImpl,
                 "FunctionType": _FunctionType, "float_key": float_key,
+                "layout_or_none": trees.layout_or_none,
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
                 "is_stable": is_stable, "chain_value": chain_value,
@@ -120,14 +122,18 @@ class _MatchSource:
         self.check(f"{v}.keywords[{k!r}]", p)
     elif (type(part) is tuple and part[0] is TREE and part[2]
           and all(p is LIFTED for p in part[2])
-          and match_plan.plain_tree(part[1])):
+          and match_plan.plain_tree(part[1])
+          and match_plan.plain_keys(part[3])):
       # dicts, lists and tuples of arrays (a params tree): read in place,
       # in the order tree_flatten would give, without flattening
-      self.plain_tree(v, part[1])
+      self.plain_tree(v, part[1], iter(part[3]))
     elif type(part) is tuple and part[0] is TREE:
       leaves, treedef = f"{v}_leaves", f"{v}_def"
       add(f"    {leaves}, {treedef} = tree_flatten({v})")
       self.miss_if(f"{treedef} != {self.bind(part[1])}")
+      # dict keys by exact type and in insertion order (a treedef compares
+      # them with == and sorted)
+      self.miss_if(f"layout_or_none({v}, {treedef}) != {self.bind(part[3])}")
       if all(p is LIFTED for p in part[2]):   # the common params pytree
         self.all_lifted(leaves)
         add(f"    out.extend({leaves})")
@@ -154,7 +160,7 @@ class _MatchSource:
     add("      x = ALL_LIFTED")
     self.miss_if("x is not ALL_LIFTED")
 
-  def plain_tree(self, e: str, treedef) -> None:
+  def plain_tree(self, e: str, treedef, layout) -> None:
     """Checks that variable ``e`` has the structure ``treedef`` (dicts,
     lists and tuples only) with an uncommitted array at every leaf, which
     are appended to ``out`` in tree_flatten's order (sorted dict keys)."""
@@ -166,6 +172,15 @@ class _MatchSource:
       # Every key is read below (a missing one raises KeyError: no match),
       # so equal lengths mean equal key sets.
       self.miss_if(f"type({e}) is not dict or len({e}) != {n}")
+      # its keys as the walk saw them: insertion order and exact types
+      # (``match_plan.plain_keys``: str and int keys, whose == is exact
+      # within one type)
+      order = next(layout)
+      by_atom = {(type(k), k): k for k in keys}
+      inserted = tuple([by_atom[a] for a in order])
+      self.miss_if(f"tuple({e}) != {self.bind(inserted)} or "
+                   f"tuple(map(type, {e})) != "
+                   f"{self.bind(tuple([a[0] for a in order]))}")
       items = [f"{e}[{self.literal(k)}]" for k in keys]
     else:
       self.miss_if(f"type({e}) is not {self.bind(kind)} or len({e}) != {n}")
@@ -189,7 +204,7 @@ class _MatchSource:
       else:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")
-        self.plain_tree(x, child)
+        self.plain_tree(x, child, layout)
 
   def function(self, f: str, part) -> None:
     """Checks of the function in variable ``f`` against an ``FN`` part, in

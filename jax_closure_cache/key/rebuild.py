@@ -17,6 +17,7 @@ from typing import Callable
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
@@ -49,11 +50,18 @@ class Rebuild(_key.Rebuild):
     return types.MethodType(self.value(v.__func__, k[1]),
                             self.value(v.__self__, k[2]))
 
+  def tree(self, v, k):
+    """A pytree with its lifted leaves replaced, each dict in the user's
+    insertion order (an unflatten sorts them)."""
+    out = super().tree(v, k)
+    return trees.restore_order(v, out) if trees.has_dict(k[1]) else out
+
   def tree_aux(self, v, k):
     leaves, treedef = _tree_flatten(v)
     treedef = self.treedef(treedef, (TREEDEF, k[1]))   # first: the walk's order
-    return _tree_unflatten(
+    out = _tree_unflatten(
         treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+    return trees.restore_order(v, out) if trees.has_dict(treedef) else out
 
   def treedef(self, treedef, k):
     """``treedef`` with each custom node's data rebuilt (``Analysis.
@@ -61,7 +69,7 @@ class Rebuild(_key.Rebuild):
     parts = k[1]
     if parts is None or not self.has_leaf(parts):
       return treedef
-    t, aux_key, children_parts = parts
+    t, aux_key, children_parts = parts[:3]   # then the class's part
     aux = treedef.node_data()[1]
     if t not in BUILTIN_NODES:
       aux = self.value(aux, aux_key)

@@ -13,6 +13,7 @@ and rebuild and the package's see the same registrations.
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import io
@@ -143,12 +144,14 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
 #: ``jit``). Any other object whose state the walk cannot read is stock's.
 IDENTITY_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
                                "jax_closure_cache"})
-#: Standard-library types kept so: sentinels, locks and operator's getters,
-#: whose state no trace reads as a value or which never change.
+#: Standard-library types kept so: sentinels, locks, operator's getters and
+#: a NamedTuple's field getters, whose state no trace reads as a value or
+#: which never change.
 IDENTITY_TYPES = frozenset({object, type(NotImplemented),
                             type(threading.Lock()), type(threading.RLock()),
                             operator.itemgetter, operator.attrgetter,
-                            operator.methodcaller})
+                            operator.methodcaller,
+                            type(collections.namedtuple("_Pair", "a").a)})
 
 
 def kept_as_library_object(t: type) -> bool:

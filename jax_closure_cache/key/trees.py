@@ -1,0 +1,164 @@
+"""What a treedef does not say about a pytree: the order and exact types of
+each dict's keys, and state of a custom node outside its flatten.
+
+A treedef compares dict keys with ``==`` (``1``, ``1.0`` and ``True`` are
+one key) and holds them sorted, while a trace iterates a dict in insertion
+order. :func:`layout` is the part of a closure key that says both; the walk
+puts it in every ``TREE`` part, the matchers compare it, and
+:func:`restore_order` gives a rebuilt tree the user's orders back.
+
+Invariants: nothing here calls user code but a registered node's flatten
+(which ``tree_flatten`` calls anyway); a dict whose order a rebuild could
+not restore (one under a custom node, which the node's own unflatten
+builds) is refused, never keyed as another order.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+
+import numpy as np
+
+from jax_closure_cache import _compat
+from jax_closure_cache.key.code_plan import stable_module
+from jax_closure_cache.key.parts import ATOMS, Uncacheable, float_key
+
+_DICTS = (dict, collections.defaultdict)
+_SEQUENCES = (list, tuple)
+
+
+def key_atom(k):
+  """A dict key or set element by exact type and value bits: ``True``,
+  ``1`` and ``1.0`` differ, as ``0.0`` and ``-0.0`` do; a tuple of such
+  atoms is one too, and so is a value of jax, numpy or the standard library
+  (a device, a dtype) or an enum member (compared as jax, numpy, the
+  standard library or ``enum`` compare them). Anything else is refused: a
+  user class's ``==`` would decide."""
+  t = type(k)
+  if t in ATOMS:
+    return (t, k)
+  if t is float:
+    return float_key(k)
+  if t is complex:
+    return (complex, float_key(k.real), float_key(k.imag))
+  if t is tuple:
+    return (tuple, tuple([key_atom(x) for x in k]))
+  if isinstance(k, np.generic):   # np.float32(-0.0) == np.float32(0.0)
+    return (t, k.tobytes())
+  if stable_module(getattr(t, "__module__", None)) or (
+      isinstance(k, enum.Enum) and t.__eq__ is enum.Enum.__eq__
+      and t.__hash__ is enum.Enum.__hash__):
+    return (t, k)   # jax's, numpy's, the standard library's equality
+  raise Uncacheable("user_equality", f"a {t.__name__} as a dict key or set "
+                    "element: only atoms are keyed there (by exact type and "
+                    "bits), never by a class's own ==")
+
+
+def layout(v, treedef) -> tuple:
+  """The keys of each dict of ``v`` (whose structure is ``treedef``) in
+  insertion order, as :func:`key_atom` parts, in the treedef's pre-order.
+
+  Raises:
+    Uncacheable: a key that is not an atom, or a dict under a custom node
+      whose insertion order is not the sorted one its unflatten would get.
+  """
+  out: list = []
+  _layout(v, treedef, False, out)
+  return tuple(out)
+
+
+def layout_or_none(v, treedef):
+  """:func:`layout`, or None where it refuses (a matcher's miss)."""
+  try:
+    return layout(v, treedef)
+  except Uncacheable:
+    return None
+
+
+def _layout(v, treedef, under_custom: bool, out: list) -> None:
+  data = treedef.node_data()
+  if data is None:
+    return   # a leaf
+  t, aux = data
+  children = treedef.children()
+  if t in _DICTS or t is collections.OrderedDict:
+    keys = tuple(v)
+    out.append(tuple([key_atom(k) for k in keys]))
+    flattened = aux[1] if t is collections.defaultdict else aux
+    if under_custom and t is not collections.OrderedDict and (
+        list(keys) != list(flattened)):
+      raise Uncacheable("dict_order", "a dict under a custom pytree node is "
+                        "not in sorted key order, which the node's unflatten "
+                        "would not keep")
+    values = [v[k] for k in flattened]
+  elif t in _SEQUENCES or (isinstance(v, tuple) and hasattr(t, "_fields")):
+    values = list(v)
+  elif t is type(None):
+    return
+  else:
+    values = list(_compat.flatten_one_level(v)[0])
+    under_custom = True
+  for x, c in zip(values, children):
+    _layout(x, c, under_custom, out)
+
+
+def has_dict(treedef) -> bool:
+  """Whether ``treedef`` has a dict node (whose order a rebuild restores)."""
+  pending = [treedef]
+  while pending:
+    t = pending.pop()
+    data = t.node_data()
+    if data is None:
+      continue
+    if data[0] in _DICTS:
+      return True
+    pending.extend(t.children())
+  return False
+
+
+def restore_order(v, rebuilt):
+  """``rebuilt`` (``tree_unflatten`` of ``v``'s structure: dicts sorted)
+  with each dict reached through dicts, lists and tuples in ``v``'s
+  insertion order; ``layout`` refused the dicts it cannot reach."""
+  t = type(v)
+  if t is dict:
+    return {k: restore_order(v[k], rebuilt[k]) for k in v}
+  if t is collections.defaultdict:
+    return collections.defaultdict(
+        v.default_factory, {k: restore_order(v[k], rebuilt[k]) for k in v})
+  if t is list:
+    return [restore_order(x, y) for x, y in zip(v, rebuilt)]
+  if t is tuple:
+    return tuple([restore_order(x, y) for x, y in zip(v, rebuilt)])
+  if isinstance(v, tuple) and hasattr(t, "_fields") and type(rebuilt) is t:
+    return t(*[restore_order(x, y) for x, y in zip(v, rebuilt)])
+  return rebuilt
+
+
+def covers_state(v) -> bool:
+  """Whether a custom node's flatten carries all of ``v``'s attributes as
+  they are: each is one of its children, its node data, or an item of a
+  tuple or list node data (a rebuild through its unflatten then holds the
+  same state). False for an object whose state is not in ``__dict__``
+  (``__slots__``) or is kept outside its flatten (``self.scale`` set in
+  ``__init__`` but not flattened). Node data is searched three tuples
+  deep (a dataclass node keeps its static fields in a tuple)."""
+  try:
+    state = vars(v)
+  except TypeError:
+    return False
+  children, aux = _compat.flatten_one_level(v)
+  held = collections.Counter(map(id, children))
+  pending, depth = [aux], 3   # node data, and what its tuples hold
+  while pending and depth:
+    items, pending, depth = pending, [], depth - 1
+    for x in items:
+      held[id(x)] += 1
+      if type(x) in _SEQUENCES:
+        pending.extend(x)
+  for x in state.values():   # each attribute takes a holder of its own
+    if held[id(x)] <= 0:
+      return False
+    held[id(x)] -= 1
+  return True
