@@ -411,6 +411,14 @@ def _library_roots() -> tuple:
 _LIBRARY_ROOTS = _library_roots()
 
 
+def stdlib_code(code) -> bool:
+  """Whether ``code`` was loaded from the standard library's folder."""
+  return code.co_filename.startswith(_STDLIB_ROOTS)
+
+
+_STDLIB_ROOTS = tuple({_os.path.dirname(_os.__file__) + _os.sep})
+
+
 def library_code(code) -> bool:
   """Whether ``code`` was loaded from jax's, jaxlib's or numpy's own folder
   (decided by where its file lies, never by a ``__module__`` a decorator

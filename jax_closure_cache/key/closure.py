@@ -59,9 +59,11 @@ from jax_closure_cache.key.objects import (
     SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
     slot_members, slot_values)
 from jax_closure_cache.key.code_plan import (
-    chain_value, code_plan, is_stable, own_module_level, stable_module)
+    chain_value, code_plan, is_stable, library_value, own_module_level,
+    stable_module)
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, DYN, LIFTED, METHOD, MISSING, NOCHAIN, OBJ,
+    BUILTIN_NODES, CLASS, COPY, DYN, LIBATTR, LIFTED, METHOD, MISSING,
+    NOCHAIN, OBJ,
     TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
 
 #: Plain objects are keyed by their attributes down to this many nested
@@ -189,7 +191,7 @@ class Analysis(_key.Walk):
       raise Uncacheable("unhashable", f"flattening {t.__name__} raised {e!r}")
     if not (len(leaves) == 1 and leaves[0] is v):
       if not self.flatten_covers(v, t, treedef):
-        return self.state_object(v, t)
+        return self.state_object(v, t)   # nested ones: ``trees.layout``
       return self.tree_parts(leaves, treedef, trees.layout(v, treedef))
     h = t.__hash__
     if (h is not None and h is not object.__hash__
@@ -342,10 +344,21 @@ class Analysis(_key.Walk):
       raise Uncacheable(
           "writes_globals", f"{f.__qualname__} assigns to a global: stock's "
           "trace writes it, a hit would not")
-    globs = tuple([value(g[n]) if n in g else MISSING
+    globs = tuple([value(g[n]) if n in g else self.builtin(f, n)
                    for n in plan.global_names])
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
+
+  @staticmethod
+  def builtin(f, name: str):
+    """A global name the module lacks: ``MISSING`` (a builtin, or a name
+    not yet defined, as the matcher checks), or a refusal for a builtin a
+    trace calls for its effect or what it reads (``print``, ``open``)."""
+    if name in TRACE_EFFECT_NAMES:
+      raise Uncacheable("trace_effect", f"{f.__qualname__} calls {name}(), "
+                        "which stock's trace runs every time and a hit would "
+                        "skip")
+    return MISSING
 
   @classmethod
   def difference(cls, a, b, path="") -> str:
@@ -364,7 +377,13 @@ class Analysis(_key.Walk):
       raise Uncacheable("drawn_state", f"{f.__qualname__} calls "
                         f"{name}.{'.'.join(attributes)}, which gives a new "
                         "value each time (stock draws again)")
-    if obj is NOCHAIN or obj is MISSING:
+    if obj is NOCHAIN:
+      obj = library_value(f, kind, name, attributes)
+      if obj is NOCHAIN or obj is MISSING:
+        return obj
+      if _library_object(obj):
+        return (LIBATTR, obj)   # checked by identity: a replacement is seen
+    if obj is MISSING:
       return obj
     saved = self.in_object
     self.in_object = True
@@ -438,6 +457,10 @@ class Analysis(_key.Walk):
     return (CLASS, i, t, tuple(items))
 
 
+#: Builtins by name (read as globals the module lacks) whose call is an
+#: effect or reads outside the process's values (``values.TRACE_EFFECTS``).
+TRACE_EFFECT_NAMES = frozenset({"print", "open", "input", "breakpoint"})
+
 #: Nodes of the standard library whose node data is their keys (and a
 #: defaultdict's factory), keyed by the layout.
 _ORDERED_NODES = frozenset({collections.OrderedDict, collections.defaultdict})
@@ -463,6 +486,22 @@ def _walks_node_data(treedef) -> bool:
     if t.num_nodes != t.num_leaves + 1:
       pending.extend(t.children())
   return False
+
+
+def _library_object(obj) -> bool:
+  """Whether an attribute of a library module is the library's own (a
+  module, class, C function or jitted wrapper of jax, numpy or the standard
+  library, or a function whose code was loaded from jax's or numpy's
+  folder), kept by identity; anything else there (a user's replacement) is
+  walked as any value. A function's ``__module__`` is not trusted."""
+  if type(obj) is _FunctionType:
+    return _compat.library_code(obj.__code__) or (
+        obj.__closure__ is None and _compat.stdlib_code(obj.__code__))
+  if type(obj) is _ModuleType:
+    return stable_module(obj.__name__)
+  module = (obj.__module__ if isinstance(obj, type)
+            else type(obj).__module__)
+  return stable_module(module)
 
 
 def _user_equality(t: type) -> bool:

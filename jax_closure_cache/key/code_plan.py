@@ -149,6 +149,24 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
   return obj
 
 
+def library_value(f, kind: str, name: str, attributes: tuple):
+  """What ``f`` reads through an attribute chain from a module of jax, numpy
+  or the standard library (``jnp.tanh``): followed through modules only, so
+  a test that replaces ``jnp.tanh`` is seen. :data:`NOCHAIN` when the base
+  is no such module, :data:`MISSING` when an attribute is absent."""
+  obj = chain_base(f, kind, name)
+  if type(obj) is not _ModuleType or not stable_module(obj.__name__):
+    return NOCHAIN
+  for attribute in attributes:
+    if type(obj) is not _ModuleType:
+      break
+    try:
+      obj = getattr(obj, attribute)
+    except Exception:
+      return MISSING
+  return obj
+
+
 def is_stable(fun: types.FunctionType) -> bool:
   """Whether ``fun`` belongs to jax, numpy or the standard library, or is
   one of this package's module-level functions (:func:`own_module_level`)."""

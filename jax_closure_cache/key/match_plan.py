@@ -21,7 +21,8 @@ import types
 from jax_closure_cache import _compat
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    ATOMS, CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    ATOMS, CYCLE, DYN, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
+    FnPart,
     Tag)
 
 _FunctionType = types.FunctionType
@@ -41,7 +42,7 @@ def simple_part(part) -> bool:
   if type(part) is tuple:
     if len(part) == 2 and part[0] is DYN:
       return True
-    if len(part) == 2 and part[0] is CYCLE:
+    if len(part) == 2 and (part[0] is CYCLE or part[0] is LIBATTR):
       return True
     if len(part) == 4 and part[0] is TREE:
       return all(map(simple_part, part[2]))

@@ -17,9 +17,10 @@ from jax_closure_cache import _compat
 from jax_closure_cache.key.values import kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
-from jax_closure_cache.key.code_plan import chain_value, code_plan, is_stable
+from jax_closure_cache.key.code_plan import (
+    chain_value, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    CYCLE, DYN, FN, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    CYCLE, DYN, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
     Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
@@ -48,6 +49,7 @@ class _MatchSource:
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
                 "is_stable": is_stable, "chain_value": chain_value,
+                "library_value": library_value,
                 "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
                 "ALL_LIFTED": _ALL_LIFTED}
@@ -280,6 +282,10 @@ class _MatchSource:
         if base is not None and not isinstance(base, Tag) and (
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
+      if type(p) is tuple and p[0] is LIBATTR:   # the library's own object
+        self.miss_if(f"library_value({f}, *{self.bind(chain)}) is not "
+                     f"{self.bind(p[1])}")
+        continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
 
 

@@ -47,6 +47,7 @@ COPY = Tag("COPY")         # (COPY, index, type, ((name, value), ...)); arrays l
 CLASS = Tag("CLASS")       # (CLASS, index, class, ((owner, name, value), ...))
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 DYN = Tag("DYN")           # (DYN, int or float): a Python scalar passed as an argument
+LIBATTR = Tag("LIBATTR")   # (LIBATTR, obj): a library module's attribute, by identity
 SCALAR = Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
 
 

@@ -14,6 +14,7 @@ and rebuild and the package's see the same registrations.
 from __future__ import annotations
 
 import collections
+import contextvars
 import functools
 import gc
 import io
@@ -52,6 +53,10 @@ DRAWING_MODULES = ("numpy.random", "scipy.stats", "random", "time",
 LIVE_STATE_FUNCTIONS = frozenset({
     sys.getrefcount, sys.getallocatedblocks, gc.get_count, gc.get_stats,
     gc.get_objects})
+#: Builtins a trace calls for what they do or read outside the process's
+#: values: a file's contents, the terminal, a debugger. Stock calls them on
+#: every trace; a hit that skips the trace would not.
+TRACE_EFFECTS = frozenset({print, open, input, breakpoint, io.open})
 
 
 def _draws(v) -> bool:
@@ -86,8 +91,11 @@ def drawn_from(v) -> bool:
     return True
   if v is sys.modules:   # modules looked up by name: what they hold is unkeyed
     return True
+  if isinstance(v, contextvars.ContextVar) or isinstance(
+      owner, contextvars.ContextVar):
+    return True   # its value is the running context's, read by get()
   try:
-    return v in LIVE_STATE_FUNCTIONS
+    return v in LIVE_STATE_FUNCTIONS or v in TRACE_EFFECTS
   except TypeError:   # unhashable
     return False
 
