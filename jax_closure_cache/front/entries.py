@@ -211,6 +211,21 @@ class _SourceStub:
     self.__name__ = name
 
 
+class Presented:
+  """A traced function presented as another (``fun``), with ``signature``:
+  a static-argument binder traced under the user's name, source line and
+  argument names, as stock's jit of the user's function is."""
+  __slots__ = ("fun", "__signature__", "__name__", "__qualname__")
+
+  def __init__(self, fun, signature):
+    self.fun, self.__signature__ = fun, signature
+    self.__name__ = getattr(fun, "__name__", type(fun).__name__)
+    self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
+
+  def __call__(self, *args, **kwargs):   # never called: inspect needs it
+    raise TypeError("a Presented function is never called")
+
+
 def _lifted_signature(fun) -> inspect.Signature:
   leaves = inspect.Parameter("__closure_cache_leaves__",
                              inspect.Parameter.POSITIONAL_ONLY)

@@ -233,9 +233,11 @@ def miss(w, key, a, args, kwargs):
   entry = entries.Entry()
   entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
   entry.dynamic = a.dynamic
+  presented = w._presented()
   entry.jitted = entries.make_lifted_jit(
-      w._fun, code_of(w._fun), entry, w._spec.options, w._spec.lift_numpy,
-      len(args))
+      w._fun if presented is None else presented,
+      code_of(w._fun if presented is None else presented.fun), entry,
+      w._spec.options, w._spec.lift_numpy, len(args))
   started = time.perf_counter()
   donating = jit_options.donates(w._spec.options)
   try:

@@ -34,9 +34,11 @@ Invariants:
 
 from __future__ import annotations
 
+import inspect
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
+from jax_closure_cache.front import entries
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
@@ -126,6 +128,24 @@ class _Bound(wrapper.ClosureJitted):
 
   def _user(self):
     return self._user_fun
+
+  def _presented(self):
+    """The user's jitted function as stock's trace names it: its name,
+    source line and signature without the static arguments (the jaxpr's
+    debug info, the HLO module's name)."""
+    fun = self._outer_stock
+    fun = getattr(fun, "__wrapped__", fun)
+    positions, names, _ = self._static_args
+    try:
+      sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+      return None
+    params = list(sig.parameters.values())
+    static = {params[i].name for i in positions if i < len(params)} | set(
+        names)
+    return entries.Presented(
+        fun, sig.replace(parameters=[p for p in params
+                                     if p.name not in static]))
 
   def stock(self):
     if self._stock is not None:

@@ -234,6 +234,11 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     own code is shared by every loop)."""
     return self._fun
 
+  def _presented(self):
+    """What the shared trace is named after (``entries.Presented``), or
+    None for the traced function itself."""
+    return None
+
   def stock(self):
     """Stock ``jax.jit`` of the user's own function (made once)."""
     s = self._stock

@@ -60,8 +60,9 @@ def layout(v, treedef) -> tuple:
   insertion order, as :func:`key_atom` parts, in the treedef's pre-order.
 
   Raises:
-    Uncacheable: a key that is not an atom, or a dict under a custom node
-      whose insertion order is not the sorted one its unflatten would get.
+    Uncacheable: a key that is not an atom, a dict under a custom node
+      whose insertion order is not the sorted one its unflatten would get,
+      or a custom node with state outside its flatten (:func:`covers_state`).
   """
   out: list = []
   _layout(v, treedef, False, out)
@@ -97,6 +98,12 @@ def _layout(v, treedef, under_custom: bool, out: list) -> None:
   elif t is type(None):
     return
   else:
+    # (a node that is its own node data, ``register_static``, is walked
+    # whole as node data)
+    if aux is not v and not covers_state(v):
+      raise Uncacheable("pytree_state", f"a {t.__name__} in a pytree keeps "
+                        "state outside its tree_flatten, which a rebuild "
+                        "through its unflatten would lose")
     values = list(_compat.flatten_one_level(v)[0])
     under_custom = True
   for x, c in zip(values, children):
