@@ -1,6 +1,6 @@
 """Command line.
 
-``python -m jax_closure_cache bench [--full] [--plot FILE.png] [--json FILE] [--only jit|control-flow|tier-a|ecosystem|scale|upstream|memory] [--match A,B]``
+``python -m jax_closure_cache bench [--full] [--plot FILE.png] [--json FILE] [--only jit|control-flow|tier-a|hit-path|ecosystem|scale|upstream|memory] [--match A,B]``
   times stock jit, the cache and hand-hoisted jit.
 ``python -m jax_closure_cache run SCRIPT [ARGS...]``
   runs SCRIPT with the cache on, then prints what the cache did.
@@ -32,10 +32,13 @@ def _parser() -> argparse.ArgumentParser:
   bench.add_argument("--match", default="", metavar="A,B",
                      help="only workloads whose name (jit table) or key (control-flow "
                      "table: decode, minimize, scan, fori, odeint, cg, gpt2; "
+                     "hit-path table: nested-def, grad, value-and-grad, "
+                     "partial, static-lambda, vmap, scan, fori, cg, "
+                     "long-lived; "
                      "ecosystem table: library or idiom, e.g. optax, linen) "
                      "contains A or B")
   bench.add_argument("--full", action="store_true",
-                     help="every row of the four tables (README's full "
+                     help="every row of every table (README's full "
                      "tables; about 12 minutes on 2 cores). Without it, and "
                      "without --only, a quick headline set (under 2 minutes)")
   bench.add_argument("--plot", metavar="FILE.png",
@@ -43,9 +46,12 @@ def _parser() -> argparse.ArgumentParser:
                      "(stock, cache, hoisted) and cache/baseline per row "
                      "(pip install '.[plot]')")
   bench.add_argument("--only", choices=("jit", "control-flow", "tier-a",
-                                        "ecosystem", "scale", "upstream",
-                                        "memory"),
-                     help="run one of the tables (ecosystem: optax, "
+                                        "hit-path", "ecosystem", "scale",
+                                        "upstream", "memory"),
+                     help="run one of the tables (hit-path: a hit against "
+                     "the hoisted call plus the user's own wrappers' "
+                     "construction, one row per re-created-function "
+                     "pattern; ecosystem: optax, "
                      "equinox, flax and dm-haiku idioms, pip install "
                      "'.[ecosystem]'; scale: sharded and "
                      "two-process rows, each in its own processes; upstream: "
@@ -128,6 +134,18 @@ def _bench(args) -> int:
     print("\nTier A: library-shaped workloads, a fresh function per call "
           "(stock's trace, the shared executable)\n")
     print(bench_tier_a.format_table(rows))
+  if args.only in (None, "hit-path"):
+    from jax_closure_cache.tools import bench_hit_path
+    match = [m for m in args.match.split(",") if m]
+    names = (bench_hit_path.QUICK if quick else
+             [k for k in bench_hit_path.ROWS if any(m in k for m in match)]
+             if match else None)
+    rows = bench_hit_path.run(names, calls=args.calls, rounds=args.rounds)
+    report["hit_path"] = rows
+    print("\nThe hit path: a re-created function with the cache against the "
+          "hoisted call plus the construction of the user's own wrappers "
+          "(per call, interleaved blocks)\n")
+    print(bench_hit_path.format_table(rows))
   if args.only == "ecosystem":
     from jax_closure_cache.tools import bench_ecosystem
     rows, skipped = bench_ecosystem.run(

@@ -1,0 +1,42 @@
+"""``bench --only hit-path``: its rows, its quick subset, and a smoke run (no
+timing asserted)."""
+
+import json
+import subprocess
+import sys
+
+from jax_closure_cache.tools import bench_hit_path
+from jax_closure_cache.tools import cli
+
+PATTERNS = ("nested-def", "grad", "value-and-grad", "partial",
+            "static-lambda", "vmap", "scan", "fori", "cg", "long-lived")
+
+
+def test_rows_and_quick_set():
+  assert tuple(bench_hit_path.ROWS) == PATTERNS
+  assert set(bench_hit_path.QUICK) == {"grad", "partial", "vmap", "scan"}
+  args = cli._parser().parse_args(["bench", "--only", "hit-path"])
+  assert args.only == "hit-path"
+
+
+def test_hit_path_smoke(tmp_path):
+  out_file = tmp_path / "bench.json"
+  out = subprocess.run(
+      [sys.executable, "-m", "jax_closure_cache", "bench", "--only",
+       "hit-path", "--calls", "3", "--rounds", "1", "--match",
+       "nested-def,partial,long-lived", "--json", str(out_file)],
+      capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr
+  assert "cache / (baseline + construction)" in out.stdout
+  report = json.loads(out_file.read_text())
+  rows = {r["key"]: r for r in report["hit_path"]}
+  assert set(rows) == {"nested-def", "partial", "long-lived"}
+  for r in rows.values():
+    assert r["max_abs_diff_vs_stock"] == 0.0
+    assert r["cache_traces"] == 0 and r["cache_compiles"] == 0
+    assert r["cache_calls"] == 3
+  assert rows["long-lived"]["baseline"] == "stock"
+  assert rows["long-lived"]["construction_us"] is None
+  assert rows["nested-def"]["baseline"] == "hoisted"
+  # a re-created nested def hits through the inline matcher every call
+  assert rows["nested-def"]["paths"]["fast_hits"] == 3
