@@ -50,11 +50,6 @@ logger = logging.getLogger("jax_closure_cache")
 STOCK = _compat.STOCK_PJIT_LOWER
 #: Structures met once, remembered by hash with their literals' bits.
 MET_CAPACITY = 4096
-#: The last few constant-free lowerings met once are held (the rest only
-#: weakly): a function re-created per call (whose first object dies before
-#: the second is traced) then compiles once. They hold no user value (no
-#: constants), and no more than this many executables.
-HELD_FIRSTS = 8
 
 
 class SharedLowering(cache.Entry):
@@ -104,13 +99,11 @@ class Lowerings:
     self.refusals: collections.Counter = collections.Counter()
     # each name's last structure (explanations only)
     self.last_by_name: dict = {}
-    self.held: collections.deque = collections.deque(maxlen=HELD_FIRSTS)
 
   def clear(self) -> None:
     with self.lock:
       self.met.clear()
       self.last_by_name.clear()
-      self.held.clear()
 
   def reset_counts(self) -> None:
     with self.lock:
@@ -135,8 +128,7 @@ class Lowerings:
     """Remember a structure met once: its literals' bits and, where the
     lowering takes nothing but the call's arguments (no constants), a weak
     reference to stock's lowering, which a second jaxpr of the same
-    structure and bits can use as it is while the first keeps it alive (or
-    while it is one of the last ``HELD_FIRSTS`` such lowerings)."""
+    structure and bits can use as it is while the first keeps it alive."""
     weak = None
     if computation is not None:
       try:
@@ -145,8 +137,6 @@ class Lowerings:
         pass
     with self.lock:
       self.met[key_hash] = (bits, weak)
-      if weak is not None:
-        self.held.append(computation)
       if len(self.met) > MET_CAPACITY:
         self.met.popitem(last=False)
 
