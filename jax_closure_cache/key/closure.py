@@ -51,7 +51,7 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import (
-    chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
+    Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
     kept_by_identity, node_data_function, wrapper_rules)
 from jax_closure_cache.key import names as key_names
 from jax_closure_cache.key import trees
@@ -144,6 +144,8 @@ class Analysis(_key.Walk):
   def other(self, v, t):
     if t is Tag:
       return v
+    if t is Static:   # a launcher's or jit's static parameters, as stock
+      return (Static, v)   # keys them (a simple part: matched by ==)
     part = self.foreign_array(v, t)
     if part is not None:
       return part

@@ -196,19 +196,17 @@ class Static:
   function's non-function static arguments), keyed by value and exact
   top-level types, never made auto-dynamic: they are how a stock function
   is called, not values a closure reads. ``value`` is the tuple given."""
-  __slots__ = ("value",)
+  __slots__ = ("value", "_id")
 
   def __init__(self, *value):
     self.value = value
-
-  def _id(self):
-    return tuple([type(v) for v in self.value]), self.value
+    self._id = tuple([type(v) for v in value]), value
 
   def __eq__(self, other):
-    return type(other) is Static and self._id() == other._id()
+    return type(other) is Static and self._id == other._id
 
   def __hash__(self):
-    return hash(self._id())
+    return hash(self._id)
 
   def __repr__(self):
     return f"Static{self.value!r}"
