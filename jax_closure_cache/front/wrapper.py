@@ -441,7 +441,11 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
       return
     row = inline.remember(_quick, self._fun, key, entry)
     if row is None:
-      inline.no_quick.add(code)   # its keys are not simple: stop trying
+      # its keys are not simple: stop trying, but for jax's own wrappers,
+      # whose one code (``jax.grad``'s and ``jax.vmap``'s api_boundary)
+      # serves functions with keys of every shape
+      if not _compat.library_code(code):
+        inline.no_quick.add(code)
     else:
       inline.refresh_front(code, row, ClosureJitted, _HIT_ENV)
 
