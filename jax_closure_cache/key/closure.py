@@ -233,6 +233,8 @@ class Analysis(_key.Walk):
     if h is not None and h is not object.__hash__:
       raise Uncacheable("user_equality", f"a {t.__name__} compares by its "
                         "own __eq__ and keeps state the key cannot read")
+    if t is object:   # a bare sentinel (jax's ``no_axis_name``): no state
+      return (LIBATTR, v)
     if h is object.__hash__ and kept_as_library_object(t):
       return self.identity(v, root=True)   # library state; arrays guarded
     if h is object.__hash__:

@@ -142,6 +142,8 @@ class _MatchSource:
       else:
         for j, leaf_part in enumerate(part[2]):
           self.check(f"{leaves}[{j}]", leaf_part)
+    elif type(part) is tuple and part[0] is LIBATTR:   # by identity
+      self.miss_if(f"{v} is not {self.bind(part[1])}")
     elif type(part) is tuple and part[0] is float:
       self.miss_if(f"type({v}) is not float or float_key({v}) != "
                    f"{self.bind(part)}")
