@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import types
 
 import jax
@@ -372,3 +373,17 @@ def test_value_grammar_program(index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(0, index))
   assert not verdict.failed, str(verdict)
+
+
+def test_partial_matcher_checks_its_arguments():
+  # A top-level functools.partial has a generated matcher (filed under its
+  # function's code): each argument and keyword is still checked as keyed.
+  def f(w, x, k=1.0):
+    return jnp.tanh(x * w) * k
+
+  def step(v):
+    w, k = v
+    return jax.jit(functools.partial(f, w, k=k))(X)
+  assert_like_stock(step, [(jnp.ones(3), 1.0), (jnp.ones(3), 1.0),
+                           (jnp.zeros(3), 2), (1.0, True),
+                           (jnp.ones(3, jnp.int32), 1.0), (jnp.ones(3), 1.0)])

@@ -55,13 +55,13 @@ _ids = itertools.count()
 
 
 def remember(table: dict, fun, key, entry) -> list | None:
-  """Add a matcher for ``key`` (of plain function ``fun``) to ``table``'s
-  row for ``fun.__code__``; returns the row, or None if ``key`` has no
-  matcher."""
+  """Add a matcher for ``key`` (of plain function ``fun``, or a partial of
+  one) to ``table``'s row for its code; returns the row, or None if
+  ``key`` has no matcher."""
   source = matchers.match_source(fun, key[1], f"Q{next(_ids)}_K")
   if source is None:
     return None
-  code = fun.__code__
+  code = fun.__code__ if type(fun) is types.FunctionType else fun.func.__code__
   row = [q for q in table.get(code, ())
          if q.key != key and q.entry() is not None]
   row.insert(0, Quick(key[0], key, source, entry))

@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import types
 
 from jax_closure_cache import _compat
@@ -164,8 +165,7 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     spec = (
         jit_options.find_spec((options_key, lift_numpy, auto_dynamic))
         or jit_options.spec(options, options_key, lift_numpy, auto_dynamic))
-    fill(self, fun, (
-        fun.__code__ if type(fun) is types.FunctionType else None, spec))
+    fill(self, fun, (_code_of(fun), spec))
 
   # -- what jax.jit's result offers ------------------------------------------
   __wrapped__ = _Wrapped("__wrapped__")
@@ -470,6 +470,16 @@ def _verify_changed(on: bool) -> None:
 
 cache.register_verify_hook(_verify_changed)
 
+
+
+def _code_of(fun):
+  """The code the inline cache files ``fun``'s matchers under: a plain
+  function's, or a ``functools.partial``'s function's; None otherwise."""
+  if type(fun) is types.FunctionType:
+    return fun.__code__
+  if type(fun) is functools.partial and type(fun.func) is types.FunctionType:
+    return fun.func.__code__
+  return None
 
 
 def fill(w, fun, code_and_spec=None):

@@ -340,17 +340,25 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   default ``miss``), with the objects they name
   (bound as ``prefix`` and a number); or None when some part of ``key`` is
   not simple."""
-  if (type(fun) is not _FunctionType or type(key) is not tuple
-      or key[0] is not FN or not match_plan.simple_part(key)
-      or fun.__code__ is not key[2] or id(fun.__globals__) != key[3]):
+  if type(fun) is functools.partial and type(key) is tuple and (
+      key[0] is PARTIAL):   # a partial of a function: checked as a part
+    top, fn = fun.func, key[1]
+  else:
+    top, fn = fun, key
+  if (type(top) is not _FunctionType or type(fn) is not tuple
+      or fn[0] is not FN or not match_plan.simple_part(key)
+      or top.__code__ is not fn[2] or id(top.__globals__) != fn[3]):
     return None
   src = _MatchSource(prefix)
   src.self_referenced = match_plan.refers_to_top(key)
   src.globals_by_id = match_plan.globals_reached(fun)
-  src.function("f", key)
+  if fn is key:
+    src.function("f", key)
+  else:
+    src.check("f", key)
   if len(src.functions) > 1:
     ids = ", ".join(f"id({f})" for f in src.functions)
     src.miss_if(f"len({{{ids}}}) != {len(src.functions)}")
-  src.name = key[2].co_name
+  src.name = fn[2].co_name
   src.globals_by_id = {}   # what is compared is bound in env; hold no more
   return src
