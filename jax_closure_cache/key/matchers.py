@@ -345,9 +345,13 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
     top, fn = fun.func, key[1]
   else:
     top, fn = fun, key
-  if (type(top) is not _FunctionType or type(fn) is not tuple
-      or fn[0] is not FN or not match_plan.simple_part(key)
-      or top.__code__ is not fn[2] or id(top.__globals__) != fn[3]):
+  if fn is top is not fun and type(top) is _FunctionType:
+    # a partial of a function keyed by identity (a library's)
+    if not match_plan.simple_part(key):
+      return None
+  elif (type(top) is not _FunctionType or type(fn) is not tuple
+        or fn[0] is not FN or not match_plan.simple_part(key)
+        or top.__code__ is not fn[2] or id(top.__globals__) != fn[3]):
     return None
   src = _MatchSource(prefix)
   src.self_referenced = match_plan.refers_to_top(key)
@@ -359,6 +363,6 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   if len(src.functions) > 1:
     ids = ", ".join(f"id({f})" for f in src.functions)
     src.miss_if(f"len({{{ids}}}) != {len(src.functions)}")
-  src.name = fn[2].co_name
+  src.name = top.__code__.co_name
   src.globals_by_id = {}   # what is compared is bound in env; hold no more
   return src
