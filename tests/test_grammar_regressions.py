@@ -364,11 +364,14 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # Programs of the value-grammar fuzzer (seed 0) that found a class fixed
 # since, replayed whole: a long-lived jit with static arguments (a fresh
 # function among them) called inside re-created closures (its binder traced
-# under another name and signature than stock's: programs 207, 363), and a
-# pytree node whose state outside its flatten sits under another node
-# (programs 7, 141).
+# under another name and signature than stock's: programs 207, 363; its
+# plain static values compared without their types, an IntEnum 1 sharing
+# float32 1.0's trace: 97, 282), a pytree node whose state outside its
+# flatten sits under another node (programs 7, 141), and a boolean
+# constant that tier A passed as an argument, where XLA folds stock's
+# (the sign of a zero differed: 170).
 
-@pytest.mark.parametrize("index", [7, 141, 207, 363])
+@pytest.mark.parametrize("index", [7, 97, 141, 170, 207, 282, 363])
 def test_value_grammar_program(index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(0, index))
@@ -387,3 +390,14 @@ def test_partial_matcher_checks_its_arguments():
   assert_like_stock(step, [(jnp.ones(3), 1.0), (jnp.ones(3), 1.0),
                            (jnp.zeros(3), 2), (1.0, True),
                            (jnp.ones(3, jnp.int32), 1.0), (jnp.ones(3), 1.0)])
+
+
+def test_tier_a_never_lifts_a_boolean_constant():
+  # x * mask, the mask a closed-over constant: stock's XLA folds the
+  # converted constant; as an argument it becomes a select, whose zeros
+  # have no sign.
+  def step(mask):
+    m = np.array(mask)
+    return jax.jit(lambda x: x * m)(X)
+  assert_like_stock(step, [(True, False, False), (False, True, True),
+                           (True, False, False)])

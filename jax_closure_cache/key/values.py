@@ -200,7 +200,11 @@ class Static:
 
   def __init__(self, *value):
     self.value = value
-    self._id = tuple([type(v) for v in value]), value
+    # each value's type, and each item's of a tuple of them (a jit's plain
+    # static arguments, which stock compares by type and ==: IntEnum 1 and
+    # float32 1.0 are two traces)
+    self._id = tuple([(tuple, tuple(map(type, v))) if type(v) is tuple
+                      else type(v) for v in value]), value
 
   def __eq__(self, other):
     return type(other) is Static and self._id == other._id

@@ -90,8 +90,12 @@ def of(closed) -> Structure:
 def acceptable_constant(c) -> bool:
   """A constant a shared executable can take as an argument: a NumPy array
   or scalar (jax's own subclasses too), a Python number, or a jax array
-  on one device not committed to it."""
+  on one device not committed to it; never a boolean one."""
   t = type(c)
+  if t is bool or getattr(c, "dtype", None) == np.bool_:
+    # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
+    # it as an argument into a select: the sign of a zero differs
+    return False
   if t is _compat.ArrayImpl:
     return not _compat.committed(c) and _compat.single_device(c)
   return (t is np.ndarray or isinstance(c, _compat.np_generic)
