@@ -401,3 +401,20 @@ def test_tier_a_never_lifts_a_boolean_constant():
     return jax.jit(lambda x: x * m)(X)
   assert_like_stock(step, [(True, False, False), (False, True, True),
                            (True, False, False)])
+
+
+class _Table:
+  W = np.array([1.0, 2.0, 3.0], np.float32)
+
+
+def test_numpy_class_attribute_changed_in_place():
+  # A NumPy array held by a class (or an object kept whole) is keyed by its
+  # bytes, as a cell's is: a change in place is a new key.
+  def step(v):
+    _Table.W[...] = v
+    return jax.jit(lambda x: x * _Table.W)(X)
+  try:
+    assert_like_stock(step, [(1.0, 2.0, 3.0), (0.5, 0.5, 0.5),
+                             (1.0, 2.0, 3.0)])
+  finally:
+    _Table.W[...] = (1.0, 2.0, 3.0)

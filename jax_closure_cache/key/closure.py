@@ -258,13 +258,13 @@ class Analysis(_key.Walk):
       self.leaves.append(v)
       return LIFTED
     if isinstance(v, np.ndarray):
-      if type(v) is not np.ndarray and not self.in_object:
+      if type(v) is not np.ndarray:
         # a masked array's mask, a matrix's algebra: not in its bytes
         raise Uncacheable("numpy_subclass", f"a {t.__name__} keeps state "
                           "the key of a NumPy array (dtype, shape, bytes) "
                           "does not cover")
-      if self.in_object:
-        return self.identity(v)
+      if self.in_object:   # baked: by its bytes, which a change in place
+        return self.numpy(v)   # changes (never by identity)
       if self.lift_numpy and not v.dtype.hasobject:
         self.leaves.append(v)
         return LIFTED
