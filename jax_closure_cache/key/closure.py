@@ -264,7 +264,8 @@ class Analysis(_key.Walk):
                           "the key of a NumPy array (dtype, shape, bytes) "
                           "does not cover")
       if self.in_object:   # baked: by its bytes, which a change in place
-        return self.numpy(v)   # changes (never by identity)
+        # changes (an array of objects, a mesh's devices: by identity)
+        return self.identity(v) if v.dtype.hasobject else self.numpy(v)
       if self.lift_numpy and not v.dtype.hasobject:
         self.leaves.append(v)
         return LIFTED
