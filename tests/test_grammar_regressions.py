@@ -418,3 +418,31 @@ def test_numpy_class_attribute_changed_in_place():
                              (1.0, 2.0, 3.0)])
   finally:
     _Table.W[...] = (1.0, 2.0, 3.0)
+
+
+def test_plain_static_value_equal_to_an_earlier_one():
+  # A long-lived jit given the same static function and plain static
+  # values equal under == (a frozen dataclass holding 1, then True): stock's
+  # own cache answers the later one with the earlier one's trace (int32).
+  import dataclasses
+
+  @dataclasses.dataclass(frozen=True)
+  class Cfg:
+    a: object
+
+  def apply(use, cfg, x):
+    return use(x) * 2.0, jnp.asarray(cfg.a)
+
+  def use(x):
+    return x + 1.0
+
+  from jax_closure_cache import cache
+  jitted = {}
+
+  def step(a):
+    mode = (jcc.is_enabled(), cache.verifying())
+    if mode not in jitted:   # one long-lived jit per mode
+      jitted[mode] = jax.jit(types.FunctionType(
+          apply.__code__, apply.__globals__), static_argnums=(0, 1))
+    return jitted[mode](use, Cfg(a), X)
+  assert_like_stock(step, [1, False, False, True])

@@ -302,6 +302,11 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
                                dyn_kwargs)
     table[ref] = (params, None)   # long-lived: stock's from now on
     return stock(*args, **kwargs)
+  if row is not None:
+    # The same static function with other plain values: stock's own cache
+    # answers, as it would (it reuses the trace of an earlier value equal
+    # under ==, where a shared entry would trace this one's).
+    return stock(*args, **kwargs)
   bound = _make_bound(w, layout, positions, names, static_values, functions,
                       params, user, stock)
   out = bound(*dynamic, **dyn_kwargs)
