@@ -371,6 +371,7 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # constant that tier A passed as an argument, where XLA folds stock's
 # (the sign of a zero differed: 170).
 
+@pytest.mark.filterwarnings("ignore:Warning. converting a masked element")
 @pytest.mark.parametrize("index", [7, 97, 141, 170, 207, 282, 363])
 def test_value_grammar_program(index):
   import value_grammar
