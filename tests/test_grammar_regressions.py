@@ -447,3 +447,33 @@ def test_plain_static_value_equal_to_an_earlier_one():
           apply.__code__, apply.__globals__), static_argnums=(0, 1))
     return jitted[mode](use, Cfg(a), X)
   assert_like_stock(step, [1, False, False, True])
+
+
+class _EqualToAll:
+  """== says equal to any other; the hash reads ``b``, as a trace does."""
+
+  def __init__(self, b):
+    self.b = b
+
+  def __eq__(self, other):
+    return type(other) is _EqualToAll
+
+  def __hash__(self):
+    return hash(self.b)
+
+
+def test_static_values_found_as_stock_finds_them():
+  # Stock's cache finds a static argument by its hash, then ==: values with
+  # other hashes are other traces, even if == says equal. A fresh function
+  # beside it takes the shared route, whose matcher compares the same way.
+  def apply(f, cfg, x):
+    return f(x) * cfg.b
+
+  inner = {}
+
+  def step(b):
+    mode = jcc.is_enabled()
+    if mode not in inner:
+      inner[mode] = jax.jit(apply, static_argnums=(0, 1))
+    return inner[mode](lambda v: v + 1.0, _EqualToAll(b), X)
+  assert_like_stock(step, [1.0, 2.0, 1.0, 3.0])

@@ -196,7 +196,7 @@ class Static:
   function's non-function static arguments), keyed by value and exact
   top-level types, never made auto-dynamic: they are how a stock function
   is called, not values a closure reads. ``value`` is the tuple given."""
-  __slots__ = ("value", "_id")
+  __slots__ = ("value", "_id", "_hash")
 
   def __init__(self, *value):
     self.value = value
@@ -205,12 +205,21 @@ class Static:
     # float32 1.0 are two traces)
     self._id = tuple([(tuple, tuple(map(type, v))) if type(v) is tuple
                       else type(v) for v in value]), value
+    try:
+      self._hash = hash(self._id)
+    except TypeError:   # stock's jit raises for it; never stored
+      self._hash = None
 
   def __eq__(self, other):
-    return type(other) is Static and self._id == other._id
+    # as stock's cache finds a static argument: equal hashes, then ==
+    # (a class whose == ignores what its hash reads is two traces there)
+    return (type(other) is Static and self._hash == other._hash
+            and self._id == other._id)
 
   def __hash__(self):
-    return hash(self._id)
+    if self._hash is None:
+      raise TypeError(f"unhashable static value in {self.value!r:.60}")
+    return self._hash
 
   def __repr__(self):
     return f"Static{self.value!r}"
