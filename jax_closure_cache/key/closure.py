@@ -52,7 +52,7 @@ import numpy as np
 from jax_closure_cache import _compat
 from jax_closure_cache.key.values import (
     Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
-    kept_by_identity, node_data_function, wrapper_rules)
+    kept_by_identity, node_data_function, node_datas, wrapper_rules)
 from jax_closure_cache.key import names as key_names
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.objects import (
@@ -477,20 +477,11 @@ def _walks_node_data(treedef) -> bool:
   its node data (or a NamedTuple class's namespace) is then walked."""
   if node_data_function(treedef) is not None:
     return True
-  pending = [treedef]
-  while pending:
-    t = pending.pop()
-    data = t.node_data()
-    if data is None:
-      continue
-    kind = data[0]
-    if kind not in BUILTIN_NODES and kind not in _ORDERED_NODES and not (
-        data[1] is None and hasattr(kind, "_fields")
-        and stable_module(kind.__module__)):
-      return True
-    if t.num_nodes != t.num_leaves + 1:
-      pending.extend(t.children())
-  return False
+  return any(
+      kind not in BUILTIN_NODES and kind not in _ORDERED_NODES and not (
+          aux is None and hasattr(kind, "_fields")
+          and stable_module(kind.__module__))
+      for kind, aux in node_datas(treedef))
 
 
 def _library_object(obj) -> bool:

@@ -139,8 +139,14 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
   obj = chain_base(f, kind, name)
   if obj is NOCHAIN or not _is_namespace(obj):
     return NOCHAIN
+  return _follow(obj, attributes, _is_namespace)
+
+
+def _follow(obj, attributes: tuple, through):
+  """``obj``'s attributes along ``attributes`` while ``through(obj)``;
+  :data:`MISSING` where one is absent."""
   for attribute in attributes:
-    if not _is_namespace(obj):
+    if not through(obj):
       break
     try:
       obj = getattr(obj, attribute)
@@ -157,14 +163,7 @@ def library_value(f, kind: str, name: str, attributes: tuple):
   obj = chain_base(f, kind, name)
   if type(obj) is not _ModuleType or not stable_module(obj.__name__):
     return NOCHAIN
-  for attribute in attributes:
-    if type(obj) is not _ModuleType:
-      break
-    try:
-      obj = getattr(obj, attribute)
-    except Exception:
-      return MISSING
-  return obj
+  return _follow(obj, attributes, lambda o: type(o) is _ModuleType)
 
 
 def is_stable(fun: types.FunctionType) -> bool:

@@ -23,6 +23,7 @@ import numpy as np
 from jax_closure_cache import _compat
 from jax_closure_cache.key.code_plan import stable_module
 from jax_closure_cache.key.parts import ATOMS, Uncacheable, float_key
+from jax_closure_cache.key.values import node_datas
 
 _DICTS = (dict, collections.defaultdict)
 _SEQUENCES = (list, tuple)
@@ -112,16 +113,7 @@ def _layout(v, treedef, under_custom: bool, out: list) -> None:
 
 def has_dict(treedef) -> bool:
   """Whether ``treedef`` has a dict node (whose order a rebuild restores)."""
-  pending = [treedef]
-  while pending:
-    t = pending.pop()
-    data = t.node_data()
-    if data is None:
-      continue
-    if data[0] in _DICTS:
-      return True
-    pending.extend(t.children())
-  return False
+  return any(data[0] in _DICTS for data in node_datas(treedef))
 
 
 def restore_order(v, rebuilt):

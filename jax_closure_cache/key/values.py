@@ -275,16 +275,23 @@ def node_data_function(treedef):
   None. Its hash is then the function's identity, new per call, so the
   tree is keyed node by node instead. A node whose children are all leaves
   is not descended into, so a dict of arrays costs one look."""
+  for data in node_datas(treedef):
+    if data[0] not in BUILTIN_NODES:
+      found = fresh_function(data[1])
+      if found is not None:
+        return found
+  return None
+
+
+def node_datas(treedef):
+  """Each node's ``(type, node data)`` of ``treedef``, leaves aside; the
+  children of a node whose children are all leaves are not visited."""
   pending = [treedef]
   while pending:
     t = pending.pop()
     data = t.node_data()
     if data is None:
       continue
-    if data[0] not in BUILTIN_NODES:
-      found = fresh_function(data[1])
-      if found is not None:
-        return found
+    yield data
     if t.num_nodes != t.num_leaves + 1:
       pending.extend(t.children())
-  return None
