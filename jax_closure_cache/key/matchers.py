@@ -268,6 +268,20 @@ class _MatchSource:
     # ``g.get`` bound once (one attribute read fewer per global).
     return self.bind(g.get) if g is not None else f"{f}.__globals__.get"
 
+  def _library_read(self, f: str, fn, chain) -> str:
+    """The expression reading a library chain (``library_value``): for a
+    global module, which the checks above compared by identity, its
+    attributes read straight off the bound module (an absent one raises:
+    no match), with no call on the hit path."""
+    kind, name, attributes = chain
+    names = code_plan(fn.code).global_names
+    base = fn.globals[names.index(name)] if kind == "global" else None
+    if type(base) is _ModuleType:
+      followed = _modules_along(base, attributes)
+      if followed:
+        return self.bind(base) + "".join(f".{a}" for a in followed)
+    return f"library_value({f}, *{self.bind(chain)})"
+
   def _chains(self, f: str, fn) -> None:
     """Checks of the values the function's attribute chains reach."""
     code = fn.code
@@ -285,10 +299,22 @@ class _MatchSource:
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
       if type(p) is tuple and p[0] is LIBATTR:   # the library's own object
-        self.miss_if(f"library_value({f}, *{self.bind(chain)}) is not "
+        self.miss_if(f"{self._library_read(f, fn, chain)} is not "
                      f"{self.bind(p[1])}")
         continue
       self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+
+
+def _modules_along(module, attributes: tuple) -> tuple:
+  """The prefix of ``attributes`` that ``code_plan.library_value`` follows
+  from ``module`` (through modules only), as they are now."""
+  followed, obj = [], module
+  for attribute in attributes:
+    if type(obj) is not _ModuleType:
+      break
+    followed.append(attribute)
+    obj = getattr(obj, attribute, None)
+  return tuple(followed)
 
 
 def own_attributes(f) -> bool:
