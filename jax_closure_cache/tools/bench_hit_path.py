@@ -112,19 +112,15 @@ def _nested_def() -> Row:
 def _grad() -> Row:
   batch, p = _data(0)
 
-  def user(i):
-    x, y = batch(i)
-
-    def loss(p):
-      return _mse(p, x, y)
-    return _ready(jax.jit(jax.grad(loss))(p))
-
   def construct(i):
     x, y = batch(i)
 
     def loss(p):
       return _mse(p, x, y)
     return jax.grad(loss)
+
+  def user(i):   # the user's own construction, then the call
+    return _ready(jax.jit(construct(i))(p))
 
   hoisted_f = STOCK_JIT(jax.grad(_mse))
   return Row("grad", "jax.jit(jax.grad(loss))(p), loss over a batch", user,
@@ -139,19 +135,15 @@ def _mse_aux(p, x, y):
 def _value_and_grad() -> Row:
   batch, p = _data(1)
 
-  def user(i):
-    x, y = batch(i)
-
-    def loss(p):
-      return _mse_aux(p, x, y)
-    return _ready(jax.jit(jax.value_and_grad(loss, has_aux=True))(p))
-
   def construct(i):
     x, y = batch(i)
 
     def loss(p):
       return _mse_aux(p, x, y)
     return jax.value_and_grad(loss, has_aux=True)
+
+  def user(i):   # the user's own construction, then the call
+    return _ready(jax.jit(construct(i))(p))
 
   hoisted_f = STOCK_JIT(jax.value_and_grad(_mse_aux, has_aux=True))
   return Row("value-and-grad",
