@@ -3,8 +3,9 @@
 The start-up hook ``jax_closure_cache_startup.pth`` is copied to the root of
 the build, so that it lands in site-packages next to the package: Python runs
 its one line at every start, which imports the package (and not jax) only
-when ``JAX_CLOSURE_CACHE`` is set. The upstream patch series (one folder per
-JAX tag) is copied into the package for ``python -m jax_closure_cache patch``.
+when ``JAX_CLOSURE_CACHE`` is set. The upstream pull requests (one folder per
+pull request and JAX tag) are copied into the package for
+``python -m jax_closure_cache patch``.
 """
 
 import os
@@ -14,22 +15,25 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PTH = "jax_closure_cache_startup.pth"
-SERIES = os.path.join(HERE, "patches", "series")
+PRS = os.path.join(HERE, "patches", "prs")
 
 
 class BuildPyWithStartupHook(build_py):
   """Also installs the start-up hook at the root of site-packages and the
-  upstream patch series inside the package (``patch apply`` reads the one
-  for the installed jax there, from ``jax_closure_cache/patches/<tag>/``)."""
+  upstream pull requests inside the package (``patch apply`` reads the
+  versions for the installed jax there, from
+  ``jax_closure_cache/patches/<pr>/<tag>/``)."""
 
   def _extras(self):
     return [(os.path.join(HERE, "jax_closure_cache", PTH),
              os.path.join(self.build_lib, PTH))] + [
-                (os.path.join(SERIES, tag, name),
+                (os.path.join(PRS, pr, tag, name),
                  os.path.join(self.build_lib, "jax_closure_cache", "patches",
-                              tag, name))
-                for tag in sorted(os.listdir(SERIES))
-                for name in sorted(os.listdir(os.path.join(SERIES, tag)))
+                              pr, tag, name))
+                for pr in sorted(os.listdir(PRS))
+                if os.path.isdir(os.path.join(PRS, pr)) and pr != "allowed"
+                for tag in sorted(os.listdir(os.path.join(PRS, pr)))
+                for name in sorted(os.listdir(os.path.join(PRS, pr, tag)))
                 if name.endswith(".patch")]
 
   def run(self):

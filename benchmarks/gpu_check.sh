@@ -5,10 +5,11 @@
 #   run(command="bash benchmarks/gpu_check.sh", timeout_s=840)
 #
 # It installs this checkout with --no-deps (a wheel from dist/ if carried)
-# into a venv over the machine's own packages, then runs `doctor`, `patch check`, the suite in monkey-patch
-# mode, the series on a copy of jax and the suite in patched-jax mode, the
-# series alone, and `jax-closure-cache bench --only jit`; each step is
-# bounded (the limits below, about 12 minutes in all) and its output kept.
+# into a venv over the machine's own packages, then runs `doctor`, `patch
+# check` (the upstream pull requests against the installed jax), the suite
+# (whose test_patch.py applies them to a copy of jax), and
+# `jax-closure-cache bench --only jit`; each step is bounded (the limits
+# below, about 10 minutes in all) and its output kept.
 # The record is written to $OUT/gpu-jax-<version>.md, to be committed as
 # benchmarks/gpu-jax-<version>.md. Dry-run it on a CPU with PYTHON=... and
 # OUT=... (the record then says which platform it ran on).
@@ -17,9 +18,9 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 out_dir="${OUT:-$(mktemp -d)}"
 py="${PYTHON:-python3}"
 work="$(mktemp -d)"
-# seconds per step: doctor, patch check, suite (each mode), series alone,
-# seed 001's bench rows, the jit bench
-DOCTOR=90 PATCH=60 SUITE=${SUITE_LIMIT:-270} ALONE=120 SEED=90 BENCH=${BENCH_LIMIT:-150}
+# seconds per step: doctor, patch check, the suite, seed 001's bench rows,
+# the jit bench
+DOCTOR=90 PATCH=60 SUITE=${SUITE_LIMIT:-270} SEED=90 BENCH=${BENCH_LIMIT:-150}
 
 # A venv that sees the machine's own packages (jax with CUDA) through a .pth
 # line after its own, so that this checkout, installed there, comes first
@@ -81,16 +82,8 @@ step() {   # step TITLE LIMIT COMMAND...: runs it bounded, appends its tail
 
 step "doctor" "$DOCTOR" "$v" -m jax_closure_cache doctor
 step "patch check (the installed jax)" "$PATCH" "$v" -m jax_closure_cache patch check
-step "suite, monkey-patch mode" "$SUITE" "$v" -m pytest -q -rfEs \
+step "the suite" "$SUITE" "$v" -m pytest -q -rfEs \
   -p no:cacheprovider . --fuzz-examples 20
-site="$("$v" -c 'import jax, os; print(os.path.dirname(os.path.dirname(jax.__file__)))')"
-mkdir -p "$work/patched" && cp -r "$site/jax" "$work/patched/jax"
-step "patch apply (a copy of jax)" "$PATCH" "$v" -m jax_closure_cache patch \
-  apply --target "$work/patched"
-step "suite, patched-jax mode" "$SUITE" env PYTHONPATH="$work/patched${PYTHONPATH:+:$PYTHONPATH}" \
-  "$v" -m pytest -q -rfEs -p no:cacheprovider . --fuzz-examples 20
-step "the series alone" "$ALONE" env PYTHONPATH="$work/patched${PYTHONPATH:+:$PYTHONPATH}" \
-  "$v" "$repo/patches/closure_key_test.py"
 # seed 001's rows first (the issue's figure: 4x4 within 1.5x of hoisted, 0
 # compiles from call 3), then the whole jit table as far as its limit goes
 step "bench --only jit --match seed001" "$SEED" "$v" -m jax_closure_cache \

@@ -24,41 +24,62 @@ Public API::
     storm_threshold(), set_storm_threshold(n)   # log past n keys per function
 
 Importing this package does not import jax: names load on first use, so the
-start-up hook can import it in every process for next to nothing. When the
-installed jax carries the upstream series (``patches/``), JAX's own trace
-lookup is closure-keyed behind its ``jax_closure_cache`` option: ``enable()``
-sets that option and installs only the fast front (``jit`` and the control-
-flow launchers), which then shares JAX's store. With
+start-up hook can import it in every process for next to nothing. With
 ``JAX_CLOSURE_CACHE=1`` in the environment, ``jax.jit`` is patched right when
 jax is (or already was) imported.
 """
 
 from __future__ import annotations
 
-import importlib
-
 from jax_closure_cache import activation as _activation
 
 __version__ = "0.1.0"
 
-# name -> the submodule that defines it (the same module in both modes: the
-# upstream series adds only the closure key and the trace lookup to JAX)
+
+# Each public name's module, imported on first use (explicit imports, which
+# tests/test_layout.py reads like any other).
+def _entrance():
+  from jax_closure_cache.front import entrance
+  return entrance
+
+
+def _wrapper():
+  from jax_closure_cache.front import wrapper
+  return wrapper
+
+
+def _patching():   # (which loads every layer's stats() row)
+  from jax_closure_cache import patching
+  return patching
+
+
+def _cache():
+  from jax_closure_cache import cache
+  return cache
+
+
+def _diagnostics():
+  from jax_closure_cache import diagnostics
+  return diagnostics
+
+
+# name -> the loader of the submodule that defines it
 _PUBLIC = {
-    "jit": "front.entrance",
-    "ClosureJitted": "front.wrapper",
-    "stats": "patching",   # (which loads every layer's stats() row)
-    "clear": "patching",
-    "capacity": "cache",
-    "set_capacity": "cache",
-    "max_bytes": "cache",
-    "set_max_bytes": "cache",
-    "storm_threshold": "diagnostics",
-    "set_storm_threshold": "diagnostics",
-    "enable": "patching",
-    "disable": "patching",
-    "is_enabled": "patching",
-    "enabled": "patching",
-    "mode": "patching",
+    "jit": _entrance,
+    "ClosureJitted": _wrapper,
+    "stats": _patching,
+    "clear": _patching,
+    "capacity": _cache,
+    "set_capacity": _cache,
+    "max_bytes": _cache,
+    "set_max_bytes": _cache,
+    "storm_threshold": _diagnostics,
+    "set_storm_threshold": _diagnostics,
+    "enable": _patching,
+    "disable": _patching,
+    "is_enabled": _patching,
+    "enabled": _patching,
+    "mode": _patching,
 }
 # ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 
@@ -67,13 +88,12 @@ __all__ = sorted([*_PUBLIC, "lax"])
 
 def __getattr__(name: str):
   if name == "lax":
-    value = importlib.import_module("jax_closure_cache.lax")
+    import jax_closure_cache.lax as value
     _activation.finish_pending()
     return value
   if name not in _PUBLIC:
     raise AttributeError(f"module 'jax_closure_cache' has no attribute {name!r}")
-  module = importlib.import_module(f"jax_closure_cache.{_PUBLIC[name]}")
-  value = getattr(module, name)
+  value = getattr(_PUBLIC[name](), name)
   globals()[name] = value
   _activation.finish_pending()
   return value

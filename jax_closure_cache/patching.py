@@ -36,8 +36,7 @@ class Patch(NamedTuple):
 
 def _tier_a_points() -> list[tuple[Any, str, Any]]:
   """Tier A's patch points: pjit's lowering for a call, shared by the
-  jaxpr's structure (in both modes: the series leaves pjit's lowering cache
-  stock); none where the running jax lacks its seams."""
+  jaxpr's structure; none where the running jax lacks its seams."""
   from jax_closure_cache._compat import lowering as compat_lowering
   if compat_lowering.LOWERING_MISSING:
     return []
@@ -69,16 +68,15 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   for owner in _compat.CLOSURE_CONVERT_OWNERS:
     if getattr(owner, "closure_convert", None) is _compat.STOCK_CLOSURE_CONVERT:
       points.append((owner, "closure_convert", convert.closure_convert))
-  # layer two: the closure key inside JAX's memoized trace lookup (a jax
-  # carrying the upstream series has it natively, behind its option)
-  # (only where the running jax has the seams it is written against:
-  # elsewhere the front runs alone, see _compat.trace.TRACE_LOOKUP)
-  if not _compat.jax_carries_patch() and _compat.trace.TRACE_LOOKUP:
+  # layer two: the closure key inside JAX's memoized trace lookup (only
+  # where the running jax has the seams it is written against: elsewhere
+  # the front runs alone, see _compat.trace.TRACE_LOOKUP)
+  if _compat.trace.TRACE_LOOKUP:
     for owner, name in _compat.trace.TRACE_PATCH_POINTS:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += _tier_a_points()
   points += prebuilt_points()
-  # in both modes: the closure key walks and rebuilds with the package's rules
+  # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable
   points.append((trace_lookup.closure_cache, "is_shared",
@@ -144,11 +142,15 @@ def _check_version(force: bool) -> None:
 
 
 def mode() -> str:
-  """``"patched-jax"`` when the installed jax carries the upstream series
-  (then ``enable()`` sets its ``jax_closure_cache`` option, which keys JAX's
-  own trace lookup on closures, and installs only the fast front), else
-  ``"monkey-patch"``."""
-  return "patched-jax" if _compat.jax_carries_patch() else "monkey-patch"
+  """``"patched-jax"`` when the installed jax carries the upstream pull
+  requests (``python -m jax_closure_cache patch apply``: JAX's own
+  structural sharing of lowering behind ``jax_share_lowering_by_structure``,
+  and control flow's constant dedup), else ``"monkey-patch"``. ``enable()``
+  installs the same patches in both. JAX's option is independent of the
+  package and off by default; leave it off while the package is enabled,
+  whose tier A shares the same executables and is what verify mode checks."""
+  return ("patched-jax" if _compat.jax_carries_pull_requests()
+          else "monkey-patch")
 
 
 def enable(*, lift_numpy: bool | None = None,
@@ -168,9 +170,6 @@ def enable(*, lift_numpy: bool | None = None,
       ``enable()`` while on.
     force: enable even if the installed jax is not the pinned release.
 
-  With a jax that carries the upstream series this also sets its
-  ``jax_closure_cache`` option, and leaves its trace lookup unpatched.
-
   Example::
 
       >>> import jax, jax_closure_cache
@@ -189,8 +188,6 @@ def enable(*, lift_numpy: bool | None = None,
       cache.set_verify(verify)
     if _applied:
       return
-    if _compat.jax_carries_patch() and closure_key:
-      jax.config.update("jax_closure_cache", True)
     for owner, name, replacement in _patch_points(closure_key):
       original = getattr(owner, name)
       _applied.append(Patch(owner, name, original, replacement))
@@ -201,11 +198,8 @@ def enable(*, lift_numpy: bool | None = None,
 
 
 def disable() -> None:
-  """Put back every original that ``enable()`` replaced, in reverse order
-  (with a patched jax: set its ``jax_closure_cache`` option off)."""
+  """Put back every original that ``enable()`` replaced, in reverse order."""
   with _lock:
-    if _compat.jax_carries_patch() and _applied:
-      jax.config.update("jax_closure_cache", False)
     while _applied:
       p = _applied.pop()
       setattr(p.owner, p.name, p.original)

@@ -11,10 +11,6 @@ import jax_closure_cache as jcc
 
 STOCK_JIT = jax.jit
 STOCK_WHILE_LOOP = jax.lax.while_loop
-# The suite runs twice in CI: monkey-patch mode, and against a copy of jax
-# carrying the upstream patch (then jax.jit is JAX's own dispatcher, which
-# enable() switches through the jax_closure_cache option).
-PATCHED = jcc.mode() == "patched-jax"
 # Layer two (the closure key inside JAX's trace lookup) runs only where the
 # installed jax has the seams it is written against (0.10.2); elsewhere the
 # front runs alone and layer two's tests are skipped, each saying why.

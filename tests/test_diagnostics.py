@@ -279,8 +279,7 @@ def test_jax_and_the_front_name_a_closure_difference_alike(explain):
   JAX's ``pe.explain`` prints with the series) asks the walk in use for the
   first difference, and the package's walk answers with the names its own
   log uses, so both say ``cell 'scale' changed: 2 -> 3``."""
-  from jax_closure_cache import _compat
-  closure_cache = _compat.closure_cache_module()
+  from jax_closure_cache.lookup import closure_cache
   jcc.enable()   # the package's walk in use, and JAX's lookup patched
 
   def make(scale):

@@ -122,18 +122,12 @@ def test_no_import_cycle():
   assert cycles == []
 
 
-# JAX's own files, added to jax by the series (patches/): they import jax._src
-# as any module of jax does.
-SERIES_MODULES = {f"{PACKAGE}.lookup.closure_key", f"{PACKAGE}.lookup.closure_cache"}
-
-
 def test_only_the_compat_layer_imports_jaxs_private_modules():
   """``_compat`` (its ``__init__`` and ``trace``) is the one place a JAX or
-  jaxlib private module is imported, lazy imports included; the series'
-  modules are JAX's own files."""
+  jaxlib private module is imported, lazy imports included."""
   wrong = []
   for name, path in MODULES.items():
-    if name.startswith(f"{PACKAGE}._compat") or name in SERIES_MODULES:
+    if name.startswith(f"{PACKAGE}._compat"):
       continue
     with open(path) as f:
       tree = ast.parse(f.read())
@@ -163,3 +157,22 @@ def test_contributing_names_every_module():
     if f"`{rel}`" not in text and f"`{os.path.basename(rel)}`" not in text:
       missing.append(rel)
   assert missing == []
+
+
+def test_no_module_imports_by_name_at_run_time():
+  """Every import is an import statement this file reads: no
+  ``importlib.import_module`` or ``__import__`` chooses a module at run
+  time (the one use of ``importlib`` allowed is the activation hook's
+  finder, which waits for jax's own import)."""
+  wrong = []
+  for name, path in MODULES.items():
+    if _layer(name) == "tools":
+      continue   # the CLI's subcommands, never on a call path
+    with open(path) as f:
+      tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Attribute) and node.attr == "import_module":
+        wrong.append(f"{name}: import_module")
+      elif isinstance(node, ast.Name) and node.id == "__import__":
+        wrong.append(f"{name}: __import__")
+  assert wrong == []

@@ -12,7 +12,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat, patching
-from conftest import PATCHED, counting, stock_off
+from conftest import counting, stock_off
 
 
 def test_the_installed_release_is_in_the_one_table():
@@ -90,8 +90,6 @@ def test_separating_a_shared_jaxpr_on_either_jaxpr_shape(monkeypatch):
   assert _compat.trace.separate_shared(closed, shared) == ("separated", (1, 2))
 
 
-@pytest.mark.skipif(PATCHED, reason="a jax carrying the series installs no "
-                    "trace-lookup patch points in either case")
 def test_front_alone_where_the_trace_lookup_is_missing(monkeypatch):
   """What a release without layer two's seams gets (0.11.x): enable()
   installs no trace-lookup patch, and re-created closures, static functions

@@ -16,7 +16,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat, cache
-from conftest import PATCHED, STOCK_JIT, needs_trace_lookup, stock_off
+from conftest import STOCK_JIT, needs_trace_lookup, stock_off
 
 
 def _jvp_of_recreated_stock_jits(stock_jit, x, rounds):
@@ -306,10 +306,7 @@ def test_every_fresh_function_warns_of_unusable_donations_as_stock():
   nothing that warned is shared, in the front or the trace lookup, and the
   options are validated at jit() time as stock's are."""
   jcc.enable()
-  # The series alone still shares a donating stock object's trace
-  # (docs/contract.md, "Known limits"), which the front's first object of a
-  # code is: the warnings are checked in monkey-patch mode.
-  for _ in range(0 if PATCHED else 2):
+  for _ in range(2):
     for options in ({"donate_argnames": ("a", "b")},
                     {"donate_argnums": (0, 1)}):
       want = stock_off(_donating_calls, STOCK_JIT, options, 4)

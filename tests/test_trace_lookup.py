@@ -14,7 +14,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import (PATCHED, STOCK_JIT, assert_like_stock, counting,
+from conftest import (STOCK_JIT, assert_like_stock, counting,
                       needs_trace_lookup, stock_off)
 
 pytestmark = needs_trace_lookup
@@ -290,7 +290,8 @@ def test_the_store_never_keeps_a_leaf_alive():
 
 
 def test_the_trace_store_offers_what_register_cache_documents():
-  store = _compat.closure_cache_module().traces
+  from jax_closure_cache.lookup import closure_cache
+  store = closure_cache.traces
   for name in ("cache_clear", "cache_info", "cache_keys"):
     assert callable(getattr(store, name)), name
 
@@ -309,8 +310,6 @@ def test_clear_caches_clears_the_shared_traces():
   assert_like_stock(out, f, x, rtol=1e-6)
 
 
-@pytest.mark.skipif(PATCHED, reason="a jax carrying the series has the "
-                    "trace lookup natively: nothing of it is patched")
 def test_disable_restores_every_trace_lookup_patch():
   from jax._src import pjit, stages
   from jax._src.interpreters import partial_eval as pe

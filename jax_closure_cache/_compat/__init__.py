@@ -38,13 +38,20 @@ SUPPORTED_RELEASES = {
     "0.11.1": "full",
     "0.11.2": "full",
 }
-#: The series (``patches/series/<tag>/``) ``patch`` applies to each release:
-#: its tag's, or for 0.11.1 and 0.11.2 (which moved the trace lookup and pjit
-#: lines the 0.11.0 series edits; the checkout has no tag for them) one cut
-#: from that release's wheel. A release without one runs in monkey-patch
-#: mode only.
-SERIES = {"0.10.2": "jax-v0.10.2", "0.11.0": "jax-v0.11.0",
-          "0.11.1": "jax-v0.11.1", "0.11.2": "jax-v0.11.2"}
+#: The upstream pull requests (``patches/prs/<pr>/<tag>/``) ``patch`` applies,
+#: in this order, and the tag whose version of them applies to each release
+#: (the jax-v0.11.0 version also applies to the 0.11.2 wheel). The package
+#: itself runs on every release of ``SUPPORTED_RELEASES`` without them.
+PULL_REQUESTS = ("share-lowering-by-structure", "control-flow-dedup-consts")
+PULL_REQUEST_TAGS = {"0.10.2": "jax-v0.10.2", "0.11.0": "jax-v0.11.0",
+                     "0.11.2": "jax-v0.11.0"}
+
+
+def jax_carries_pull_requests() -> bool:
+  """Whether the installed jax carries the upstream pull requests (PR 1's
+  ``jax_share_lowering_by_structure`` option is the sign)."""
+  return hasattr(_config, "share_lowering_by_structure")
+
 
 #: ``jax.jit`` as JAX defines it, whatever the patch registry has installed.
 STOCK_JIT = _api.jit
@@ -329,11 +336,11 @@ def monitoring_active() -> bool:
   return bool(_monitoring._event_listeners)
 
 
-def weakref_lru_cache(fun):
+def weakref_lru_cache(fun, maxsize: int | None = None):
   """JAX's cache keyed weakly on ``fun``'s first argument (and on the trace
-  context), unbounded; ``jax.clear_caches()`` clears it."""
+  context), unbounded unless ``maxsize``; ``jax.clear_caches()`` clears it."""
   from jax._src import util as _util
-  return _util.weakref_lru_cache(fun, maxsize=None)
+  return _util.weakref_lru_cache(fun, maxsize=maxsize)
 
 
 def register_cache(cache, for_what: str) -> None:
@@ -345,35 +352,6 @@ def register_cache(cache, for_what: str) -> None:
 def explain_cache_misses() -> bool:
   """JAX's own ``jax_explain_cache_misses`` option."""
   return _config.explain_cache_misses.value
-
-
-# -- the upstream patch ----------------------------------------------------------
-
-def jax_carries_patch() -> bool:
-  """Whether the installed jax carries the upstream series (``patches/``):
-  its ``jax_closure_cache`` option and closure-keyed trace lookup."""
-  return hasattr(_config, "closure_cache")
-
-
-def closure_key_module():
-  """Layer one's module: JAX's own ``jax._src.closure_key`` when jax carries
-  the series, else the package's copy of the same file,
-  ``lookup/closure_key.py``."""
-  return _series_module("closure_key")
-
-
-def closure_cache_module():
-  """Layer two's module: JAX's own ``jax._src.closure_cache`` when jax
-  carries the series (so the package's front and JAX share one store), else
-  the package's copy, ``lookup/closure_cache.py``."""
-  return _series_module("closure_cache")
-
-
-def _series_module(name: str):
-  import importlib
-  if jax_carries_patch():
-    return importlib.import_module(f"jax._src.{name}")
-  return importlib.import_module(f"jax_closure_cache.lookup.{name}")
 
 
 # Layer two's seams (pjit, the trace lookup, stages), in their own module.

@@ -27,9 +27,7 @@ except ImportError:   # 0.11: a module of the same functions
 
 #: ``pe.trace_to_jaxpr`` (a ``weakref_lru_cache`` keyed on the function) and
 #: the pjit functions around it, as JAX defines them.
-# With the series applied, ``trace_to_jaxpr`` looks a function it has not
-# answered up by closure key and ``_trace_to_jaxpr`` is the uncached trace.
-STOCK_TRACE_TO_JAXPR = getattr(_pe, "_trace_to_jaxpr", _pe.trace_to_jaxpr)
+STOCK_TRACE_TO_JAXPR = _pe.trace_to_jaxpr
 STOCK_TRACE_FOR_JIT = _pjit._trace_for_jit
 STOCK_GET_FASTPATH_DATA = _pjit._get_fastpath_data
 #: ``cond``/``switch`` merge their branches' constants with this, cached on

@@ -4,6 +4,11 @@ What a function reads (cells, defaults, globals its code loads, attribute
 chains, helpers), as a hashable key plus the lifted leaves, and everything
 built on that key:
 
+* ``closure_key``: the key's base: its markers, the budget, the generic
+  walk (``Walk``) and rebuild (``Rebuild``) the rules of ``closure`` extend,
+  and which globals a code reads (``code_names``).
+* ``state_watch``: what a trace may write in the user's state, undone if a
+  lifted trace stored a tracer there.
 * ``closure``: the walk (``analyse``), the key, the lifted leaves, anchors
   and guard roots; the rule registry for wrappers (``register_wrapper``).
 * ``rebuild``: the key-guided rebuild that puts tracers in the lifted

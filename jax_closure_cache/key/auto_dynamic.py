@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key import state_watch
 from jax_closure_cache import cache
 from jax_closure_cache.key import masks
 from jax_closure_cache.key import rebuild
@@ -225,7 +226,7 @@ def verify(fun, a, key, previous_key, ordinals, args, kwargs) -> str | None:
   not. ``a`` is ``fun``'s analysis with ``ordinals`` dynamic."""
   started = time.perf_counter()
   COST["verifications"] += 1
-  watch = _compat.closure_cache_module().StateWatch(fun)
+  watch = state_watch.StateWatch(fun)
   try:
     why = _verify(fun, a, key, previous_key, ordinals, args, kwargs)
   except Exception as e:   # a trace that fails keeps the values static

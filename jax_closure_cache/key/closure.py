@@ -50,6 +50,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.values import (
     Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
     kept_by_identity, node_data_function, node_datas, wrapper_rules)
@@ -75,7 +76,7 @@ OBJECT_VALUES_BUDGET = 256
 #: through globals, nested closures); past it the function is stock's.
 FUNCTION_BUDGET = 128
 
-_key = _compat.closure_key_module()
+_key = closure_key
 _tree_flatten = jax.tree_util.tree_flatten
 _PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key import state_watch
 from jax_closure_cache.key.code_plan import code_plan, is_module_level
 from jax_closure_cache.key.parts import ATOMS
 
@@ -155,7 +156,7 @@ def made_by_trace(fun, a, args, kwargs, captured: list,
 
   def again(leaves, *args, **kwargs):
     return rebuild.rebuild(fun, a.key, leaves)(*args, **kwargs)
-  watch = _compat.closure_cache_module().StateWatch(fun)
+  watch = state_watch.StateWatch(fun)
   try:
     second = jax.make_jaxpr(again)(a.leaves, *args, **kwargs).consts
   except Exception:   # the second trace fails: nothing is known to be made

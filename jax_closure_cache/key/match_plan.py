@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import types
 
-from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     ATOMS, CYCLE, DYN, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
@@ -28,7 +28,7 @@ from jax_closure_cache.key.parts import (
 _FunctionType = types.FunctionType
 REACH_NODES = 4096   # past it, a globals dict is compared by id
 # Whether a cell holds a value: layer two's test, shared.
-_filled = _compat.closure_key_module().cell_filled
+_filled = closure_key.cell_filled
 
 
 def simple_part(part) -> bool:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import types
 from typing import NamedTuple
 
-from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
 
-_key = _compat.closure_key_module()
+_key = closure_key
 
 #: A callable the cache must leave to stock ``jax.jit``: the closure key's
 #: ``Unkeyable``. ``reason`` is a short category (a key of

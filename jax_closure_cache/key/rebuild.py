@@ -16,6 +16,7 @@ import types
 from typing import Callable
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
@@ -23,7 +24,7 @@ from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     BUILTIN_NODES, CLASS, COPY, DYN, METHOD, OBJ, TREEAUX, TREEDEF)
 
-_key = _compat.closure_key_module()
+_key = closure_key
 _tree_flatten = _compat.jax.tree_util.tree_flatten
 _tree_unflatten = _compat.jax.tree_util.tree_unflatten
 

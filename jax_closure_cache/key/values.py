@@ -26,13 +26,13 @@ import types
 
 import numpy as np
 
-from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import (
     chain_base, is_stable, stable_module)
 from jax_closure_cache.key.objects import as_method, is_plain_type
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
-_key = _compat.closure_key_module()
+_key = closure_key
 _FunctionType = types.FunctionType
 
 

@@ -1,16 +1,3 @@
-# Copyright 2026 The JAX Authors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     https://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
 """Traces shared by closure key (``closure_key.py``): a key's function, past
 its code's first, is traced once with its arrays as arguments, and every
 later one gets that ``Jaxpr`` closed over its own arrays.
@@ -29,120 +16,17 @@ from collections.abc import Callable
 import functools
 import threading
 import types
-from typing import Any
 import weakref
 
-import numpy as np
-
-from jax_closure_cache.lookup import closure_key
-from jax._src import config
-from jax._src import core
-from jax._src import monitoring
-from jax._src import util
+from jax_closure_cache import _compat
+from jax_closure_cache._compat import trace as _trace
 from jax_closure_cache._compat.trace import flat_trees as ft
-from jax._src.lib import _jax
+from jax_closure_cache.key import closure_key
+from jax_closure_cache.key import state_watch
 
 
-class TracerLeak(Exception):
-  """A lifted trace stored a traced value in the user's own state."""
-
-
-def _reached(v) -> list:   # what a trace may reach from v, and write to
-  if isinstance(v, (type, types.ModuleType, _jax.ArrayImpl, np.ndarray)):
-    return []
-  if type(v) is types.FunctionType:
-    return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
-            *(v.__kwdefaults__ or {}).values()]
-  if type(v) is types.CellType:
-    return [] if not closure_key.cell_filled(v) else [v.cell_contents]
-  if type(v) is functools.partial:
-    return [v.func, *v.args, *v.keywords.values()]
-  if type(v) is types.MethodType:
-    return [v.__func__, v.__self__]
-  if type(v) in (list, tuple, set, frozenset, dict):
-    return list(v.values() if type(v) is dict else v)
-  d = getattr(v, "__dict__", None)
-  return list(d.values()) if type(d) is dict else []
-
-
-def _place(v):   # the mutable place v is (itself, or its __dict__), or None
-  if type(v) in (types.CellType, list, dict):
-    return v
-  d = getattr(v, "__dict__", None)
-  return d if type(d) is dict and not isinstance(
-      v, (type, types.ModuleType, types.FunctionType)) else None
-
-
-def _contents(place) -> dict:
-  if type(place) is types.CellType:
-    return {0: place.cell_contents} if closure_key.cell_filled(place) else {}
-  return dict(enumerate(place)) if type(place) is list else dict(place)
-
-
-class StateWatch:
-  """What a function reaches that a trace may change; :meth:`check` undoes
-  every change and raises :class:`TracerLeak` if one holds a tracer."""
-
-  def __init__(self, fun):
-    self.places = []
-    for v in _reach([fun]):
-      place = _place(v)
-      if (type(v) is types.FunctionType
-          and closure_key.code_names(v.__code__)[1]):
-        place = v.__globals__
-      if place is not None:
-        self.places.append((place, _contents(place)))
-
-  def changes(self) -> list:
-    """``(place, contents before, values new since)`` of each place changed."""
-    out = []
-    for place, before in self.places:
-      now = _contents(place)
-      new = [x for k, x in now.items() if before.get(k, place) is not x]
-      if new or len(now) != len(before):
-        out.append((place, before, new))
-    return out
-
-  def check(self) -> None:
-    changes = self.changes()
-    if any(isinstance(v, core.Tracer)
-           for _, _, new in changes for v in _reach(list(new))):
-      self.restore(changes)
-      raise TracerLeak("a lifted trace stored a tracer in the closure's state")
-
-  @classmethod
-  def run(cls, fun, call: Callable[[], Any]) -> Any:
-    """``call()``, a lifted trace of ``fun``, then :meth:`check`."""
-    watch = cls(fun)
-    try:
-      return call()
-    finally:
-      watch.check()
-
-  def restore(self, changes=None) -> None:   # as it was at the snapshot
-    for place, before, _ in self.changes() if changes is None else changes:
-      if type(place) is types.CellType:
-        if before:
-          place.cell_contents = before[0]
-        else:
-          del place.cell_contents
-      elif type(place) is list:
-        place[:] = before.values()
-      else:   # key by key: a module's globals are never empty meanwhile
-        for k in [k for k in place if k not in before]:
-          del place[k]
-        place.update([(k, v) for k, v in before.items()
-                      if place.get(k, place) is not v])
-
-
-def _reach(todo: list):   # each object reached from todo, once, in budget
-  seen = set()
-  while todo and len(seen) < closure_key.BUDGET:
-    v = todo.pop()
-    if id(v) not in seen:
-      seen.add(id(v))
-      yield v
-      todo.extend(_reached(v))
+TracerLeak = state_watch.TracerLeak
+StateWatch = state_watch.StateWatch
 
 
 # -- the closure-keyed trace lookup --------------------------------------------
@@ -212,19 +96,19 @@ def _nbytes(s: _Shared) -> int:
 
 
 traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
-util.register_cache(traces, "closure-keyed traces")
+_compat.register_cache(traces, "closure-keyed traces")
 _closings = weakref.WeakKeyDictionary()   # closed jaxpr -> the shared one
 own_codes: set = set()   # of the lifted functions traced here, never keyed
 _first = weakref.WeakKeyDictionary()   # each code's first function, weakly
 _met: dict = {}   # hashes of keys met, oldest first: no trace stored before
 
 
-def is_shared(closed_jaxpr: core.ClosedJaxpr) -> bool:
+def is_shared(closed_jaxpr: _trace.ClosedJaxpr) -> bool:
   """Whether ``closed_jaxpr``'s constants are a shared jaxpr's arguments."""
   return shared_jaxpr(closed_jaxpr) is not None
 
 
-def shared_jaxpr(closed_jaxpr: core.ClosedJaxpr) -> core.Jaxpr | None:
+def shared_jaxpr(closed_jaxpr: _trace.ClosedJaxpr) -> _trace.Jaxpr | None:
   """The jaxpr that ``closed_jaxpr`` closes, shared by its key's closures."""
   return _closings.get(closed_jaxpr)
 
@@ -237,10 +121,10 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       or (type(fun) is types.FunctionType and fun.__closure__ is None
           and closure_key.active_rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
-  sig = (in_avals, debug_info, context_for_cache_key, config.trace_context())
+  sig = (in_avals, debug_info, context_for_cache_key, _trace.trace_context())
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
-  monitoring.record_event("/jax/closure_cache/miss" if answer is None
+  _compat.monitoring_module.record_event("/jax/closure_cache/miss" if answer is None
                           else "/jax/closure_cache/hit")
   if answer is None:
     watch = None if share is None else StateWatch(fun)
@@ -266,7 +150,7 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
                         debug_info, ctx)
   if shared is None:
     return None, None
-  closed = core.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves])
+  closed = _trace.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves])
   _closings[closed] = shared.jaxpr
   return (closed, shared.out_avals), None
 
@@ -300,7 +184,7 @@ def find(fun, sig, found=None, rules=None):
     _remember(fun, key)
     # the rebuild of the walk that made the key is part of it
     key = ((rules or closure_key.active_rules)[1], key,
-           tuple(map(core.typeof, leaves)), sig)
+           tuple(map(_trace.typeof, leaves)), sig)
     return key, leaves, anchors, traces.get(key)
   except (closure_key.Unkeyable, TypeError):
     return None
@@ -366,14 +250,14 @@ def _share_answer(key, leaves, anchors, answer) -> None:
   closed, _ = answer
   # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
-      and not any(isinstance(c, _jax.ArrayImpl) for c in closed.consts)):
+      and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)):
     _put(key, _Shared(answer=answer), anchors)
 
 
 def _covers(consts, leaves, anchors) -> bool:   # every captured array
   covered = {id(x) for x in (*leaves, *anchors)}
-  return not any(isinstance(c, core.Tracer) or (
-      isinstance(c, _jax.ArrayImpl) and id(c) not in covered) for c in consts)
+  return not any(isinstance(c, _compat.Tracer) or (
+      isinstance(c, _compat.ArrayImpl) and id(c) not in covered) for c in consts)
 
 
 def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies

@@ -1,11 +1,8 @@
-"""Layer two in monkey-patch mode: the closure key inside JAX's memoized
-trace lookup, glued in.
+"""Layer two: the closure key inside JAX's memoized trace lookup, glued in.
 
 The lookup itself is ``lookup/closure_cache.py`` over the key of
-``lookup/closure_key.py``, the modules the upstream patch series adds to JAX
-as ``jax/_src/closure_cache.py`` and ``jax/_src/closure_key.py``: the same
-files run in both modes. What the series changes in JAX's own files, this module does
-by replacing the functions involved (``_compat.trace.TRACE_PATCH_POINTS``):
+``key/closure_key.py``. This module puts it into JAX by replacing the
+functions involved (``_compat.trace.TRACE_PATCH_POINTS``):
 
 * ``pe.trace_to_jaxpr``: looked up by closure key first
   (``closure_cache.trace_to_jaxpr``); jit's cache-miss path, ``.trace``,
@@ -38,9 +35,8 @@ from jax_closure_cache import cache
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import rebuild
 
-# JAX's own modules when jax carries the series, else the package's copies.
-closure_key = _compat.closure_key_module()
-closure_cache = _compat.closure_cache_module()
+from jax_closure_cache.key import closure_key   # noqa: F401 (patching reads it here)
+from jax_closure_cache.lookup import closure_cache
 
 cache.register_size("shared_traces",   # its length: never iterated here
                     lambda: closure_cache.traces.cache_info()["entries"])
@@ -104,8 +100,8 @@ def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
       *context_for_cache_key, **options)
 
 
-# The closure-keyed lookup inside a cache on the function object, as the
-# series puts it inside ``pe.trace_to_jaxpr``'s: identity first.
+# The closure-keyed lookup inside a cache on the function object: identity
+# first.
 _cached = _compat.weakref_lru_cache(_looked_up)
 
 
@@ -215,8 +211,7 @@ def _key_of(fun, a, args, kwargs, avals=None):
 # -- pjit: the leaves as arguments of one executable ---------------------------
 
 def _shared_constants(consts) -> bool:
-  """Whether pjit's separated constants are a shared jaxpr's, as the series
-  decides: outside a trace only a shared jaxpr separates constants that are
+  """Whether pjit's separated constants are a shared jaxpr's: outside a trace only a shared jaxpr separates constants that are
   all arrays (stock separates tracers, and references with their state)."""
   return bool(consts) and all(type(c) is _compat.ArrayImpl for c in consts)
 

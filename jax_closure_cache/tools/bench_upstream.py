@@ -1,15 +1,14 @@
-"""Benchmark rows for the upstream series with its option off: a copy of the
-installed jax carrying the series against a pristine copy next to it, each
+"""Benchmark rows for the upstream pull requests with PR 1's option off: a
+copy of the installed jax carrying them against a pristine copy next to it, each
 timed in its own processes (one jax per process), rounds alternating
 between the two.
 
 * a long-lived jitted closure (``tanh(x @ w)``, 4x4), called many times: the
-  C++ fast path, which the series does not touch;
+  C++ fast path, which the pull requests do not touch;
 * a long-lived closure-free jitted function;
 * an eager ``while_loop`` with long-lived ``cond`` and ``body``: every call
-  traces through ``pe.trace_to_jaxpr``, a hit of JAX's cache on the
-  function object (the series looks a function up by closure key only on a
-  miss of that cache, so a hit runs none of its code).
+  binds ``jit_p`` eagerly (``_pjit_call_impl_python``, where PR 1 reads its
+  option) and dedups the loop's constants (PR 2).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def _worker(calls: int) -> dict:
   import jax
   import jax.numpy as jnp
 
-  option = getattr(jax.config, "jax_closure_cache", None)
+  option = getattr(jax.config, "jax_share_lowering_by_structure", None)
   assert not option   # absent (pristine) or off (patched)
   w, x = jnp.full((4, 4), 0.1), jnp.ones((4, 4))
   closure = jax.jit(lambda v: jnp.tanh(v @ w))
@@ -54,7 +53,7 @@ def _worker(calls: int) -> dict:
       jax.block_until_ready(run())
       times.append(time.perf_counter() - t)
     out[name] = statistics.median(times) * 1e6
-  out["carries_series"] = option is not None
+  out["carries_prs"] = option is not None
   return out
 
 
@@ -79,7 +78,7 @@ def run(calls: int = 4000, rounds: int = 7) -> list[dict]:
   on their own)."""
   from jax_closure_cache.tools import patch_tool
   with tempfile.TemporaryDirectory() as folder:
-    # Two copies side by side, one patched, so that nothing but the series
+    # Two copies side by side, one patched, so that nothing but the PRs
     # differs between the two sides (not where the files lie, nor caches).
     copies = [os.path.join(folder, side) for side in ("pristine", "patched")]
     for copy in copies:
@@ -93,8 +92,8 @@ def run(calls: int = 4000, rounds: int = 7) -> list[dict]:
     for _ in range(rounds):
       pristine.append(_run(copies[0], calls))
       patched.append(_run(copies[1], calls))
-  assert not any(r["carries_series"] for r in pristine)
-  assert all(r["carries_series"] for r in patched)
+  assert not any(r["carries_prs"] for r in pristine)
+  assert all(r["carries_prs"] for r in patched)
   rows = []
   for name in WORKLOADS:
     a = statistics.median(r[name] for r in pristine)

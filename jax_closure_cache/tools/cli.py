@@ -7,7 +7,7 @@
 ``python -m jax_closure_cache doctor``
   checks versions, patch points, the start-up hook; exit 1 on a mismatch.
 ``python -m jax_closure_cache patch apply|check|revert [--target DIR]``
-  the upstream patch on the installed jax or a copy (see patch_tool).
+  the upstream pull requests on the installed jax or a copy (patch_tool).
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ def _parser() -> argparse.ArgumentParser:
                      "equinox, flax and dm-haiku idioms, pip install "
                      "'.[ecosystem]'; scale: sharded and "
                      "two-process rows, each in its own processes; upstream: "
-                     "the series with its option off against pristine jax; "
+                     "the pull requests with their option off against pristine jax; "
                      "memory: what never-repeating keys keep alive)")
   sub.add_parser("doctor", help="check jax versions, patch points, the "
                  "start-up hook and whether the cache is active")
   patch = sub.add_parser(
-      "patch", help="apply, check or revert the upstream patch on a jax copy "
-      "(exit 0 done/applied, 1 nothing to do/not applied, 2 conflicting, "
-      "3 not a target with a series)")
+      "patch", help="apply, check or revert the upstream pull requests on a "
+      "jax copy (exit 0 done/applied, 1 nothing to do/not applied, "
+      "2 conflicting, 3 not a release they are cut for)")
   patch.add_argument("action", choices=("apply", "check", "revert"))
   patch.add_argument("--target", metavar="DIR", default=None,
                      help="folder containing jax/ (default: the installed jax)")
@@ -166,13 +166,14 @@ def _bench(args) -> int:
     print(bench_scale.format_table(rows))
   if args.only == "upstream" or (args.only is None and not quick):
     from jax_closure_cache.tools import bench_upstream
-    if _compat_carries_series():
-      print("\nupstream: skipped (the installed jax carries the series)")
+    if _compat_carries_pull_requests():
+      print("\nupstream: skipped (the installed jax carries the pull "
+            "requests)")
     else:
       rows = bench_upstream.run()
       report["upstream"] = rows
-      print("\nThe upstream series with its option off, against pristine "
-            "jax\n")
+      print("\nThe upstream pull requests with their option off, against "
+            "pristine jax\n")
       print(bench_upstream.table(rows))
   if args.only == "memory" or (args.only is None and not quick):
     from jax_closure_cache.tools import bench_memory
@@ -191,9 +192,9 @@ def _bench(args) -> int:
   return 0
 
 
-def _compat_carries_series() -> bool:
+def _compat_carries_pull_requests() -> bool:
   from jax_closure_cache import _compat
-  return _compat.jax_carries_patch()
+  return _compat.jax_carries_pull_requests()
 
 
 def startup_hook_path() -> str | None:

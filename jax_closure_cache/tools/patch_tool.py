@@ -1,28 +1,29 @@
-"""Apply, check and revert the upstream patch series on an installed jax.
+"""Apply, check and revert the upstream pull requests on an installed jax.
 
-Each series (``patches/series/<tag>/000N-*.patch``, shipped inside the
-package as ``jax_closure_cache/patches/<tag>/``; ``_compat.SERIES`` names
-the tag for each release it applies to) is a pull request against JAX's
-sources:
-unified diffs whose paths start with ``jax/`` or ``tests/``. A target is a
+Each pull request (``patches/prs/<pr>/<tag>/000N-*.patch``, cut with
+``git format-patch``, shipped inside the package as
+``jax_closure_cache/patches/<pr>/<tag>/``; ``_compat.PULL_REQUESTS`` names
+them in order and ``_compat.PULL_REQUEST_TAGS`` the tag whose version
+applies to each release) is a set of unified diffs against JAX's sources,
+paths starting with ``jax/``, ``tests/`` or the top level. A target is a
 folder that contains a ``jax/`` package (site-packages, or any copy): the
-patches' changes to ``jax/**.py`` are applied there, in order; JAX's tests
-and ``BUILD`` files are for the pull request and never written into a
-target.
+patches' changes to ``jax/**.py`` are applied there, in order; JAX's tests,
+``BUILD`` files and the CHANGELOG are for the pull request and never
+written into a target.
 
 Invariants:
 * ``apply`` and ``revert`` compute every file's new content in memory first
-  (a dry run of the whole series); if any hunk does not match exactly,
+  (a dry run of all the patches); if any hunk does not match exactly,
   nothing is written.
 * ``revert`` after ``apply`` restores every file byte for byte and removes
-  the files the series added.
-* The target must be a release with a series (read from ``jax/version.py``,
-  not imported); that release's series is the one applied.
+  the files the pull requests added.
+* The target must be a release they are cut for (read from
+  ``jax/version.py``, not imported); that release's version is applied.
 
 Exit codes (also of ``python -m jax_closure_cache patch ...``):
 ``0`` done / applied; ``1`` nothing to do: already applied (``apply``) or not
 applied (``revert``, ``check``); ``2`` conflicting: hunks match neither the
-pristine nor the patched sources; ``3`` not a target with a series.
+pristine nor the patched sources; ``3`` not a release they are cut for.
 """
 
 from __future__ import annotations
@@ -60,27 +61,34 @@ class FilePatch:
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
 
 
-def series_paths(release: str | None = None) -> list[str]:
-  """The series for ``release`` (default: the installed jax's) shipped with
-  the package, or the checkout's, in order."""
+def patch_paths(release: str | None = None) -> list[str]:
+  """The pull requests' patches for ``release`` (default: the installed
+  jax's), shipped with the package or the checkout's, in order."""
   release = release or _jax_version(default_target())
-  tag = _compat.SERIES.get(release)
+  tag = _compat.PULL_REQUEST_TAGS.get(release)
   if tag is None:
-    raise PatchError(BAD_TARGET, f"no series for jax {release or '(none)'}: "
-                     "series are cut for " + ", ".join(_compat.SERIES))
+    raise PatchError(BAD_TARGET, f"no pull requests for jax "
+                     f"{release or '(none)'}: they are cut for "
+                     + ", ".join(_compat.PULL_REQUEST_TAGS))
   package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  for folder in (os.path.join(package, "patches", tag),
-                 os.path.join(os.path.dirname(package), "patches", "series",
-                              tag)):
-    if os.path.isdir(folder):
-      names = sorted(n for n in os.listdir(folder) if n.endswith(".patch"))
+  paths = []
+  for pr in _compat.PULL_REQUESTS:
+    for folder in (os.path.join(package, "patches", pr, tag),
+                   os.path.join(os.path.dirname(package), "patches", "prs",
+                                pr, tag)):
+      names = sorted(n for n in os.listdir(folder)
+                     if n.endswith(".patch")) if os.path.isdir(folder) else []
       if names:
-        return [os.path.join(folder, n) for n in names]
-  raise PatchError(BAD_TARGET, "the patch series is not next to the package")
+        paths += [os.path.join(folder, n) for n in names]
+        break
+    else:
+      raise PatchError(BAD_TARGET, f"pull request {pr} ({tag}) is not next "
+                       "to the package")
+  return paths
 
 
 def _applies_to_target(path: str) -> bool:
-  """Whether a file of the series belongs in an installed jax."""
+  """Whether a file of a pull request belongs in an installed jax."""
   return path.startswith("jax/") and path.endswith(".py")
 
 
@@ -143,22 +151,23 @@ def default_target() -> str:
 
 def _plan(target: str, reverse: bool,
           upto: int | None = None) -> dict[str, str | None]:
-  """New content of every touched file (None: delete) after the series (its
-  first ``upto`` patches), or PatchError."""
+  """New content of every touched file (None: delete) after the pull
+  requests (their first ``upto`` patches), or PatchError."""
   version = _jax_version(target)
-  if version not in _compat.SERIES:
+  if version not in _compat.PULL_REQUEST_TAGS:
     raise PatchError(BAD_TARGET, f"{target} does not hold a jax the upstream "
-                     f"series is cut for ({', '.join(_compat.SERIES)}; found "
+                     "pull requests are cut for ("
+                     f"{', '.join(_compat.PULL_REQUEST_TAGS)}; found "
                      f"{version or 'no jax'}); the package itself runs on "
-                     f"{_compat.supported_text()} in monkey-patch mode")
-  series = []
-  for path in series_paths(version)[:upto]:
+                     f"{_compat.supported_text()} without them")
+  patches = []
+  for path in patch_paths(version)[:upto]:
     with open(path) as f:
-      series.append([fp for fp in parse(f.read())
-                     if _applies_to_target(fp.path)])
+      patches.append([fp for fp in parse(f.read())
+                      if _applies_to_target(fp.path)])
   if reverse:
-    series.reverse()
-  plan: dict[str, str | None] = {}   # full path -> content after the series
+    patches.reverse()
+  plan: dict[str, str | None] = {}   # full path -> content after them
 
   def content(full):
     if full in plan:
@@ -168,7 +177,7 @@ def _plan(target: str, reverse: bool,
     with open(full) as f:
       return f.read()
 
-  for files in series:
+  for files in patches:
     for fp in files:
       full = os.path.join(target, fp.path)
       current = content(full)
@@ -195,7 +204,7 @@ def status(target: str) -> tuple[int, str]:
   """(code, message): 0 applied, 1 not applied, 2 conflicting, 3 bad target."""
   try:
     _plan(target, reverse=True)
-    return OK, f"applied: {target}/jax carries the closure-key series"
+    return OK, f"applied: {target}/jax carries the upstream pull requests"
   except PatchError as on_reverse:
     if on_reverse.code == BAD_TARGET:
       return BAD_TARGET, str(on_reverse)
@@ -224,7 +233,7 @@ def _write(plan: dict[str, str | None]) -> None:
 
 
 def apply_first(target: str, count: int) -> None:
-  """Apply only the series' first ``count`` patches to a pristine target
+  """Apply only the first ``count`` patches to a pristine target
   (each patch must work on its own; tests check that)."""
   _write(_plan(target, reverse=False, upto=count))
 

@@ -1,16 +1,3 @@
-# Copyright 2026 The JAX Authors.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     https://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
 """Closure keys: a function's code and the values it reads (cells, defaults,
 globals, through the functions it reaches), arrays abstracted to leaves;
 ``closure_cache.py`` shares one trace among the functions of a key.
@@ -33,10 +20,9 @@ import weakref
 
 import numpy as np
 
-from jax._src import core
-from jax._src import tree_util
-from jax._src import util
-from jax._src.lib import _jax
+from jax import tree_util
+
+from jax_closure_cache import _compat
 
 BUDGET = 4096      # values walked per key
 _STABLE = frozenset({"jax", "jaxlib", "numpy", "scipy", "builtins",
@@ -94,7 +80,7 @@ def register_wrapper(cls: type, split, join) -> None:
   WRAPPERS[cls] = (split, join)
 
 
-@util.weakref_lru_cache
+@functools.partial(_compat.weakref_lru_cache, maxsize=2048)
 def code_names(code: types.CodeType) -> tuple[tuple[str, ...], bool]:
   """The global names ``code`` (and code it nests) may read; if it sets one."""
   names, writes, pending = [], False, [code]
@@ -133,7 +119,7 @@ class Walk:
 
   def value(self, v) -> Any:
     t = type(v)
-    if t is _jax.ArrayImpl:
+    if t is _compat.ArrayImpl:
       return self.array(v)
     if t is int or t is float:
       return self.scalar(v, t)
@@ -171,7 +157,7 @@ class Walk:
       return self.partial(v)
     if t is weakref.ReferenceType:
       return self.weakref(v)
-    if isinstance(v, core.Tracer):
+    if isinstance(v, _compat.Tracer):
       raise Unkeyable("tracer", f"a {t.__name__} tracer is closed over")
     if isinstance(v, np.ndarray):
       return self.numpy(v)

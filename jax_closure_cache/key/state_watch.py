@@ -1,0 +1,123 @@
+"""What a function reaches that its trace may write: cells, lists, dicts and
+objects' ``__dict__`` (and a global-writing function's module globals),
+reached from the function within the closure key's budget.
+
+Invariants: :class:`StateWatch` snapshots each place's contents when made;
+:meth:`StateWatch.check` undoes every change a trace made and raises
+:class:`TracerLeak` if one stored a traced value; places are compared by
+identity of their contents, never by ``==``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import functools
+import types
+from typing import Any
+
+import numpy as np
+
+from jax_closure_cache import _compat
+from jax_closure_cache.key import closure_key
+
+
+class TracerLeak(Exception):
+  """A lifted trace stored a traced value in the user's own state."""
+
+
+def _reached(v) -> list:   # what a trace may reach from v, and write to
+  if isinstance(v, (type, types.ModuleType, _compat.ArrayImpl, np.ndarray)):
+    return []
+  if type(v) is types.FunctionType:
+    return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
+            *(v.__kwdefaults__ or {}).values()]
+  if type(v) is types.CellType:
+    return [] if not closure_key.cell_filled(v) else [v.cell_contents]
+  if type(v) is functools.partial:
+    return [v.func, *v.args, *v.keywords.values()]
+  if type(v) is types.MethodType:
+    return [v.__func__, v.__self__]
+  if type(v) in (list, tuple, set, frozenset, dict):
+    return list(v.values() if type(v) is dict else v)
+  d = getattr(v, "__dict__", None)
+  return list(d.values()) if type(d) is dict else []
+
+
+def _place(v):   # the mutable place v is (itself, or its __dict__), or None
+  if type(v) in (types.CellType, list, dict):
+    return v
+  d = getattr(v, "__dict__", None)
+  return d if type(d) is dict and not isinstance(
+      v, (type, types.ModuleType, types.FunctionType)) else None
+
+
+def _contents(place) -> dict:
+  if type(place) is types.CellType:
+    return {0: place.cell_contents} if closure_key.cell_filled(place) else {}
+  return dict(enumerate(place)) if type(place) is list else dict(place)
+
+
+class StateWatch:
+  """What a function reaches that a trace may change; :meth:`check` undoes
+  every change and raises :class:`TracerLeak` if one holds a tracer."""
+
+  def __init__(self, fun):
+    self.places = []
+    for v in _reach([fun]):
+      place = _place(v)
+      if (type(v) is types.FunctionType
+          and closure_key.code_names(v.__code__)[1]):
+        place = v.__globals__
+      if place is not None:
+        self.places.append((place, _contents(place)))
+
+  def changes(self) -> list:
+    """``(place, contents before, values new since)`` of each place changed."""
+    out = []
+    for place, before in self.places:
+      now = _contents(place)
+      new = [x for k, x in now.items() if before.get(k, place) is not x]
+      if new or len(now) != len(before):
+        out.append((place, before, new))
+    return out
+
+  def check(self) -> None:
+    changes = self.changes()
+    if any(isinstance(v, _compat.Tracer)
+           for _, _, new in changes for v in _reach(list(new))):
+      self.restore(changes)
+      raise TracerLeak("a lifted trace stored a tracer in the closure's state")
+
+  @classmethod
+  def run(cls, fun, call: Callable[[], Any]) -> Any:
+    """``call()``, a lifted trace of ``fun``, then :meth:`check`."""
+    watch = cls(fun)
+    try:
+      return call()
+    finally:
+      watch.check()
+
+  def restore(self, changes=None) -> None:   # as it was at the snapshot
+    for place, before, _ in self.changes() if changes is None else changes:
+      if type(place) is types.CellType:
+        if before:
+          place.cell_contents = before[0]
+        else:
+          del place.cell_contents
+      elif type(place) is list:
+        place[:] = before.values()
+      else:   # key by key: a module's globals are never empty meanwhile
+        for k in [k for k in place if k not in before]:
+          del place[k]
+        place.update([(k, v) for k, v in before.items()
+                      if place.get(k, place) is not v])
+
+
+def _reach(todo: list):   # each object reached from todo, once, in budget
+  seen = set()
+  while todo and len(seen) < closure_key.BUDGET:
+    v = todo.pop()
+    if id(v) not in seen:
+      seen.add(id(v))
+      yield v
+      todo.extend(_reached(v))
