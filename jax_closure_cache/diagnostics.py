@@ -338,10 +338,11 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"
-  message = (f"jax_closure_cache: {s.location} has compiled {len(keys)} "
-             f"entries (more than {_storm_threshold}); {what}. Pass that value "
-             "as an argument, or make it a jax array so it is lifted instead "
-             "of baked into each executable.")
+  message = (f"jax_closure_cache: {s.location} has met {len(keys)} "
+             f"distinct closure keys (more than {_storm_threshold}); {what}, "
+             "so each call traces again (tier A may still share the "
+             "executable). Pass that value as an argument, or make it a jax "
+             "array so it is lifted instead of baked into each trace.")
   filename = getattr(code, "co_filename", "?")
   lineno = getattr(code, "co_firstlineno", 0)
   if logger.isEnabledFor(logging.WARNING):

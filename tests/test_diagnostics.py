@@ -104,7 +104,7 @@ def storms(caplog):
   caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   old = jcc.storm_threshold()
   jcc.set_storm_threshold(3)
-  yield lambda: [r for r in caplog.records if "has compiled" in r.getMessage()]
+  yield lambda: [r for r in caplog.records if "distinct closure keys" in r.getMessage()]
   jcc.set_storm_threshold(old)
 
 
