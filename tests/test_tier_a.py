@@ -319,3 +319,38 @@ def test_a_nested_jits_constants_are_arguments_of_the_shared_lowering():
       same_as_stock(g, w, rtol=1e-6)
     assert c["compiles"] <= 2, c
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_a_jitted_function_passed_statically_over_a_new_array_each_call(
+    closure_key):
+  """Seed 000's closure form: a fresh jitted ``f`` closing over a new array
+  each call, passed statically to a fresh ``jax.jit(g, static_argnums=0)``.
+  ``g``'s jaxpr holds ``f``'s jit with its array as a nested constant, and
+  its top level has no constant: the first meeting's lowering (the array
+  baked into it) must not serve the second (it answered with the first
+  array, then crashed on a layout when passed one argument more)."""
+  x = jnp.linspace(0.0, 1.0, 4)
+
+  def make(w):
+    return jax.jit(lambda v: jnp.square(v) * w)
+
+  def g(f, v):
+    return f(v) + 1.0
+
+  def run(n):
+    out = []
+    for i in range(n):
+      f = make(jnp.asarray(float(i + 1)))
+      gj = jax.jit(g, static_argnums=(0,))
+      out += [f(x), gj(f, x), gj(f, x)]
+    return out
+
+  want = stock_off(run, 4)
+  for rerun in range(2):   # the second finds the first's entries
+    jcc.enable(closure_key=closure_key, verify=True)
+    got = run(4)
+    for k, (a, b) in enumerate(zip(got, want)):
+      same_as_stock(a, b, rtol=1e-6, where=f"rerun {rerun} output {k}")
+    assert jcc.stats()["verify_mismatches"] == 0
+    jcc.disable()

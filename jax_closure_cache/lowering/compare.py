@@ -70,6 +70,18 @@ def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
     env[v] = w
 
   def same(x, y) -> bool:
+    if type(x) is _Value:   # stock's nested jit's constant
+      if type(y) is _Value:
+        return _same_value(x.value, y.value)
+      if type(y) is _compat.Literal:
+        return _same_value(x.value, y.val)
+      b = bound.get(y)
+      return b is not None and _same_value(x.value, b.value)
+    if type(y) is _Value:   # the hit's nested jit's constant
+      if type(x) is _compat.Literal:
+        return _same_value(x.val, y.value)
+      mapped = env.get(x)
+      return type(mapped) is _Value and _same_value(mapped.value, y.value)
     if type(x) is _compat.Literal:
       if type(y) is _compat.Literal:
         return x.aval == y.aval and _same_value(x.val, y.val)
@@ -105,10 +117,10 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
     where = f"equation {i} ({e.primitive})"
     if e.primitive is not f.primitive:
       return f"{where}: {e.primitive} against {f.primitive}"
-    if len(e.invars) != len(f.invars) or not all(map(same, e.invars,
-                                                      f.invars)):
+    (e_ins, e_params), (f_ins, f_params) = _operands(e), _operands(f)
+    if len(e_ins) != len(f_ins) or not all(map(same, e_ins, f_ins)):
       return f"{where}: its operands differ"
-    if _params(e) != _params(f):
+    if _params(e, e_params) != _params(f, f_params):
       return f"{where}: its parameters differ"
     if [v.aval for v in e.outvars] != [v.aval for v in f.outvars]:
       return f"{where}: its output types differ"
@@ -119,10 +131,34 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
   return None
 
 
-def _params(e) -> tuple:
+def _nested_consts(e) -> list:
+  if e.primitive.name not in ("jit", "pjit"):
+    return []
+  inner = e.params.get("jaxpr")
+  return (list(_compat.closed_parts(inner)[1])
+          if type(inner) is _compat.ClosedJaxpr else [])
+
+
+def _operands(e) -> tuple[list, dict]:
+  """An equation's operands and parameters, a nested jit's constants made
+  its first operands: one side closes a nested jit over an array that the
+  other passes as that jit's argument (the same computation). A nested
+  jit's argument names are dropped: the package names a lifted leaf's
+  input, pjit names a hoisted one, and no computation reads them."""
+  if e.primitive.name not in ("jit", "pjit") or type(
+      e.params.get("jaxpr")) is not _compat.ClosedJaxpr:
+    return list(e.invars), e.params
+  consts, params = [], e.params
+  if _nested_consts(e):
+    consts, params = structure.constants_as_inputs(e)
+  params = dict(params, jaxpr=_compat.without_arg_names(params["jaxpr"]))
+  return [*map(_Value, consts), *e.invars], params
+
+
+def _params(e, params: dict) -> tuple:
   ignored = structure.NOT_LOWERED.get(e.primitive.name, ())
   try:
-    return tuple((k, structure.param_key(p)) for k, p in e.params.items()
+    return tuple((k, structure.param_key(p)) for k, p in params.items()
                  if k not in ignored)
   except structure.NotShared as err:
     return ("not comparable", str(err), id(e))

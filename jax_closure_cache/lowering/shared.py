@@ -250,17 +250,21 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     if first is None:   # met once: stock's own lowering
       LOWERINGS.count("met_once")
       computation = call.stock(jaxpr)
+      # (a nested jit's constants are baked into stock's lowering too)
       LOWERINGS.met_first(hash(key), s.bits,
-                          None if consts else computation)
+                          None if consts or s.hoisted else computation)
       _explain_first_meeting(call, s)
       return computation
     bits, weak = first
     alive = None if weak is None else weak()
-    if alive is not None and not consts and bits == s.bits:
+    if (alive is not None and not consts and not s.hoisted
+        and bits == s.bits):
       # the first meeting's own lowering takes exactly these arguments
-      LOWERINGS.store.put(key, SharedLowering((False,) * len(bits), bits,
-                                              alive))
+      entry = SharedLowering((False,) * len(bits), bits, alive)
+      LOWERINGS.store.put(key, entry)
       LOWERINGS.count("hits")
+      if cache.verifying() and not _verified(jaxpr, s, call, entry):
+        return call.stock(jaxpr)
       return alive
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
@@ -320,19 +324,10 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
     if any(type(v) is _compat.Literal for v in e.invars):
       e = e.replace(invars=list(map(operand, e.invars)))
     if structure.hoists(e):   # a nested jit's constants: its first operands
-      inner, consts = _compat.closed_parts(e.params["jaxpr"])
-      k = len(consts)
+      inner, _ = _compat.closed_parts(e.params["jaxpr"])
+      _, params = structure.constants_as_inputs(e)
       outer = [_compat.Var(v.aval) for v in inner.constvars]
       hoisted_vars.extend(outer)
-      params = dict(e.params)
-      params["jaxpr"] = _compat.with_leading_inputs(
-          inner, [*inner.constvars, *inner.invars], inner.eqns,
-          inner.outvars, k)
-      params["in_shardings"] = ((_compat.UNSPECIFIED,) * k
-                                + tuple(params["in_shardings"]))
-      params["in_layouts"] = (None,) * k + tuple(params["in_layouts"])
-      params["donated_invars"] = ((False,) * k
-                                  + tuple(params["donated_invars"]))
       e = e.replace(invars=[*outer, *e.invars], params=params)
     return e
 

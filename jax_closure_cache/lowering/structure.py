@@ -103,6 +103,23 @@ def acceptable_constant(c) -> bool:
           or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t)))
 
 
+def constants_as_inputs(e) -> tuple[list, dict]:
+  """A nested jit equation's constants, and its parameters with those
+  constants made its leading inputs (unspecified shardings and layouts,
+  never donated, as pjit's hoisted constants): the same computation when
+  the constants are passed first."""
+  inner, consts = _compat.closed_parts(e.params["jaxpr"])
+  k = len(consts)
+  params = dict(e.params)
+  params["jaxpr"] = _compat.with_leading_inputs(
+      inner, [*inner.constvars, *inner.invars], inner.eqns, inner.outvars, k)
+  params["in_shardings"] = ((_compat.UNSPECIFIED,) * k
+                            + tuple(params["in_shardings"]))
+  params["in_layouts"] = (None,) * k + tuple(params["in_layouts"])
+  params["donated_invars"] = (False,) * k + tuple(params["donated_invars"])
+  return list(consts), params
+
+
 def hoists(e) -> bool:
   """Whether a top-level equation is a nested jit whose constants (closed
   over by an inner ``jax.jit``) a shared lowering passes as arguments."""
