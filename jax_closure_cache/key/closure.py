@@ -293,7 +293,8 @@ class Analysis(_key.Walk):
     return (TREEAUX, parts, tuple([value(x) for x in leaves]), layout)
 
   def node_parts(self, treedef):
-    """``(type, aux key, children's parts)`` of each node of ``treedef``
+    """``(type, aux key, children's parts, class key)`` of each node of
+    ``treedef``
     (None for a leaf): a custom node's data walked like any value (a bound
     method by its function and ``self``), a built-in node's by value."""
     data = treedef.node_data()

@@ -46,7 +46,8 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
              *globs, *chains)
     for name, part in zip(names, parts):
       nested = type(part) is tuple and part and part[0] is key_parts.FN
-      yield from named_parts(None, part, prefix + name + (" -> " if nested else ""))
+      yield from named_parts(None, part,
+                             _sub(prefix, name) + (" -> " if nested else ""))
   elif type(key) is tuple and key and key[0] is key_parts.TREE:
     for i, part in enumerate(key[2]):
       yield from named_parts(None, part, f"{prefix}[{i}]")
@@ -104,9 +105,12 @@ def _node_parts(parts, prefix: str) -> Iterator[tuple[str, Any]]:
     p = pending.pop()
     if p is None:
       continue
-    node_type, aux, children = p
+    node_type, aux, children, class_key = p
     if node_type not in key_parts.BUILTIN_NODES:
       yield from named_parts(None, aux, f"{prefix}of {node_type.__name__} ")
+      if class_key is not None:
+        yield from named_parts(None, class_key,
+                               f"{prefix}class {node_type.__name__} ")
     pending.extend(children)
 
 
