@@ -242,7 +242,12 @@ def _guard_storm(fun, code, s: CodeStats, keys: list) -> None:
   distinct = len(set(_hashable(k) for k in keys))
   if distinct > _storm_threshold and not s.warned:
     s.warned = True
-    _warn_storm(fun, code, s, keys)
+    try:
+      _warn_storm(fun, code, s, keys)
+    except Exception as e:   # naming the culprit must never fail the call
+      logger.warning("jax_closure_cache: %s has met %d distinct closure keys "
+                     "(naming what changes failed: %s)", s.location,
+                     distinct, type(e).__name__)
 
 
 def _hashable(key):

@@ -5,11 +5,13 @@ turn keys, or a function, into sentences.
 
 Invariants: pure functions of keys and functions (nothing here logs, counts
 or stores); a part this module cannot name is reported as such, never
-guessed.
+guessed; an explanation never raises into the user's call (one that fails
+says so, with the error's type).
 """
 
 from __future__ import annotations
 
+import functools
 import types
 
 import jax
@@ -20,6 +22,20 @@ from jax_closure_cache.key.names import (
     differences, function_names, named_parts)
 
 
+def _never_raises(explanation):
+  """An explanation that fails is reported as a sentence, not raised: the
+  call it explains goes on as it would without explanations."""
+  @functools.wraps(explanation)
+  def explained(*args, **kwargs):
+    try:
+      return explanation(*args, **kwargs)
+    except Exception as e:   # a key shape this module does not know
+      failed = f"(this explanation failed: {type(e).__name__}: {e})"
+      return None if explanation.__name__ == "name_uncacheable" else [failed]
+  return explained
+
+
+@_never_raises
 def explain_miss(fun, full_key, previous: list) -> list[str]:
   """What differs from the nearest earlier key of the same code."""
   options, key = full_key
@@ -75,6 +91,7 @@ def _describe_aux(aux) -> str:
   return repr(aux)
 
 
+@_never_raises
 def retrace_changes(fun, key, old_avals, new_avals, old_static=None,
                     new_static=None) -> list[str]:
   """What made a stored entry trace again: the lifted arrays whose types
@@ -98,6 +115,7 @@ def _aval(aval) -> str:
   return aval.str_short() + weak
 
 
+@_never_raises
 def name_uncacheable(fun) -> str | None:
   """Which top-level value made ``fun`` uncacheable, as ``cell 'x' holds ...``."""
   if not isinstance(fun, types.FunctionType):

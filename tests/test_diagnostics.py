@@ -291,3 +291,18 @@ def test_jax_and_the_front_name_a_closure_difference_alike(explain):
     jcc.jit(fun, auto_dynamic=False)(x)
   assert "its closure differs at cell 'scale' changed: 2 -> 3" in jax_says
   assert any("cell 'scale' changed: 2 -> 3" in m for m in messages(explain))
+
+
+def test_an_explanation_that_fails_is_a_sentence_not_an_error(monkeypatch):
+  """Explanations never raise into the call they explain."""
+  from jax_closure_cache import explain
+  from jax_closure_cache.key import names
+
+  def broken(*args, **kwargs):
+    raise ValueError("a key shape the namer does not know")
+
+  monkeypatch.setattr(names, "named_parts", broken)
+  monkeypatch.setattr(explain, "differences", broken)
+  out = explain.explain_miss(None, ((), ("k",)), [((), ("j",))])
+  assert out == ["(this explanation failed: ValueError: a key shape the "
+                 "namer does not know)"]
