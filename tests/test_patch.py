@@ -252,3 +252,21 @@ def test_a_patched_jax_alone_shares_compilation_behind_its_option(tmp_path):
   np.testing.assert_allclose(stock["out"], patched["out"], rtol=1e-6)
   assert stock["compiles"] == [1] * 6
   assert patched["compiles"] == [1, 1] + [0] * 4
+
+
+def test_a_hunk_is_found_where_its_file_moved_and_only_with_its_exact_lines():
+  """As ``git apply``: a hunk whose lines moved (a later wheel of the same
+  release line) applies where they now are, and reverts exactly; lines
+  that changed are a conflict."""
+  text = "".join(f"line {i}\n" for i in range(50))
+  patch = ("--- a/jax/m.py\n+++ b/jax/m.py\n@@ -10,3 +10,3 @@\n"
+           " line 9\n-line 10\n+LINE 10\n line 11\n")
+  (fp,) = patch_tool.parse(patch)
+  moved = "".join(f"new {i}\n" for i in range(7)) + text
+  done = patch_tool._apply_hunks(moved, fp.hunks, reverse=False)
+  assert done == moved.replace("line 10\n", "LINE 10\n")
+  assert patch_tool._apply_hunks(done, fp.hunks, reverse=True) == moved
+  with pytest.raises(patch_tool.PatchError) as e:
+    patch_tool._apply_hunks(moved.replace("line 11\n", "line eleven\n"),
+                            fp.hunks, reverse=False)
+  assert e.value.code == patch_tool.CONFLICT

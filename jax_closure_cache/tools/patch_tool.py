@@ -115,22 +115,42 @@ def parse(text: str) -> list[FilePatch]:
   return files
 
 
+#: How far from the line its header names a hunk may be found (the same
+#: version of a pull request applies to a later wheel of its release line,
+#: whose files moved by some lines, as ``git apply`` finds it).
+MAX_OFFSET = 400
+
+
 def _apply_hunks(text: str, hunks: list, reverse: bool) -> str:
-  """``text`` with ``hunks`` applied (or un-applied); PatchError if any hunk
-  does not match exactly at the line its header names."""
+  """``text`` with ``hunks`` applied (or un-applied); PatchError if a hunk's
+  lines do not match exactly, at the line its header names or (as ``git
+  apply`` does) the nearest place within ``MAX_OFFSET`` lines of it, after
+  the previous hunk, shifted by the offset the previous hunks had."""
   src = text.splitlines(True)
   removed, added = ("+", "-") if reverse else ("-", "+")
   out: list[str] = []
-  pos = 0
+  pos = offset = 0
   for h in hunks:
     before = [t for k, t in h.lines if k in (" ", removed)]
     after = [t for k, t in h.lines if k in (" ", added)]
-    start = max((h.new_start if reverse else h.old_start) - 1, 0)
-    if start < pos or src[start:start + len(before)] != before:
-      raise PatchError(CONFLICT, f"hunk at line {start + 1} does not match")
+    named = max((h.new_start if reverse else h.old_start) - 1, 0) + offset
+    start = _find(src, before, named, pos)
+    if start is None:
+      raise PatchError(CONFLICT, f"hunk at line {named + 1} does not match")
+    offset += start - named
     out += src[pos:start] + after
     pos = start + len(before)
   return "".join(out + src[pos:])
+
+
+def _find(src: list, lines: list, near: int, lowest: int) -> int | None:
+  """The position of ``lines`` in ``src`` nearest ``near`` (not before
+  ``lowest``, at most ``MAX_OFFSET`` away), or None."""
+  for d in range(MAX_OFFSET + 1):
+    for at in (near - d, near + d) if d else (near,):
+      if at >= lowest and src[at:at + len(lines)] == lines:
+        return at
+  return None
 
 
 def _jax_version(target: str) -> str | None:
