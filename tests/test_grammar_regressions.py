@@ -477,3 +477,28 @@ def test_static_values_found_as_stock_finds_them():
       inner[mode] = jax.jit(apply, static_argnums=(0, 1))
     return inner[mode](lambda v: v + 1.0, _EqualToAll(b), X)
   assert_like_stock(step, [1.0, 2.0, 1.0, 3.0])
+
+
+# A NumPy array changed in place between steps, read by a fresh body of
+# eager control flow. JAX 0.10/0.11 convert a NumPy constant through a
+# cache keyed weakly on the array that returns the converted copy while
+# anything holds that copy (stock shows the same stale value when an
+# earlier jitted function over the array is still alive); the cache's
+# stored traces hold such copies, so a later stock trace of another
+# function over the changed array gets the old contents.
+
+_CHANGED_IN_PLACE = np.array([1.0, 2.0, 3.0])
+
+
+@pytest.mark.xfail(strict=True, reason="JAX's NumPy conversion cache serves "
+                   "a copy an entry keeps alive after the array changed in "
+                   "place")
+def test_numpy_array_changed_in_place_under_eager_control_flow():
+  def step(k):
+    _CHANGED_IN_PLACE[:] = np.array([1.0, 2.0, 3.0]) * k
+    v = _CHANGED_IN_PLACE
+
+    def f(y):
+      return y * np.ma.filled(v, 0) + float(np.sum(v))
+    return jax.lax.fori_loop(0, 2, lambda i, c: c * 0.5 + 0.25 * f(c), X)
+  assert_like_stock(step, [1.0, 1.0, 0.5, 0.5])
