@@ -29,6 +29,7 @@ def test_closure_key_hits_are_checked_against_stocks_trace(rerun):
   assert s["verify_mismatches"] == 0
 
 
+@pytest.mark.closure_cache_expects_mismatches
 def test_a_stale_hit_is_caught_and_answered_by_stock():
   """A value the key does not see (a wrapper rule that leaves it out) makes
   the stored trace stale: verify mode traces as stock, finds the literal

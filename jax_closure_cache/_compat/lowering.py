@@ -85,16 +85,6 @@ def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
                                         outvars=outvars, debug_info=dbg), [])
 
 
-def without_arg_names(closed):
-  """``closed`` with its debug info's argument names dropped (names no
-  computation reads: verify mode compares without them)."""
-  open_jaxpr, consts = closed_parts(closed)
-  dbg = open_jaxpr.debug_info._replace(arg_names=None)
-  if MERGED_JAXPR:
-    return closed.replace(debug_info=dbg)
-  return ClosedJaxpr(open_jaxpr.replace(debug_info=dbg), consts)
-
-
 def used_inputs(closed) -> list:
   """Which inputs of a closed jaxpr without constants its outputs use (the
   inputs pjit keeps when ``keep_unused`` is off)."""

@@ -53,12 +53,28 @@ def _first_check(f, args, kwargs) -> bool:
   return True
 
 
-def _difference(f, hit_trace, leaves, args, kwargs) -> str | None:
+#: The jit options that decide which arguments a trace takes.
+_STATIC_OPTIONS = ("static_argnums", "static_argnames")
+
+
+def _stock_jaxpr(f, args, kwargs, options: dict):
+  """Stock's trace of ``f`` for this call: with static arguments, as stock
+  ``jax.jit(f, static_argnums=..., static_argnames=...)`` traces it (never
+  a shared trace); else through JAX's own trace cache."""
+  static = {k: v for k, v in options.items() if k in _STATIC_OPTIONS and v}
+  if static:
+    with trace_lookup.unshared():
+      return _compat.STOCK_JIT(f, **static).trace(*args, **kwargs).jaxpr
+  return _compat.trace.stock_trace(f, args, kwargs)
+
+
+def _difference(f, hit_trace, leaves, args, kwargs,
+                options: dict | None = None) -> str | None:
   """Where the jaxpr ``hit_trace()`` gives differs from stock's trace of
   ``f`` (None: the same computation), JAX's test counters muted."""
   with _compat.oracle_muted():
     try:
-      stock = _compat.trace.stock_trace(f, args, kwargs)
+      stock = _stock_jaxpr(f, args, kwargs, options or {})
     except Exception as e:   # stock's trace raises where the hit answered
       return f"stock's trace raises {type(e).__name__}: {e}"
     try:
@@ -79,7 +95,7 @@ def checked(w, f, key, entry, leaves, args, kwargs, result):
   def hit_trace():
     with entries.calling(entry, f):
       return entry.jitted.trace(leaves, *args, **kwargs).jaxpr
-  diff = _difference(f, hit_trace, leaves, args, kwargs)
+  diff = _difference(f, hit_trace, leaves, args, kwargs, w._spec.options)
   if diff is not None:
     return _mismatch(w, f, key, args, kwargs, diff)
   cache.count_verified(True)

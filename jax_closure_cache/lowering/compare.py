@@ -142,23 +142,19 @@ def _nested_consts(e) -> list:
 def _operands(e) -> tuple[list, dict]:
   """An equation's operands and parameters, a nested jit's constants made
   its first operands: one side closes a nested jit over an array that the
-  other passes as that jit's argument (the same computation). A nested
-  jit's argument names are dropped: the package names a lifted leaf's
-  input, pjit names a hoisted one, and no computation reads them."""
-  if e.primitive.name not in ("jit", "pjit") or type(
-      e.params.get("jaxpr")) is not _compat.ClosedJaxpr:
+  other passes as that jit's argument (the same computation)."""
+  if not _nested_consts(e):
     return list(e.invars), e.params
-  consts, params = [], e.params
-  if _nested_consts(e):
-    consts, params = structure.constants_as_inputs(e)
-  params = dict(params, jaxpr=_compat.without_arg_names(params["jaxpr"]))
+  consts, params = structure.constants_as_inputs(e)
   return [*map(_Value, consts), *e.invars], params
 
 
 def _params(e, params: dict) -> tuple:
   ignored = structure.NOT_LOWERED.get(e.primitive.name, ())
   try:
-    return tuple((k, structure.param_key(p)) for k, p in params.items()
-                 if k not in ignored)
+    # nested jaxprs without their debug names: the package names a lifted
+    # leaf's input, pjit a hoisted constant's, and no computation reads them
+    return tuple((k, structure.param_key(p, named=False))
+                 for k, p in params.items() if k not in ignored)
   except structure.NotShared as err:
     return ("not comparable", str(err), id(e))

@@ -139,7 +139,7 @@ def lifted_literal(v) -> bool:
 
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
-                    hoisted: list | None = None) -> tuple:
+                    hoisted: list | None = None, named: bool = True) -> tuple:
   names: dict = {}
   top = literals is not None
 
@@ -165,10 +165,10 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
     if top and hoists(e):   # its constants become arguments: not keyed
       inner, consts = _compat.closed_parts(e.params["jaxpr"])
       hoisted.extend(consts)
-      params = tuple((k, ("hoisted", _nested(inner)) if k == "jaxpr"
-                      else param_key(p)) for k, p in e.params.items())
+      params = tuple((k, ("hoisted", _nested(inner, named)) if k == "jaxpr"
+                      else param_key(p, named)) for k, p in e.params.items())
     else:
-      params = tuple((k, param_key(p)) for k, p in e.params.items()
+      params = tuple((k, param_key(p, named)) for k, p in e.params.items()
                      if k not in ignored)
     eqns.append((
         Identity(e.primitive),
@@ -181,8 +181,9 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   outs = tuple(map(name, jaxpr.outvars))
   dbg = jaxpr.debug_info
   return (binders, tuple(eqns), outs, _effects(jaxpr.effects),
-          None if dbg is None else (dbg.func_src_info, _names(dbg.arg_names),
-                                    _names(dbg.result_paths)))
+          None if dbg is None or not named else (
+              dbg.func_src_info, _names(dbg.arg_names),
+              _names(dbg.result_paths)))
 
 
 def _names(names):
@@ -214,21 +215,28 @@ def _atom(x) -> tuple:
 _ATOMS = (int, float, bool, complex, str, bytes, type(None), type(Ellipsis))
 
 
-def param_key(p) -> Any:
+def param_key(p, named: bool = True) -> Any:
+  """An equation parameter's key; ``named=False`` leaves out nested
+  jaxprs' debug names (source, argument and result names), which no
+  computation reads (verify mode compares without them)."""
   t = type(p)
   if t in _ATOMS:
     return _atom(p) if t in (float, complex, int, bool) else (t, p)
-  if t is tuple or t is list:
-    return (t, tuple(map(param_key, p)))
+  if t is tuple or t is list or (isinstance(p, tuple) and hasattr(t, "_fields")
+                                 and _compat.defined_by_jax(t)):
+    # (a NamedTuple of jax's, custom_linear_solve's jaxprs: field by field)
+    return (t, tuple(param_key(x, named) for x in p))
   if t is dict:
-    return (t, tuple((param_key(k), param_key(v)) for k, v in p.items()))
+    return (t, tuple((param_key(k, named), param_key(v, named))
+                     for k, v in p.items()))
   if t is frozenset or t is set:
-    return (t, tuple(sorted(repr(param_key(x)) for x in p)))
+    return (t, tuple(sorted(repr(param_key(x, named)) for x in p)))
   if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
     jaxpr, consts = _compat.closed_parts(p)
-    return ("closed", _nested(jaxpr), tuple(map(_nested_const, consts)))
+    return ("closed", _nested(jaxpr, named),
+            tuple(map(_nested_const, consts)))
   if t is _compat.Jaxpr:
-    return ("jaxpr", _nested(p))
+    return ("jaxpr", _nested(p, named))
   if isinstance(p, np.dtype):
     return (np.dtype, p)
   if isinstance(p, (np.ndarray, _compat.np_generic)):
@@ -250,13 +258,18 @@ def _hashable(p) -> bool:
     return False
 
 
-def _nested(jaxpr) -> tuple:
-  return _nested_cached(jaxpr)
+def _nested(jaxpr, named: bool = True) -> tuple:
+  return _nested_cached(jaxpr) if named else _nested_unnamed(jaxpr)
 
 
 @_compat.weakref_lru_cache
 def _nested_cached(jaxpr) -> tuple:
   return _open_structure(jaxpr, None, None)
+
+
+@_compat.weakref_lru_cache
+def _nested_unnamed(jaxpr) -> tuple:
+  return _open_structure(jaxpr, None, None, named=False)
 
 
 def _nested_const(c) -> tuple:
