@@ -19,11 +19,12 @@ in the order given. The check:
    `-p no:jax_closure_cache` (that package's pytest plugin);
 3. runs the PRs' own tests: new test files whole, and in modified test files
    the test methods the PR adds;
-4. runs JAX's api_test.py and lax_control_flow_test.py (through
-   ../shared/jax-tests/run) once with each option the PRs define set on
-   and once with it off (`JAX_<OPTION>=1` / `=0`), or once if they define
-   none. With --quick: only api_test.py with `-k "Caching or jit or cache"`
-   (about a minute per run on 2 cores).
+4. runs JAX's api_test.py and lax_control_flow_test.py, as the PRs' hunks
+   leave them (through a copy of ../shared/jax-tests/run beside the patched
+   copy), once with each option the PRs define set on and once with it off
+   (`JAX_<OPTION>=1` / `=0`), or once if they define none. With --quick:
+   only api_test.py with `-k "Caching or jit or cache"` (about a minute per
+   run on 2 cores).
 
 Failures listed in allowed/<tag>.txt (stock failures of that jax) or, with
 an option on, in allowed/<tag>-on.txt are tolerated; any other failure, a
@@ -180,8 +181,11 @@ def main() -> int:
     site.mkdir()
     shutil.copytree(jax_dir, site / "jax",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    tests = work / "tests"
+    # The tag's test files with the PRs' hunks, beside a copy of the runner
+    # script, which runs the files beside it.
+    tests = work / "jax-tests" / tag
     shutil.copytree(JAX_TESTS / tag, tests)
+    shutil.copy(JAX_TESTS / "run", tests.parent / "run")
     for root, dirs, files in os.walk(tests):
       os.chmod(root, 0o755)
       for name in files:
@@ -253,7 +257,7 @@ def main() -> int:
           ok = False
       else:
         log(f"JAX's test files with {label}:")
-        r = run(["bash", str(JAX_TESTS / "run"), args.python, tag,
+        r = run(["bash", str(tests.parent / "run"), args.python, tag,
                  str(allowed), "--", *NO_PLUGIN], cwd=run_dir, env=mode_env)
         log("  " + r.stdout.strip().replace("\n", "\n  "))
         if r.returncode:
