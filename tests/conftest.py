@@ -9,12 +9,14 @@ from jax._src import test_util as jtu
 
 import jax_closure_cache as jcc
 
-STOCK_JIT = jax.jit
-STOCK_WHILE_LOOP = jax.lax.while_loop
+# JAX's own functions, whatever is patched when this file is imported (the
+# plugin's --closure-cache enables the cache before it is).
+from jax_closure_cache import _compat  # noqa: E402
+STOCK_JIT = _compat.STOCK_JIT
+STOCK_WHILE_LOOP = _compat.STOCK_CONTROL_FLOW["while_loop"]
 # Layer two (the closure key inside JAX's trace lookup) runs only where the
 # installed jax has the seams it is written against (0.10.2); elsewhere the
 # front runs alone and layer two's tests are skipped, each saying why.
-from jax_closure_cache import _compat  # noqa: E402
 needs_trace_lookup = pytest.mark.skipif(
     not _compat.trace.TRACE_LOOKUP,
     reason="layer two is not ported to this jax: "

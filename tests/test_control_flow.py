@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
+from jax_closure_cache import _compat
 from jax_closure_cache import lax as cached_lax
 from conftest import counting, warm
 
-STOCK_LAX = {name: getattr(jax.lax, name) for name in
+STOCK_LAX = {name: _compat.STOCK_CONTROL_FLOW[name] for name in
              ("while_loop", "fori_loop", "scan", "map", "cond", "switch")}
 
 
