@@ -22,20 +22,23 @@ from jax_closure_cache.key.names import (
     differences, function_names, named_parts)
 
 
-def _never_raises(explanation):
-  """An explanation that fails is reported as a sentence, not raised: the
-  call it explains goes on as it would without explanations."""
-  @functools.wraps(explanation)
-  def explained(*args, **kwargs):
-    try:
-      return explanation(*args, **kwargs)
-    except Exception as e:   # a key shape this module does not know
-      failed = f"(this explanation failed: {type(e).__name__}: {e})"
-      return None if explanation.__name__ == "name_uncacheable" else [failed]
-  return explained
+def _never_raises(sentences: bool = True):
+  """An explanation that fails is reported as a sentence (or, where the
+  caller has its own words, as None), not raised: the call it explains goes
+  on as it would without explanations."""
+  def decorate(explanation):
+    @functools.wraps(explanation)
+    def explained(*args, **kwargs):
+      try:
+        return explanation(*args, **kwargs)
+      except Exception as e:   # a key shape this module does not know
+        return ([f"(this explanation failed: {type(e).__name__}: {e})"]
+                if sentences else None)
+    return explained
+  return decorate
 
 
-@_never_raises
+@_never_raises()
 def explain_miss(fun, full_key, previous: list) -> list[str]:
   """What differs from the nearest earlier key of the same code."""
   options, key = full_key
@@ -91,7 +94,7 @@ def _describe_aux(aux) -> str:
   return repr(aux)
 
 
-@_never_raises
+@_never_raises()
 def retrace_changes(fun, key, old_avals, new_avals, old_static=None,
                     new_static=None) -> list[str]:
   """What made a stored entry trace again: the lifted arrays whose types
@@ -115,7 +118,7 @@ def _aval(aval) -> str:
   return aval.str_short() + weak
 
 
-@_never_raises
+@_never_raises(sentences=False)
 def name_uncacheable(fun) -> str | None:
   """Which top-level value made ``fun`` uncacheable, as ``cell 'x' holds ...``."""
   if not isinstance(fun, types.FunctionType):

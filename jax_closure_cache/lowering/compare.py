@@ -131,19 +131,11 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
   return None
 
 
-def _nested_consts(e) -> list:
-  if e.primitive.name not in ("jit", "pjit"):
-    return []
-  inner = e.params.get("jaxpr")
-  return (list(_compat.closed_parts(inner)[1])
-          if type(inner) is _compat.ClosedJaxpr else [])
-
-
 def _operands(e) -> tuple[list, dict]:
   """An equation's operands and parameters, a nested jit's constants made
   its first operands: one side closes a nested jit over an array that the
   other passes as that jit's argument (the same computation)."""
-  if not _nested_consts(e):
+  if not structure.nested_jit_constants(e):
     return list(e.invars), e.params
   consts, params = structure.constants_as_inputs(e)
   return [*map(_Value, consts), *e.invars], params

@@ -120,15 +120,21 @@ def constants_as_inputs(e) -> tuple[list, dict]:
   return list(consts), params
 
 
+def nested_jit_constants(e) -> list:
+  """The constants an equation's nested jit closes over (none for another
+  primitive, or a nested jaxpr without constants)."""
+  if e.primitive.name not in ("jit", "pjit"):
+    return []
+  inner = e.params.get("jaxpr")
+  if type(inner) is not _compat.ClosedJaxpr:
+    return []
+  return list(_compat.closed_parts(inner)[1])
+
+
 def hoists(e) -> bool:
   """Whether a top-level equation is a nested jit whose constants (closed
   over by an inner ``jax.jit``) a shared lowering passes as arguments."""
-  if e.primitive.name not in ("jit", "pjit"):
-    return False
-  inner = e.params.get("jaxpr")
-  if type(inner) is not _compat.ClosedJaxpr:
-    return False
-  consts = _compat.closed_parts(inner)[1]
+  consts = nested_jit_constants(e)
   return bool(consts) and all(map(acceptable_constant, consts))
 
 
