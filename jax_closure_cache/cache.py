@@ -308,9 +308,7 @@ def stats() -> dict:
   lookup holds for re-created closures (``lookup/trace_lookup.py``);
   ``verified`` the hits checked in verify mode and ``verify_mismatches``
   those that differed from stock's (answered by stock); ``tier_a`` the
-  shared lowerings (``lowering/shared.py``); ``auto_dynamic``
-  what verifying auto-dynamic scalars cost (runs, passed, rejected,
-  seconds).
+  shared lowerings (``lowering/shared.py``).
   """
   c = counters
   with c.lock:

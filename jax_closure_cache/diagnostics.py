@@ -258,28 +258,6 @@ def _hashable(key):
     return id(key)
 
 
-def became_dynamic(fun, old_full_key, new_full_key) -> None:
-  """Explain that Python scalars became arguments (auto-dynamic)."""
-  what = "; ".join(key_names.differences(fun, old_full_key[1], new_full_key[1])) or \
-      "a Python scalar changed"
-  logger.warning("closure-cache: %s: %s; from now on passed as a weakly "
-                 "typed argument (one executable for every value)",
-                 location(fun), what)
-
-
-def stays_static(fun, old_full_key, new_full_key, why: str) -> None:
-  """Explain that Python scalars stay static: verification failed."""
-  code = getattr(fun, "__code__", None)
-  if code is not None:
-    _stats(code, fun).fallbacks["scalar_stays_static"] += 1
-  if explaining():
-    what = "; ".join(key_names.differences(fun, old_full_key[1], new_full_key[1])) or \
-        "a Python scalar changed"
-    logger.warning("closure-cache: %s: %s; it stays static (keyed by value): "
-                   "traced as an argument it computes something else: %s",
-                   location(fun), what, why)
-
-
 def not_stored(fun, reason: str, detail: str) -> None:
   """A missed entry that was not stored: say why (explanations only)."""
   if explaining():

@@ -20,6 +20,7 @@ import jax
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
+from jax_closure_cache import settings
 from jax_closure_cache.cache import clear, stats   # noqa: F401 (public names)
 from jax_closure_cache.front import entrance
 from jax_closure_cache.lowering import shared as _tier_a   # its stats() row
@@ -153,14 +154,15 @@ def mode() -> str:
           else "monkey-patch")
 
 
-def enable(*, lift_numpy: bool | None = None,
-           auto_dynamic: bool | None = None, verify: bool | None = None,
-           closure_key: bool = True, force: bool = False) -> None:
+def enable(*, lift_numpy: bool | None = None, verify: bool | None = None,
+           closure_key: bool = True, force: bool = False,
+           **removed) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
+
+  A variable of ``settings.IGNORED`` set in the environment warns once.
 
   Args:
     lift_numpy: if given, the default of ``jit(..., lift_numpy=...)``.
-    auto_dynamic: if given, the default of ``jit(..., auto_dynamic=...)``.
     verify: if given, turns verify mode on or off: every hit is also
       traced (tier B) or lowered (tier A) as stock would, and compared; a
       mismatch is answered by stock, counted in ``stats()`` and logged.
@@ -169,6 +171,9 @@ def enable(*, lift_numpy: bool | None = None,
       It takes effect when the cache is switched on, not by a second
       ``enable()`` while on.
     force: enable even if the installed jax is not the pinned release.
+    removed: empty; any keyword here raises TypeError, which for a
+      removed option (``auto_dynamic``) says why (``REMOVED_OPTIONS`` of
+      ``front/options.py``).
 
   Example::
 
@@ -178,12 +183,12 @@ def enable(*, lift_numpy: bool | None = None,
       True
       >>> jax_closure_cache.disable()
   """
+  jit_options.reject_keywords("enable", removed)
   with _lock:
     _check_version(force)
+    settings.warn_ignored()
     if lift_numpy is not None:
       jit_options.set_lift_numpy_default(lift_numpy)
-    if auto_dynamic is not None:
-      jit_options.set_auto_dynamic_default(auto_dynamic)
     if verify is not None:
       cache.set_verify(verify)
     if _applied:
@@ -205,24 +210,26 @@ def disable() -> None:
       setattr(p.owner, p.name, p.original)
 
 
+def enabled(*, lift_numpy: bool | None = None, verify: bool | None = None,
+            force: bool = False, **removed):
+  """Enable for the ``with`` block, then restore the previous state (the
+  keywords are ``enable()``'s; a wrong one raises here, at the call)."""
+  jit_options.reject_keywords("enabled", removed)
+  return _enabled(lift_numpy, verify, force)
+
+
 @contextlib.contextmanager
-def enabled(*, lift_numpy: bool | None = None,
-            auto_dynamic: bool | None = None, verify: bool | None = None,
-            force: bool = False):
-  """Enable for the ``with`` block, then restore the previous state."""
+def _enabled(lift_numpy, verify, force):
   with _lock:
     was_enabled = is_enabled()
     saved_lift_numpy = jit_options.lift_numpy_default()
-    saved_auto_dynamic = jit_options.auto_dynamic_default()
     saved_verify = cache.verifying()
-    enable(lift_numpy=lift_numpy, auto_dynamic=auto_dynamic, verify=verify,
-           force=force)
+    enable(lift_numpy=lift_numpy, verify=verify, force=force)
   try:
     yield
   finally:
     with _lock:
       jit_options.set_lift_numpy_default(saved_lift_numpy)
-      jit_options.set_auto_dynamic_default(saved_auto_dynamic)
       cache.set_verify(saved_verify)
       if not was_enabled:
         disable()

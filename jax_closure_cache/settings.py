@@ -9,7 +9,6 @@ reads ``JAX_CLOSURE_CACHE`` through it at every Python start.
 | ``JAX_CLOSURE_CACHE_EXPLAIN`` | flag | off | log why a call missed or fell back (read at each miss) |
 | ``JAX_CLOSURE_CACHE_VERIFY`` | flag | off | verify mode: every hit also traces (or lowers) as stock would and compares |
 | ``JAX_CLOSURE_CACHE_LIFT_NUMPY`` | flag | off | default of ``jit(..., lift_numpy=)`` |
-| ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` | flag | off | default of ``jit(..., auto_dynamic=)`` |
 | ``JAX_CLOSURE_CACHE_CAPACITY`` | positive int | 1024 | entries per bounded store |
 | ``JAX_CLOSURE_CACHE_MAX_BYTES`` | positive int | 2**30 | bytes of captured constants per bounded store |
 | ``JAX_CLOSURE_CACHE_STORM_THRESHOLD`` | positive int | 8 | entries per code before the storm warning |
@@ -18,6 +17,8 @@ A flag is on for ``1``, ``true``, ``yes``, ``on`` and off for ``0``,
 ``false``, ``no``, ``off`` (any case, surrounding blanks ignored); unset or
 empty means the default. Any other value warns once per variable and means
 the default, as does an integer setting that is not a positive integer.
+A variable in ``IGNORED`` is not read; set, it warns once, when the cache
+is enabled (``warn_ignored``).
 
 Invariants: reading a setting never raises; a garbled value never turns
 the cache on.
@@ -46,16 +47,22 @@ VERIFY = Setting("JAX_CLOSURE_CACHE_VERIFY", "flag", False,
                  "check every hit against stock's own trace")
 LIFT_NUMPY = Setting("JAX_CLOSURE_CACHE_LIFT_NUMPY", "flag", False,
                      "lift captured NumPy arrays")
-AUTO_DYNAMIC = Setting("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "flag", False,
-                       "lift Python scalars that keep changing")
 CAPACITY = Setting("JAX_CLOSURE_CACHE_CAPACITY", "count", 1024,
                    "entries per bounded store")
 MAX_BYTES = Setting("JAX_CLOSURE_CACHE_MAX_BYTES", "count", 1 << 30,
                     "bytes of captured constants per bounded store")
 STORM_THRESHOLD = Setting("JAX_CLOSURE_CACHE_STORM_THRESHOLD", "count", 8,
                           "entries per code before the storm warning")
-ALL = (ENABLE, EXPLAIN, VERIFY, LIFT_NUMPY, AUTO_DYNAMIC, CAPACITY, MAX_BYTES,
+ALL = (ENABLE, EXPLAIN, VERIFY, LIFT_NUMPY, CAPACITY, MAX_BYTES,
        STORM_THRESHOLD)
+
+#: Variables the package does not read, with why (the text of their warning).
+IGNORED = {
+    "JAX_CLOSURE_CACHE_AUTO_DYNAMIC": (
+        "auto-dynamic scalars were removed; a closed-over Python int or "
+        "float that keeps changing is traced as stock traces it, and its "
+        "executable is shared after that stock trace (tier A)"),
+}
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off"})
@@ -70,6 +77,17 @@ def _warn_once(setting: Setting, raw: str, expected: str) -> None:
   warnings.warn(f"{setting.name}={raw!r} is not {expected}; using the "
                 f"default ({setting.default!r}: {setting.doc}).",
                 stacklevel=3)
+
+
+def warn_ignored() -> None:
+  """Warn once per variable of ``IGNORED`` that is set (``enable()``)."""
+  for name, why in IGNORED.items():
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip() or name in _warned:
+      continue   # unset or empty, as for a setting read
+    _warned.add(name)
+    import warnings
+    warnings.warn(f"{name}={raw!r} is ignored: {why}.", stacklevel=3)
 
 
 def read(setting: Setting):

@@ -48,15 +48,12 @@ def helper_module_globals():
 @pytest.fixture(autouse=True)
 def fresh_cache():
   from jax_closure_cache import cache
-  from jax_closure_cache.front import options as defaults
-  auto_dynamic = defaults.auto_dynamic_default()
   verify = cache.verifying()
   jcc.disable()
   jcc.clear()
   yield
   jcc.disable()
   jcc.clear()
-  defaults.set_auto_dynamic_default(auto_dynamic)
   cache.set_verify(verify)
   assert jax.jit is STOCK_JIT
   assert jax.lax.while_loop is STOCK_WHILE_LOOP

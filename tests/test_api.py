@@ -60,6 +60,31 @@ def test_unknown_option_is_a_type_error():
     jcc.jit(lambda x: x, static_argnumz=0)
 
 
+@pytest.mark.parametrize("call", [
+    lambda: jcc.jit(lambda x: x, auto_dynamic=True),
+    lambda: jcc.jit(lambda x: x, auto_dynamic=False, static_argnums=0),
+    lambda: jcc.jit(auto_dynamic=True),
+    lambda: jcc.enable(auto_dynamic=True),
+    lambda: jcc.enabled(auto_dynamic=False),
+], ids=["jit", "jit-with-options", "jit-decorator", "enable", "enabled"])
+def test_auto_dynamic_is_a_type_error_that_says_why(call):
+  """``auto_dynamic=`` is refused by ``jit``, ``enable`` and ``enabled``
+  (at the call), naming tier A, which shares a changing Python scalar's
+  executable after a stock trace; nothing is switched on."""
+  with pytest.raises(TypeError, match=(
+      r"unexpected keyword argument 'auto_dynamic': the auto_dynamic option "
+      r"was removed; .*Python int or float that keeps changing.*stock trace "
+      r"\(tier A\)")):
+    call()
+  assert not jcc.is_enabled()
+
+
+def test_enable_refuses_an_unknown_keyword():
+  with pytest.raises(TypeError, match=r"enable\(\) got an unexpected "
+                     r"keyword argument 'lift_numbers'$"):
+    jcc.enable(lift_numbers=True)
+
+
 def _make_inner(w):
   def inner(x):
     return jnp.tanh(x @ w)

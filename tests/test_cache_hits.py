@@ -56,8 +56,8 @@ def test_new_shape_retraces_in_same_entry_and_stays_correct():
 
 
 def test_static_scalar_in_cell_is_keyed_by_value():
-  def make(scale):   # auto_dynamic off: scalars keyed by value
-    return jcc.jit(lambda x: x * scale, auto_dynamic=False)
+  def make(scale):
+    return jcc.jit(lambda x: x * scale)
   x = jnp.arange(3.0)
   for s in [2.0, 3.0, 2.0, 3.0, 2.0, 3.0]:
     assert_like_stock(make(s)(x), make(s).__wrapped__, x)
@@ -410,9 +410,8 @@ def test_fast_front_answers_as_the_generic_call():
   assert_like_stock(out, make_inner(jnp.eye(4) * 9), x4)
 
 
-@pytest.mark.parametrize("auto_dynamic", [False, True])
 def test_a_miss_walks_the_closure_once_plus_the_post_trace_check(
-    auto_dynamic, monkeypatch):
+    monkeypatch):
   """The second function object of a code (the miss that traces the shared
   entry) walks its closure twice: once for its key, once after the trace to
   check what it captured. The walk is the closure key's (``Analysis``, a
@@ -426,7 +425,7 @@ def test_a_miss_walks_the_closure_once_plus_the_post_trace_check(
     walks.append(1)
     init(self, *args, **kwargs)
   monkeypatch.setattr(closure.Analysis, "__init__", counted)
-  jcc.enable(auto_dynamic=auto_dynamic)
+  jcc.enable()
   make = lambda w, b: lambda v, b=b: jnp.tanh(v @ w) + b
   x = jnp.ones((4, 4))
   for replay in range(2):

@@ -33,10 +33,10 @@ def test_miss_names_the_changed_cell(explain):
   def make(scale):
     return lambda x: x * scale
   x = jnp.ones(2)
-  jcc.jit(make(2.0), auto_dynamic=False)(x)
-  jcc.jit(make(3.0), auto_dynamic=False)(x)   # a key met once
+  jcc.jit(make(2.0))(x)
+  jcc.jit(make(3.0))(x)   # a key met once
   once = messages(explain)[-1]
-  jcc.jit(make(3.0), auto_dynamic=False)(x)   # met again: the miss
+  jcc.jit(make(3.0))(x)   # met again: the miss
   again = messages(explain)[-1]
   assert "fallback" in once and "key is new" in once, once
   assert "closure-cache miss" in again, again
@@ -50,8 +50,8 @@ def test_miss_names_a_changed_default(explain):
     def f(x, n=n):
       return x + n
     return f
-  jcc.jit(make(3), auto_dynamic=False)(jnp.ones(2))
-  jcc.jit(make(4), auto_dynamic=False)(jnp.ones(2))
+  jcc.jit(make(3))(jnp.ones(2))
+  jcc.jit(make(4))(jnp.ones(2))
   assert "default 'n' changed: 3 -> 4 (static int)" in messages(explain)[-1]
 
 
@@ -113,8 +113,8 @@ def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(storms):
     return lambda x: x * step
   with warnings.catch_warnings():
     warnings.simplefilter("error")   # a -W error suite must not fail
-    for i in range(8):   # static values (auto-dynamic would lift them)
-      jcc.jit(make(0.1 * i), auto_dynamic=False)(jnp.ones(2))
+    for i in range(8):   # a new value, so a new key, each time
+      jcc.jit(make(0.1 * i))(jnp.ones(2))
   found = storms()
   assert len(found) == 1
   text = found[0].getMessage()
@@ -288,7 +288,7 @@ def test_jax_and_the_front_name_a_closure_difference_alike(explain):
   for scale in (2, 3):   # one code, so the module remembers the first key
     fun = make(scale)
     jax_says = closure_cache.explain_miss(fun)
-    jcc.jit(fun, auto_dynamic=False)(x)
+    jcc.jit(fun)(x)
   assert "its closure differs at cell 'scale' changed: 2 -> 3" in jax_says
   assert any("cell 'scale' changed: 2 -> 3" in m for m in messages(explain))
 

@@ -12,8 +12,8 @@ that raises the user's error for a new shape on a hit, and ``.trace``,
 runs twice (the replay hits), with the cache and with stock jit on fresh
 objects, and every result, exception type, dtype, weak type and shape must
 agree. CI runs ``--fuzz-examples`` programs (default 200) from a fixed seed;
-each failure it found is a named regression test (``test_wrong_answers.py``,
-``test_auto_dynamic.py``)."""
+each failure it found is a named regression test
+(``test_wrong_answers.py``)."""
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ import jax_closure_cache as jcc
 import fuzz_programs
 
 # One configuration: values from small pools, so sequences repeat keys
-# (hits) and change a member or two at a time (misses, auto-dynamic).
+# (hits) and change a member or two at a time (misses).
 CHOICE = st.fixed_dictionaries({
     "w": st.tuples(st.sampled_from(["jax", "jax", "numpy"]),
                    st.sampled_from([1.0, -0.5, 2.0])),

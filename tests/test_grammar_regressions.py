@@ -65,17 +65,14 @@ def _same(got, want, where):
         and (np.signbit(a) == np.signbit(b)).all()), (where, a, b)
 
 
-def assert_like_stock(step, values, *, auto_dynamic=None,
-                      check_verify=True):
+def assert_like_stock(step, values, *, check_verify=True):
   """``step(value)`` for each value, on fresh function objects: with stock
   jit, then twice with the cache in verify mode; every outcome stock's and
   no verify mismatch."""
-  from jax_closure_cache.front import options
-  saved = options.auto_dynamic_default()
   jcc.disable()
   jcc.clear()
   want = [_outcome(step, v) for v in values]
-  jcc.enable(verify=True, auto_dynamic=auto_dynamic)
+  jcc.enable(verify=True)
   try:
     got = [_outcome(step, v) for _ in range(2) for v in values]
     mismatches = jcc.stats()["verify_mismatches"] if check_verify else 0
@@ -83,11 +80,11 @@ def assert_like_stock(step, values, *, auto_dynamic=None,
     # trace-time effect (a print, a write)
     jcc.disable()
     jcc.clear()
-    jcc.enable(verify=False, auto_dynamic=auto_dynamic)
+    jcc.enable(verify=False)
     got += [_outcome(step, v) for _ in range(2) for v in values]
   finally:
     jcc.disable()
-    jcc.enable(verify=False, auto_dynamic=saved)
+    jcc.enable(verify=False)   # verify mode off, for whoever follows
     jcc.disable()
   for i, g in enumerate(got):
     _same(g, want[i % len(values)], (i // len(values) + 1,
@@ -186,27 +183,6 @@ def test_pytree_state_outside_flatten():
     layer = Layer(jnp.ones(3, jnp.float32), scale)
     return jax.jit(lambda x: x * layer.w * layer.scale)(X)
   assert_like_stock(step, [2.0, 3.0, 2.0])
-
-
-# 6. Auto-dynamic scalars change exceptions or precision.
-
-@pytest.mark.xfail(strict=True, reason="auto-dynamic scalars change "
-                   "exceptions or precision: fixed by the narrowed closure "
-                   "key")
-def test_auto_dynamic_scalar_keeps_stocks_exceptions():
-  def step(lr):
-    return jax.jit(lambda x: x * (1.0 / lr))(X)   # 1.0 / 0.0 raises
-  assert_like_stock(step, [0.5, 0.25, 0.125, 0.0], auto_dynamic=True)
-
-
-@pytest.mark.xfail(strict=True, reason="auto-dynamic scalars change "
-                   "exceptions or precision: fixed by the narrowed closure "
-                   "key")
-def test_auto_dynamic_int_keeps_stocks_overflow():
-  def step(n):   # past int32, stock raises OverflowError
-    return jax.jit(lambda x: jnp.arange(3, dtype=jnp.int32) * (n * 1000003)
-                   + x.astype(jnp.int32))(X)
-  assert_like_stock(step, [1, 2, 3, 2500], auto_dynamic=True)
 
 
 # Other differences the fuzzer found.

@@ -17,12 +17,12 @@ def fresh_warnings(monkeypatch):
     ("no", False), ("1", True), ("Yes", True), ("on", True)])
 def test_flag_values(monkeypatch, raw, expected):
   if raw is None:
-    monkeypatch.delenv(settings.AUTO_DYNAMIC.name, raising=False)
+    monkeypatch.delenv(settings.LIFT_NUMPY.name, raising=False)
   else:
-    monkeypatch.setenv(settings.AUTO_DYNAMIC.name, raw)
+    monkeypatch.setenv(settings.LIFT_NUMPY.name, raw)
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    assert settings.read(settings.AUTO_DYNAMIC) is expected
+    assert settings.read(settings.LIFT_NUMPY) is expected
 
 
 def test_garbled_flag_warns_once_and_keeps_the_default(monkeypatch):
@@ -43,6 +43,40 @@ def test_count_values(monkeypatch, raw, expected, warns):
     warnings.simplefilter("always")
     assert settings.read(settings.STORM_THRESHOLD) == expected
   assert bool(caught) is warns
+
+
+def test_ignored_variable_warns_once_at_enable(monkeypatch):
+  """``JAX_CLOSURE_CACHE_AUTO_DYNAMIC`` is not read: set, ``enable()``
+  warns once that it is ignored, and why (tier A shares a changing scalar's
+  executable); unset or empty, nothing is said."""
+  import jax_closure_cache as jcc
+  assert "JAX_CLOSURE_CACHE_AUTO_DYNAMIC" not in {s.name for s in settings.ALL}
+  monkeypatch.setenv("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", "1")
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    jcc.enable()
+    jcc.disable()
+    jcc.enable()   # once per process
+  jcc.disable()
+  said = [str(w.message) for w in caught
+          if "JAX_CLOSURE_CACHE_AUTO_DYNAMIC" in str(w.message)]
+  assert len(said) == 1, said
+  assert said[0].startswith(
+      "JAX_CLOSURE_CACHE_AUTO_DYNAMIC='1' is ignored: auto-dynamic scalars "
+      "were removed; "), said
+  assert "shared after that stock trace (tier A)" in said[0], said
+  assert caught[[str(w.message) for w in caught].index(said[0])].filename \
+      == __file__   # the caller of enable()
+  for raw in (None, "", " "):
+    monkeypatch.setattr(settings, "_warned", set())
+    if raw is None:
+      monkeypatch.delenv("JAX_CLOSURE_CACHE_AUTO_DYNAMIC")
+    else:
+      monkeypatch.setenv("JAX_CLOSURE_CACHE_AUTO_DYNAMIC", raw)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      jcc.enable()
+    jcc.disable()
 
 
 def test_only_settings_reads_the_environment():

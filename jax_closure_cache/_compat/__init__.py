@@ -302,17 +302,6 @@ def flatten_one_level(tree):
   return flatten(tree)
 
 
-def bind_equation(eqn, ins: list) -> list:
-  """Bind one jaxpr equation's primitive on ``ins``, as ``eval_jaxpr`` does;
-  its outputs as a list. ``get_bind_params`` returns the params (0.10) or,
-  in older releases, ``(subfuns, params)``: told apart by its result."""
-  bind = eqn.primitive.get_bind_params(eqn.params)
-  subfuns, params = bind if isinstance(bind, tuple) else ((), bind)
-  with eqn.ctx.manager:
-    out = eqn.primitive.bind(*subfuns, *ins, **params)
-  return list(out) if eqn.primitive.multiple_results else [out]
-
-
 # -- monitoring ----------------------------------------------------------------
 
 from jax._src import monitoring as _monitoring   # noqa: E402

@@ -6,9 +6,9 @@ the very same stock jitted object, so its calls cost exactly stock's.
 
 Invariants: the object is stock's own ``jax.jit`` of the first function
 object (or of a private copy, when that object already backs an entry whose
-globals changed since); a key that needs lifting, reads an object by
-identity or whose Python scalars keep changing is not canonicalised (the
-jit wrapper takes it); entries hold their anchors weakly.
+globals changed since); a key that needs lifting or reads an object by
+identity is not canonicalised (the jit wrapper takes it); entries hold
+their anchors weakly.
 """
 
 from __future__ import annotations
@@ -25,15 +25,11 @@ from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
-from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
-from jax_closure_cache.key import code_plan
-from jax_closure_cache.key import masks
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
 
 _store = cache.new_store()   # (options key, function key) -> Canonical
-_LAST_MAX = 1 << 12   # codes made in a loop: start over past this
 
 
 class Canonical(cache.Entry):
@@ -49,38 +45,6 @@ class Canonical(cache.Entry):
 
 _functions: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
 cache.register_clear_hook(_functions.clear)
-
-
-_last: dict[tuple, tuple] = {}   # (code, options) -> last key
-cache.register_clear_hook(_last.clear)
-
-
-def _scalars_keep_changing(fun, fun_key, options, options_key,
-                           lift_numpy) -> bool:
-  """Whether a closure-free function's key differs from the last one of its
-  code only in Python int/float globals (a schedule read from a module
-  global). Then its code is handed to ClosureJitted, which passes them as
-  arguments: the code counts as seen (its first object was stock's) and the
-  last key is where ClosureJitted's comparison finds it."""
-  code = fun.__code__
-  if code_plan.code_plan(code).writes_globals:
-    return False   # a trace that assigns globals changes its own key
-  ck = (code, options_key, lift_numpy)
-  previous = _last.get(ck)
-  if len(_last) >= _LAST_MAX:
-    _last.clear()
-  _last[ck] = fun_key
-  if previous is None or previous == fun_key:
-    return False
-  changed = masks.scalars_that_differ(previous, fun_key)
-  spec = jit_options.spec(options, options_key, lift_numpy, True)
-  if not changed or changed <= scalars.never_for((code, code, spec.key),
-                                                 fun_key):
-    return False
-  entries.mark_code_seen(code)
-  if scalars.last_key((code, code, spec.key)) is None:
-    scalars.remember_last_key((code, code, spec.key), (spec.key, previous))
-  return True
 
 
 def _known(fun, full_options_key):
@@ -104,20 +68,18 @@ def _known(fun, full_options_key):
 
 
 def canonical_jitted(fun: types.FunctionType, options: dict,
-                     options_key: tuple, lift_numpy: bool,
-                     auto_dynamic: bool = False):
+                     options_key: tuple, lift_numpy: bool):
   """The shared stock jitted object for ``fun``, or None if it needs lifting
   (in verify mode, another object's is seen through
   ``verify.CheckedCanonical``, which checks each call)."""
-  jitted = _canonical_jitted(fun, options, options_key, lift_numpy,
-                             auto_dynamic)
+  jitted = _canonical_jitted(fun, options, options_key, lift_numpy)
   if (jitted is not None and cache.verifying()
       and getattr(jitted, "__wrapped__", fun) is not fun):
     return verify.CheckedCanonical(fun, jitted)
   return jitted
 
 
-def _canonical_jitted(fun, options, options_key, lift_numpy, auto_dynamic):
+def _canonical_jitted(fun, options, options_key, lift_numpy):
   if jit_options.donates(options):
     # XLA warns of unusable donated buffers at every compile, which stock
     # makes per function object: the jit wrapper sees the warning and
@@ -138,9 +100,6 @@ def _canonical_jitted(fun, options, options_key, lift_numpy, auto_dynamic):
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
     return None
-  if auto_dynamic and _scalars_keep_changing(fun, a.key, options, options_key,
-                                             lift_numpy):
-    return None   # a ClosureJitted passes them as arguments
   key = (full_options_key, a.key)
   try:
     found = _store.get(key)

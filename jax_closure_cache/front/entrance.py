@@ -28,7 +28,6 @@ from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import static_args
 from jax_closure_cache.front import wrapper
-from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
 
 _new_wrapper = object.__new__
@@ -45,10 +44,7 @@ def jit(fun: Callable | None = None, /, **options) -> Any:
   Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
   given to ``enable(lift_numpy=...)`` or ``JAX_CLOSURE_CACHE_LIFT_NUMPY``,
   else False), which passes closed-over numpy arrays as arguments instead of
-  baking them, and ``auto_dynamic`` (default: ``enable(auto_dynamic=...)``
-  or ``JAX_CLOSURE_CACHE_AUTO_DYNAMIC``, else False), which passes a closed-
-  over Python int or float that keeps changing as a weakly typed argument.
-  Without ``fun`` it returns a decorator.
+  baking them. Without ``fun`` it returns a decorator.
 
   Example::
 
@@ -77,16 +73,12 @@ def _jit_with_options(fun, options: dict):
   """``jit`` past the hot case: options, static arguments, closure-free
   functions, opaque callables, then a ``ClosureJitted``."""
   lift_numpy = options.pop("lift_numpy", None)
-  auto_dynamic = options.pop("auto_dynamic", None)
   if fun is None:
     # stock's keyword-only signature rejects a wrong name at once
     jit_options.check_option_names(options)
-    return functools.partial(jit, lift_numpy=lift_numpy,
-                             auto_dynamic=auto_dynamic, **options)
+    return functools.partial(jit, lift_numpy=lift_numpy, **options)
   if lift_numpy is None:
     lift_numpy = jit_options.lift_numpy_default()
-  if auto_dynamic is None:
-    auto_dynamic = jit_options.auto_dynamic_default()
   try:
     options_key = jit_options.options_key(options) if options else ()
   except TypeError as e:
@@ -102,19 +94,17 @@ def _jit_with_options(fun, options: dict):
                         types.MethodType, _ClosureJitted)):
       # Functions among the static arguments are keyed by closure key.
       return static_args.StaticArgsJitted(fun, options, options_key,
-                                          lift_numpy, auto_dynamic)
+                                          lift_numpy)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    if not (auto_dynamic and scalars.verified(
-        (fun.__code__, fun.__code__, (options_key, lift_numpy, True)))):
-      jitted = canonical.canonical_jitted(fun, options, options_key,
-                                          lift_numpy, auto_dynamic)
-      if jitted is not None:
-        return jitted
+    jitted = canonical.canonical_jitted(fun, options, options_key,
+                                        lift_numpy)
+    if jitted is not None:
+      return jitted
   elif not (isinstance(fun, (types.FunctionType, functools.partial,
                              types.MethodType, _ClosureJitted))
             or closure.as_method(fun) is not None):
     return _compat.STOCK_JIT(fun, **options)   # opaque callables: stock
-  w = _ClosureJitted(fun, options, options_key, lift_numpy, auto_dynamic)
+  w = _ClosureJitted(fun, options, options_key, lift_numpy)
   if jit_options.donates(options):
     # Stock's own jitted object, made now: its validation of the donated
     # arguments raises here, at jit() time, as stock's does.

@@ -69,19 +69,6 @@ def met_before(key) -> bool:
   return trace_lookup.closure_cache.met_before(key)
 
 
-class _Seen:   # a code's first object when it was answered elsewhere
-  __slots__ = ("__weakref__",)
-
-
-_SEEN = _Seen()
-
-
-def mark_code_seen(code: types.CodeType) -> None:
-  """Count ``code``'s first object as seen (it was answered elsewhere):
-  every later object of it is not first."""
-  first_object(_SEEN, code)
-
-
 class JitWrapper:
   """What the package's jit wrappers have in common: ``_fun``, the callable
   they wrap (``ClosureJitted`` and its kinds derive from it)."""
@@ -117,13 +104,13 @@ def _caller_for_trace(e, lift_numpy):
   if a is not None:
     e.walk = None
     return current, a
-  return current, closure.analyse(current, lift_numpy, True, e.dynamic)
+  return current, closure.analyse(current, lift_numpy)
 
 
 class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "dynamic", "static", "caller", "walk", "_used",
+               "avals", "static", "caller", "walk", "_used",
                "_swept")
 
   def __init__(self):
@@ -135,7 +122,6 @@ class Entry(cache.Entry):
     self.traces = 0    # incremented inside every trace of the lifted function
     self.checked = 0   # value of ``traces`` when the guards were derived
     self.avals: list = []   # the lifted leaves' types at the last trace
-    self.dynamic = None     # ordinals of the scalars passed as arguments
     self.static = None      # the arguments' static parts, described (explain)
     # The function a call of ``jitted`` is for, set by the wrapper around the
     # call and cleared after it (a trace rebuilds *this* object, so it reads
@@ -254,14 +240,12 @@ class _Default:
 _DEFAULT = _Default()
 
 
-def shares_traces(options: dict, leaves) -> bool:
+def shares_traces(options: dict) -> bool:
   """Whether an entry's traces are the trace lookup's too (read from its
   store, published to it: ``trace_lookup.call_shared`` and ``publish``).
   Not with static arguments (passed as they are, so pjit's signature for
-  the user's function differs) nor with auto-dynamic scalars (the lookup
-  keys scalars by value, so nothing there would find the trace)."""
-  return not jit_options.has_static_arguments(options) and not any(
-      [type(x) is int or type(x) is float for x in leaves])
+  the user's function differs)."""
+  return not jit_options.has_static_arguments(options)
 
 
 def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
@@ -290,7 +274,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     # side effect that stores a traced value there is undone, and the call
     # answered by stock (the closure key's TracerLeak).
     def trace():
-      if shares_traces(options, a.leaves):
+      if shares_traces(options):
         # the trace lookup's stored trace of this key, if any
         out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
         if out is not None:

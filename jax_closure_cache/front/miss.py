@@ -2,12 +2,12 @@
 
 These are the wrapper's slow paths, in the order a first call meets them:
 ``stored`` (the key and its stored entry), ``miss`` (stock's own trace for
-the first object of a code; else one trace of the shared lifted function,
-with auto-dynamic scalars decided by ``make_dynamic``), ``store`` (keep the
-entry if the key covers what its trace captured, with guards for the rest),
-and ``fallback`` / ``retry_stock`` (stock answers, and says why). Each takes
-the wrapper ``w`` being called; the wrapper's ``_miss`` and ``_store``
-frames are where the lifted function finds it while tracing.
+the first object of a code; else one trace of the shared lifted function),
+``store`` (keep the entry if the key covers what its trace captured, with
+guards for the rest), and ``fallback`` / ``retry_stock`` (stock answers,
+and says why). Each takes the wrapper ``w`` being called; the wrapper's
+``_miss`` and ``_store`` frames are where the lifted function finds it
+while tracing.
 
 Invariants: whatever goes wrong here, the call is answered by stock jit of
 the user's own function, so its result or error is stock's; every outcome
@@ -23,15 +23,10 @@ import types
 import warnings
 
 from jax_closure_cache import _compat
-from jax_closure_cache import cache
-from jax_closure_cache import diagnostics
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
-from jax_closure_cache.front import verify
-from jax_closure_cache.key import auto_dynamic as scalars
 from jax_closure_cache.key import closure
-from jax_closure_cache.key import masks
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
 from jax_closure_cache.lookup import trace_lookup
@@ -58,69 +53,10 @@ def code_of(fun) -> types.CodeType | None:
       fun = method
 
 
-def dynamic_key(w):
-  return (code_of(w._fun), code_of(w._user()), w._spec.key)
-
-
-def make_dynamic(w, key, a, args, kwargs):
-  """On a miss whose key differs from the last miss of the same code only
-  in Python int/float values, pass those values as arguments from now on,
-  if verification shows that tracing them as arguments traces what
-  baking them does (``dynamic.verify``). Returns the new (key,
-  analysis), or None."""
-  spec = w._spec
-  if not spec.auto_dynamic:
-    return None
-  dk = dynamic_key(w)
-  previous = scalars.last_key(dk)
-  if previous is None:
-    return None
-  ordinals = scalars.candidates(dk, previous[1], key[1])
-  if ordinals is None:
-    return None
-  try:
-    dyn = closure.analyse(w._fun, spec.lift_numpy, True, ordinals)
-  except (Uncacheable, TypeError):
-    return None
-  why = scalars.verify(w._fun, dyn, key[1], previous[1], ordinals,
-                            args, kwargs)
-  scalars.decide(dk, key[1], ordinals, why is None)
-  if why is not None:
-    diagnostics.stays_static(w._user(), previous, key, why)
-    return None
-  if diagnostics.explaining():
-    diagnostics.became_dynamic(w._user(), previous, key)
-  return (spec.key, dyn.key), dyn
-
-
-def remember_last_key(w, after=None) -> None:
-  """After a miss's call, the key of the state it left, for the next miss
-  of this code to compare with (``after``, that state's walk with nothing
-  passed as an argument, if made already). The state after the call, not
-  before: a counter the trace itself bumps (``nonlocal n; n += 1``,
-  ``count[0] += 1``) is then equal in both, so it never becomes dynamic,
-  and the trace-time side effect keeps reaching the user's own cell, as
-  with stock."""
-  spec = w._spec
-  if not spec.auto_dynamic:
-    return
-  try:
-    after = after or closure.analyse(w._fun, spec.lift_numpy)
-    scalars.remember_last_key(dynamic_key(w),
-                                   (spec.key, after.key))
-  except (Uncacheable, TypeError):
-    pass
-
-
 def stored(w):
   """``(analysis, key, stored entry or None)`` of this wrapper's function.
   Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
-  dk = dynamic_key(w) if w._spec.auto_dynamic else None
-  dynamic = None if dk is None else scalars.verified(dk)
-  a = closure.analyse(w._fun, w._spec.lift_numpy, True, dynamic)
-  if dynamic is not None and not scalars.mask_for(dk, a.key):
-    # the mask is another structure's: this key bakes its scalars
-    a = closure.analyse(w._fun, w._spec.lift_numpy, True, None)
+  a = closure.analyse(w._fun, w._spec.lift_numpy)
   key = (w._spec.key, a.key)
   return a, key, entries.entries.get(key)
 
@@ -132,8 +68,8 @@ def fallback(w, reason: str, args, kwargs, detail: str = ""):
 
 
 def retry_stock(w, key, args, kwargs, error=None):
-  """Answer with stock's outcome; remember the code if only lifting failed
-  (or, if it passed scalars as arguments, that those stay static)."""
+  """Answer with stock's outcome; remember the code if only lifting
+  failed."""
   w._own()
   out = w.stock()(*args, **kwargs)   # stock's error propagates as is
   entries.entries.discard(key)
@@ -148,15 +84,6 @@ def retry_stock(w, key, args, kwargs, error=None):
         "the closure (a value built at trace time from a lifted array); "
         "what it overwrote was put back, and this code is traced as stock "
         "traces it from now on")
-    return out
-  dynamic = masks.dynamic_ordinals(key[1])
-  if dynamic:
-    scalars.never(dynamic_key(w), key[1], dynamic)
-    events.fallback(
-        w._user(), code, "trace_error",
-        "tracing with a Python scalar passed as an argument failed (it is "
-        "needed as a concrete value: a shape, a bound, a Python if); it "
-        "stays static for this code")
     return out
   if code is not None:
     entries.unliftable.add(code)
@@ -180,7 +107,6 @@ def miss(w, key, a, args, kwargs):
     started = time.perf_counter()
     w._own()
     out = w.stock()(*args, **kwargs)
-    remember_last_key(w)
     events.miss(w._user(), code, key, time.perf_counter() - started,
                 first_object=True)
     try:   # and the key of the state the call left (a mesh's attributes
@@ -194,32 +120,16 @@ def miss(w, key, a, args, kwargs):
         w, "unliftable", args, kwargs,
         "an earlier lifted trace of this code failed or stored a traced "
         "value where stock's did not, so stock traces it")
-  made = make_dynamic(w, key, a, args, kwargs)
-  if made is not None:
-    key, a = made
-    entry = entries.entries.get(key)
-    if entry is not None and not entry.guards:   # another value's entry
-      events.hit(entry.record)
-      w._pin(entry, key, a.leaves)
-      out = w._call_entry(entry, key, a.leaves, args, kwargs)
-      if cache.verifying():
-        return verify.checked(w, w._fun, key, entry, a.leaves, args, kwargs,
-                              out)
-      return out
-  if (made is None and code not in entries.ALWAYS_SHARED
+  if (code not in entries.ALWAYS_SHARED
       and not entries.spans_processes(a.leaves)
       and not entries.met_before(key)):
     # A key met once is stock's: one that never repeats (a new Python
-    # float each step) keeps no entry, executable or array alive. The state
-    # after the call is the next miss's to compare with (auto-dynamic), as
-    # after the code's first object.
+    # float each step) keeps no entry, executable or array alive.
     events.met_once(w._user(), code, key, "its closure key is new; a "
                     "function met again with the same key shares one "
                     "executable")
     w._own()
-    out = w.stock()(*args, **kwargs)
-    remember_last_key(w)
-    return out
+    return w.stock()(*args, **kwargs)
   baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
   if baked is not None:
     # An array kept by identity (committed to a device, or inside an
@@ -232,7 +142,6 @@ def miss(w, key, a, args, kwargs):
   w.stock()   # made now: validates the options as stock jit() would
   entry = entries.Entry()
   entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
-  entry.dynamic = a.dynamic
   presented = w._presented()
   entry.jitted = entries.make_lifted_jit(
       w._fun if presented is None else presented,
@@ -310,15 +219,10 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   if cost is not None:   # a miss, not a re-derivation after a retrace
     entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
   try:
-    after = closure.analyse(w._fun, w._spec.lift_numpy,
-                            True, entry.dynamic)
+    after = closure.analyse(w._fun, w._spec.lift_numpy)
   except Uncacheable as e:
-    remember_last_key(w)
     events.not_stored(w._user(), "uncacheable_after_trace", e.detail)
     return
-  # after every trace, a miss's or a hit's (the walk just made, if it
-  # passed no scalar as an argument)
-  remember_last_key(w, after if entry.dynamic is None else None)
   if len(after.leaves) != len(leaves):
     events.not_stored(w._user(), "layout_changed",
                       "the trace changed how many arrays the closure holds")
@@ -362,5 +266,5 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
   if not guards:
     w._remember_matcher(key, entry)
   if (after.key == key[1]   # the walk the trace took, unchanged by it
-      and entries.shares_traces(w._spec.options, after.leaves)):
+      and entries.shares_traces(w._spec.options)):
     trace_lookup.publish(w._fun, after, traced, args, kwargs)

@@ -1,7 +1,7 @@
 """The options of a jitted function: stock's keywords, ours, and defaults.
 
 ``jit(fun, **options)`` takes every keyword of ``jax.jit`` plus
-``lift_numpy`` and ``auto_dynamic``. The options become one
+``lift_numpy``. The options become one
 :class:`JitSpec`, shared by every wrapper made with them and compared by
 identity on the hot path; ``hot_spec()`` is the spec of ``jit(fun)`` with no
 options under the current defaults.
@@ -48,6 +48,24 @@ def has_static_arguments(options: dict) -> bool:
   return "static_argnums" in options or "static_argnames" in options
 
 
+#: Keywords that ``jit``, ``enable`` and ``enabled`` refuse with a reason.
+REMOVED_OPTIONS = {
+    "auto_dynamic": (
+        "the auto_dynamic option was removed; a closed-over Python int or "
+        "float that keeps changing is traced as stock traces it, and its "
+        "executable is shared after that stock trace (tier A)"),
+}
+
+
+def reject_keywords(function: str, keywords) -> None:
+  """The TypeError for keywords ``function`` does not take, the first
+  one's: Python's message, with the reason for a removed option."""
+  for name in keywords:
+    why = REMOVED_OPTIONS.get(name)
+    raise TypeError(f"{function}() got an unexpected keyword argument "
+                    f"{name!r}" + (f": {why}" if why else ""))
+
+
 def check_option_names(options: dict) -> None:
   """Stock's TypeError for a keyword ``jax.jit`` does not take."""
   for name in options:
@@ -55,7 +73,7 @@ def check_option_names(options: dict) -> None:
       raise TypeError("jit() got some positional-only arguments passed as "
                       "keyword arguments: 'fun'")
     if name not in JIT_OPTIONS:
-      raise TypeError(f"jit() got an unexpected keyword argument {name!r}")
+      reject_keywords("jit", (name,))
 
 
 def options_key(options: dict) -> tuple:
@@ -107,32 +125,29 @@ class JitSpec(NamedTuple):
   ``options``: the keywords stock ``jax.jit`` gets (for the lifted function,
   argument numbers shift by one and a user-given ``in_shardings`` gains an
   unspecified sharding for the leaves: ``entries.make_lifted_jit``).
-  ``key``: ``(options key, lift_numpy, auto_dynamic)``, hashable, compared
-  by identity on the hot path. ``lift_numpy``: closed-over NumPy arrays are
-  passed as arguments. ``auto_dynamic``: Python scalars that keep changing
-  are passed as arguments. ``table``: the identity rows for these options
+  ``key``: ``(options key, lift_numpy)``, hashable, compared by identity
+  on the hot path. ``lift_numpy``: closed-over NumPy arrays are passed as
+  arguments. ``table``: the identity rows for these options
   (``identity``).
   """
   options: dict
   key: tuple
   lift_numpy: bool
-  auto_dynamic: bool
   table: dict
 
 
 _specs: dict[tuple, JitSpec] = {}
 
 
-def spec(options: dict, options_key: tuple, lift_numpy: bool,
-         auto_dynamic: bool) -> JitSpec:
+def spec(options: dict, options_key: tuple, lift_numpy: bool) -> JitSpec:
   """The one spec of these options."""
-  key = (options_key, lift_numpy, auto_dynamic)
+  key = (options_key, lift_numpy)
   found = _specs.get(key)
   if found is None:
     if len(_specs) >= 1 << 12:   # options built afresh in a loop
       _specs.clear()
     found = _specs.setdefault(key, JitSpec(options, key, lift_numpy,
-                                           auto_dynamic, identity.table(key)))
+                                           identity.table(key)))
   return found
 
 
@@ -142,13 +157,11 @@ def find_spec(key: tuple) -> JitSpec | None:
 
 class _Defaults:
   lift_numpy = settings.read(settings.LIFT_NUMPY)
-  auto_dynamic = settings.read(settings.AUTO_DYNAMIC)
 
 
-_HOT_SPECS = {(n, d): spec({}, (), n, d) for n in (False, True)
-              for d in (False, True)}
+_HOT_SPECS = {n: spec({}, (), n) for n in (False, True)}
 # The spec of ``jit(fun)`` without options, for the current defaults.
-_hot_spec = [_HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]]
+_hot_spec = [_HOT_SPECS[_Defaults.lift_numpy]]
 _listeners: list = []
 
 
@@ -168,19 +181,9 @@ def on_defaults_changed(listener) -> None:
 
 
 def _update_hot_spec() -> None:
-  _hot_spec[0] = _HOT_SPECS[_Defaults.lift_numpy, _Defaults.auto_dynamic]
+  _hot_spec[0] = _HOT_SPECS[_Defaults.lift_numpy]
   for listener in _listeners:
     listener()
-
-
-def set_auto_dynamic_default(value: bool) -> None:
-  """Default of ``jit(..., auto_dynamic=...)`` (``enable(auto_dynamic=...)``)."""
-  _Defaults.auto_dynamic = bool(value)
-  _update_hot_spec()
-
-
-def auto_dynamic_default() -> bool:
-  return _Defaults.auto_dynamic
 
 
 def set_lift_numpy_default(value: bool) -> None:

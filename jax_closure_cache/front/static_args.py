@@ -320,9 +320,8 @@ def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
 def _make_bound(w, layout, positions, names, static_values, functions, params,
                 user, stock) -> _Bound:
   options, options_key = layout.bound_options(tuple(positions))
-  spec = w._spec
   bound = _Bound(_binder(w._fun, functions, params), options, options_key,
-                 spec.lift_numpy, spec.auto_dynamic)
+                 w._spec.lift_numpy)
   bound._user_fun = user
   bound._outer_stock = stock
   bound._static_args = (positions, names, static_values)

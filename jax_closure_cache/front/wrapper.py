@@ -12,7 +12,7 @@ This module owns the wrapper and its per-call path: identity rows first
   object already called keeps what its first call decided; a new object
   with a stored key hits the entry's shared *lifted* function -- stock
   ``jax.jit`` of ``lifted(leaves, *args, **kwargs)`` -- with the closed-over
-  arrays (and auto-dynamic scalars) as ``leaves``.
+  arrays as ``leaves``.
 
 Invariants:
 * A function object that has been called is answered as stock answers it:
@@ -158,13 +158,10 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
   _direct = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
-               lift_numpy: bool, auto_dynamic: bool | None = None):
+               lift_numpy: bool):
     # Top-level plain functions may take the inline cache (_quick).
-    if auto_dynamic is None:
-      auto_dynamic = jit_options.auto_dynamic_default()
-    spec = (
-        jit_options.find_spec((options_key, lift_numpy, auto_dynamic))
-        or jit_options.spec(options, options_key, lift_numpy, auto_dynamic))
+    spec = (jit_options.find_spec((options_key, lift_numpy))
+            or jit_options.spec(options, options_key, lift_numpy))
     fill(self, fun, (_code_of(fun), spec))
 
   # -- what jax.jit's result offers ------------------------------------------
@@ -377,10 +374,9 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     """Give a long-lived object stock's own executable, if its closure still
     reads what its first call read (else stock's trace would differ from the
     one it has been answered by, so it stays on the entry)."""
-    entry, key, leaves, _ = row
+    _, key, leaves, _ = row
     try:
-      a = closure.analyse(self._fun, self._spec.lift_numpy, True,
-                          entry.dynamic)
+      a = closure.analyse(self._fun, self._spec.lift_numpy)
       same = (a.key == key[1] and len(a.leaves) == len(leaves)
               and all(x is y for x, y in zip(a.leaves, leaves)))
     except (Uncacheable, TypeError):
@@ -519,12 +515,12 @@ def split(w: ClosureJitted):
 
 
 def join(static, fun) -> ClosureJitted:
-  options_key, lift_numpy, auto_dynamic = static
+  options_key, lift_numpy = static
   options = dict(options_key)
   if "compiler_options" in options:   # frozen to pairs by options_key
     options["compiler_options"] = dict(options["compiler_options"])
   cls = _kinds[jit_options.has_static_arguments(options)]
-  return cls(fun, options, options_key, lift_numpy, auto_dynamic)
+  return cls(fun, options, options_key, lift_numpy)
 
 
 values.register_wrapper(ClosureJitted, split, join)

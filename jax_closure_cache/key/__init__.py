@@ -16,8 +16,6 @@ built on that key:
 * ``matchers``: the hot path's per-key checks, generated as code.
 * ``guards``: captured arrays the key does not cover, held weakly.
 * ``jaxpr``: jaxprs keyed by structure (a wrapper rule).
-* ``auto_dynamic``: which Python scalars are lifted as arguments, and the
-  check that doing so traces the same computation.
 
 Invariants: nothing here knows of jit, the trace lookup or the front; a key
 holds no array and no object stock would free (arrays are leaves, objects

@@ -1,5 +1,5 @@
 """The closure key: what a call of a callable reads, walked once into a
-hashable key and the arrays (and auto-dynamic scalars) it lifts.
+hashable key and the arrays it lifts.
 
 This is the first of the closure key's modules: the walk and the key.
 ``rebuild`` puts new values (tracers, at trace time) in the lifted
@@ -63,9 +63,9 @@ from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value, own_module_level,
     stable_module)
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, DYN, LIBATTR, LIFTED, METHOD, MISSING,
+    BUILTIN_NODES, CLASS, COPY, LIBATTR, LIFTED, METHOD, MISSING,
     NOCHAIN, OBJ,
-    TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
+    TREE, TREEAUX, TREEDEF, Tag, Uncacheable)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -91,29 +91,21 @@ class Analysis(_key.Walk):
   """The closure key's walk with the package's rules: ``key``, ``leaves``,
   ``anchors`` and ``roots`` are the results (see the module docstring).
   What it adds to JAX's walk, each in the step it overrides: arrays inside
-  objects kept by identity (``array``), auto-dynamic scalars (``scalar``),
-  modules read through attribute chains (``module``, ``reads``), classes by
-  namespace, plain objects by attributes, bound methods, sets, registered
-  pytrees and hashable values (``other``), functions in pytree node data
-  (``tree_parts``), scalars of written cells and globals never made
-  arguments (``cells``, ``reads``), and a budget of functions (``enter``)."""
+  objects kept by identity (``array``), modules read through attribute
+  chains (``module``, ``reads``), classes by namespace, plain objects by
+  attributes, bound methods, sets, registered pytrees and hashable values
+  (``other``), functions in pytree node data (``tree_parts``), refusals of
+  code that writes its cells or globals (``cells``, ``reads``), and a
+  budget of functions (``enter``)."""
   __slots__ = ("key", "roots", "lift_numpy", "in_object", "nesting",
-               "budget_values", "depth", "dynamic", "scalars", "frozen")
+               "budget_values", "depth")
 
-  def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True,
-               dynamic=None):
+  def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True):
     super().__init__()
     self.roots: list = []
     self.lift_numpy = lift_numpy
     # Inside a plain object (or with lifting off) arrays are kept by identity.
     self.in_object = not lift_arrays
-    # Ordinals (in walk order) of the Python int and float values to pass as
-    # arguments (auto-dynamic scalars), or None; ``scalars`` counts them.
-    self.dynamic = dynamic
-    self.scalars = 0
-    # > 0 while walking a cell or global the code assigns: a scalar there is
-    # never passed as an argument (the assignment must reach the user's cell)
-    self.frozen = 0
     self.nesting = 0   # plain objects being walked, one inside another
 
   stable = staticmethod(lambda f, module=None: is_stable(f))
@@ -129,15 +121,6 @@ class Analysis(_key.Walk):
       return self.identity(v)
     self.leaves.append(v)
     return LIFTED
-
-  def scalar(self, v, t):
-    if self.dynamic is not None:
-      n = self.scalars
-      self.scalars = n + 1
-      if n in self.dynamic and not self.in_object and not self.frozen:
-        self.leaves.append(v)   # a weakly typed scalar argument
-        return (DYN, t)
-    return (t, v) if t is int else float_key(v)
 
   def module(self, v):
     return v   # what code reads of it is keyed by its attribute chains
@@ -518,7 +501,7 @@ def _python_function(f) -> bool:
 
 
 def analyse(fun: Callable, lift_numpy: bool = False,
-            lift_arrays: bool = True, dynamic=None) -> Analysis:
+            lift_arrays: bool = True) -> Analysis:
   """Key, lifted leaves, anchors and guard roots of ``fun`` (see module doc).
 
   With ``lift_arrays=False`` every array is keyed by identity and left in
@@ -528,7 +511,7 @@ def analyse(fun: Callable, lift_numpy: bool = False,
     Uncacheable: ``fun`` closes over a tracer, or over a value that is
       neither hashable nor a pytree.
   """
-  a = Analysis(lift_numpy, lift_arrays, dynamic)
+  a = Analysis(lift_numpy, lift_arrays)
   if type(fun) is _FunctionType:
     a.key = a.function(fun)   # by contents even at module level
   else:

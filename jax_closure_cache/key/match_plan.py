@@ -21,7 +21,7 @@ import types
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    ATOMS, CYCLE, DYN, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
+    ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
     FnPart,
     Tag)
 
@@ -40,8 +40,6 @@ def simple_part(part) -> bool:
   if part is LIFTED or part is MISSING or part is NOCHAIN:
     return True
   if type(part) is tuple:
-    if len(part) == 2 and part[0] is DYN:
-      return True
     if len(part) == 2 and (part[0] is CYCLE or part[0] is LIBATTR):
       return True
     if len(part) == 4 and part[0] is TREE:

@@ -20,7 +20,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    CYCLE, DYN, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
     Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
@@ -103,9 +103,6 @@ class _MatchSource:
     add(f"    {v} = {expr}")
     if part is LIFTED:
       self.miss_if(f"type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v}))")
-      add(f"    out.append({v})")
-    elif type(part) is tuple and part[0] is DYN:
-      self.miss_if(f"type({v}) is not {self.bind(part[1])}")
       add(f"    out.append({v})")
     elif type(part) is tuple and part[0] is FN:
       self.function(v, part)

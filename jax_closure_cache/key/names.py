@@ -118,8 +118,6 @@ def render(part) -> tuple[str, str]:
   """(value, kind) of a key part, for messages."""
   if part is key_parts.LIFTED:
     return "array", "lifted"
-  if type(part) is tuple and len(part) == 2 and part[0] is key_parts.DYN:
-    return f"any {part[1].__name__}", "passed as an argument (auto-dynamic)"
   if part is key_parts.NOCHAIN:
     return "not a module or class", "attribute chain"
   if part is key_parts.MISSING:

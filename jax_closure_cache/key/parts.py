@@ -46,9 +46,7 @@ OBJ = Tag("OBJ")           # (OBJ, index, type, ((name, value), ...)); arrays by
 COPY = Tag("COPY")         # (COPY, index, type, ((name, value), ...)); arrays lifted
 CLASS = Tag("CLASS")       # (CLASS, index, class, ((owner, name, value), ...))
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
-DYN = Tag("DYN")           # (DYN, int or float): a Python scalar passed as an argument
 LIBATTR = Tag("LIBATTR")   # (LIBATTR, obj): a library module's attribute, by identity
-SCALAR = Tag("SCALAR")     # a scalar's value, masked (see scalars_that_differ)
 
 
 class FnPart(NamedTuple):

@@ -22,7 +22,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, DYN, METHOD, OBJ, TREEAUX, TREEDEF)
+    BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF)
 
 _key = closure_key
 _tree_flatten = _compat.jax.tree_util.tree_flatten
@@ -30,19 +30,15 @@ _tree_unflatten = _compat.jax.tree_util.tree_unflatten
 
 
 class Rebuild(_key.Rebuild):
-  """The closure key's rebuild with the package's parts: auto-dynamic
-  scalars (leaves themselves), objects kept whole (``OBJ``: their arrays
-  are kept by identity), shallow copies of plain objects (``COPY``),
-  bound methods, treedefs and pytrees whose node data holds functions, and
-  classes (only back-references inside: kept as they are)."""
-  LEAF_PARTS = _key.Rebuild.LEAF_PARTS | {DYN}
+  """The closure key's rebuild with the package's parts: objects kept
+  whole (``OBJ``: their arrays are kept by identity), shallow copies of
+  plain objects (``COPY``), bound methods, treedefs and pytrees whose node
+  data holds functions, and classes (only back-references inside: kept as
+  they are)."""
   KEPT_PARTS = frozenset({OBJ})
-  STEPS = {**_key.Rebuild.STEPS, DYN: "scalar", TREEAUX: "tree_aux",
+  STEPS = {**_key.Rebuild.STEPS, TREEAUX: "tree_aux",
            TREEDEF: "treedef", METHOD: "method", COPY: "copy", CLASS: "klass"}
   walk = closure.Analysis
-
-  def scalar(self, v, k):
-    return next(self.leaves)
 
   def klass(self, v, k):
     return v

@@ -194,8 +194,8 @@ def kept_by_identity(x) -> bool:
 class Static:
   """Values a caller holds static (a launcher's loop bounds, a jitted
   function's non-function static arguments), keyed by value and exact
-  top-level types, never made auto-dynamic: they are how a stock function
-  is called, not values a closure reads. ``value`` is the tuple given."""
+  top-level types: they are how a stock function is called, not values a
+  closure reads. ``value`` is the tuple given."""
   __slots__ = ("value", "_id", "_hash")
 
   def __init__(self, *value):

@@ -215,9 +215,10 @@ def _recreated_sum(n: int) -> Workload:
 
 
 def _schedule() -> Workload:
-  """A learning-rate schedule read through a closure: a new Python float
-  every step (auto-dynamic scalars), against the function that takes lr as
-  an argument."""
+  """A learning-rate schedule read through a closure: 100 Python floats
+  in turn, one each step (each baked and keyed by value: met again, a
+  value has its own entry, which later steps hit), against the function
+  that takes lr as an argument."""
   x = jnp.linspace(-1.0, 1.0, 16)
   lrs = [0.1 * 0.99 ** step for step in range(100)]
 

@@ -116,9 +116,8 @@ def test_sgd_constant_learning_rate_skips_the_trace():
 
 
 def test_sgd_rebuilt_with_python_float_learning_rate():
-  # Tier B keys the closure, the float by value ("static float": with
-  # auto-dynamic off, the default, each learning rate is its own key), so in
-  # the first run each key is met once (``key_met_once``) and tier A shares
+  # Tier B keys the closure, the float by value ("static float": each
+  # learning rate is its own key), so in the first run each key is met once (``key_met_once``) and tier A shares
   # the executable; in the second run each key is met again and tier B's
   # lifted entries are compiled: a new structure for tier A, which compiles
   # it twice (calls 1 and 2), then shares it. Traces never reach 0.
