@@ -271,15 +271,21 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       e.avals = avals
       e.traces += 1
     # The rebuilt function shares the user's cells and objects: a trace-time
-    # side effect that stores a traced value there is undone, and the call
-    # answered by stock (the closure key's TracerLeak).
+    # side effect that stores a traced value there is undone; one that
+    # writes to the rebuild's copy of a plain object, dict or list (which
+    # stock's trace makes on the user's) is refused. Both are answered by
+    # stock (the closure key's TracerLeak).
     def trace():
       if shares_traces(options):
         # the trace lookup's stored trace of this key, if any
         out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
         if out is not None:
           return out
-      return rebuild.rebuild(current, a.key, leaves)(*args, **kwargs)
+      new = rebuild.rebuild(current, a.key, leaves)
+      copies = trace_lookup.closure_cache.StateWatch.of_copies(new, current)
+      out = new(*args, **kwargs)
+      copies.check_unwritten()
+      return out
     return trace_lookup.closure_cache.StateWatch.run(current, trace)
 
   trace_lookup.own_code(lifted.__code__)

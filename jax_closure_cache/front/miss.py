@@ -80,10 +80,9 @@ def retry_stock(w, key, args, kwargs, error=None):
       entries.unliftable.add(code)
     events.fallback(
         w._user(), code, "tracer_leak",
-        "the lifted trace stored a traced value in state reached through "
-        "the closure (a value built at trace time from a lifted array); "
-        "what it overwrote was put back, and this code is traced as stock "
-        "traces it from now on")
+        f"{leak} (a value built at trace time, written where stock's trace "
+        "writes to the user's state); what it overwrote was put back, and "
+        "this code is traced as stock traces it from now on")
     return out
   if code is not None:
     entries.unliftable.add(code)

@@ -89,6 +89,23 @@ class StateWatch:
       raise TracerLeak("a lifted trace stored a tracer in the closure's state")
 
   @classmethod
+  def of_copies(cls, rebuilt, fun) -> "StateWatch":
+    """The places ``rebuilt`` (``fun`` rebuilt with tracers in its lifted
+    positions) reaches that ``fun`` does not: the rebuild's copies of the
+    user's plain objects, dicts and lists."""
+    watch, own = cls(rebuilt), {id(p) for p, _ in cls(fun).places}
+    watch.places = [(p, c) for p, c in watch.places if id(p) not in own]
+    return watch
+
+  def check_unwritten(self) -> None:
+    """Raise :class:`TracerLeak` if a trace wrote to a watched place: a
+    write to the rebuild's copy of an object that stock's trace would make
+    on the user's object (``self.last = y``, a counter)."""
+    if self.changes():
+      raise TracerLeak("a lifted trace wrote to its copy of an object the "
+                       "closure reaches; stock's trace writes to the user's")
+
+  @classmethod
   def run(cls, fun, call: Callable[[], Any]) -> Any:
     """``call()``, a lifted trace of ``fun``, then :meth:`check`."""
     watch = cls(fun)
