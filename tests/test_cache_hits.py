@@ -443,3 +443,26 @@ def test_a_miss_walks_the_closure_once_plus_the_post_trace_check(
       if replay:   # hits
         assert jcc.stats()["misses"] == 2
       assert_like_stock(got, make(w, b), x, rtol=1e-6)
+
+
+def test_one_array_at_two_places_is_one_object_in_the_trace():
+  """Stock's trace sees one object where the closure holds one array twice
+  (an ``is`` test, constants deduplicated by identity); a function holding
+  two distinct arrays there has another key, and the fast matcher of one
+  key never answers a function of the other."""
+  def make(a, b):
+    def f(x):
+      return x * a + (1.0 if a is b else -1.0) * b
+    return f
+  w1, w2, w3 = (jnp.full(3, v) for v in (1.0, 2.0, 3.0))
+  x = jnp.arange(3.0)
+  pairs = [(w1, w2), (w2, w3), (w1, w1), (w2, w2), (w3, w1), (w3, w3)]
+  for _ in range(2):
+    for a, b in pairs:
+      assert_like_stock(jcc.jit(make(a, b))(x), make(a, b), x)
+  last = [(w3, w2), (w1, w1)]
+  with counting() as c:
+    outs = [jcc.jit(make(a, b))(x) for a, b in last]
+  assert c["traces"] == 0 and c["compiles"] == 0
+  for out, (a, b) in zip(outs, last):
+    assert_like_stock(out, make(a, b), x)

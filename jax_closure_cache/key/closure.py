@@ -15,8 +15,9 @@ arguments and keywords, a bound method's function and ``self``. It returns an
 * ``key`` is hashable and holds no array and no tracer. Two callables with
   equal keys, called with their own ``leaves`` passed as arguments, trace to
   the same jaxpr.
-* ``leaves`` are the lifted arrays, in walk order; ``key`` records where each
-  one sits (:data:`LIFTED`) but not its value, shape or dtype (the shared
+* ``leaves`` are the lifted arrays, in walk order, each object once; ``key``
+  records where each one sits (:data:`LIFTED`, and ``(ALIAS, i)`` where
+  leaf ``i`` is met again) but not its value, shape or dtype (the shared
   jitted function keys those itself, as it keys any argument).
 * ``anchors`` are the objects whose ``id`` is part of ``key``. Whoever stores
   ``key`` must drop it when one dies (the jit layer holds them weakly), so no
@@ -63,7 +64,7 @@ from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value, own_module_level,
     stable_module)
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, LIBATTR, LIFTED, METHOD, MISSING,
+    BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
     TREE, TREEAUX, TREEDEF, Tag, Uncacheable)
 
@@ -119,8 +120,7 @@ class Analysis(_key.Walk):
   def array(self, v):
     if self.in_object or (_is_committed(v) and kept_by_identity(v)):
       return self.identity(v)
-    self.leaves.append(v)
-    return LIFTED
+    return self.lift(v)
 
   def module(self, v):
     return v   # what code reads of it is keyed by its attribute chains
@@ -239,8 +239,7 @@ class Analysis(_key.Walk):
       if self.in_object or (getattr(v, _compat.COMMITTED, True)
                             and kept_by_identity(v)):
         return self.identity(v)
-      self.leaves.append(v)
-      return LIFTED
+      return self.lift(v)
     if isinstance(v, np.ndarray):
       if type(v) is not np.ndarray:
         # a masked array's mask, a matrix's algebra: not in its bytes
@@ -251,8 +250,7 @@ class Analysis(_key.Walk):
         # changes (an array of objects, a mesh's devices: by identity)
         return self.identity(v) if v.dtype.hasobject else self.numpy(v)
       if self.lift_numpy and not v.dtype.hasobject:
-        self.leaves.append(v)
-        return LIFTED
+        return self.lift(v)
       return self.numpy(v)
     if isinstance(v, np.generic):
       return (t, v.tobytes())

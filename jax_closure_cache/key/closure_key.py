@@ -46,6 +46,7 @@ class Marker:
 
 
 LIFTED = Marker("LIFTED")     # an array passed to the shared trace
+ALIAS = Marker("ALIAS")       # (ALIAS, i): the array lifted as leaf i, again
 MISSING = Marker("MISSING")   # a global name the globals lack
 EMPTY = Marker("EMPTY")       # an unfilled cell
 FN = Marker("FN")   # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
@@ -111,11 +112,12 @@ class Walk:
   """:meth:`value` is a value's part of the key, its arrays put in
   ``leaves`` and the objects whose ids it holds in ``anchors``; a library
   keying more overrides steps in a subclass (:func:`use_rules`)."""
-  __slots__ = ("leaves", "anchors", "memo", "budget")
+  __slots__ = ("leaves", "anchors", "memo", "budget", "lifted")
 
   def __init__(self):
     self.leaves, self.anchors, self.memo = [], [], {}  # memo: id -> index
     self.budget = BUDGET
+    self.lifted = {}   # id of a lifted array -> its index in leaves
 
   def value(self, v) -> Any:
     t = type(v)
@@ -138,6 +140,17 @@ class Walk:
   def array(self, v):
     if v._committed and len(v.sharding.device_set) == 1:
       return self.identity(v)     # as an argument it would commit the result
+    return self.lift(v)
+
+  def lift(self, v):
+    """``v`` as a leaf: LIFTED where first met, ``(ALIAS, i)`` where met
+    again, so the trace sees one tracer where stock's sees one object (its
+    constants deduplicated by identity, an ``is`` test) and a function
+    holding two distinct arrays there has another key."""
+    i = self.lifted.get(id(v))
+    if i is not None:
+      return (ALIAS, i)
+    self.lifted[id(v)] = len(self.leaves)
     self.leaves.append(v)
     return LIFTED
 
@@ -277,6 +290,8 @@ class Walk:
 
 
 def _show(k) -> str:
+  if type(k) is tuple and len(k) == 2 and k[0] is ALIAS:
+    return f"the array of lifted place {k[1]} again"
   if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
     value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
     return f"{k[0].__name__} {value!r}"
@@ -289,16 +304,17 @@ class Rebuild:
   subclass adding ``STEPS``."""
   # parts that may be leaves (a function reached before is rebuilt wherever
   # it is held), and parts that never hold one
-  LEAF_PARTS = frozenset({CYCLE})
+  LEAF_PARTS = frozenset({CYCLE, ALIAS})
   KEPT_PARTS = frozenset()
   STEPS = {FN: "function", TREE: "tree", PARTIAL: "partial",
-           WEAKREF: "weakref", WRAPPER: "wrapper"}
+           WEAKREF: "weakref", WRAPPER: "wrapper", ALIAS: "alias"}
   walk = Walk
 
   def __init__(self, leaves):
     self.leaves = iter(leaves)
     # walk index -> rebuilt function; rebuilt objects only weakrefs reach
     self.memo, self.keep = {}, []
+    self.taken = []   # the leaves placed so far, for ALIAS parts
 
   def has_leaf(self, k) -> bool:
     if type(k) is not tuple or not k:
@@ -308,7 +324,9 @@ class Rebuild:
 
   def value(self, v, k):
     if k is LIFTED:
-      return next(self.leaves)
+      leaf = next(self.leaves)
+      self.taken.append(leaf)
+      return leaf
     if type(k) is not tuple or not k or type(k[0]) is not Marker:
       return v
     if k[0] is CYCLE:
@@ -316,6 +334,9 @@ class Rebuild:
     if not self.has_leaf(k):
       return v
     return getattr(self, self.STEPS[k[0]])(v, k)
+
+  def alias(self, v, k):
+    return self.taken[k[1]]
 
   def partial(self, v, k):
     value = self.value

@@ -21,7 +21,7 @@ import types
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
+    ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
     FnPart,
     Tag)
 
@@ -33,14 +33,15 @@ _filled = closure_key.cell_filled
 
 def simple_part(part) -> bool:
   """A key part that a value can be checked against without building a key:
-  a lifted array, an atom or float, a missing global, an identity object, a
+  a lifted array (or one met again), an atom or float, a missing global, an identity object, a
   pytree of those, a ``functools.partial`` of those, or a nested function (no
   keyword defaults, no back-reference) whose cells, defaults and read globals
   are all simple."""
   if part is LIFTED or part is MISSING or part is NOCHAIN:
     return True
   if type(part) is tuple:
-    if len(part) == 2 and (part[0] is CYCLE or part[0] is LIBATTR):
+    if len(part) == 2 and (part[0] is CYCLE or part[0] is LIBATTR
+                           or part[0] is ALIAS):
       return True
     if len(part) == 4 and part[0] is TREE:
       return all(map(simple_part, part[2]))

@@ -20,7 +20,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
+    ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
     Tag, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
@@ -57,6 +57,9 @@ class _MatchSource:
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
     self.by_index: dict[int, str] = {}   # memo index -> that variable
+    # leaf index -> the expression holding that lifted array (what an
+    # ``(ALIAS, i)`` part is checked against by identity)
+    self.leaf_exprs: list[str] = []
     # id -> globals dict of the functions the key was analysed from: the
     # matcher compares the dict itself (cheaper than its id), which the entry
     # anchors anyway
@@ -80,11 +83,16 @@ class _MatchSource:
     lines = [f"    if {line}: {miss}" if type(line) is _MissIf else line
              for line in self.lines]
     appends = [line for line in lines if line.startswith("    out.")]
+    # Each lifted array is one object: a function holding one array at two
+    # lifted places has another key (an ALIAS part, never matched here).
+    distinct = ([f"    if len(set(map(id, out))) != len(out): {miss}"]
+                if len(appends) > 1 or any(line.startswith("    out.extend(")
+                                           for line in appends) else [])
     if all(line.startswith("    out.append(") for line in appends):
       leaves = ", ".join(line[len("    out.append("):-1] for line in appends)
       return [line for line in lines if line not in appends] + [
-          f"    out = [{leaves}]"]
-    return ["    out = []", *lines]
+          f"    out = [{leaves}]", *distinct]
+    return ["    out = []", *lines, *distinct]
 
   def literal(self, value) -> str:
     """``value`` as source: its repr for a str or int, else a bound name."""
@@ -104,6 +112,10 @@ class _MatchSource:
     if part is LIFTED:
       self.miss_if(f"type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v}))")
       add(f"    out.append({v})")
+      self.leaf_exprs.append(v)
+    elif type(part) is tuple and part[0] is ALIAS:
+      # the same array object as an earlier lifted place
+      self.miss_if(f"{v} is not {self.leaf_exprs[part[1]]}")
     elif type(part) is tuple and part[0] is FN:
       self.function(v, part)
     elif type(part) is tuple and part[0] is CYCLE:
@@ -136,6 +148,7 @@ class _MatchSource:
       if all(p is LIFTED for p in part[2]):   # the common params pytree
         self.all_lifted(leaves)
         add(f"    out.extend({leaves})")
+        self.leaf_exprs += [f"{leaves}[{j}]" for j in range(len(part[2]))]
       else:
         for j, leaf_part in enumerate(part[2]):
           self.check(f"{leaves}[{j}]", leaf_part)
@@ -195,6 +208,7 @@ class _MatchSource:
       add(f"    {xs} = {gather}")
       self.all_lifted(xs)
       add(f"    out.extend({xs})")
+      self.leaf_exprs += [f"{xs}[{j}]" for j in range(n)]
       return
     for i, (item, child) in enumerate(zip(items, children)):
       if child.num_nodes == 1 and child.num_leaves == 1:
@@ -202,6 +216,7 @@ class _MatchSource:
         add(f"    {x} = {item}")
         self.miss_if(f"type({x}) is not ArrayImpl or ({x}.{COMMITTED} and kept_by_identity({x}))")
         add(f"    out.append({x})")
+        self.leaf_exprs.append(x)
       else:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")

@@ -124,6 +124,8 @@ def render(part) -> tuple[str, str]:
     return "undefined", "global"
   if type(part) is tuple and part:
     tag = part[0]
+    if tag is key_parts.ALIAS:
+      return f"the array of lifted place {part[1]}", "lifted again"
     if tag is float or tag in key_parts.ATOMS:
       value = part[1]
       if tag is float and isinstance(value, str):

@@ -25,9 +25,10 @@ Uncacheable = _key.Unkeyable
 #: A marker in a key; compares by identity and reads well in a repr.
 Tag = _key.Marker
 
-# The closure key's own parts (``lookup/closure_key.py``), whose layouts
+# The closure key's own parts (``key/closure_key.py``), whose layouts
 # its ``Walk`` builds:
 LIFTED = _key.LIFTED       # an array passed to the shared executable
+ALIAS = _key.ALIAS         # (ALIAS, i): the array of leaf i met again
 MISSING = _key.MISSING     # a global name that is not (yet) defined
 EMPTY = _key.EMPTY         # a cell that is not yet filled
 FN = _key.FN               # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
