@@ -1446,8 +1446,12 @@ class Verdict:
 
 def check(program: Program) -> Verdict:
   """The program with stock ``jax.jit`` once, then twice with the cache in
-  verify mode; each pass on fresh function objects."""
+  verify mode; each pass on fresh function objects. The cache is left on
+  or off, and in verify mode or not, as it was found (a suite run with
+  ``--closure-cache-verify`` goes on with it on after this)."""
   import jax_closure_cache as jcc
+  from jax_closure_cache import cache
+  was_on, was_verifying = jcc.is_enabled(), cache.verifying()
   jcc.disable()
   jcc.clear()
   want = run_pass(program)
@@ -1463,9 +1467,9 @@ def check(program: Program) -> Verdict:
       jcc.disable()
   finally:
     logger.removeHandler(capture)
-    # verify mode off, for whoever follows
-    jcc.enable(verify=False)
-    jcc.disable()
+    jcc.enable(verify=was_verifying)
+    if not was_on:
+      jcc.disable()
   rtol = 1e-6 if tolerant(program) else 0.0
   diffs = []
   for n, g in enumerate(got, 1):
