@@ -162,3 +162,31 @@ def test_explanation_names_the_attribute(monkeypatch, caplog):
   jcc.jit(make(holding(jnp.ones(2), 3.0)))(x)
   text = [r.getMessage() for r in caplog.records][-1]
   assert "cell 'h'.scale changed: 2.0 -> 3.0" in text, text
+
+
+@pytest.mark.parametrize("container", ["dict", "list"])
+def test_a_trace_that_writes_to_a_closed_over_container_writes_to_the_users(
+    container):
+  """A dict or list holding a lifted array is rebuilt for the lifted trace;
+  a trace-time write to it (a note, a counter) is the user's, as in
+  stock's trace."""
+  x = jnp.ones(2)
+
+  def make(i):
+    w = jnp.full(2, float(i))
+    state = {"w": w, "notes": 0} if container == "dict" else [w, 0]
+
+    def f(v):
+      if container == "dict":
+        state["notes"] += 1
+        return v * state["w"]
+      state[1] += 1
+      return v * state[0]
+    return f, state
+  for i in range(4):
+    (f, got_state), (g, want_state) = make(i), make(i)
+    np.testing.assert_array_equal(jcc.jit(f)(x), STOCK_JIT(g)(x))
+    assert got_state.keys() == want_state.keys() if container == "dict" else (
+        len(got_state) == len(want_state))
+    note = "notes" if container == "dict" else 1
+    assert got_state[note] == want_state[note] == 1
