@@ -343,12 +343,16 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # under another name and signature than stock's: programs 207, 363; its
 # plain static values compared without their types, an IntEnum 1 sharing
 # float32 1.0's trace: 97, 282), a pytree node whose state outside its
-# flatten sits under another node (programs 7, 141), and a boolean
+# flatten sits under another node (programs 7, 141), a boolean
 # constant that tier A passed as an argument, where XLA folds stock's
-# (the sign of a zero differed: 170).
+# (the sign of a zero differed: 170), and a ``cond`` whose branches close
+# over a lifted array and NumPy constants, whose operands JAX orders
+# otherwise when the array is the trace's input (verify mode's oracle took
+# the permutation for a mismatch: 226, 347).
 
 @pytest.mark.filterwarnings("ignore:Warning. converting a masked element")
-@pytest.mark.parametrize("index", [7, 97, 141, 170, 207, 282, 363])
+@pytest.mark.parametrize("index", [7, 97, 141, 170, 207, 226, 282, 347,
+                                   363])
 def test_value_grammar_program(index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(0, index))

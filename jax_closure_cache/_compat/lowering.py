@@ -85,6 +85,23 @@ def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
                                         outvars=outvars, debug_info=dbg), [])
 
 
+def with_inputs_in_order(closed, order: list):
+  """``closed`` taking as its ``i``-th input its former input ``order[i]``;
+  None where an effect is tied to an input's position."""
+  jaxpr = closed.jaxpr
+  if any(isinstance(e, JaxprInputEffect) for e in jaxpr.effects):
+    return None
+  dbg = jaxpr.debug_info
+  names = dbg.arg_names
+  dbg = dbg._replace(arg_names=None if names is None
+                     else tuple(names[k] for k in order))
+  invars = [jaxpr.invars[k] for k in order]
+  if MERGED_JAXPR:
+    return closed.replace(invars=invars, debug_info=dbg)
+  return ClosedJaxpr(jaxpr.replace(invars=invars, debug_info=dbg),
+                     closed.consts)
+
+
 def used_inputs(closed) -> list:
   """Which inputs of a closed jaxpr without constants its outputs use (the
   inputs pjit keeps when ``keep_unused`` is off)."""

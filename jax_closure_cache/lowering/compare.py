@@ -119,7 +119,10 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
       return f"{where}: {e.primitive} against {f.primitive}"
     (e_ins, e_params), (f_ins, f_params) = _operands(e), _operands(f)
     if len(e_ins) != len(f_ins) or not all(map(same, e_ins, f_ins)):
-      return f"{where}: its operands differ"
+      permuted = _cond_in_order(e_ins, f_ins, f_params, same)
+      if permuted is None:
+        return f"{where}: its operands differ"
+      f_ins, f_params = permuted
     if _params(e, e_params) != _params(f, f_params):
       return f"{where}: its parameters differ"
     if [v.aval for v in e.outvars] != [v.aval for v in f.outvars]:
@@ -129,6 +132,30 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
     for v, w in zip(e.outvars, f.outvars):
       env[v] = w
   return None
+
+
+def _cond_in_order(e_ins, f_ins, f_params, same):
+  """A ``cond``'s operands and branches with the operands after the index
+  in the order of ``e_ins``, where ``f_ins`` holds the same ones in
+  another order (a lifted leaf is the trace's input, which JAX's branch
+  tracing orders apart from the constants stock's trace has there); None
+  if they are not such a permutation."""
+  if ("branches" not in f_params or len(e_ins) != len(f_ins) or not e_ins
+      or not same(e_ins[0], f_ins[0])):
+    return None
+  order, free = [], list(range(1, len(f_ins)))
+  for x in e_ins[1:]:
+    k = next((k for k in free if same(x, f_ins[k])), None)
+    if k is None:
+      return None
+    free.remove(k)
+    order.append(k - 1)
+  branches = [_compat.with_inputs_in_order(b, order)
+              for b in f_params["branches"]]
+  if any(b is None for b in branches):
+    return None
+  return ([f_ins[0], *[f_ins[k + 1] for k in order]],
+          dict(f_params, branches=tuple(branches)))
 
 
 def _operands(e) -> tuple[list, dict]:
