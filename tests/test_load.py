@@ -167,11 +167,21 @@ def make_fold(c):
   return fold
 
 
+def _dict_orders(c):
+  if isinstance(c, dict):
+    return (tuple(c), tuple(_dict_orders(v) for v in c.values()))
+  if isinstance(c, (list, tuple)):
+    return tuple(_dict_orders(v) for v in c)
+  return ()
+
+
 def canonical(c):
   """What the key may depend on: structure, types, and exact static values;
   arrays by type only (they are lifted), functions by what they close over."""
   leaves, treedef = jax.tree_util.tree_flatten(c)
-  out = [treedef]
+  # a dict's treedef sorts its keys; the key keeps insertion order (the
+  # function iterates it in that order), so the order is part of it too
+  out = [treedef, _dict_orders(c)]
   for leaf in leaves:
     if isinstance(leaf, jax.Array):
       out.append(("array",))
