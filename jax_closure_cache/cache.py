@@ -24,12 +24,14 @@ _capacity = settings.read(settings.CAPACITY)
 _max_bytes = settings.read(settings.MAX_BYTES)
 _verify = settings.read(settings.VERIFY)
 _stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
-_clear_hooks: list = []
+_clear_hooks: list = []   # (hook, whether what it clears holds traces)
 
 
-def register_clear_hook(hook) -> None:
-  """Call ``hook()`` from :func:`clear`, for caches kept outside the stores."""
-  _clear_hooks.append(hook)
+def register_clear_hook(hook, holds_traces: bool = True) -> None:
+  """Call ``hook()`` from :func:`clear`, for caches kept outside the stores;
+  ``holds_traces``: also from :func:`release_traces` (what it clears may hold
+  a jaxpr and its constants)."""
+  _clear_hooks.append((hook, holds_traces))
 
 
 # Hits counted outside ``counters`` (the fast front counts its hits on the
@@ -358,8 +360,21 @@ def clear_entries() -> None:
   """Drop every entry of every store (and what the hooks keep); counts stay."""
   for store in list(_stores):
     store.clear()
-  for hook in _clear_hooks:
+  for hook, _ in _clear_hooks:
     hook()
+
+
+def release_traces() -> None:
+  """Drop every entry that may hold a trace (every store but the shared
+  lowerings, which hold no constants): what a stock program would no longer
+  hold, such as JAX's memoized conversion of a NumPy array changed in place
+  since (``key.closure.fresh_conversion``). Counts stay."""
+  for store in list(_stores):
+    if store.kind != "lowerings":
+      store.clear()
+  for hook, holds_traces in _clear_hooks:
+    if holds_traces:
+      hook()
 
 
 _count_resets: list = []

@@ -391,3 +391,57 @@ def library_code(code) -> bool:
   (decided by where its file lies, never by a ``__module__`` a decorator
   may have copied)."""
   return code.co_filename.startswith(_LIBRARY_ROOTS)
+
+
+# -- JAX's memoized conversion of NumPy arrays -----------------------------------
+#
+# ``dtypes.canonicalize_value`` converts a NumPy array to its canonical dtype
+# (``float64`` to ``float32`` without x64) once per array object: the copy is
+# memoized weakly by the array and weakly by the copy, so a trace reads the
+# copy of an earlier trace while anything (a jaxpr in a cache) still holds
+# it, although the array was changed in place since. Stock holds the copy no
+# longer than the user holds the function objects that traced it; a stored
+# entry of this package would hold it longer.
+
+from jax._src import dtypes as _dtypes   # noqa: E402
+import weakref as _weakref   # noqa: E402
+
+_canonicalize_value = getattr(_dtypes, "canonicalize_value", None)
+_canonicalize_dtype = getattr(_dtypes, "canonicalize_dtype", None)
+#: id(array) -> its stale converted copy that releasing the package's own
+#: entries did not free (held by the user's objects, as stock would be)
+_stale_kept: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
+
+
+def stale_conversion(arr):
+  """JAX's memoized converted copy of NumPy array ``arr`` if it no longer
+  holds ``arr``'s values (``arr`` was changed in place after a conversion
+  something still holds), else None. Never stale where the dtype is kept
+  (the conversion is then a view of ``arr``)."""
+  if _canonicalize_value is None or _canonicalize_dtype is None:
+    return None
+  import numpy as np
+  try:
+    dtype = _canonicalize_dtype(arr.dtype)
+    if dtype == arr.dtype:
+      return None
+    converted = _canonicalize_value(arr)
+    fresh = np.asarray(arr, dtype)
+    if np.asarray(converted).tobytes() == fresh.tobytes():
+      return None
+  except Exception:   # a dtype JAX does not take: its trace raises as stock's
+    return None
+  return converted
+
+
+def stale_conversion_kept(arr, converted) -> bool:
+  """Whether ``converted`` was found held elsewhere for ``arr`` before."""
+  return _stale_kept.get(id(arr)) is converted
+
+
+def note_stale_conversion_kept(arr, converted) -> None:
+  try:
+    _stale_kept[id(arr)] = converted
+  except TypeError:   # not weakly referenceable: checked again next time
+    pass
+

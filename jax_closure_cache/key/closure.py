@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import types
 import weakref
 from typing import Callable
@@ -51,6 +52,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.values import (
     Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
@@ -256,6 +258,11 @@ class Analysis(_key.Walk):
       return (t, v.tobytes())
     return None
 
+  def numpy(self, v):
+    """A NumPy array keyed by its bytes, which a trace must read too."""
+    fresh_conversion(v)
+    return _key.Walk.numpy(v)
+
   def tree(self, v):
     try:
       leaves, treedef = _tree_flatten(v)
@@ -452,6 +459,34 @@ TRACE_EFFECT_NAMES = frozenset({"print", "open", "input", "breakpoint"})
 #: Nodes of the standard library whose node data is their keys (and a
 #: defaultdict's factory), keyed by the layout.
 _ORDERED_NODES = frozenset({collections.OrderedDict, collections.defaultdict})
+
+
+def fresh_conversion(arr) -> None:
+  """Make a trace read ``arr``'s values: JAX converts a NumPy array of a
+  64-bit dtype once and hands a trace that copy while anything holds it
+  (``_compat.stale_conversion``), so after ``arr`` changed in place a trace
+  would bake its old values where stock's, with nothing of the package
+  holding the copy, reads the new ones. The package's entries that may hold
+  it are released (stock keeps no such entries); where the copy is still
+  held, by the user's own objects, stock's trace is stale too and answers
+  (``Uncacheable``: an entry would keep the stale values past the user's)."""
+  stale = _compat.stale_conversion(arr)
+  if stale is None:
+    return
+  if not _compat.stale_conversion_kept(arr, stale):
+    del stale
+    cache.release_traces()
+    stale = _compat.stale_conversion(arr)
+    if stale is not None:
+      del stale
+      gc.collect()   # a jaxpr in a reference cycle
+      stale = _compat.stale_conversion(arr)
+    if stale is None:
+      return
+    _compat.note_stale_conversion_kept(arr, stale)
+  raise Uncacheable("stale_numpy", "a NumPy array changed in place since "
+                    "JAX converted it for a trace whose jaxpr is still alive: "
+                    "stock traces it with that conversion")
 
 
 def _walks_node_data(treedef) -> bool:

@@ -149,7 +149,7 @@ class Lowerings:
 
 
 LOWERINGS = Lowerings()
-cache.register_clear_hook(LOWERINGS.clear)
+cache.register_clear_hook(LOWERINGS.clear, holds_traces=False)
 cache.register_report("tier_a", LOWERINGS.report)
 cache.register_count_reset(LOWERINGS.reset_counts)
 
@@ -372,7 +372,7 @@ def _cache_clear() -> None:
   STOCK.cache_clear()
 
 
-cache.register_clear_hook(_for_call.cache_clear)
+cache.register_clear_hook(_for_call.cache_clear, holds_traces=False)
 pjit_lower.cache_clear = _cache_clear
 pjit_lower.cache_info = STOCK.cache_info
 if hasattr(STOCK, "cache_keys"):
