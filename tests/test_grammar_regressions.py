@@ -351,8 +351,8 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # the permutation for a mismatch: 226, 347).
 
 @pytest.mark.filterwarnings("ignore:Warning. converting a masked element")
-@pytest.mark.parametrize("index", [7, 90, 97, 141, 170, 207, 226, 282,
-                                   347, 363])
+@pytest.mark.parametrize("index", [7, 90, 91, 97, 141, 170, 195, 207, 226,
+                                   282, 347, 363])
 def test_value_grammar_program(index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(0, index))
@@ -515,3 +515,35 @@ def test_numpy_array_changed_in_place_while_the_user_holds_a_trace():
     assert_like_stock(step, [(1.0, 2.0, 3.0), (1.0, 2.0, 3.0), 3.0, 3.0])
   finally:
     _CHANGED_IN_PLACE[:] = (1.0, 2.0, 3.0)
+
+
+def test_static_value_equal_to_an_earlier_one_inside_a_lifted_trace():
+  # value-grammar seed 0, program 91: a long-lived jit with a static
+  # function and a static float, called from re-created closures. The
+  # lifted trace of a closure rebuilt the jitted function (a helper it
+  # reaches was reached before, and a function reached again was taken to
+  # hold a leaf), so stock's own cache of the user's jitted object never
+  # saw -0.0, and 0.0 (equal under ==, which stock's cache shares) traced
+  # anew. Now a function reached again is rebuilt only if what it reaches
+  # holds a leaf.
+  def use(v, x):
+    return {"m": x * v + jnp.copysign(0.25, v), "a": jnp.asarray(v)}
+
+  def apply(use, v, x):
+    return use(v, x)
+
+  jitted = {}
+
+  def step(v):
+    mode = (jcc.is_enabled(), id(jitted))
+    if mode not in jitted:
+      jitted[mode] = jax.jit(types.FunctionType(
+          apply.__code__, apply.__globals__), static_argnums=(0, 1))
+    ap = jitted[mode]
+    part = lambda x: ap(use, v, x)   # noqa: E731
+
+    def f(x):
+      return {"s0": part(x)}
+    return jax.jit(f)(X)
+  assert_like_stock(step, [-0.0, 0.0, -0.0, 0.0])
+

@@ -302,10 +302,11 @@ class Rebuild:
   """:meth:`value` is ``v`` with the leaves of its part ``k`` replaced in new
   functions, partials and containers; a walk adding parts pairs with a
   subclass adding ``STEPS``."""
-  # parts that may be leaves (a function reached before is rebuilt wherever
-  # it is held), and parts that never hold one
-  LEAF_PARTS = frozenset({CYCLE, ALIAS})
+  # parts that are leaves, parts that never hold one, and parts with a walk
+  # index at [1] (what a CYCLE refers to)
+  LEAF_PARTS = frozenset({ALIAS})
   KEPT_PARTS = frozenset()
+  INDEXED_PARTS = frozenset({FN})
   STEPS = {FN: "function", TREE: "tree", PARTIAL: "partial",
            WEAKREF: "weakref", WRAPPER: "wrapper", ALIAS: "alias"}
   walk = Walk
@@ -315,12 +316,37 @@ class Rebuild:
     # walk index -> rebuilt function; rebuilt objects only weakrefs reach
     self.memo, self.keep = {}, []
     self.taken = []   # the leaves placed so far, for ALIAS parts
+    # the indices of the parts that reach a leaf (through CYCLEs too); None:
+    # every CYCLE is taken to reach one
+    self.leafy = None
 
   def has_leaf(self, k) -> bool:
     if type(k) is not tuple or not k:
       return k is LIFTED
+    if k[0] is CYCLE:
+      return self.leafy is None or k[1] in self.leafy
     return k[0] in self.LEAF_PARTS or (
         k[0] not in self.KEPT_PARTS and any(map(self.has_leaf, k)))
+
+  def find_leafy(self, key) -> None:
+    """Set :attr:`leafy` for ``key``: a function (or object) reached again
+    is rebuilt only if what it reaches holds a leaf, so a part whose every
+    path leads to values kept as they are (a jitted function over a module
+    helper reached before) stays the user's own object."""
+    indexed, stack = {}, [key]
+    while stack:
+      k = stack.pop()
+      if type(k) is tuple and k:
+        if (k[0] in self.INDEXED_PARTS and len(k) > 1
+            and type(k[1]) is int):
+          indexed[k[1]] = k
+        stack.extend([x for x in k if type(x) is tuple])
+    self.leafy = frozenset()
+    while True:   # grows until no CYCLE adds a part
+      found = frozenset([i for i, k in indexed.items() if self.has_leaf(k)])
+      if found == self.leafy:
+        return
+      self.leafy = found
 
   def value(self, v, k):
     if k is LIFTED:
@@ -417,6 +443,7 @@ def closure_key(fun: Callable) -> tuple[Any, list[Any], list[Any]]:
 def rebuild(fun: Callable, key, leaves, rules=None) -> Callable:
   """``fun`` with ``key``'s leaves replaced by ``leaves`` (by ``rules``)."""
   r = (rules or active_rules[1])(leaves)
+  r.find_leafy(key)
   out = r.value(fun, key)
   if next(r.leaves, r) is not r:
     raise AssertionError("more leaves than the key has")

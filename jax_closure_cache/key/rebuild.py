@@ -36,6 +36,7 @@ class Rebuild(_key.Rebuild):
   data holds functions, and classes (only back-references inside: kept as
   they are)."""
   KEPT_PARTS = frozenset({OBJ})
+  INDEXED_PARTS = _key.Rebuild.INDEXED_PARTS | {COPY, OBJ, CLASS}
   STEPS = {**_key.Rebuild.STEPS, TREEAUX: "tree_aux",
            TREEDEF: "treedef", METHOD: "method", COPY: "copy", CLASS: "klass"}
   walk = closure.Analysis
