@@ -547,3 +547,24 @@ def test_static_value_equal_to_an_earlier_one_inside_a_lifted_trace():
     return jax.jit(f)(X)
   assert_like_stock(step, [-0.0, 0.0, -0.0, 0.0])
 
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.float32])
+def test_numpy_view_changed_in_place_under_a_stored_trace(dtype):
+  # value-grammar seed 0, program 189: an array whose dtype JAX keeps is
+  # taken into a trace as a view; a stored trace keyed by its bytes then
+  # computed with what the user wrote into it later, for a fresh array
+  # holding the old bytes. Stored traces keep their own copy.
+  held = {}
+
+  def step(action):
+    if action == "new":
+      held["a"] = np.array([1, 1, 1], dtype)
+    else:
+      held["a"][:] = np.array([0, 0, 1], dtype)
+    a = held["a"]
+
+    def f(y):
+      return y * np.asarray(a, np.float32) + float(np.sum(a))
+    return jax.lax.fori_loop(0, 2, lambda i, c: c * 0.5 + 0.25 * f(c), X)
+  assert_like_stock(step, ["new", "mutate", "new", "mutate"])

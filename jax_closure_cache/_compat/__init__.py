@@ -445,3 +445,14 @@ def note_stale_conversion_kept(arr, converted) -> None:
   except TypeError:   # not weakly referenceable: checked again next time
     pass
 
+
+def own_constants(consts) -> tuple:
+  """``consts`` for a trace the package stores: each NumPy constant (a
+  ``TypedNdArray`` or plain array, which a trace takes as a view of the
+  user's array where no conversion was needed) copied, so that the stored
+  trace keeps the values it was keyed by when the user changes the array in
+  place (stock traces again, and reads the new values, for its next
+  function object). Others as they are."""
+  import numpy as np
+  return tuple([c.copy() if isinstance(c, np.ndarray) and not c.dtype.hasobject
+                else c for c in consts])

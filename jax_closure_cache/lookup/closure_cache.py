@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 import functools
+import operator
 import threading
 import types
 import weakref
@@ -243,7 +244,8 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
-  return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals)
+  return _Shared(jaxpr=jaxpr, consts=_compat.own_constants(closed.consts),
+                 out_avals=out_avals)
 
 
 def _share_answer(key, leaves, anchors, answer) -> None:
@@ -251,6 +253,9 @@ def _share_answer(key, leaves, anchors, answer) -> None:
   # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
       and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)):
+    consts = _compat.own_constants(closed.consts)
+    if any(map(operator.is_not, consts, closed.consts)):
+      answer = (_trace.ClosedJaxpr(closed.jaxpr, list(consts)), answer[1])
     _put(key, _Shared(answer=answer), anchors)
 
 
