@@ -568,3 +568,40 @@ def test_numpy_view_changed_in_place_under_a_stored_trace(dtype):
       return y * np.asarray(a, np.float32) + float(np.sum(a))
     return jax.lax.fori_loop(0, 2, lambda i, c: c * 0.5 + 0.25 * f(c), X)
   assert_like_stock(step, ["new", "mutate", "new", "mutate"])
+
+class _CallbackBox:
+  """A callback's state: fresh every step, with its own log."""
+
+  def __init__(self, k):
+    self.k, self.log = k, []
+
+
+def _logged(box, x):
+  def pure(v):
+    box.log.append(round(float(np.sum(v)), 4))
+    return (np.asarray(v) * box.k).astype(np.float32)
+  return jax.pure_callback(pure, jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                           x, vmap_method="sequential")
+
+
+@pytest.mark.parametrize("form", ["fori", "jit", "scan"])
+def test_callback_of_a_fresh_object_reached_through_a_plain_object(form):
+  # value-grammar seed 0, programs 18 and 24: a stored trace held the
+  # callback of the object that traced it, and later objects of the same
+  # key logged into the first object's box. A trace whose computation
+  # calls a function of its own when it runs is not stored.
+  def step(k):
+    box = _CallbackBox(k)
+    part = lambda y: _logged(box, y)   # noqa: E731
+
+    def f(y):
+      return part(y)
+    if form == "fori":
+      out = jax.lax.fori_loop(0, 2, lambda i, c: c * 0.5 + 0.25 * f(c), X)
+    elif form == "scan":
+      out = jax.lax.scan(lambda c, _: (f(c), None), X, None, length=2)[0]
+    else:
+      out = jax.jit(f)(X)
+    jax.effects_barrier()
+    return out, list(box.log)
+  assert_like_stock(step, [0.5, 0.5, 2.0, 0.5])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import types
 
 import numpy as np
 
@@ -156,3 +157,51 @@ LOWERING_MISSING = _lowering_seams()
 LOWERING_PATCH_POINTS = ((_pjit, "_pjit_lower"),)
 
 np_generic = np.generic
+
+
+#: Parameters no lowering runs (a custom rule's differentiation functions,
+#: made afresh by every trace of any function with such a rule).
+_RULE_PARAMETERS = {
+    "custom_jvp_call": frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk"}),
+    "custom_vjp_call": frozenset({"fwd_jaxpr_thunk", "bwd", "out_trees"}),
+}
+
+
+def runtime_callable(jaxpr, depth: int = 0) -> str | None:
+  """The primitive of the first equation (nested jaxprs included) whose
+  lowered parameters hold a Python callable its computation calls when it
+  runs (``pure_callback``, ``io_callback``, ``debug.callback``: the
+  user's function, or JAX's closure over it), or None. Such a callable is
+  the trace's own object: a trace stored for other function objects would
+  call this object's callback (its log, its state) from theirs."""
+  if depth > 64:
+    return None
+  open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+  for e in open_jaxpr.eqns:
+    skip = _RULE_PARAMETERS.get(e.primitive.name, ())
+    for name, p in e.params.items():
+      if name not in skip and _holds_callable(p, depth):
+        return e.primitive.name
+  return None
+
+
+def _holds_callable(p, depth: int) -> bool:
+  if isinstance(p, (ClosedJaxpr, Jaxpr)):
+    return runtime_callable(p, depth + 1) is not None
+  if isinstance(p, (tuple, list)):
+    return any(_holds_callable(x, depth) for x in p)
+  if isinstance(p, dict):
+    return any(_holds_callable(x, depth) for x in p.values())
+  if isinstance(p, types.FunctionType):
+    # a module-level function of jax (a PRNG implementation's) holds nothing
+    # of a trace's; JAX's closure over a user's callback does
+    return (p.__closure__ is not None
+            or not p.__code__.co_filename.startswith(_JAX_ROOTS))
+  if isinstance(p, (types.MethodType, functools.partial)):
+    return True
+  if isinstance(p, type) or not callable(p):
+    return False
+  # JAX's own callable values (a mesh, a sharding) run nothing of the
+  # user's; its callback wrappers hold the user's function
+  return (not defined_by_jax(type(p))
+          or getattr(p, "callback_func", None) is not None)

@@ -23,6 +23,7 @@ import types
 import warnings
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
@@ -241,6 +242,15 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
       events.not_stored(w._user(), "retrace_failed",
                         f"tracing the new signature again failed: {e!r}")
       return
+  called = _lowering.runtime_callable(traced.jaxpr)
+  if called is not None:
+    # the callback is this object's (its log, its state): a hit would call
+    # it from later objects; every object traces (tier A shares no
+    # executable either, as it keys the callback by identity)
+    events.not_stored(w._user(), "runtime_callable",
+                      f"its {called} calls a function of this trace's own "
+                      "when it runs; a hit would call it for later objects")
+    return
   guards = _guards(w, after, traced, args, kwargs)
   if isinstance(guards, key_guards.Unguarded):
     events.not_stored(w._user(), "untracked_capture", guards.detail)

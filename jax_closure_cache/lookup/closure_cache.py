@@ -20,6 +20,7 @@ import types
 import weakref
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache._compat import trace as _trace
 from jax_closure_cache._compat.trace import flat_trees as ft
 from jax_closure_cache.key import closure_key
@@ -204,7 +205,8 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     # remembered, so the key's functions trace as usual
     _put(key, _Shared(failed=f"{type(e).__name__}: {e}"[:200]), anchors)
     return None
-  if _covers(shared.consts, leaves, anchors):
+  if (_covers(shared.consts, leaves, anchors)
+      and _lowering.runtime_callable(shared.jaxpr) is None):
     _put(key, shared, anchors)
   return shared
 
@@ -252,7 +254,9 @@ def _share_answer(key, leaves, anchors, answer) -> None:
   closed, _ = answer
   # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
-      and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)):
+      and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)
+      # a callback's function is this trace's object (its log, its state)
+      and _lowering.runtime_callable(closed) is None):
     consts = _compat.own_constants(closed.consts)
     if any(map(operator.is_not, consts, closed.consts)):
       answer = (_trace.ClosedJaxpr(closed.jaxpr, list(consts)), answer[1])
