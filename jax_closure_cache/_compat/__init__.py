@@ -456,3 +456,14 @@ def own_constants(consts) -> tuple:
   import numpy as np
   return tuple([c.copy() if isinstance(c, np.ndarray) and not c.dtype.hasobject
                 else c for c in consts])
+
+
+def own_constants_in_place(closed) -> None:
+  """:func:`own_constants` for a closed jaxpr that JAX's caches of the
+  package's own lifted function hold (its constants list is replaced item
+  by item, so pjit's cached trace of that function keeps the copies)."""
+  consts = closed.consts
+  if type(consts) is not list:
+    return
+  for i, c in enumerate(own_constants(consts)):
+    consts[i] = c

@@ -251,6 +251,9 @@ def store(w, key, entry: entries.Entry, leaves, args, kwargs,
                       f"its {called} calls a function of this trace's own "
                       "when it runs; a hit would call it for later objects")
     return
+  # the trace took a NumPy array as a view: the stored trace keeps a copy
+  # (a change in place would reach a later .trace() or verify's comparison)
+  _compat.own_constants_in_place(traced.jaxpr)
   guards = _guards(w, after, traced, args, kwargs)
   if isinstance(guards, key_guards.Unguarded):
     events.not_stored(w._user(), "untracked_capture", guards.detail)
