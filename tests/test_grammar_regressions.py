@@ -611,3 +611,16 @@ def test_callback_of_a_fresh_object_reached_through_a_plain_object(form):
     jax.effects_barrier()
     return out, list(box.log)
   assert_like_stock(step, [0.5, 0.5, 2.0, 0.5])
+
+
+def test_tier_a_never_passes_a_negative_zero_constant():
+  # value-grammar seed 1, program 84: a list holding -0.0 made a constant
+  # that XLA returns as 0.0 when baked, and as -0.0 when tier A passed it
+  # as an argument. Such a constant, and a zero literal, stay stock's.
+  def step(v):
+    items = (v, 1.0)
+
+    def f(x):
+      return jnp.asarray(list(items)), x * v + 0.0
+    return jax.jit(f)(X)
+  assert_like_stock(step, [-0.0, float("inf"), -0.0, 0.0, 2.0, -0.0])

@@ -98,6 +98,9 @@ def acceptable_constant(c) -> bool:
     return False
   if t is _compat.ArrayImpl:
     return not _compat.committed(c) and _compat.single_device(c)
+  if _negative_zero(c):
+    # XLA gives a returned constant -0.0 as 0.0, an argument as it is
+    return False
   return (t is np.ndarray or isinstance(c, _compat.np_generic)
           or t in (int, float, bool, complex)
           or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t)))
@@ -141,7 +144,15 @@ def hoists(e) -> bool:
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
   an argument: a floating-point or complex scalar."""
-  return type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
+  return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
+          and not _zero(v.val))
+
+
+def _zero(x) -> bool:
+  """Whether a literal is a zero of either sign: kept in the key, never an
+  argument (XLA folds a constant zero, and its sign, otherwise than it
+  computes with an argument's)."""
+  return not np.any(np.asarray(x))
 
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
@@ -151,7 +162,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
 
   def name(v):
     if type(v) is _compat.Literal:
-      if top and v.aval.dtype.kind in "fc":
+      if top and lifted_literal(v):
         literals.append(np.asarray(v.val, v.aval.dtype))   # as the argument
         bits.append(_atom(v.val))
         return ("arg", v.aval)
@@ -203,6 +214,15 @@ def _effects(effects) -> tuple:
     if isinstance(e, _compat.JaxprInputEffect):
       raise NotShared("an effect tied to an input's position")
   return frozenset(effects)   # JAX's effect objects compare by value
+
+
+def _negative_zero(c) -> bool:
+  if getattr(c, "dtype", None) is None or np.dtype(c.dtype).kind not in "fc":
+    return type(c) is float and c == 0 and np.signbit(c)
+  a = np.asarray(c)
+  if a.dtype.kind == "c":
+    a = np.concatenate([a.real.ravel(), a.imag.ravel()])
+  return bool(np.any((a == 0) & np.signbit(a)))
 
 
 def _atom(x) -> tuple:
