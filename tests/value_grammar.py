@@ -1289,6 +1289,9 @@ def run_pass(program: Program) -> list:
   """Every step of the program once, with whatever ``jax.jit`` and
   ``jax.lax`` are now, on fresh function objects."""
   state = PassState(program)
+  # every pass starts from the same class state (an enum step sets its
+  # class's FACTOR; the other class keeps what an earlier pass left)
+  Color.FACTOR = IntColor.FACTOR = 1.0
   x = jnp.asarray(program.x, jnp.float32)
   records = []
   for step in range(program.steps):
