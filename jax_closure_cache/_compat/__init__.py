@@ -404,6 +404,7 @@ def library_code(code) -> bool:
 # entry of this package would hold it longer.
 
 from jax._src import dtypes as _dtypes   # noqa: E402
+import sys as _sys   # noqa: E402
 import weakref as _weakref   # noqa: E402
 
 _canonicalize_value = getattr(_dtypes, "canonicalize_value", None)
@@ -426,8 +427,11 @@ def stale_conversion(arr):
     if dtype == arr.dtype:
       return None
     converted = _canonicalize_value(arr)
+    if _sys.getrefcount(converted) <= 2:   # made now: nothing else holds it
+      return None
     fresh = np.asarray(arr, dtype)
-    if np.asarray(converted).tobytes() == fresh.tobytes():
+    if np.array_equal(np.ascontiguousarray(converted).reshape(-1).view(np.uint8),
+                      np.ascontiguousarray(fresh).reshape(-1).view(np.uint8)):
       return None
   except Exception:   # a dtype JAX does not take: its trace raises as stock's
     return None
