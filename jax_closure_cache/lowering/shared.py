@@ -43,6 +43,7 @@ from typing import NamedTuple
 from jax_closure_cache import cache
 from jax_closure_cache import settings
 from jax_closure_cache._compat import lowering as _compat
+from jax_closure_cache._compat import own_constants as _own_constants
 from jax_closure_cache.lowering import structure
 
 logger = logging.getLogger("jax_closure_cache")
@@ -299,9 +300,12 @@ def _explain_first_meeting(call: CallLowering, s: structure.Structure):
 
 
 def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
-  consts = _compat.closed_parts(jaxpr)[1]
+  # NumPy constants as they are now (stock bakes them when it compiles): a
+  # trace holds a view of the user's array, which pjit's fast path would
+  # otherwise read on every later call
+  consts = _own_constants(_compat.closed_parts(jaxpr)[1])
   return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
-          *s.hoisted]
+          *_own_constants(s.hoisted)]
 
 
 def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
