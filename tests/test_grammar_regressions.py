@@ -646,3 +646,17 @@ def test_tier_a_never_passes_a_negative_zero_constant():
     return jax.jit(f)(X)
   assert_like_stock(step, [-0.0, float("inf"), -0.0, 0.0, 2.0, -0.0])
 
+
+
+def test_tier_a_with_a_closed_over_prng_key_and_a_bfloat16_negative_zero():
+  # A PRNG key array among a trace's constants (an extended dtype NumPy
+  # cannot read) crashed tier A's check for -0.0; a bfloat16 -0.0 (NumPy
+  # does not know the type as floating) was passed as an argument.
+  def step(v):
+    key = jax.random.key(0)
+    c = np.array([v, -0.0, 2.0], jnp.bfloat16)
+
+    def f(x):
+      return x * v + jax.random.normal(key, x.shape), c
+    return jax.jit(f)(X)
+  assert_like_stock(step, [1.0, 1.0, 3.0, 3.0])

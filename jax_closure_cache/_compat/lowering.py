@@ -205,3 +205,15 @@ def _holds_callable(p, depth: int) -> bool:
   # user's; its callback wrappers hold the user's function
   return (not defined_by_jax(type(p))
           or getattr(p, "callback_func", None) is not None)
+
+
+from jax._src import dtypes as _dtypes   # noqa: E402
+
+
+def inexact_dtype(dtype) -> bool:
+  """Whether ``dtype`` is a floating or complex type, JAX's own (bfloat16,
+  float8) included; False for any dtype NumPy cannot read (a PRNG key's)."""
+  try:
+    return bool(_dtypes.issubdtype(dtype, np.inexact))
+  except Exception:
+    return False

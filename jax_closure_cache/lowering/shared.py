@@ -203,7 +203,10 @@ def pjit_lower(jaxpr, in_shardings, out_shardings, in_layouts, out_layouts,
 @_compat.weakref_lru_cache
 def _for_call(jaxpr, call: CallLowering):
   """The lowering of ``jaxpr`` for a call: identity first (this cache)."""
-  reason = _refusal(jaxpr, call)
+  try:
+    reason = _refusal(jaxpr, call)
+  except Exception as e:   # never an error where stock has none
+    reason = f"its constants could not be read ({type(e).__name__}: {e})"
   if reason is None:
     try:
       s = structure.of(jaxpr)
