@@ -660,3 +660,18 @@ def test_tier_a_with_a_closed_over_prng_key_and_a_bfloat16_negative_zero():
       return x * v + jax.random.normal(key, x.shape), c
     return jax.jit(f)(X)
   assert_like_stock(step, [1.0, 1.0, 3.0, 3.0])
+
+
+def test_numpy_view_in_a_nested_jit_changed_after_its_use():
+  # Found by an adversarial review: the copies of a stored trace's NumPy
+  # constants covered its own constants, not a nested jit's, whose view of
+  # the user's array then changed under the stored trace.
+  def step(v):
+    a = np.full(3, 1.0, np.float32)   # the same bytes every step
+
+    def inner(c):
+      return c * a
+    out = jax.lax.fori_loop(0, 2, lambda i, c: jax.jit(inner)(c) + 0.5, X)
+    a[:] = v   # changed after its use
+    return out
+  assert_like_stock(step, [5.0, 7.0, 9.0])

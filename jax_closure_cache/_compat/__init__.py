@@ -462,12 +462,30 @@ def own_constants(consts) -> tuple:
                 else c for c in consts])
 
 
-def own_constants_in_place(closed) -> None:
-  """:func:`own_constants` for a closed jaxpr that JAX's caches of the
-  package's own lifted function hold (its constants list is replaced item
-  by item, so pjit's cached trace of that function keeps the copies)."""
-  consts = closed.consts
-  if type(consts) is not list:
+def own_constants_in_place(closed, _seen=None) -> None:
+  """:func:`own_constants` for a closed jaxpr that a stored trace holds, and
+  for every closed jaxpr nested in its equations' parameters (a nested
+  jit's, a loop body's): each constants list is replaced item by item, so
+  the caches holding these jaxprs (pjit's of the package's lifted
+  function) keep the copies."""
+  seen = set() if _seen is None else _seen
+  if id(closed) in seen or len(seen) > 10_000:
     return
-  for i, c in enumerate(own_constants(consts)):
-    consts[i] = c
+  seen.add(id(closed))
+  consts = getattr(closed, "consts", None)
+  if type(consts) is list:
+    for i, c in enumerate(own_constants(consts)):
+      if c is not consts[i]:
+        consts[i] = c
+  open_jaxpr = getattr(closed, "jaxpr", closed)
+  for e in getattr(open_jaxpr, "eqns", ()):
+    for p in e.params.values():
+      _own_nested(p, seen)
+
+
+def _own_nested(p, seen) -> None:
+  if isinstance(p, (_core.ClosedJaxpr, _core.Jaxpr)):
+    own_constants_in_place(p, seen)
+  elif type(p) in (tuple, list):
+    for x in p:
+      _own_nested(x, seen)

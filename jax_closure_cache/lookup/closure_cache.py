@@ -246,6 +246,7 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
+  _compat.own_constants_in_place(jaxpr)   # the nested jaxprs' constants
   return _Shared(jaxpr=jaxpr, consts=_compat.own_constants(closed.consts),
                  out_avals=out_avals)
 
@@ -260,6 +261,7 @@ def _share_answer(key, leaves, anchors, answer) -> None:
     consts = _compat.own_constants(closed.consts)
     if any(map(operator.is_not, consts, closed.consts)):
       answer = (_trace.ClosedJaxpr(closed.jaxpr, list(consts)), answer[1])
+    _compat.own_constants_in_place(closed.jaxpr)   # the nested jaxprs
     _put(key, _Shared(answer=answer), anchors)
 
 
