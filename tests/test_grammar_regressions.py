@@ -675,3 +675,59 @@ def test_numpy_view_in_a_nested_jit_changed_after_its_use():
     a[:] = v   # changed after its use
     return out
   assert_like_stock(step, [5.0, 7.0, 9.0])
+
+
+@pytest.mark.parametrize("rule", ["jvp", "vjp"])
+def test_custom_rule_reading_a_closed_over_array_under_grad(rule):
+  # Found by an adversarial review: JAX keeps a custom rule in the trace
+  # and runs it when it differentiates the trace; the lifted trace's rule
+  # read the array as a tracer of that trace (jax 0.10.2: a TypeError at
+  # the grad of the next object's jit).
+  def step(k):
+    w = jnp.full(3, k, jnp.float32)
+    if rule == "jvp":
+      @jax.custom_jvp
+      def h(x):
+        return jnp.sin(x) * w
+      h.defjvp(lambda p, t: (jnp.sin(p[0]) * w,
+                             jnp.cos(p[0]) * t[0] * w * 3.0))
+    else:
+      @jax.custom_vjp
+      def h(x):
+        return x * w
+      h.defvjp(lambda x: (x * w, x), lambda r, ct: (ct * w * 2.0,))
+
+    def f(x):
+      return h(x).sum()
+    return jax.jit(f)(X), jax.grad(jax.jit(f))(X), jax.jit(jax.grad(f))(X)
+  assert_like_stock(step, [1.0, 2.0, 3.0, 2.0])
+
+
+@pytest.mark.parametrize("where", ["fwd", "bwd"])
+def test_custom_vjp_rule_with_an_effect_of_its_own(where):
+  # Found by an adversarial review (jax 0.10.2): a stored trace ran the
+  # first object's fwd (its callback) or skipped a bwd's trace-time write.
+  def step(k):
+    log = []
+
+    @jax.custom_vjp
+    def g(x):
+      return jnp.sin(x)
+
+    def fwd(x):
+      if where == "fwd":
+        jax.debug.callback(lambda v: log.append(round(float(v.sum()), 4)), x)
+      return jnp.sin(x), jnp.cos(x)
+
+    def bwd(r, ct):
+      if where == "bwd":
+        log.append("bwd")
+      return (ct * r * k,)
+    g.defvjp(fwd, bwd)
+
+    def f(x):
+      return g(x).sum()
+    out = jax.jit(f)(X), jax.grad(jax.jit(f))(X)
+    jax.effects_barrier()
+    return out, list(log)
+  assert_like_stock(step, [1.0, 1.0, 1.0])

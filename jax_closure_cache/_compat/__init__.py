@@ -489,3 +489,9 @@ def _own_nested(p, seen) -> None:
   elif type(p) in (tuple, list):
     for x in p:
       _own_nested(x, seen)
+
+
+#: JAX's custom-derivative objects, and the attributes holding the rules
+#: JAX keeps in a trace and runs when it differentiates it.
+CUSTOM_RULE_ATTRIBUTES = {jax.custom_jvp: frozenset({"jvp"}),
+                          jax.custom_vjp: frozenset({"fwd", "bwd"})}

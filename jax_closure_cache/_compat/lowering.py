@@ -178,11 +178,43 @@ def runtime_callable(jaxpr, depth: int = 0) -> str | None:
     return None
   open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
   for e in open_jaxpr.eqns:
-    skip = _RULE_PARAMETERS.get(e.primitive.name, ())
+    rules = _RULE_PARAMETERS.get(e.primitive.name, ())
     for name, p in e.params.items():
-      if name not in skip and _holds_callable(p, depth):
+      if name in rules:
+        # a user's differentiation rule: JAX runs it when it differentiates
+        # the stored trace, with this trace's values (tracers of a lifted
+        # trace included); a rule of jax's own holds nothing of a trace's
+        if _reaches_user_code(p, 4):
+          return e.primitive.name
+      elif _holds_callable(p, depth):
         return e.primitive.name
   return None
+
+
+def _reaches_user_code(f, depth: int) -> bool:
+  """Whether a rule parameter (a ``WrappedFun`` or a function) is or wraps,
+  through cells, a function whose code lies outside jax's folders."""
+  inner = getattr(f, "f", None)   # a linear_util.WrappedFun
+  if inner is not None and not isinstance(f, types.FunctionType):
+    f = inner
+  if isinstance(f, functools.partial):
+    f = f.func
+  if not isinstance(f, types.FunctionType):
+    return callable(f) and not defined_by_jax(type(f))
+  if not f.__code__.co_filename.startswith(_JAX_ROOTS):
+    return True
+  if depth <= 0:
+    return False
+  for cell in f.__closure__ or ():
+    try:
+      v = cell.cell_contents
+    except ValueError:   # an empty cell
+      continue
+    if (isinstance(v, (types.FunctionType, functools.partial))
+        or getattr(v, "f", None) is not None) and _reaches_user_code(
+            v, depth - 1):
+      return True
+  return False
 
 
 def _holds_callable(p, depth: int) -> bool:

@@ -101,7 +101,7 @@ class Analysis(_key.Walk):
   code that writes its cells or globals (``cells``, ``reads``), and a
   budget of functions (``enter``)."""
   __slots__ = ("key", "roots", "lift_numpy", "in_object", "nesting",
-               "budget_values", "depth")
+               "budget_values", "depth", "custom_rules")
 
   def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True):
     super().__init__()
@@ -110,6 +110,7 @@ class Analysis(_key.Walk):
     # Inside a plain object (or with lifting off) arrays are kept by identity.
     self.in_object = not lift_arrays
     self.nesting = 0   # plain objects being walked, one inside another
+    self.custom_rules: list = []   # (class, items) of custom_jvp/custom_vjp
 
   stable = staticmethod(lambda f, module=None: is_stable(f))
   global_names = staticmethod(lambda code: code_plan(code).global_names)
@@ -423,7 +424,28 @@ class Analysis(_key.Walk):
     finally:
       self.in_object, self.depth = saved
       self.nesting -= 1
+    if t in _compat.CUSTOM_RULE_ATTRIBUTES:
+      self.custom_rules.append((t, items))   # checked by :meth:`finish`
     return (COPY if copyable else OBJ, i, t, items, self.klass(t))
+
+  def finish(self, key) -> None:
+    """Refuse a key whose custom differentiation rule (a ``custom_jvp``'s
+    ``jvp``, a ``custom_vjp``'s ``fwd`` and ``bwd``) reaches a lifted
+    array: JAX keeps the rule in the trace and runs it when it
+    differentiates the trace, so a rule rebuilt for the lifted trace would
+    run then with that trace's tracers."""
+    if not self.custom_rules:
+      return
+    r = _RuleReach(())
+    r.find_leafy(key)
+    for t, items in self.custom_rules:
+      rules = _compat.CUSTOM_RULE_ATTRIBUTES[t]
+      for name, part in items:
+        if type(name) is str and name in rules and r.has_leaf(part):
+          raise Uncacheable(
+              "custom_rule_leaf", f"the {name} rule of a {t.__name__} reads "
+              "a closed-over array, which the shared trace would hand it as "
+              "a tracer of the trace")
 
   def klass(self, t):
     """A user class's namespace, as a plain object's key carries it: what
@@ -459,6 +481,18 @@ TRACE_EFFECT_NAMES = frozenset({"print", "open", "input", "breakpoint"})
 #: Nodes of the standard library whose node data is their keys (and a
 #: defaultdict's factory), keyed by the layout.
 _ORDERED_NODES = frozenset({collections.OrderedDict, collections.defaultdict})
+
+
+#: What the rebuild keeps whole (arrays inside are kept by identity) and the
+#: parts with a walk index, beside the closure key's functions.
+REBUILD_KEPT = frozenset({OBJ})
+REBUILD_INDEXED = frozenset({COPY, OBJ, CLASS})
+
+
+class _RuleReach(_key.Rebuild):
+  """The rebuild's rules of which parts reach a leaf (no rebuild made)."""
+  KEPT_PARTS = REBUILD_KEPT
+  INDEXED_PARTS = _key.Rebuild.INDEXED_PARTS | REBUILD_INDEXED
 
 
 def fresh_conversion(arr) -> None:
@@ -549,4 +583,5 @@ def analyse(fun: Callable, lift_numpy: bool = False,
     a.key = a.function(fun)   # by contents even at module level
   else:
     a.key = a.value(as_method(fun) or fun)
+  a.finish(a.key)
   return a

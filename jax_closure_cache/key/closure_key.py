@@ -221,6 +221,10 @@ class Walk:
     # the label only makes explanations readable (``float32``, not an id)
     return (ID, id(v), getattr(v, "__qualname__", None) or type(v).__name__)
 
+  def finish(self, key) -> None:
+    """Checks of the whole ``key`` once walked (raise :class:`Unkeyable`);
+    none here."""
+
   def enter(self, v):   # v's index, or (CYCLE, index) if reached before
     i = self.memo.get(id(v))
     if i is not None:
@@ -437,6 +441,7 @@ def closure_key(fun: Callable) -> tuple[Any, list[Any], list[Any]]:
   arrays ``leaves``; ``anchors``: the objects whose ids it holds."""
   w = active_rules[0]()
   key = w.function(fun) if type(fun) is types.FunctionType else w.value(fun)
+  w.finish(key)
   return key, w.leaves, w.anchors
 
 

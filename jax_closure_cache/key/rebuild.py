@@ -35,8 +35,8 @@ class Rebuild(_key.Rebuild):
   plain objects (``COPY``), bound methods, treedefs and pytrees whose node
   data holds functions, and classes (only back-references inside: kept as
   they are)."""
-  KEPT_PARTS = frozenset({OBJ})
-  INDEXED_PARTS = _key.Rebuild.INDEXED_PARTS | {COPY, OBJ, CLASS}
+  KEPT_PARTS = closure.REBUILD_KEPT
+  INDEXED_PARTS = _key.Rebuild.INDEXED_PARTS | closure.REBUILD_INDEXED
   STEPS = {**_key.Rebuild.STEPS, TREEAUX: "tree_aux",
            TREEDEF: "treedef", METHOD: "method", COPY: "copy", CLASS: "klass"}
   walk = closure.Analysis
