@@ -119,7 +119,8 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
       return f"{where}: {e.primitive} against {f.primitive}"
     (e_ins, e_params), (f_ins, f_params) = _operands(e), _operands(f)
     if len(e_ins) != len(f_ins) or not all(map(same, e_ins, f_ins)):
-      permuted = _cond_in_order(e_ins, f_ins, f_params, same)
+      permuted = (_cond_in_order(e_ins, f_ins, f_params, same)
+                  or _loop_in_order(e_ins, f_ins, f_params, same))
       if permuted is None:
         return f"{where}: its operands differ"
       f_ins, f_params = permuted
@@ -156,6 +157,65 @@ def _cond_in_order(e_ins, f_ins, f_params, same):
     return None
   return ([f_ins[0], *[f_ins[k + 1] for k in order]],
           dict(f_params, branches=tuple(branches)))
+
+
+def _group_order(e_ins, f_ins, start, stop, same):
+  """The positions in ``f_ins[start:stop]`` of ``e_ins[start:stop]`` (a
+  permutation, relative to ``start``), or None."""
+  order, free = [], list(range(start, stop))
+  for x in e_ins[start:stop]:
+    k = next((k for k in free if same(x, f_ins[k])), None)
+    if k is None:
+      return None
+    free.remove(k)
+    order.append(k - start)
+  return order
+
+
+def _loop_in_order(e_ins, f_ins, f_params, same):
+  """A ``while_loop``'s or ``scan``'s operands and jaxprs with its constant
+  operands in the order of ``e_ins``, where ``f_ins`` holds the same
+  constants in another order (as :func:`_cond_in_order`: JAX orders a
+  lifted leaf apart from the constants stock's trace has there); the
+  carried and scanned operands must agree in place. None otherwise."""
+  if len(e_ins) != len(f_ins):
+    return None
+  if "body_jaxpr" in f_params and "cond_jaxpr" in f_params:
+    nc, nb = f_params["cond_nconsts"], f_params["body_nconsts"]
+    groups = ((0, nc), (nc, nc + nb))
+  elif "jaxpr" in f_params and "num_consts" in f_params:
+    groups = ((0, f_params["num_consts"]),)
+  else:
+    return None
+  end = groups[-1][1]
+  if not all(map(same, e_ins[end:], f_ins[end:])):
+    return None
+  orders = [_group_order(e_ins, f_ins, a, b, same) for a, b in groups]
+  if any(o is None for o in orders):
+    return None
+  ins = [f_ins[a + k] for (a, _), o in zip(groups, orders) for k in o]
+  ins += f_ins[end:]
+  params = dict(f_params)
+  if len(groups) == 2:
+    (oc, ob), carry = orders, len(f_ins) - end
+    cond = _compat.with_inputs_in_order(
+        f_params["cond_jaxpr"], [*oc, *range(len(oc), len(oc) + carry)])
+    body = _compat.with_inputs_in_order(
+        f_params["body_jaxpr"], [*ob, *range(len(ob), len(ob) + carry)])
+    if cond is None or body is None:
+      return None
+    params.update(cond_jaxpr=cond, body_jaxpr=body)
+  else:
+    (o,) = orders
+    rest = len(f_ins) - end
+    order = [*o, *range(len(o), len(o) + rest)]
+    jaxpr = _compat.with_inputs_in_order(f_params["jaxpr"], order)
+    if jaxpr is None:
+      return None
+    params["jaxpr"] = jaxpr
+    if "linear" in params and len(params["linear"]) == len(order):
+      params["linear"] = tuple(params["linear"][k] for k in order)
+  return ins, params
 
 
 def _operands(e) -> tuple[list, dict]:
