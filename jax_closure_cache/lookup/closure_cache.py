@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 import functools
-import operator
 import threading
 import types
 import weakref
@@ -246,9 +245,8 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
-  _compat.own_constants_in_place(jaxpr)   # the nested jaxprs' constants
-  return _Shared(jaxpr=jaxpr, consts=_compat.own_constants(closed.consts),
-                 out_avals=out_avals)
+  _compat.own_constants_in_place(closed)   # its own and its nested jaxprs'
+  return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals)
 
 
 def _share_answer(key, leaves, anchors, answer) -> None:
@@ -258,10 +256,7 @@ def _share_answer(key, leaves, anchors, answer) -> None:
       and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)
       # a callback's function is this trace's object (its log, its state)
       and _lowering.runtime_callable(closed) is None):
-    consts = _compat.own_constants(closed.consts)
-    if any(map(operator.is_not, consts, closed.consts)):
-      answer = (_trace.ClosedJaxpr(closed.jaxpr, list(consts)), answer[1])
-    _compat.own_constants_in_place(closed.jaxpr)   # the nested jaxprs
+    _compat.own_constants_in_place(closed)   # its own and its nested jaxprs'
     _put(key, _Shared(answer=answer), anchors)
 
 

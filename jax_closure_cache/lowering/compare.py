@@ -144,13 +144,9 @@ def _cond_in_order(e_ins, f_ins, f_params, same):
   if ("branches" not in f_params or len(e_ins) != len(f_ins) or not e_ins
       or not same(e_ins[0], f_ins[0])):
     return None
-  order, free = [], list(range(1, len(f_ins)))
-  for x in e_ins[1:]:
-    k = next((k for k in free if same(x, f_ins[k])), None)
-    if k is None:
-      return None
-    free.remove(k)
-    order.append(k - 1)
+  order = _group_order(e_ins, f_ins, 1, len(f_ins), same)
+  if order is None:
+    return None
   branches = [_compat.with_inputs_in_order(b, order)
               for b in f_params["branches"]]
   if any(b is None for b in branches):
