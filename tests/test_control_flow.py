@@ -209,3 +209,48 @@ def test_fori_bound_types_are_kept():
     cached_lax.fori_loop(np.int16(0), jnp.int32(10), body, jnp.float32(7))
   assert_trees_equal(cached_lax.fori_loop(np.int16(0), 10, lambda i, c: c + 1, jnp.float32(1)),
                      StockLax.fori_loop(np.int16(0), 10, lambda i, c: c + 1, jnp.float32(1)))
+
+
+def _signs_equal(got, want):
+  assert_trees_equal(got, want)
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.signbit(np.asarray(g)), np.signbit(np.asarray(w)))
+
+
+def _zeros_cond(lax, v, z, x):
+  return lax.cond(x[1] > 0, lambda y: (jnp.asarray(list(v)), y + z),
+                  lambda y: (jnp.zeros(2), y), x)
+
+
+def _zeros_scan(lax, v, z, x):
+  return lax.scan(lambda c, _: (c + z, jnp.asarray(list(v))), x, None, length=2)
+
+
+def _zeros_while(lax, v, z, x):
+  return lax.while_loop(lambda c: c[0] < 1,
+                        lambda c: (c[0] + 1, c[1] + z, jnp.asarray(list(v))),
+                        (0, x, jnp.ones(2)))
+
+
+@pytest.mark.parametrize("prog", [_zeros_cond, _zeros_scan, _zeros_while],
+                         ids=lambda p: p.__name__)
+def test_a_constant_holding_a_zero_stays_an_operand(prog):
+  # Stock's eager cond or loop binds its primitive to the trace's constants
+  # as operands; compiled as one module, they would be baked, and XLA folds
+  # a baked zero by value: [-0.0, 1.0] becomes an iota (its sign lost) and
+  # x + zeros becomes x (-0.0 + 0.0 is 0.0 with an operand). Such a launcher
+  # runs as stock's eager primitive does.
+  x = jnp.asarray([-0.0, 1.0, 2.0])
+  z = np.zeros(3, np.float32)          # NumPy: baked by default
+  with jcc.enabled():
+    for _ in range(3):                 # first object, second, a third
+      _signs_equal(prog(cached_lax, (-0.0, 1), z, x),
+                   prog(StockLax, (-0.0, 1), z, x))
+    assert jcc.stats()["not_stored"].get("operand_zero", 0) >= 2
+    assert jcc.stats()["hits"] == 0
+    # without a zero among its constants, the launcher is shared
+    y = jnp.asarray([3.0, 1.0, 2.0])
+    for _ in range(3):
+      _signs_equal(prog(cached_lax, (2.0, 1), z + 1, y),
+                   prog(StockLax, (2.0, 1), z + 1, y))
+    assert jcc.stats()["hits"] == 1

@@ -249,3 +249,24 @@ def inexact_dtype(dtype) -> bool:
     return bool(_dtypes.issubdtype(dtype, np.inexact))
   except Exception:
     return False
+
+
+def holds_zero(c, negative_only: bool = False) -> bool:
+  """Whether a constant of a floating or complex type holds a zero (of
+  either sign, or only -0.0). XLA treats such a constant, baked into a
+  module, by value (``-0.0 == 0.0``): it folds ``x + zeros`` to ``x`` and
+  stores ``[-0.0, 1.0]`` as an iota, so a baked zero's sign can reach
+  the result otherwise than an argument's. Never an error: a PRNG key's
+  extended dtype is no floating type."""
+  if type(c) is float:
+    return c == 0 and (not negative_only or bool(np.signbit(c)))
+  dtype = getattr(c, "dtype", None)
+  if dtype is None or not inexact_dtype(dtype):
+    return False
+  a = np.asarray(c)
+  if a.dtype.kind == "c":
+    a = np.concatenate([a.real.ravel(), a.imag.ravel()])
+  elif a.dtype.kind != "f":   # bfloat16, float8: compared as float32
+    a = a.astype(np.float32)
+  zero = a == 0
+  return bool(np.any(zero & np.signbit(a) if negative_only else zero))

@@ -200,3 +200,13 @@ def stock_trace(fun, args, kwargs):
   closed, _ = STOCK_TRACE_TO_JAXPR(fun, in_avals, debug_info,
                                    *PJIT_TRACE_CONTEXT)
   return closed
+
+
+def run_traced_eagerly(traced, args, kwargs):
+  """A ``jit(...).trace(*args, **kwargs)`` result run as eager JAX runs
+  its equations: one primitive at a time, each applied to concrete
+  operands, the jaxpr's constants among them (an eager ``lax.cond``'s
+  way, where ``jit`` would bake them into its module)."""
+  args_flat = jax.tree_util.tree_leaves((args, kwargs))
+  out_flat = _core.jaxpr_as_fun(traced.jaxpr)(*args_flat)
+  return jax.tree_util.tree_unflatten(traced.out_tree, out_flat)

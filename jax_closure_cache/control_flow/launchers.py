@@ -52,6 +52,7 @@ _trace_state_clean = _compat.trace_state_clean
 class _Launcher(wrapper.ClosureJitted):
   """A cached launcher; its stock form is itself, called eagerly."""
   __slots__ = ("_user_fun",)
+  _constants_are_operands = True
 
   def __init__(self, launcher, user, lift_numpy: bool):
     super().__init__(launcher, {}, (), lift_numpy)

@@ -154,9 +154,17 @@ def miss(w, key, a, args, kwargs):
     # without tracing again; the Traced object yields the captured consts.
     with entries.calling(entry, w._fun, a), _compile_warnings(donating) as warned:
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-      out = entry.jitted(a.leaves, *args, **kwargs)
+      baked = _baked_operand(w, traced)
+      out = (entry.jitted(a.leaves, *args, **kwargs) if baked is None
+             else _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
+                                             kwargs))
   except Exception as e:
     return retry_stock(w, key, args, kwargs, e)
+  if baked is not None:
+    entry.record = events.miss(w._user(), code_of(w._user()), key,
+                               time.perf_counter() - started)
+    events.not_stored(w._user(), "operand_zero", baked)
+    return out
   cost = time.perf_counter() - started   # trace + compile + first run
   w._pin(entry, key, a.leaves)
   if warned:
@@ -174,6 +182,23 @@ def miss(w, key, a, args, kwargs):
   # counts as a fallback alone
   w._store(key, entry, a.leaves, args, kwargs, traced, cost)
   return out
+
+
+def _baked_operand(w, traced) -> str | None:
+  """Why ``traced`` runs as eager JAX runs it, not compiled as one module:
+  where stock passes the trace's constants as operands (an eager
+  ``lax.cond`` or loop binds its primitive to them) and one holds a
+  floating zero, which XLA would fold by value once baked (``-0.0 ==
+  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``)."""
+  if not w._constants_are_operands:
+    return None
+  for c in _compat.captured_constants(traced):
+    if _lowering.holds_zero(c):
+      return ("a constant of its trace holds a floating zero, which stock's "
+              "eager primitive takes as an operand and a compiled launcher "
+              "would bake (XLA folds a baked zero's sign): it runs as "
+              "stock's eager primitive does, every call")
+  return None
 
 
 @contextlib.contextmanager

@@ -156,6 +156,9 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
   __slots__ = ("_fun", "_code", "_spec", "_stock", "_row", "__weakref__",
                "__dict__")
   _direct = False
+  #: whether stock takes the trace's constants as operands, not baked
+  #: into a module: a launcher's eager primitive (``control_flow``)
+  _constants_are_operands = False
 
   def __init__(self, fun, options: dict, options_key: tuple,
                lift_numpy: bool):

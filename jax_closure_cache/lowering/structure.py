@@ -217,20 +217,8 @@ def _effects(effects) -> tuple:
 
 
 def _negative_zero(c) -> bool:
-  """Whether a constant holds a -0.0 (bfloat16 and the other floating
-  types NumPy does not know as such too; never an error: a PRNG key's
-  extended dtype is no floating type)."""
-  if type(c) is float:
-    return c == 0 and bool(np.signbit(c))
-  dtype = getattr(c, "dtype", None)
-  if dtype is None or not _compat.inexact_dtype(dtype):
-    return False
-  a = np.asarray(c)
-  if a.dtype.kind == "c":
-    a = np.concatenate([a.real.ravel(), a.imag.ravel()])
-  elif a.dtype.kind != "f":   # bfloat16, float8: compared as float32
-    a = a.astype(np.float32)
-  return bool(np.any((a == 0) & np.signbit(a)))
+  """Whether a constant holds a -0.0."""
+  return _compat.holds_zero(c, negative_only=True)
 
 
 def _atom(x) -> tuple:
