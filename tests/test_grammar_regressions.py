@@ -356,7 +356,11 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # 117), and an enum's class attribute the harness left set between passes
 # (140, seed 1: 347), and eager ``while_loop`` whose loop constants JAX
 # orders otherwise around a lifted leaf (verify mode's oracle took the
-# permutation for a mismatch: seed 2, 1249; seed 3, 378). The ``scan`` cases
+# permutation for a mismatch: seed 2, 1249; seed 3, 378; and a
+# ``checkpoint``'s: seed 3, 1749), an eager ``cond`` whose branch made a
+# constant holding -0.0, compiled as one module where stock's eager
+# primitive takes it as an operand (XLA folds a baked zero: seed 2, 1423).
+# The ``scan`` cases
 # (seed 2, 446; seed 3, 582) are matched on jax 0.10 only: 0.11's scan
 # describes its operands by flat trees, not ``num_consts``.
 
@@ -365,11 +369,41 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
     (0, 7), (0, 18), (0, 24), (0, 90), (0, 91), (0, 97), (0, 140), (0, 141),
     (0, 170), (0, 189), (0, 195), (0, 207), (0, 226), (0, 282), (0, 347),
     (0, 363), (1, 41), (1, 84), (1, 117), (1, 146), (1, 347), (1, 352),
-    (1, 355), (2, 1249), (3, 378)])
+    (1, 355), (2, 1249), (2, 1423), (3, 378), (3, 1749)])
 def test_value_grammar_program(seed, index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(seed, index))
   assert not verdict.failed, str(verdict)
+
+
+@jax.tree_util.register_pytree_node_class
+class _AuxHolder:
+  """A pytree whose aux data holds the values the trace reads."""
+
+  def __init__(self, w, v):
+    self.w, self.v = w, v
+
+  def tree_flatten(self):
+    return (self.w,), self.v
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0], aux)
+
+
+def test_checkpoint_over_a_lifted_leaf_among_constants():
+  # jax.checkpoint's remat2 takes the trace's constants as operands; with
+  # the node's array lifted, JAX orders it among the NumPy constants the
+  # trace made otherwise than stock's all-constant trace (the same
+  # computation, permuted; verify's oracle matched it in place).
+  def step(v):
+    node = _AuxHolder(jnp.ones(3, jnp.float32) * v, (1.0, 2.0))
+
+    def f(x):
+      return (x * jnp.asarray([3]).sum() + x * node.w
+              + jnp.asarray(node.v).sum())
+    return jax.jit(jax.checkpoint(f))(X)
+  assert_like_stock(step, [1.0, 1.0, 2.0])
 
 
 def test_partial_matcher_checks_its_arguments():

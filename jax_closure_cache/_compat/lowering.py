@@ -86,9 +86,24 @@ def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
                                         outvars=outvars, debug_info=dbg), [])
 
 
+def jaxpr_inputs(jaxpr) -> list:
+  """The inputs of a jaxpr, closed or open."""
+  return getattr(jaxpr, "jaxpr", jaxpr).invars
+
+
 def with_inputs_in_order(closed, order: list):
-  """``closed`` taking as its ``i``-th input its former input ``order[i]``;
-  None where an effect is tied to an input's position."""
+  """``closed`` (a closed jaxpr, or an open one: ``remat2``'s) taking as
+  its ``i``-th input its former input ``order[i]``; None where an effect
+  is tied to an input's position."""
+  if isinstance(closed, _core.Jaxpr):
+    if any(isinstance(e, JaxprInputEffect) for e in closed.effects):
+      return None
+    dbg = closed.debug_info
+    names = dbg.arg_names
+    return closed.replace(
+        invars=[closed.invars[k] for k in order],
+        debug_info=dbg._replace(arg_names=None if names is None
+                                else tuple(names[k] for k in order)))
   jaxpr = closed.jaxpr
   if any(isinstance(e, JaxprInputEffect) for e in jaxpr.effects):
     return None

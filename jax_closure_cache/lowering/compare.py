@@ -120,7 +120,8 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
     (e_ins, e_params), (f_ins, f_params) = _operands(e), _operands(f)
     if len(e_ins) != len(f_ins) or not all(map(same, e_ins, f_ins)):
       permuted = (_cond_in_order(e_ins, f_ins, f_params, same)
-                  or _loop_in_order(e_ins, f_ins, f_params, same))
+                  or _loop_in_order(e_ins, f_ins, f_params, same)
+                  or _call_in_order(e_ins, f_ins, f_params, same))
       if permuted is None:
         return f"{where}: its operands differ"
       f_ins, f_params = permuted
@@ -212,6 +213,34 @@ def _loop_in_order(e_ins, f_ins, f_params, same):
     if "linear" in params and len(params["linear"]) == len(order):
       params["linear"] = tuple(params["linear"][k] for k in order)
   return ins, params
+
+
+#: a call's parameters that hold one item per operand
+_PER_OPERAND = ("in_shardings", "in_layouts", "donated_invars")
+
+
+def _call_in_order(e_ins, f_ins, f_params, same):
+  """A call's (``checkpoint``'s ``remat2``, a nested ``jit``) operands and
+  jaxpr in the order of ``e_ins``, where ``f_ins`` holds the same ones in
+  another order (as :func:`_cond_in_order`: JAX orders a lifted leaf
+  apart from the constants stock's trace has there); every operand is one
+  input of the jaxpr, and the parameters kept per operand follow it. None
+  if they are not such a permutation."""
+  jaxpr = f_params.get("jaxpr")
+  if (jaxpr is None or "num_consts" in f_params or len(e_ins) != len(f_ins)
+      or len(_compat.jaxpr_inputs(jaxpr)) != len(f_ins)):
+    return None
+  order = _group_order(e_ins, f_ins, 0, len(f_ins), same)
+  if order is None:
+    return None
+  reordered = _compat.with_inputs_in_order(jaxpr, order)
+  if reordered is None:
+    return None
+  params = dict(f_params, jaxpr=reordered)
+  for k in _PER_OPERAND:
+    if k in params and len(params[k]) == len(order):
+      params[k] = tuple(params[k][i] for i in order)
+  return [f_ins[k] for k in order], params
 
 
 def _operands(e) -> tuple[list, dict]:
