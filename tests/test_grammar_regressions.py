@@ -359,7 +359,9 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # permutation for a mismatch: seed 2, 1249; seed 3, 378; and a
 # ``checkpoint``'s: seed 3, 1749), an eager ``cond`` whose branch made a
 # constant holding -0.0, compiled as one module where stock's eager
-# primitive takes it as an operand (XLA folds a baked zero: seed 2, 1423).
+# primitive takes it as an operand (XLA folds a baked zero: seed 2, 1423),
+# and gradients adding a lifted array's term to a zero XLA folds in
+# stock's module (seed 2, 2417; seed 3, 1918).
 # The ``scan`` cases
 # (seed 2, 446; seed 3, 582) are matched on jax 0.10 only: 0.11's scan
 # describes its operands by flat trees, not ``num_consts``.
@@ -369,7 +371,8 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
     (0, 7), (0, 18), (0, 24), (0, 90), (0, 91), (0, 97), (0, 140), (0, 141),
     (0, 170), (0, 189), (0, 195), (0, 207), (0, 226), (0, 282), (0, 347),
     (0, 363), (1, 41), (1, 84), (1, 117), (1, 146), (1, 347), (1, 352),
-    (1, 355), (2, 1249), (2, 1423), (3, 378), (3, 1749)])
+    (1, 355), (2, 1249), (2, 1423), (2, 2417), (3, 378), (3, 1749),
+    (3, 1918)])
 def test_value_grammar_program(seed, index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(seed, index))
@@ -404,6 +407,22 @@ def test_checkpoint_over_a_lifted_leaf_among_constants():
               + jnp.asarray(node.v).sum())
     return jax.jit(jax.checkpoint(f))(X)
   assert_like_stock(step, [1.0, 1.0, 2.0])
+
+
+def test_a_lifted_array_added_to_a_zero_xla_folds():
+  # The gradient adds ct * h * w (computed from the closed-over w alone) to
+  # ct * 0. Stock bakes w: XLA folds both terms and sums them (-0.0 + 0.0
+  # is 0.0). Lifted, w's term is a runtime value and XLA simplifies "+ 0"
+  # away, keeping -0.0. Such a key is stock's (fallback ``folds_zero``).
+  def step(v):
+    w, h = jnp.asarray(v[0], jnp.float32), v[1]
+
+    def f(y):
+      return (y * w * h).sum() + (y * 0).sum()
+    return jax.jit(jax.grad(f))(X)
+  assert_like_stock(step, [((1.0, 1.0, 1.0), -0.0), ((0.5, -1.0, 0.0), -0.0),
+                           ((1.0, 1.0, 1.0), -0.0)])
+  assert jcc.stats()["fallback_reasons"].get("folds_zero")
 
 
 def test_partial_matcher_checks_its_arguments():

@@ -355,3 +355,26 @@ def test_a_jitted_function_passed_statically_over_a_new_array_each_call(
       same_as_stock(a, b, rtol=1e-6, where=f"rerun {rerun} output {k}")
     assert jcc.stats()["verify_mismatches"] == 0
     jcc.disable()
+
+
+def _zero_sum_step(i):
+  m = Model(jnp.asarray(((1.0, 1.0, 1.0), (0.5, -1.0, 0.0))[i % 2]))
+
+  def f(y):   # the gradient adds ct * -0.0 * w (from w alone) to ct * 0
+    return (y * m.w * -0.0).sum() + (y * 0).sum()
+  return jax.grad(f)
+
+
+def test_a_lifted_value_added_to_a_zero_xla_folds_is_stocks():
+  # Stock bakes the constant w, so XLA folds both terms and sums them
+  # (-0.0 + 0.0 is 0.0); passed as an argument, w's term is a runtime value
+  # and XLA simplifies "+ 0" away, keeping -0.0. Such a jaxpr is stock's.
+  x = jnp.asarray([-2.0, -0.5, 1.0])
+  want = stock_off(run_steps, _zero_sum_step, 4, x)
+  jcc.enable(closure_key=False, verify=True)
+  got = run_steps(_zero_sum_step, 4, x)
+  for g, w in zip(got, want):
+    same_as_stock(g, w)
+    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+  assert tier_a_stats()["refused"].get("a zero XLA folds in stock's module")
+  assert tier_a_stats()["hits"] == 0

@@ -49,6 +49,22 @@ _compat.register_cache(cache.jax_handle, "jax_closure_cache entries")
 # Codes whose lifted trace failed (or leaked a tracer) where stock's did not.
 unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 cache.register_clear_hook(unliftable.clear)
+
+
+class StockAnswered(cache.Entry):
+  """A key stock answers: its lifted trace adds a value computed from
+  lifted arrays alone to one that may be all zeros, which XLA folds in
+  stock's module (``reason``, from ``lowering/folding.py``)."""
+  __slots__ = ("reason",)
+
+  def __init__(self, reason: str):
+    super().__init__()
+    self.reason = reason
+
+
+# Keys whose calls go to stock (bounded; an id reused by another object
+# costs that object its sharing, never a result).
+stock_answered = cache.new_store("stock_answered")
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
 ALWAYS_SHARED: set[types.CodeType] = set()

@@ -27,6 +27,7 @@ from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.lowering import folding
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
@@ -130,6 +131,9 @@ def miss(w, key, a, args, kwargs):
                     "executable")
     w._own()
     return w.stock()(*args, **kwargs)
+  answered = entries.stock_answered.get(key)
+  if answered is not None:
+    return fallback(w, "folds_zero", args, kwargs, answered.reason)
   baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
   if baked is not None:
     # An array kept by identity (committed to a device, or inside an
@@ -155,11 +159,21 @@ def miss(w, key, a, args, kwargs):
     with entries.calling(entry, w._fun, a), _compile_warnings(donating) as warned:
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       baked = _baked_operand(w, traced)
-      out = (entry.jitted(a.leaves, *args, **kwargs) if baked is None
-             else _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
-                                             kwargs))
+      folds = None if baked is not None else folding.zero_sum(
+          traced.jaxpr, lifted_inputs=len(_compat.jax.tree_util.tree_leaves(
+              a.leaves)))
+      if baked is not None:
+        out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
+                                               kwargs)
+      elif folds is None:
+        out = entry.jitted(a.leaves, *args, **kwargs)
   except Exception as e:
     return retry_stock(w, key, args, kwargs, e)
+  if folds is not None:
+    # stock answers (its module bakes the closed-over arrays), and this
+    # key's later objects are traced as stock traces them
+    entries.stock_answered.put(key, entries.StockAnswered(folds))
+    return fallback(w, "folds_zero", args, kwargs, folds)
   if baked is not None:
     entry.record = events.miss(w._user(), code_of(w._user()), key,
                                time.perf_counter() - started)

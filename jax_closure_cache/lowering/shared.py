@@ -44,6 +44,7 @@ from jax_closure_cache import cache
 from jax_closure_cache import settings
 from jax_closure_cache._compat import lowering as _compat
 from jax_closure_cache._compat import own_constants as _own_constants
+from jax_closure_cache.lowering import folding
 from jax_closure_cache.lowering import structure
 
 logger = logging.getLogger("jax_closure_cache")
@@ -272,6 +273,14 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return alive
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
+  folds = folding.zero_sum(jaxpr, constants_lifted=True,
+                           literals_lifted=any(lifted))
+  if folds is not None:
+    LOWERINGS.refuse("a zero XLA folds in stock's module")
+    if _explaining():
+      logger.warning("jax_closure_cache: tier A does not share %s's "
+                     "lowering: %s", call.name, folds)
+    return call.stock(jaxpr)
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
   except DeadConstant as e:

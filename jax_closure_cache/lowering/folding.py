@@ -1,0 +1,241 @@
+"""Where passing a constant as an argument changes the sign of a zero.
+
+XLA simplifies ``x + 0`` to ``x`` wherever it can see the zero: an array
+constant of zeros, or one it folded from constants (``c * 0.0``,
+``broadcast(0.0)``). That is not IEEE's sum where ``x`` holds -0.0
+(``-0.0 + 0.0`` is ``0.0``). Stock bakes a closed-over array into its
+module; the cache passes it as an argument (tier B lifts it, tier A passes
+the jaxpr's constants and changed literals). A value computed from those
+alone is a constant XLA folds in stock's module and a runtime value in the
+cache's, so an addition of such a value and a value that may be all zeros
+is simplified in one module and summed in the other: the sign of a zero
+can differ. :func:`zero_sum` finds such an addition.
+
+The answer is structural (which values may be zero follows from literals,
+constants and the equations, never from a lifted array's contents), so it
+holds for every call of a key. A closed-over array whose values are all
+zeros is not seen (its values change from call to call): a known limit.
+
+Invariants:
+* Over-approximating: a primitive this module does not know keeps a zero
+  where any operand may be zero; a nested jaxpr it cannot map input by
+  input is read with every input as lifted as its most lifted operand.
+* Never an error: a jaxpr it cannot read is answered with a reason.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jax_closure_cache._compat import lowering as _compat
+
+
+class _State(NamedTuple):
+  """What a value may be: computed from a lifted input (``lifted``), from a
+  call argument (``varying``), all zeros (``zero``)."""
+  lifted: bool
+  varying: bool
+  zero: bool
+
+  @property
+  def folded_by_stock_only(self) -> bool:
+    """A constant in stock's module, a runtime value in the cache's."""
+    return self.lifted and not self.varying
+
+
+_CONSTANT = _State(False, False, False)
+_ARGUMENT = _State(False, True, False)
+_LIFTED = _State(True, False, False)
+
+#: additions XLA simplifies with a zero operand
+_ADDS = frozenset({"add", "add_any", "sub"})
+#: an all-zero operand anywhere gives an all-zero result
+_ANY_ZERO = frozenset({"mul", "dot_general", "conv_general_dilated"})
+#: the result is all zeros only where every operand is
+_ALL_ZERO = frozenset({"add", "add_any", "sub", "max", "min", "concatenate",
+                       "select_n", "pad", "atan2", "clamp"})
+#: a zero operand never gives an all-zero result (exp(0) is 1)
+_NEVER_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "log", "logistic",
+                         "is_finite", "eq", "ne", "lt", "le", "gt", "ge",
+                         "not", "iota", "rng_bit_generator", "random_bits",
+                         "random_seed", "random_wrap", "random_unwrap"})
+#: call-like primitives: one jaxpr input per operand, one output per output
+_CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def zero_sum(closed, lifted_inputs: int = 0, constants_lifted: bool = False,
+             literals_lifted: bool = False) -> str | None:
+  """Where ``closed`` adds a value folded by stock only to one that may be
+  all zeros (the description), or None. Its first ``lifted_inputs`` inputs
+  are passed where stock bakes them; with ``constants_lifted`` its
+  constants too, with ``literals_lifted`` its top-level non-zero floating
+  literals."""
+  try:
+    return _zero_sum(closed, lifted_inputs, constants_lifted,
+                     literals_lifted)
+  except Exception as e:   # never an error: not shared
+    return f"its jaxpr could not be read ({type(e).__name__}: {e})"
+
+
+def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted):
+  jaxpr, consts = _compat.closed_parts(closed)
+  env: dict = {}
+  for v, c in zip(jaxpr.constvars, consts):
+    env[v] = _LIFTED if constants_lifted else _CONSTANT._replace(
+        zero=_all_zero(c))
+  for i, v in enumerate(jaxpr.invars):
+    env[v] = _LIFTED if i < lifted_inputs else _ARGUMENT
+  return _walk(jaxpr, env, literals_lifted, nested_lifted=constants_lifted)
+
+
+def _all_zero(c) -> bool:
+  dtype = getattr(c, "dtype", None)
+  if type(c) in (int, float, bool):
+    return c == 0
+  if dtype is None:
+    return False
+  try:
+    a = np.asarray(c)
+    return a.size > 0 and bool(np.all(a == 0))
+  except Exception:
+    return True   # unknown: may be zeros
+
+
+def _walk(jaxpr, env: dict, literals_lifted: bool,
+          nested_lifted: bool) -> str | None:
+  def read(x) -> _State:
+    if type(x) is _compat.Literal:
+      zero = _all_zero(x.val)
+      if literals_lifted and not zero and type(x.val) is not bool and (
+          isinstance(x.val, float) or _compat.inexact_dtype(
+              getattr(x.val, "dtype", np.dtype(type(x.val))))):
+        return _LIFTED
+      return _CONSTANT._replace(zero=zero)
+    return env.get(x, _ARGUMENT)
+
+  for e in jaxpr.eqns:
+    ins = [read(x) for x in e.invars]
+    name = e.primitive.name
+    if name in _ADDS and any(s.folded_by_stock_only for s in ins) and any(
+        s.zero for s in ins):
+      return (f"`{name}` adds a value computed from lifted inputs alone "
+              "(a constant XLA folds in stock's module) and one that may "
+              "be all zeros: XLA simplifies x + 0 to x, which keeps a -0.0 "
+              "IEEE's sum does not")
+    outs, found = _nested(e, ins, nested_lifted)
+    if found:
+      return found
+    if outs is None:
+      lifted = any(s.lifted for s in ins)
+      varying = any(s.varying for s in ins)
+      if name in _NEVER_ZERO:
+        zero = False
+      elif name == "select_n":
+        zero = len(ins) > 1 and all(s.zero for s in ins[1:])
+      elif name in _ALL_ZERO:
+        zero = bool(ins) and all(s.zero for s in ins)
+      else:   # _ANY_ZERO, and what this module does not know
+        zero = any(s.zero for s in ins)
+      outs = [_State(lifted, varying, zero)] * len(e.outvars)
+    for v, s in zip(e.outvars, outs):
+      env[v] = s
+  return None
+
+
+def _jaxprs_in(params) -> list:
+  found = []
+  for p in params.values():
+    for q in (p if isinstance(p, (tuple, list)) else (p,)):
+      if hasattr(q, "eqns") or hasattr(getattr(q, "jaxpr", None), "eqns"):
+        found.append(q)
+  return found
+
+
+def _nested(e, ins: list, nested_lifted: bool):
+  """``(output states or None, finding or None)`` of an equation holding
+  jaxprs. A call maps its operands to its jaxpr's inputs one to one, a
+  ``cond`` to each branch's; a loop's carry (and a scan's slice) is a
+  loop parameter, a runtime value in both modules. Any other equation
+  reads each jaxpr with every input as lifted and as zero as its most
+  lifted, zero-most operand."""
+  jaxprs = _jaxprs_in(e.params)
+  if not jaxprs:
+    return None, None
+  p = e.params
+  call = next((p[k] for k in _CALL_JAXPR if k in p), None)
+  if call is not None and len(jaxprs) == 1 and len(
+      _compat.jaxpr_inputs(call)) == len(ins):
+    return _read(call, ins, nested_lifted)
+  if "branches" in p and len(ins) >= 1:
+    outs, found = None, None
+    for b in p["branches"]:
+      b_outs, found = _read(b, ins[1:], nested_lifted)
+      if found:
+        return None, found
+      outs = b_outs if outs is None else [_join(x, y)
+                                          for x, y in zip(outs, b_outs)]
+    return outs, None
+  if "body_jaxpr" in p and "cond_nconsts" in p:
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    carry = [_loop_parameter(s) for s in ins[nc + nb:]]
+    _, found = _read(p["cond_jaxpr"], [*ins[:nc], *carry], nested_lifted)
+    if found:
+      return None, found
+    outs, found = _read(p["body_jaxpr"], [*ins[nc:nc + nb], *carry],
+                        nested_lifted)
+    return ([_join(c, _loop_parameter(o)) for c, o in zip(carry, outs)]
+            if not found else None), found
+  if "num_consts" in p and "num_carry" in p and "jaxpr" in p:
+    nc = p["num_consts"]
+    loop = [_loop_parameter(s) for s in ins[nc:]]
+    outs, found = _read(p["jaxpr"], [*ins[:nc], *loop], nested_lifted)
+    if found:
+      return None, found
+    return [_loop_parameter(o) for o in outs], None
+  widest = _State(any(s.lifted for s in ins), False,
+                  any(s.zero for s in ins))
+  zero_out = widest.zero
+  for j in jaxprs:
+    outs, found = _read(j, [widest] * len(_compat.jaxpr_inputs(j)),
+                        nested_lifted)
+    if found:
+      return None, found
+    zero_out = zero_out or any(o.zero for o in outs)
+  out = _State(widest.lifted, any(s.varying for s in ins), zero_out)
+  return [out] * len(e.outvars), None
+
+
+def _join(a: _State, b: _State) -> _State:
+  return _State(a.lifted or b.lifted, a.varying or b.varying,
+                a.zero or b.zero)
+
+
+def _loop_parameter(s: _State) -> _State:
+  """A value a loop carries or slices: a parameter of the loop's body,
+  which XLA folds in neither module."""
+  return _State(s.lifted, True, False)
+
+
+def _read(j, ins: list, nested_lifted: bool):
+  """``(output states, finding)`` of a nested jaxpr given its inputs'."""
+  inner, consts = _closed_or_open(j)
+  env = {v: (_LIFTED if nested_lifted else _CONSTANT._replace(
+      zero=_all_zero(c))) for v, c in zip(inner.constvars, consts)}
+  env.update(zip(inner.invars, ins))
+  found = _walk(inner, env, False, nested_lifted)
+  if found:
+    return None, found
+  return [_read_literal(v) if type(v) is _compat.Literal
+          else env.get(v, _ARGUMENT) for v in inner.outvars], None
+
+
+def _read_literal(v) -> _State:
+  return _CONSTANT._replace(zero=_all_zero(v.val))
+
+
+def _closed_or_open(j):
+  if hasattr(j, "eqns"):
+    return j, ()
+  return _compat.closed_parts(j)
