@@ -254,3 +254,28 @@ def test_a_constant_holding_a_zero_stays_an_operand(prog):
       _signs_equal(prog(cached_lax, (2.0, 1), z + 1, y),
                    prog(StockLax, (2.0, 1), z + 1, y))
     assert jcc.stats()["hits"] == 1
+
+
+def _mask_cond(lax, x, mask):
+  return lax.cond(x.sum() > 0, lambda y: y * mask, lambda y: y, x)
+
+
+def _int_zeros_cond(lax, x, zeros):
+  return lax.cond(x.sum() > 0, lambda y: y + zeros, lambda y: y, x)
+
+
+@pytest.mark.parametrize("prog,x,constant", [
+    (_mask_cond, [0.3, -1.2, 2.0], np.array([False, False, True])),
+    (_int_zeros_cond, [-0.0, 1.0, 2.0], np.zeros(3, np.int32))],
+    ids=["bool_mask", "int_zeros"])
+def test_a_boolean_or_integer_constant_with_a_zero_stays_an_operand(
+    prog, x, constant):
+  # Stock's eager cond passes the constant as an operand: XLA makes x * mask
+  # a select (0.0 where the mask is off) and sums x + zeros (-0.0 + 0 is
+  # 0.0). Baked, XLA folds the converted constant: a product (-0.0 for a
+  # negative x), and x + 0 is x (-0.0 kept).
+  x = jnp.asarray(x)
+  with jcc.enabled():
+    for _ in range(3):
+      _signs_equal(prog(cached_lax, x, constant), prog(StockLax, x, constant))
+    assert jcc.stats()["not_stored"].get("operand_zero", 0) >= 2

@@ -266,18 +266,32 @@ def inexact_dtype(dtype) -> bool:
     return False
 
 
-def holds_zero(c, negative_only: bool = False) -> bool:
-  """Whether a constant of a floating or complex type holds a zero (of
-  either sign, or only -0.0). XLA treats such a constant, baked into a
-  module, by value (``-0.0 == 0.0``): it folds ``x + zeros`` to ``x`` and
-  stores ``[-0.0, 1.0]`` as an iota, so a baked zero's sign can reach
-  the result otherwise than an argument's. Never an error: a PRNG key's
-  extended dtype is no floating type."""
-  if type(c) is float:
-    return c == 0 and (not negative_only or bool(np.signbit(c)))
+def holds_zero(c, negative_only: bool = False,
+               inexact_only: bool = True) -> bool:
+  """Whether a constant holds a zero: of a floating or complex type (of
+  either sign, or only -0.0), or, without ``inexact_only``, of any numeric
+  or boolean type (``False`` too). XLA treats such a constant, baked into
+  a module, by value (``-0.0 == 0.0``): it folds ``x + zeros`` to ``x``,
+  stores ``[-0.0, 1.0]`` as an iota and ``x * mask`` as a product, where
+  with an argument it sums, keeps the sign, or selects; so a baked zero's
+  sign can reach the result otherwise than an argument's. Never an error:
+  a PRNG key's extended dtype is no numeric type."""
+  if type(c) in (float, int, bool, complex):
+    if type(c) is not float and inexact_only:
+      return False
+    return c == 0 and (not negative_only or bool(np.signbit(c.real)))
   dtype = getattr(c, "dtype", None)
-  if dtype is None or not inexact_dtype(dtype):
+  if dtype is None:
     return False
+  if not inexact_dtype(dtype):
+    if inexact_only or negative_only:
+      return False
+    try:
+      return bool(_dtypes.issubdtype(dtype, np.number)
+                  or _dtypes.issubdtype(dtype, np.bool_)) and bool(
+                      np.any(np.asarray(c) == 0))
+    except Exception:
+      return False
   a = np.asarray(c)
   if a.dtype.kind == "c":
     a = np.concatenate([a.real.ravel(), a.imag.ravel()])

@@ -201,16 +201,17 @@ def miss(w, key, a, args, kwargs):
 def _baked_operand(w, traced) -> str | None:
   """Why ``traced`` runs as eager JAX runs it, not compiled as one module:
   where stock passes the trace's constants as operands (an eager
-  ``lax.cond`` or loop binds its primitive to them) and one holds a
-  floating zero, which XLA would fold by value once baked (``-0.0 ==
-  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``)."""
+  ``lax.cond`` or loop binds its primitive to them) and one holds a zero
+  (``False`` too), which XLA would fold by value once baked (``-0.0 ==
+  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``, and
+  ``x * mask`` a product where an operand mask makes it a select)."""
   if not w._constants_are_operands:
     return None
   for c in _compat.captured_constants(traced):
-    if _lowering.holds_zero(c):
-      return ("a constant of its trace holds a floating zero, which stock's "
-              "eager primitive takes as an operand and a compiled launcher "
-              "would bake (XLA folds a baked zero's sign): it runs as "
+    if _lowering.holds_zero(c, inexact_only=False):
+      return ("a constant of its trace holds a zero, which stock's eager "
+              "primitive takes as an operand and a compiled launcher "
+              "would bake (XLA folds a baked zero otherwise): it runs as "
               "stock's eager primitive does, every call")
   return None
 
