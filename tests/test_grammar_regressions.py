@@ -425,6 +425,78 @@ def test_a_lifted_array_added_to_a_zero_xla_folds():
   assert jcc.stats()["fallback_reasons"].get("folds_zero")
 
 
+_LZ = (-0.0, 1.0, -0.0)
+
+
+def _lifted_step(body, x=(1.0, 1.0, 1.0)):
+  def step(v):
+    lifted = jnp.asarray(v, jnp.float32)   # closed over: lifted by the cache
+    return jax.jit(lambda y: body(lifted, y))(jnp.asarray(x, jnp.float32))
+  return step
+
+
+@pytest.mark.parametrize("body,x", [
+    # a constant expression XLA folds to zeros, added to a lifted array
+    (lambda w, y: (w + (jnp.ones(3) - 1.0)) * y, (1.0, 1.0, 1.0)),
+    (lambda w, y: (w + jnp.log(jnp.ones(3))) * y, (1.0, 1.0, 1.0)),
+    # a loop XLA removes (it runs once) over a zeros init
+    (lambda w, y: jax.lax.while_loop(
+        lambda c: c[0] < 1, lambda c: (c[0] + 1, c[1] + w),
+        (0, jnp.zeros(3)))[1] * y, (1.0, 1.0, 1.0)),
+    # max with zero (XLA's folding of max(-0.0, 0.0) is not the runtime's)
+    (lambda w, y: jax.nn.relu(w) * y, (1.0, 1.0, 1.0)),
+    # x + (w - w): zeros by structure
+    (lambda w, y: y + (w - w), (-0.0, -0.0, 1.0)),
+], ids=["ones_minus_one", "log_ones", "while_once", "relu", "w_minus_w"])
+def test_a_lifted_value_meeting_a_zero_xla_folds(body, x):
+  # Each computes, from the closed-over array alone, a value stock's XLA
+  # folds (the array is a constant in stock's module) and meets a zero
+  # with it: the cache answers such a key with stock.
+  assert_like_stock(_lifted_step(body, x), [_LZ, _LZ, (1.0, -0.0, 2.0)])
+
+
+@pytest.mark.parametrize("body", [
+    # integer-label cross-entropy: the gradient scatters -1/n at the labels
+    lambda labels, lg: jax.grad(lambda g: -jnp.mean(jnp.take_along_axis(
+        jax.nn.log_softmax(g), labels[:, None], 1)))(lg),
+    # an embedding lookup's gradient
+    lambda tokens, e: jax.grad(lambda t: jnp.sum(t[tokens] ** 2))(e),
+    # a scan over a zeros carry
+    lambda w, x: jax.lax.scan(lambda c, r: (c + r * x[0], c), jnp.zeros(5),
+                              w.astype(jnp.float32))[0],
+], ids=["cross_entropy", "embedding", "scan_zeros_carry"])
+def test_gradients_and_loops_over_closed_over_arrays_still_share(body):
+  # The folding analysis reads these as safe (a scatter's combiner is no
+  # addition XLA simplifies; -1/n is evaluated, not zero; a scan's carry
+  # is a loop parameter), so they share one executable.
+  x = jnp.ones((4, 5), jnp.float32)
+
+  def step(v):
+    held = jnp.asarray(v, jnp.int32)
+    return jax.jit(lambda y: body(held, y))(x)
+  assert_like_stock(step, [(1, 3, 3, 0), (1, 3, 3, 0), (2, 0, 4, 1)])
+  assert jcc.stats()["hits"] >= 2
+  assert not jcc.stats()["fallback_reasons"].get("folds_zero")
+
+
+def test_a_stored_entry_tracing_a_new_signature_checks_as_a_miss():
+  # The third call meets the stored key with a 2-D x: its new trace adds
+  # the lifted array to zeros, which a miss would not have compiled (nor
+  # would an eager cond with a constant holding zeros).
+  def step(v):
+    shape, kind = v
+    x = jnp.ones(shape)
+    lifted = jnp.asarray(_LZ)
+    if kind == "jit":
+      return jax.jit(lambda y: lifted + jnp.zeros(3) if y.ndim == 2
+                     else lifted * y)(x)
+    z = np.zeros(3, np.float32)
+    return jax.lax.cond(True, lambda y: y + z if y.ndim == 2 else y * 2,
+                        lambda y: y, x * -0.0)
+  assert_like_stock(step, [((3,), "jit"), ((3,), "jit"), ((1, 3), "jit"),
+                           ((3,), "cond"), ((3,), "cond"), ((1, 3), "cond")])
+
+
 def test_partial_matcher_checks_its_arguments():
   # A top-level functools.partial has a generated matcher (filed under its
   # function's code): each argument and keyword is still checked as keyed.

@@ -299,3 +299,16 @@ def holds_zero(c, negative_only: bool = False,
     a = a.astype(np.float32)
   zero = a == 0
   return bool(np.any(zero & np.signbit(a) if negative_only else zero))
+
+
+def scan_groups(params) -> tuple[int, int] | None:
+  """How many of a ``scan``'s operands are constants and how many its
+  carry (the rest are scanned): ``num_consts``/``num_carry`` on jax 0.10,
+  the flat trees ``ft_in`` (constants, carry, scanned) on 0.11; None for
+  another equation."""
+  if "num_consts" in params and "num_carry" in params:
+    return params["num_consts"], params["num_carry"]
+  ft_in = params.get("ft_in")
+  if type(ft_in) is tuple and len(ft_in) == 3 and "jaxpr" in params:
+    return len(ft_in[0]), len(ft_in[1])
+  return None

@@ -201,6 +201,8 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_switch(index, branches, *operands)
     return _stock_switch(index, branches, *operands, operand=operand)
+  if len(branches) == 1:   # stock calls the branch itself, op by op
+    return _stock_switch(index, branches, *operands)
   return _launch(_switch_launcher(branches), _first(branches), index, *operands)
 
 

@@ -52,14 +52,16 @@ cache.register_clear_hook(unliftable.clear)
 
 
 class StockAnswered(cache.Entry):
-  """A key stock answers: its lifted trace adds a value computed from
-  lifted arrays alone to one that may be all zeros, which XLA folds in
-  stock's module (``reason``, from ``lowering/folding.py``)."""
-  __slots__ = ("reason",)
+  """A key stock answers, for ``reason`` (``detail`` says why): its lifted
+  trace adds a value computed from lifted arrays alone to one that may be
+  all zeros, which XLA folds in stock's module only (``folds_zero``), or,
+  traced with a new signature, has constants stock's eager primitive
+  takes as operands (``operand_zero``)."""
+  __slots__ = ("reason", "detail")
 
-  def __init__(self, reason: str):
+  def __init__(self, reason: str, detail: str):
     super().__init__()
-    self.reason = reason
+    self.reason, self.detail = reason, detail
 
 
 # Keys whose calls go to stock (bounded; an id reused by another object

@@ -69,7 +69,7 @@ except Exception as e:
 finally:
   entry.caller = None
 if entry.traces != entry.checked:   # traced a new signature
-  self._store(key, entry, out, args, kwargs)
+  res = NEW_SIGNATURE(self, key, entry, out, args, kwargs, res)
 return res
 """
 

@@ -133,7 +133,7 @@ def miss(w, key, a, args, kwargs):
     return w.stock()(*args, **kwargs)
   answered = entries.stock_answered.get(key)
   if answered is not None:
-    return fallback(w, "folds_zero", args, kwargs, answered.reason)
+    return fallback(w, answered.reason, args, kwargs, answered.detail)
   baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
   if baked is not None:
     # An array kept by identity (committed to a device, or inside an
@@ -159,9 +159,7 @@ def miss(w, key, a, args, kwargs):
     with entries.calling(entry, w._fun, a), _compile_warnings(donating) as warned:
       traced = entry.jitted.trace(a.leaves, *args, **kwargs)
       baked = _baked_operand(w, traced)
-      folds = None if baked is not None else folding.zero_sum(
-          traced.jaxpr, lifted_inputs=len(_compat.jax.tree_util.tree_leaves(
-              a.leaves)))
+      folds = _folds_zero(w, traced, a.leaves)
       if baked is not None:
         out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
                                                kwargs)
@@ -172,7 +170,7 @@ def miss(w, key, a, args, kwargs):
   if folds is not None:
     # stock answers (its module bakes the closed-over arrays), and this
     # key's later objects are traced as stock traces them
-    entries.stock_answered.put(key, entries.StockAnswered(folds))
+    entries.stock_answered.put(key, entries.StockAnswered("folds_zero", folds))
     return fallback(w, "folds_zero", args, kwargs, folds)
   if baked is not None:
     entry.record = events.miss(w._user(), code_of(w._user()), key,
@@ -201,19 +199,52 @@ def miss(w, key, a, args, kwargs):
 def _baked_operand(w, traced) -> str | None:
   """Why ``traced`` runs as eager JAX runs it, not compiled as one module:
   where stock passes the trace's constants as operands (an eager
-  ``lax.cond`` or loop binds its primitive to them) and one holds a zero
-  (``False`` too), which XLA would fold by value once baked (``-0.0 ==
-  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``, and
-  ``x * mask`` a product where an operand mask makes it a select)."""
+  ``lax.cond`` or loop binds its primitive to them) and it has one, which
+  a compiled launcher would bake and XLA fold: by value (``-0.0 ==
+  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``, ``x *
+  mask`` a product where an operand mask makes it a select), and into
+  what it computes (``y + (ones - 1.0)`` is ``y``)."""
   if not w._constants_are_operands:
     return None
-  for c in _compat.captured_constants(traced):
-    if _lowering.holds_zero(c, inexact_only=False):
-      return ("a constant of its trace holds a zero, which stock's eager "
-              "primitive takes as an operand and a compiled launcher "
-              "would bake (XLA folds a baked zero otherwise): it runs as "
-              "stock's eager primitive does, every call")
+  if _compat.captured_constants(traced):
+    return ("its trace has constants, which stock's eager primitive takes "
+            "as operands and a compiled launcher would bake (XLA folds a "
+            "baked constant, and the sign of a zero can differ): it runs "
+            "as stock's eager primitive does, every call")
   return None
+
+
+def new_signature(w, key, entry, leaves, args, kwargs, out):
+  """``out``, from a stored ``entry`` that traced and compiled a new
+  argument signature, and the entry stored again with fresh guards; or,
+  where that trace is one a miss would not have compiled (constants a
+  launcher's stock takes as operands, an addition XLA folds in stock's
+  module only), stock's answer, with the key answered by stock from now
+  on."""
+  try:
+    with entries.calling(entry, w._fun):
+      traced = entry.jitted.trace(leaves, *args, **kwargs)
+  except Exception:   # store() reports it
+    traced = None
+  if traced is not None:
+    for reason, detail in (("operand_zero", _baked_operand(w, traced)),
+                           ("folds_zero", _folds_zero(w, traced, leaves))):
+      if detail is not None:
+        entries.entries.discard(key)
+        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+        return fallback(w, reason, args, kwargs, detail)
+  w._store(key, entry, leaves, args, kwargs, traced)
+  return out
+
+
+def _folds_zero(w, traced, leaves) -> str | None:
+  """Where ``traced`` adds a value computed from its lifted arrays alone to
+  one that may be all zeros (``lowering/folding.py``), for a wrapper whose
+  stock bakes those arrays (a launcher's stock takes them as operands)."""
+  if w._constants_are_operands:
+    return None
+  return folding.zero_sum(
+      traced.jaxpr, lifted_inputs=len(_compat.jax.tree_util.tree_leaves(leaves)))
 
 
 @contextlib.contextmanager

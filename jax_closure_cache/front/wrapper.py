@@ -335,7 +335,7 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     finally:
       entry.caller = None
     if entry.traces != entry.checked:   # traced a new signature
-      self._store(key, entry, leaves, args, kwargs)
+      return miss.new_signature(self, key, entry, leaves, args, kwargs, out)
     return out
 
   def _call_again(self, row, args, kwargs):
@@ -456,7 +456,7 @@ _HIT_ENV = {"MONITORING": _compat.monitoring_module,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock,
-            "VERIFIED": verify.checked}
+            "NEW_SIGNATURE": miss.new_signature, "VERIFIED": verify.checked}
 _hit = generated.hit_function(_HIT_ENV, cache.verifying())
 
 

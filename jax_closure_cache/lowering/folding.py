@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -34,7 +35,8 @@ from jax_closure_cache._compat import lowering as _compat
 
 class _State(NamedTuple):
   """What a value may be: computed from a lifted input (``lifted``), from a
-  call argument (``varying``), all zeros (``zero``)."""
+  call argument (``varying``), all zeros (``zero``; XLA can see it only
+  where no call argument reaches it)."""
   lifted: bool
   varying: bool
   zero: bool
@@ -49,18 +51,31 @@ _CONSTANT = _State(False, False, False)
 _ARGUMENT = _State(False, True, False)
 _LIFTED = _State(True, False, False)
 
-#: additions XLA simplifies with a zero operand
-_ADDS = frozenset({"add", "add_any", "sub"})
-#: an all-zero operand anywhere gives an all-zero result
-_ANY_ZERO = frozenset({"mul", "dot_general", "conv_general_dilated"})
+#: operations XLA simplifies with a zero operand (``x + 0`` is ``x``), or
+#: whose folding by XLA's evaluator treats a signed zero otherwise than
+#: the runtime does (``max(-0.0, 0.0)``)
+_ZERO_SENSITIVE = frozenset({"add", "add_any", "sub", "max", "min"})
 #: the result is all zeros only where every operand is
 _ALL_ZERO = frozenset({"add", "add_any", "sub", "max", "min", "concatenate",
                        "select_n", "pad", "atan2", "clamp"})
-#: a zero operand never gives an all-zero result (exp(0) is 1)
-_NEVER_ZERO = frozenset({"exp", "exp2", "cos", "cosh", "log", "logistic",
-                         "is_finite", "eq", "ne", "lt", "le", "gt", "ge",
-                         "not", "iota", "rng_bit_generator", "random_bits",
-                         "random_seed", "random_wrap", "random_unwrap"})
+#: operations that move or convert values: on constants, all zeros only
+#: where an operand is (any other operation on constants alone may fold to
+#: zeros: ``ones - 1.0``, ``log(ones)``, ``floor(0.5)``)
+_MOVES = frozenset({"broadcast_in_dim", "reshape", "convert_element_type",
+                    "transpose", "squeeze", "expand_dims", "copy", "copy_p",
+                    "rev", "slice", "concatenate", "pad", "neg",
+                    "reduce_precision", "select_n", "reshard",
+                    "sharding_constraint", "device_put", "mesh_cast",
+                    "pvary", "optimization_barrier", "stop_gradient"})
+#: scalar arithmetic on literals, evaluated here as XLA folds it (``-1.0 /
+#: 4.0``, a gradient's seed): is the result zero?
+_SCALAR = {"neg": np.negative, "add": np.add, "sub": np.subtract,
+           "mul": np.multiply, "div": np.divide, "max": np.maximum,
+           "min": np.minimum, "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
+           "abs": np.abs, "sign": np.sign, "square": np.square}
+#: a nested jaxpr XLA never simplifies as the equation's own code (a
+#: scatter's combiner)
+_NOT_INLINED = frozenset({"update_jaxpr"})
 #: call-like primitives: one jaxpr input per operand, one output per output
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -115,28 +130,52 @@ def _walk(jaxpr, env: dict, literals_lifted: bool,
       return _CONSTANT._replace(zero=zero)
     return env.get(x, _ARGUMENT)
 
+  known: dict = {}   # var -> the NumPy scalar it holds (literal arithmetic)
+
+  def scalar(x):
+    if type(x) is _compat.Literal:
+      return x.val if np.ndim(x.val) == 0 else None
+    return known.get(x)
+
   for e in jaxpr.eqns:
     ins = [read(x) for x in e.invars]
     name = e.primitive.name
-    if name in _ADDS and any(s.folded_by_stock_only for s in ins) and any(
-        s.zero for s in ins):
-      return (f"`{name}` adds a value computed from lifted inputs alone "
+    if (name in _SCALAR or name == "convert_element_type") and not any(
+        s.lifted or s.varying for s in ins):
+      vals = [scalar(x) for x in e.invars]
+      if vals and all(v is not None for v in vals) and len(e.outvars) == 1:
+        value = _evaluate(name, vals, e.outvars[0].aval)
+        if value is not None:
+          known[e.outvars[0]] = value
+          env[e.outvars[0]] = _CONSTANT._replace(zero=bool(value == 0))
+          continue
+    if name in _ZERO_SENSITIVE and _signed(e) and any(
+        s.folded_by_stock_only for s in ins) and any(
+            s.zero and not s.varying for s in ins):
+      return (f"`{name}` takes a value computed from lifted inputs alone "
               "(a constant XLA folds in stock's module) and one that may "
               "be all zeros: XLA simplifies x + 0 to x, which keeps a -0.0 "
-              "IEEE's sum does not")
+              "IEEE's sum does not (and folds max and min otherwise than "
+              "the runtime)")
     outs, found = _nested(e, ins, nested_lifted)
     if found:
       return found
     if outs is None:
       lifted = any(s.lifted for s in ins)
       varying = any(s.varying for s in ins)
-      if name in _NEVER_ZERO:
-        zero = False
+      if name == "iota":   # 0, 1, 2, ...: all zeros only when one long
+        zero = all(math.prod(v.aval.shape) <= 1 for v in e.outvars)
+      elif not lifted and not varying and name not in _MOVES:
+        zero = True   # constants alone: XLA may fold them to zeros
       elif name == "select_n":
         zero = len(ins) > 1 and all(s.zero for s in ins[1:])
+      elif name.startswith("scatter") and len(ins) >= 3:
+        zero = ins[0].zero and ins[2].zero   # operand and updates
+      elif name == "sub" and len(e.invars) == 2 and _same_var(*e.invars):
+        zero = True   # x - x
       elif name in _ALL_ZERO:
         zero = bool(ins) and all(s.zero for s in ins)
-      else:   # _ANY_ZERO, and what this module does not know
+      else:   # a zero operand may give zeros (mul, dot, what is unknown)
         zero = any(s.zero for s in ins)
       outs = [_State(lifted, varying, zero)] * len(e.outvars)
     for v, s in zip(e.outvars, outs):
@@ -144,9 +183,36 @@ def _walk(jaxpr, env: dict, literals_lifted: bool,
   return None
 
 
+def _evaluate(name: str, vals: list, aval):
+  """The NumPy scalar a scalar equation on known values gives, in its
+  output's dtype; None where it cannot say (then it is read as any
+  other equation)."""
+  try:
+    dtype = np.dtype(aval.dtype)
+    with np.errstate(all="ignore"):
+      args = [np.asarray(v, dtype) for v in vals]
+      out = args[0] if name == "convert_element_type" else _SCALAR[name](*args)
+    out = np.asarray(out, dtype)
+    return out[()] if out.ndim == 0 else None
+  except Exception:
+    return None
+
+
+def _signed(e) -> bool:
+  """Whether an equation's result has signed zeros (a floating type)."""
+  return any(_compat.inexact_dtype(getattr(v.aval, "dtype", None))
+             for v in e.outvars)
+
+
+def _same_var(a, b) -> bool:
+  return type(a) is not _compat.Literal and a is b
+
+
 def _jaxprs_in(params) -> list:
   found = []
-  for p in params.values():
+  for k, p in params.items():
+    if k in _NOT_INLINED:
+      continue
     for q in (p if isinstance(p, (tuple, list)) else (p,)):
       if hasattr(q, "eqns") or hasattr(getattr(q, "jaxpr", None), "eqns"):
         found.append(q)
@@ -164,6 +230,48 @@ def _nested(e, ins: list, nested_lifted: bool):
   if not jaxprs:
     return None, None
   p = e.params
+  if "body_jaxpr" in p and "cond_nconsts" in p:
+    # XLA removes a loop it finds to run once, and folds what it computed:
+    # the carry is read as straight-line code's would be, joined over
+    # iterations
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    carry = list(ins[nc + nb:])
+    for _ in range(8):
+      _, found = _read(p["cond_jaxpr"], [*ins[:nc], *carry], nested_lifted)
+      if found:
+        return None, found
+      outs, found = _read(p["body_jaxpr"], [*ins[nc:nc + nb], *carry],
+                          nested_lifted)
+      if found:
+        return None, found
+      joined = [_join(c, o) for c, o in zip(carry, outs)]
+      if joined == carry:
+        return carry, None
+      carry = joined
+    return [_State(True, False, True)] * len(e.outvars), None
+  groups = _compat.scan_groups(p) if e.primitive.name == "scan" else None
+  if groups is not None:
+    nc, ncarry = groups
+    length, unroll = p.get("length"), p.get("unroll", 1)
+    if not (length == 1 or unroll is True or (
+        type(unroll) is int and length is not None and unroll >= length)):
+      loop = [_loop_parameter(s) for s in ins[nc:]]
+      outs, found = _read(p["jaxpr"], [*ins[:nc], *loop], nested_lifted)
+      if found:
+        return None, found
+      return [_loop_parameter(o) for o in outs], None
+    # removed or unrolled by XLA: straight-line code, the carry joined
+    carry = list(ins[nc:nc + ncarry])
+    for _ in range(8):
+      outs, found = _read(p["jaxpr"], [*ins[:nc], *carry,
+                                       *ins[nc + ncarry:]], nested_lifted)
+      if found:
+        return None, found
+      joined = [_join(c, o) for c, o in zip(carry, outs)]
+      if joined == carry:
+        return outs, None
+      carry = joined
+    return [_State(True, False, True)] * len(e.outvars), None
   call = next((p[k] for k in _CALL_JAXPR if k in p), None)
   if call is not None and len(jaxprs) == 1 and len(
       _compat.jaxpr_inputs(call)) == len(ins):
@@ -177,23 +285,6 @@ def _nested(e, ins: list, nested_lifted: bool):
       outs = b_outs if outs is None else [_join(x, y)
                                           for x, y in zip(outs, b_outs)]
     return outs, None
-  if "body_jaxpr" in p and "cond_nconsts" in p:
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    carry = [_loop_parameter(s) for s in ins[nc + nb:]]
-    _, found = _read(p["cond_jaxpr"], [*ins[:nc], *carry], nested_lifted)
-    if found:
-      return None, found
-    outs, found = _read(p["body_jaxpr"], [*ins[nc:nc + nb], *carry],
-                        nested_lifted)
-    return ([_join(c, _loop_parameter(o)) for c, o in zip(carry, outs)]
-            if not found else None), found
-  if "num_consts" in p and "num_carry" in p and "jaxpr" in p:
-    nc = p["num_consts"]
-    loop = [_loop_parameter(s) for s in ins[nc:]]
-    outs, found = _read(p["jaxpr"], [*ins[:nc], *loop], nested_lifted)
-    if found:
-      return None, found
-    return [_loop_parameter(o) for o in outs], None
   widest = _State(any(s.lifted for s in ins), False,
                   any(s.zero for s in ins))
   zero_out = widest.zero
