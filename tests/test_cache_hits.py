@@ -466,3 +466,35 @@ def test_one_array_at_two_places_is_one_object_in_the_trace():
   assert c["traces"] == 0 and c["compiles"] == 0
   for out, (a, b) in zip(outs, last):
     assert_like_stock(out, make(a, b), x)
+
+
+def test_a_function_reading_patched_lax_hits_through_its_matcher(monkeypatch):
+  # With the cache on, jax.lax.while_loop (read through the jax module) is
+  # the package's launcher, which the closure walk keys through the
+  # library's attribute chain. The generated matcher reads that chain as
+  # the walk does: re-created closures hit through it, with no re-analysis
+  # of their key and no new matcher per call (that cost ~2 ms a call).
+  from jax_closure_cache.key import matchers
+  from jax_closure_cache.front import inline
+  compiled = []
+  real = matchers.compile_matcher
+  monkeypatch.setattr(matchers, "compile_matcher",
+                      lambda source: compiled.append(1) or real(source))
+
+  def make(w):
+    def solve(x):
+      return jax.lax.while_loop(lambda c: c[1] < 3,
+                                lambda c: (c[0] @ w, c[1] + 1), (x, 0))[0]
+    return solve
+  x = jnp.ones(3)
+  ws = [jnp.eye(3) * (i + 1.0) for i in range(6)]
+  with jcc.enabled():
+    for w in ws[:3]:
+      jax.jit(make(w))(x)
+    assert make(ws[0]).__code__ in inline.quick
+    before, hits = len(compiled), jcc.stats()["hits"]
+    for w in ws[3:]:
+      np.testing.assert_array_equal(jax.jit(make(w))(x),
+                                    STOCK_JIT(make(w))(x))
+    assert jcc.stats()["hits"] - hits == 3
+    assert len(compiled) == before   # no new matcher: the old one matched

@@ -142,6 +142,17 @@ def chain_value(f, kind: str, name: str, attributes: tuple):
   return _follow(obj, attributes, _is_namespace)
 
 
+def chain_read(f, kind: str, name: str, attributes: tuple):
+  """What the closure walk keys for an attribute chain: :func:`chain_value`,
+  or, where that finds no namespace of the user's at the base (a module of
+  jax's: ``jax.lax.while_loop``), :func:`library_value`. A matcher reads a
+  chain with this, so it reads what the walk read."""
+  obj = chain_value(f, kind, name, attributes)
+  if obj is NOCHAIN:
+    return library_value(f, kind, name, attributes)
+  return obj
+
+
 def _follow(obj, attributes: tuple, through):
   """``obj``'s attributes along ``attributes`` while ``through(obj)``;
   :data:`MISSING` where one is absent."""

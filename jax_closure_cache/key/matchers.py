@@ -18,7 +18,7 @@ from jax_closure_cache.key.values import kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
-    chain_value, code_plan, is_stable, library_value)
+    chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
     ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
     Tag, float_key)
@@ -48,7 +48,7 @@ class _MatchSource:
                 "layout_or_none": trees.layout_or_none,
                 "partial": functools.partial,
                 "tree_flatten": _tree_flatten,
-                "is_stable": is_stable, "chain_value": chain_value,
+                "is_stable": is_stable, "chain_read": chain_read,
                 "library_value": library_value,
                 "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
@@ -314,7 +314,7 @@ class _MatchSource:
         self.miss_if(f"{self._library_read(f, fn, chain)} is not "
                      f"{self.bind(p[1])}")
         continue
-      self.check(f"chain_value({f}, *{self.bind(chain)})", p)
+      self.check(f"chain_read({f}, *{self.bind(chain)})", p)
 
 
 def _modules_along(module, attributes: tuple) -> tuple:
