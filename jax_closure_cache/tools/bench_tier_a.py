@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import statistics
 import sys
 import tempfile
@@ -193,18 +194,26 @@ class _Durations:
       self.on = False
 
 
+#: warm-up calls before the timed ones: a structure's first meeting, its
+#: shared compile, and a first hit (whose own first-use costs, JAX's and
+#: Python's, are no per-call cost)
+WARM_UP = 3
+
+
 def _time(call: Callable[[int], object], calls: int, start: int,
           listening=contextlib.nullcontext):
-  """Median µs of calls ``start + 2 ...`` after two warm-up calls (a
-  structure's first meeting, then its shared compile), each with a fresh
-  function; ``listening`` wraps the timed calls alone."""
-  for i in range(2):
+  """Median µs of calls ``start + WARM_UP ...`` after the warm-up calls,
+  each with a fresh function, from a collected heap (each mode's timing
+  starts alike, whatever the one before left); ``listening`` wraps the
+  timed calls alone."""
+  for i in range(WARM_UP):
     jax.block_until_ready(call(start + i))
+  gc.collect()
   times, outs = [], []
   with listening():
     for i in range(calls):
       t0 = time.perf_counter()
-      out = jax.block_until_ready(call(start + 2 + i))
+      out = jax.block_until_ready(call(start + WARM_UP + i))
       times.append(time.perf_counter() - t0)
       outs.append(out)
   return statistics.median(times) * 1e6, outs
@@ -236,7 +245,7 @@ def max_diff(a, b) -> float:
                               jax.tree_util.tree_leaves(b))), default=0.0)
 
 
-def run(calls: int = 6) -> list[dict]:
+def run(calls: int = 9) -> list[dict]:
   durations = _Durations()
   rows = []
   for name, make in WORKLOADS.items():
