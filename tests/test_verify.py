@@ -79,3 +79,36 @@ def test_exceptions_in_verify_mode_are_stocks():
     np.testing.assert_array_equal(run(k), stock_off(run, k))
   with pytest.raises(TypeError):
     jax.jit(lambda x: x.reshape(-7, 5))(jnp.ones(3))
+
+
+def test_verifying_in_threads_leaves_jaxs_test_counters_working():
+  """The oracle mutes JAX's test events in its own thread only: threads
+  verifying at once once left JAX's one listener swapped out for good, and
+  every later ``count_jit_compilation_cache_miss`` read 0."""
+  import threading
+  from jax._src import test_util as jtu
+  from conftest import counting
+  barrier = threading.Barrier(8)
+
+  def work(k):
+    barrier.wait()
+    for i in range(150):
+      w = jnp.full(3, float(k * 1000 + i))
+      jcc.jit(lambda v: v * w)(jnp.ones(3))
+
+  with jcc.enabled(verify=True):
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=120)
+    assert cache.stats()["verified"] > 0
+  s, x = jnp.float32(7.5), jnp.ones(2)
+  jax.jit(lambda v: v - s)(x)   # jnp's own jitted helpers traced once
+  with counting() as c:
+    out = jax.jit(lambda v: v - s)(x)   # stock's, a new structure
+  assert (c["traces"], c["compiles"]) == (1, 1), c
+  np.testing.assert_array_equal(out, -6.5 * np.ones(2, np.float32))
+  with jtu.count_jit_tracing_cache_miss() as traces:
+    jax.jit(lambda v: v - s)(x)
+  assert traces() == 1

@@ -21,6 +21,7 @@ from jax._src import traceback_util as _traceback_util
 from jax._src.lib import _jax as _jaxlib_ext
 import contextlib as _contextlib
 import os as _os
+import threading as _threading
 
 # JAX hides its own frames from user tracebacks; ours are no more the user's
 # business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows them).
@@ -354,19 +355,44 @@ def reset_persistent_cache() -> None:
   compilation_cache.reset_cache()
 
 
+class _PerThreadMute:
+  """JAX's test-event listener, silent in a thread that is running the
+  oracle: JAX counts its test events per thread, and the listener is one
+  for the process, so muting it by swapping it out raced between threads
+  (two threads verifying at once could leave it swapped out for good)."""
+
+  def __init__(self, listener):
+    self.listener = listener
+    self.muted = _threading.local()
+
+  def __call__(self, name, *args):
+    if not getattr(self.muted, "on", False):
+      self.listener(name, *args)
+
+
+_mute_lock = _threading.Lock()
+
+
 @_contextlib.contextmanager
 def oracle_muted():
   """Within: JAX's test events (the trace, lowering and compile counters of
-  ``jax._src.test_util``) are not sent, nor are its cache-miss explanations
-  logged: verify mode's own oracle work is not the cache's, and a test
-  counting the cache's traces must not see it."""
+  ``jax._src.test_util``) are not sent from this thread, nor are its
+  cache-miss explanations logged: verify mode's own oracle work is not the
+  cache's, and a test counting the cache's traces must not see it."""
   from jax._src import util
-  saved, util.test_event_listener = util.test_event_listener, None
+  with _mute_lock:
+    mute = util.test_event_listener   # None: nothing listens
+    if mute is not None and not isinstance(mute, _PerThreadMute):
+      mute = util.test_event_listener = _PerThreadMute(mute)
+  was = mute is not None and getattr(mute.muted, "on", False)
+  if mute is not None:
+    mute.muted.on = True
   try:
     with _config.explain_cache_misses(False):   # nor JAX's explanations
       yield
   finally:
-    util.test_event_listener = saved
+    if mute is not None:
+      mute.muted.on = was
 
 
 def _library_roots() -> tuple:
