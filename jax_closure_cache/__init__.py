@@ -31,6 +31,8 @@ jax is (or already was) imported.
 
 from __future__ import annotations
 
+import types
+
 from jax_closure_cache import activation as _activation
 
 __version__ = "0.1.0"
@@ -64,7 +66,7 @@ def _diagnostics():
 
 
 # name -> the loader of the submodule that defines it
-_PUBLIC = {
+_PUBLIC = types.MappingProxyType({
     "jit": _entrance,
     "ClosureJitted": _wrapper,
     "stats": _patching,
@@ -80,7 +82,7 @@ _PUBLIC = {
     "is_enabled": _patching,
     "enabled": _patching,
     "mode": _patching,
-}
+})
 # ``jax_closure_cache.lax`` is a submodule: control flow with the cache.
 
 __all__ = sorted([*_PUBLIC, "lax"])

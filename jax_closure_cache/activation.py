@@ -18,6 +18,7 @@ import importlib.abc
 import importlib.util
 import sys
 
+from jax_closure_cache import cache
 from jax_closure_cache import settings
 
 ENV = settings.ENABLE.name
@@ -101,7 +102,8 @@ def finish_pending() -> None:
 # submodules, mid-import), jax.jit and jax.lax's control flow are stand-ins
 # that enable on their first use, when every import has finished, and then
 # call what is installed. Each is recorded with the original it replaced.
-_trampolines: list = []
+_trampolines: list = cache.STORE.table("activation.trampolines",
+                                      cache.Store.REGISTRY, list)
 _TRAMPOLINED = ("while_loop", "fori_loop", "scan", "map", "cond", "switch")
 
 

@@ -1,12 +1,19 @@
-"""The bounded store of compiled entries and the counters behind ``stats()``.
+"""The house: one owner (:data:`STORE`) of every table the cache keeps,
+the bounded mapping its entries live in, and the counters behind ``stats()``.
 
 Invariants:
+* Every table of the package's (per key, per code, per class, per object)
+  is made by, and held by, :data:`STORE`, under a name and a kind that says
+  what drops it (:class:`Store`); a module keeps at most a name bound to
+  it. ``tests/test_layout.py`` finds every module-level table and checks
+  that the store owns it.
 * At most ``capacity()`` entries and ``max_bytes()`` bytes of the constants
-  entries keep alive per store; inserting past either evicts the least
-  recently used. ``get`` refreshes recency.
+  entries keep alive per bounded table; inserting past either evicts the
+  least recently used. ``get`` refreshes recency.
 * ``hits + misses + fallbacks`` counts every call routed through the cache;
   counters are exact under threads (``itertools.count`` steps atomically).
-* Every store registered with :func:`new_store` is emptied by :func:`clear`.
+* Tables are emptied in place, never replaced: a name bound to one stays
+  the store's.
 """
 
 from __future__ import annotations
@@ -14,8 +21,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-import weakref
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from jax_closure_cache import settings
 
@@ -23,26 +29,6 @@ DEFAULT_CAPACITY = settings.CAPACITY.default
 _capacity = settings.read(settings.CAPACITY)
 _max_bytes = settings.read(settings.MAX_BYTES)
 _verify = settings.read(settings.VERIFY)
-_stores: "weakref.WeakSet[LRUStore]" = weakref.WeakSet()
-_clear_hooks: list = []   # (hook, whether what it clears holds traces)
-
-
-def register_clear_hook(hook, holds_traces: bool = True) -> None:
-  """Call ``hook()`` from :func:`clear`, for caches kept outside the stores;
-  ``holds_traces``: also from :func:`release_traces` (what it clears may hold
-  a jaxpr and its constants)."""
-  _clear_hooks.append((hook, holds_traces))
-
-
-# Hits counted outside ``counters`` (the fast front counts its hits on the
-# entry's record alone: one statement per hit instead of three); each is a
-# function returning its count since the last :func:`clear`.
-_hit_counts: list = []
-
-
-def register_hit_count(count) -> None:
-  """Add ``count()`` to :func:`stats`' ``hits``."""
-  _hit_counts.append(count)
 
 
 class Entry:
@@ -151,103 +137,24 @@ class LRUStore:
   def __len__(self) -> int:
     return len(self._data)
 
+  def keys(self) -> list:
+    return list(self._data)
+
+  def values(self) -> list:
+    return list(self._data.values())
+
   def trim(self) -> None:
     with self._lock:
       evicted = self._evict()
     del evicted   # freed outside the lock
 
 
-def new_store(kind: str = "entries") -> LRUStore:
-  store = LRUStore(kind)
-  _stores.add(store)
-  return store
-
-
-def capacity() -> int:
-  """Entries kept per store (default 1024, or ``JAX_CLOSURE_CACHE_CAPACITY``)."""
-  return _capacity
-
-
-def max_bytes() -> int:
-  """Bytes of captured constants kept per store (default 1 GiB, or
-  ``JAX_CLOSURE_CACHE_MAX_BYTES``)."""
-  return _max_bytes
-
-
-def set_max_bytes(n: int) -> None:
-  """Keep at most ``n`` bytes of captured constants per store, evicting the
-  oldest entries now if needed."""
-  global _max_bytes
-  _max_bytes = _positive("max_bytes", n)
-  _trim_all()
-
-
-def set_capacity(n: int) -> None:
-  """Keep at most ``n`` entries per store, evicting the oldest now if needed."""
-  global _capacity
-  _capacity = _positive("capacity", n)
-  _trim_all()
-
-
-def verifying() -> bool:
-  """Whether verify mode is on: every hit is also answered as stock would
-  answer it and compared (``JAX_CLOSURE_CACHE_VERIFY``, ``enable(verify=)``)."""
-  return _verify
-
-
-_verify_hooks: list = []
-
-
-def register_verify_hook(hook) -> None:
-  """Call ``hook(on)`` whenever verify mode is turned on or off (generated
-  hit paths are made anew with or without the check)."""
-  _verify_hooks.append(hook)
-
-
-def set_verify(on: bool) -> None:
-  global _verify
-  if bool(on) != _verify:
-    _verify = bool(on)
-    for hook in _verify_hooks:
-      hook(_verify)
-
-
-def count_verified(same: bool) -> None:
-  """One hit checked in verify mode; ``same``: it matched stock's."""
-  next(counters.verified)
-  next(_verify_totals[0])
-  if not same:
-    next(counters.verify_mismatches)
-    next(_verify_totals[1])
-
-
-# Hits checked and mismatches since the process started (``clear()`` does
-# not reset them): what ``pytest --closure-cache-verify`` reports.
-_verify_totals = (itertools.count(), itertools.count())
-
-
-def verify_totals() -> tuple[int, int]:
-  """``(hits checked, mismatches)`` in verify mode since the process started."""
-  return _read(_verify_totals[0]), _read(_verify_totals[1])
-
-
-def _positive(name: str, n) -> int:
-  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-    raise ValueError(f"{name} must be a positive int, got {n!r}")
-  return n
-
-
-def _trim_all() -> None:
-  for store in list(_stores):
-    store.trim()
-
-
 class Counters:
   """Exact counters: ``next()`` on an ``itertools.count`` is atomic.
 
-  One instance (:data:`counters`) lives for the whole process; :func:`clear`
-  resets it in place, so the hot path may bind it once and call
-  ``next(counters.hits)`` without a Python frame.
+  One instance (``STORE.counters``) lives for the whole process;
+  :func:`clear` resets it in place, so the hot path may bind it once and
+  call ``next(counters.hits)`` without a Python frame.
   """
 
   def __init__(self):
@@ -270,7 +177,246 @@ def _read(counter: itertools.count) -> int:
   return int(repr(counter)[6:-1])
 
 
-counters = Counters()
+class Held(NamedTuple):
+  """One table of the store: its name (``module.table``), the object, what
+  drops it (a :class:`Store` kind), how to empty it, and, for tables
+  counted in ``stats()``, the count (``counted``) and how to size it."""
+  name: str
+  table: Any
+  kind: str
+  empty: Callable[[], Any]
+  counted: str | None
+  size: Callable[[], int] | None
+
+
+class Store:
+  """The one owner of the cache's state.
+
+  Each table is made here (:meth:`table`, :meth:`bounded`) or, where it is
+  an object with its own clearing (a ``weakref_lru_cache``, the trace
+  store), handed here (:meth:`own`), under a kind saying what drops it:
+
+  * ``TRACES``: what may hold a jaxpr and its constants, and what is read
+    with it (entries, identity rows, matchers, fronts, last keys): dropped
+    by :meth:`clear` (``jax.clear_caches()``, ``jax_closure_cache.clear()``)
+    and by :meth:`release_traces`;
+  * ``CALLS``: what calls made that holds no constants (shared lowerings,
+    the structures met once, per-location records): dropped by
+    :meth:`clear`;
+  * ``FACTS``: what is read off code objects, classes and options alone
+    (code plans, a class's layout, the option specs), weakly keyed or
+    bounded by the code the program has: kept;
+  * ``REGISTRY``: what the package is (the patches applied, the wrapper
+    classes and rules in use, listeners): kept.
+
+  Counts are :attr:`counters` and the figures other tables report
+  (:meth:`report`, :meth:`count_hits`, :meth:`reset_counts`).
+  """
+  TRACES, CALLS, FACTS, REGISTRY = "traces", "calls", "facts", "registry"
+  _DROPPED_BY_CLEAR = frozenset({TRACES, CALLS})
+
+  def __init__(self):
+    self._held: dict[str, Held] = {}
+    self._ids: set[int] = set()
+    self.counters = Counters()
+    # functions other tables answer stats() with: (name, report), hit
+    # counts kept outside ``counters``, counts zeroed by clear()
+    self._reports: list = []
+    self._hit_counts: list = []
+    self._count_resets: list = []
+    self._verify_listeners: list = []
+
+  # -- making and owning tables
+
+  def own(self, name: str, table, kind: str, *, empty=None,
+          counted: str | None = None, size=None):
+    """Hold ``table`` under ``name``; ``empty()`` (default
+    ``table.clear``, else ``table.cache_clear``) drops what it holds;
+    ``counted``: ``stats()[counted]`` adds ``size()`` (default ``len``)."""
+    if kind not in (self.TRACES, self.CALLS, self.FACTS, self.REGISTRY):
+      raise ValueError(f"unknown kind {kind!r} of table {name!r}")
+    if name in self._held:
+      raise ValueError(f"the store already holds a table named {name!r}")
+    if empty is None:
+      empty = getattr(table, "clear", None) or table.cache_clear
+    if counted is not None and size is None:
+      size = table.__len__
+    self._held[name] = Held(name, table, kind, empty, counted, size)
+    self._ids.add(id(table))
+    return table
+
+  def table(self, name: str, kind: str, factory=dict, **options):
+    """A new table (``factory()``: a dict, set, list, weak mapping...)
+    owned under ``name``."""
+    return self.own(name, factory(), kind, **options)
+
+  def bounded(self, name: str, counted: str = "entries",
+              kind: str = TRACES) -> "LRUStore":
+    """A new :class:`LRUStore` owned under ``name``, its length counted in
+    ``stats()[counted]`` and bounded by :func:`capacity` and
+    :func:`max_bytes`."""
+    return self.own(name, LRUStore(counted), kind, counted=counted)
+
+  def owns(self, table) -> bool:
+    return id(table) in self._ids and any(
+        h.table is table for h in self._held.values())
+
+  def held(self) -> list[Held]:
+    """Every table, in the order they were made."""
+    return list(self._held.values())
+
+  def bounded_tables(self) -> list["LRUStore"]:
+    return [h.table for h in self._held.values()
+            if isinstance(h.table, LRUStore)]
+
+  # -- dropping
+
+  def clear_entries(self) -> None:
+    """Drop what every ``TRACES`` and ``CALLS`` table holds; counts stay."""
+    self._drop(self._DROPPED_BY_CLEAR)
+
+  def release_traces(self) -> None:
+    """Drop what every ``TRACES`` table holds: what a stock program would
+    no longer hold, such as JAX's memoized conversion of a NumPy array
+    changed in place since (``key.closure.fresh_conversion``)."""
+    self._drop((self.TRACES,))
+
+  def _drop(self, kinds) -> None:
+    for held in list(self._held.values()):
+      if held.kind in kinds:
+        held.empty()
+
+  def clear(self) -> None:
+    """Drop every entry and zero the counters."""
+    self.clear_entries()
+    with self.counters.lock:
+      self.counters.reset()
+    for reset in self._count_resets:
+      reset()
+
+  # -- counting
+
+  def report(self, name: str, report, reset=None) -> None:
+    """Add ``report()`` to ``stats()`` under ``name``; ``reset()`` zeroes
+    its counts in :meth:`clear`."""
+    self._reports.append((name, report))
+    if reset is not None:
+      self._count_resets.append(reset)
+
+  def count_hits(self, count) -> None:
+    """Add ``count()`` to ``stats()``' ``hits`` (hits counted on entries'
+    records by the generated fronts, where a call would cost a frame)."""
+    self._hit_counts.append(count)
+
+  def on_verify_changed(self, listener) -> None:
+    """Call ``listener(on)`` whenever verify mode is turned on or off."""
+    self._verify_listeners.append(listener)
+
+  def record_hits(self) -> int:
+    """The hits counted on entries' records (:meth:`count_hits`)."""
+    return sum(count() for count in self._hit_counts)
+
+  def entries_of(self, counted: str) -> list:
+    """The entries the bounded tables counted under ``counted`` hold now."""
+    return [e for s in self.bounded_tables() if s.kind == counted
+            for e in s.values()]
+
+  def size(self, counted: str) -> int:
+    return sum(h.size() for h in list(self._held.values())
+               if h.counted == counted)
+
+  def stats(self) -> dict:
+    c = self.counters
+    with c.lock:
+      reasons = dict(c.reasons)
+      not_stored = dict(c.not_stored)
+    hits = _read(c.hits) + self.record_hits()
+    return {"hits": hits, "misses": _read(c.misses),
+            "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
+            "retraces": _read(c.retraces),
+            "not_stored": not_stored,
+            "verified": _read(c.verified),
+            "verify_mismatches": _read(c.verify_mismatches),
+            "entries": self.size("entries"),
+            "shared_traces": self.size("shared_traces"),
+            **{name: report() for name, report in self._reports}}
+
+  def trim(self) -> None:
+    for store in self.bounded_tables():
+      store.trim()
+
+
+#: The one store of the process.
+STORE = Store()
+counters = STORE.counters
+STORE.own("settings.WARNED", settings.WARNED, Store.REGISTRY)
+
+
+def capacity() -> int:
+  """Entries kept per bounded table (default 1024, or
+  ``JAX_CLOSURE_CACHE_CAPACITY``)."""
+  return _capacity
+
+
+def max_bytes() -> int:
+  """Bytes of captured constants kept per bounded table (default 1 GiB, or
+  ``JAX_CLOSURE_CACHE_MAX_BYTES``)."""
+  return _max_bytes
+
+
+def set_max_bytes(n: int) -> None:
+  """Keep at most ``n`` bytes of captured constants per bounded table,
+  evicting the oldest entries now if needed."""
+  global _max_bytes
+  _max_bytes = _positive("max_bytes", n)
+  STORE.trim()
+
+
+def set_capacity(n: int) -> None:
+  """Keep at most ``n`` entries per bounded table, evicting the oldest now
+  if needed."""
+  global _capacity
+  _capacity = _positive("capacity", n)
+  STORE.trim()
+
+
+def _positive(name: str, n) -> int:
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"{name} must be a positive int, got {n!r}")
+  return n
+
+
+def verifying() -> bool:
+  """Whether verify mode is on: every hit is also answered as stock would
+  answer it and compared (``JAX_CLOSURE_CACHE_VERIFY``, ``enable(verify=)``)."""
+  return _verify
+
+
+def set_verify(on: bool) -> None:
+  global _verify
+  if bool(on) != _verify:
+    _verify = bool(on)
+    for listener in STORE._verify_listeners:
+      listener(_verify)
+
+
+def count_verified(same: bool) -> None:
+  """One hit checked in verify mode; ``same``: it matched stock's."""
+  next(counters.verified)
+  next(_verify_totals[0])
+  if not same:
+    next(counters.verify_mismatches)
+    next(_verify_totals[1])
+
+
+# Hits checked and mismatches since the process started (``clear()`` does
+# not reset them): what ``pytest --closure-cache-verify`` reports.
+_verify_totals = (itertools.count(), itertools.count())
+
+
+def verify_totals() -> tuple[int, int]:
+  """``(hits checked, mismatches)`` in verify mode since the process started."""
+  return _read(_verify_totals[0]), _read(_verify_totals[1])
 
 
 def count_miss() -> None:
@@ -312,100 +458,38 @@ def stats() -> dict:
   those that differed from stock's (answered by stock); ``tier_a`` the
   shared lowerings (``lowering/shared.py``).
   """
-  c = counters
-  with c.lock:
-    reasons = dict(c.reasons)
-    not_stored = dict(c.not_stored)
-  hits = _read(c.hits) + sum(count() for count in _hit_counts)
-  return {"hits": hits, "misses": _read(c.misses),
-          "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
-          "retraces": _read(c.retraces),
-          "not_stored": not_stored,
-          "verified": _read(c.verified),
-          "verify_mismatches": _read(c.verify_mismatches),
-          "entries": _held("entries"),
-          "shared_traces": _held("shared_traces"),
-          **{kind: report() for kind, report in _reports}}
-
-
-_reports: list = []   # (name, function) of other modules' figures
-
-
-def register_report(name: str, report) -> None:
-  """Add ``report()`` to :func:`stats` under ``name``."""
-  _reports.append((name, report))
-
-
-def _stores_of(kind: str) -> list:
-  """The entries held now by the stores counted under ``kind``."""
-  return [e for s in list(_stores) if s.kind == kind
-          for e in list(s._data.values())]
-
-
-def _held(kind: str) -> int:
-  return (sum(len(s) for s in list(_stores) if s.kind == kind)
-          + sum(size() for k, size in _sizes if k == kind))
-
-
-_sizes: list = []   # (kind, size function) of stores kept elsewhere
-
-
-def register_size(kind: str, size) -> None:
-  """Count ``size()`` in :func:`stats` under ``kind`` (a store this module
-  does not own, such as the trace lookup's)."""
-  _sizes.append((kind, size))
+  return STORE.stats()
 
 
 def clear_entries() -> None:
-  """Drop every entry of every store (and what the hooks keep); counts stay."""
-  for store in list(_stores):
-    store.clear()
-  for hook, _ in _clear_hooks:
-    hook()
+  """Drop every entry of every table (``STORE.clear_entries``); counts stay."""
+  STORE.clear_entries()
 
 
 def release_traces() -> None:
-  """Drop every entry that may hold a trace (every store but the shared
-  lowerings, which hold no constants): what a stock program would no longer
-  hold, such as JAX's memoized conversion of a NumPy array changed in place
-  since (``key.closure.fresh_conversion``). Counts stay."""
-  for store in list(_stores):
-    if store.kind != "lowerings":
-      store.clear()
-  for hook, holds_traces in _clear_hooks:
-    if holds_traces:
-      hook()
-
-
-_count_resets: list = []
-
-
-def register_count_reset(hook) -> None:
-  """Call ``hook()`` from :func:`clear`, for counts kept outside ``counters``."""
-  _count_resets.append(hook)
+  """``STORE.release_traces``: drop every table that may hold a trace."""
+  STORE.release_traces()
 
 
 def clear() -> None:
-  """Drop every entry of every store and zero the counters."""
-  clear_entries()
-  with counters.lock:
-    counters.reset()
-  for hook in _count_resets:
-    hook()
+  """Drop every entry of every table and zero the counters."""
+  STORE.clear()
 
 
 class _JaxCacheHandle:
   """What JAX's ``register_cache`` expects of a cache, so that
-  ``jax.clear_caches()`` clears this one's entries as well."""
+  ``jax.clear_caches()`` clears the store's tables as well (registered
+  once, for the whole store)."""
 
   def cache_clear(self) -> None:
-    clear_entries()
+    STORE.clear_entries()
 
   def cache_info(self):
-    return {"entries": sum(len(s) for s in list(_stores))}
+    return {"entries": STORE.size("entries"),
+            "shared_traces": STORE.size("shared_traces")}
 
   def cache_keys(self):
-    return [k for s in list(_stores) for k in list(s._data)]
+    return [k for s in STORE.bounded_tables() for k in s.keys()]
 
 
 # JAX holds registered caches weakly: this module keeps the handle alive.

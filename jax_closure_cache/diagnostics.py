@@ -101,9 +101,9 @@ class CodeStats:
     return sum(r.total * r.cost for r in self.records)
 
 
-_by_code: dict[Any, CodeStats] = {}
+_by_code: dict[Any, CodeStats] = cache.STORE.table(
+    "diagnostics.by_code", cache.Store.CALLS)
 _lock = threading.Lock()
-cache.register_clear_hook(_by_code.clear)
 
 
 def _front_hits() -> int:
@@ -114,7 +114,7 @@ def _front_hits() -> int:
   return sum(r.front for s in stats for r in list(s.records))
 
 
-cache.register_hit_count(_front_hits)
+cache.STORE.count_hits(_front_hits)
 
 
 def location(fun) -> str:

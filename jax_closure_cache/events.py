@@ -16,7 +16,7 @@ touch the counters or the explanations of these outcomes themselves.
 
 The fast front's generated hit (``front/generated.py``) is the one
 exception: it counts on the entry's record, which ``stats()`` adds
-(``cache.register_hit_count``), because a call here would cost a frame.
+(``cache.STORE.count_hits``), because a call here would cost a frame.
 
 Invariants: ``stats()`` and the log cannot disagree about an outcome, since
 one call does both; an outcome with a reason is counted under that reason

@@ -121,7 +121,8 @@ def built_before_enable() -> list[str]:
 
 
 _lock = threading.RLock()
-_applied: list[Patch] = []
+_applied: list[Patch] = cache.STORE.table("patching.applied", cache.Store.REGISTRY,
+                                          list)
 
 
 def is_enabled() -> bool:

@@ -27,6 +27,7 @@ the cache on.
 from __future__ import annotations
 
 import os
+import types
 from typing import NamedTuple
 
 
@@ -57,22 +58,23 @@ ALL = (ENABLE, EXPLAIN, VERIFY, LIFT_NUMPY, CAPACITY, MAX_BYTES,
        STORM_THRESHOLD)
 
 #: Variables the package does not read, with why (the text of their warning).
-IGNORED = {
+IGNORED = types.MappingProxyType({
     "JAX_CLOSURE_CACHE_AUTO_DYNAMIC": (
         "auto-dynamic scalars were removed; a closed-over Python int or "
         "float that keeps changing is traced as stock traces it, and its "
         "executable is shared after that stock trace (tier A)"),
-}
+})
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off"})
-_warned: set[str] = set()
+#: Variables warned about once (held by ``cache.STORE``)
+WARNED: set[str] = set()
 
 
 def _warn_once(setting: Setting, raw: str, expected: str) -> None:
-  if setting.name in _warned:
+  if setting.name in WARNED:
     return
-  _warned.add(setting.name)
+  WARNED.add(setting.name)
   import warnings
   warnings.warn(f"{setting.name}={raw!r} is not {expected}; using the "
                 f"default ({setting.default!r}: {setting.doc}).",
@@ -83,9 +85,9 @@ def warn_ignored() -> None:
   """Warn once per variable of ``IGNORED`` that is set (``enable()``)."""
   for name, why in IGNORED.items():
     raw = os.environ.get(name)
-    if raw is None or not raw.strip() or name in _warned:
+    if raw is None or not raw.strip() or name in WARNED:
       continue   # unset or empty, as for a setting read
-    _warned.add(name)
+    WARNED.add(name)
     import warnings
     warnings.warn(f"{name}={raw!r} is ignored: {why}.", stacklevel=3)
 

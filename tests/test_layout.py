@@ -4,7 +4,10 @@ names, and there is no import cycle, lazy imports inside functions included.
 """
 
 import ast
+import collections
+import importlib
 import os
+import weakref
 
 import pytest
 
@@ -176,3 +179,73 @@ def test_no_module_imports_by_name_at_run_time():
       elif isinstance(node, ast.Name) and node.id == "__import__":
         wrong.append(f"{name}: __import__")
   assert wrong == []
+
+
+# What a table is: a container, a bounded store, or an object of the
+# package's own that can be emptied.
+_CONTAINERS = (dict, list, set, bytearray, collections.deque,
+               weakref.WeakKeyDictionary, weakref.WeakValueDictionary,
+               weakref.WeakSet)
+
+
+def _is_table(value) -> bool:
+  if isinstance(value, type) or callable(value) and not hasattr(
+      value, "cache_clear"):
+    return isinstance(value, _CONTAINERS)
+  if isinstance(value, _CONTAINERS):
+    return True
+  return type(value).__module__.startswith(PACKAGE) and (
+      hasattr(value, "clear") or hasattr(value, "cache_clear"))
+
+
+def test_every_module_level_table_is_the_stores():
+  """No module keeps a table of its own: every module-level container (and
+  every object of the package's that can be emptied) outside ``_compat`` is
+  one ``cache.STORE`` owns, so that one ``clear()`` and one ``stats()`` see
+  it (CONTRIBUTING, "The store"). Constant tables are read-only
+  (``MappingProxyType``, ``frozenset``, tuples)."""
+  from jax_closure_cache import cache
+  jax_closure_cache.enable()   # the patched modules are all imported
+  try:
+    loose = []
+    for name in sorted(MODULES):
+      if (name.startswith((f"{PACKAGE}._compat", f"{PACKAGE}.tools"))
+          or name.endswith("__main__")):
+        continue
+      module = importlib.import_module(name)
+      for attr, value in vars(module).items():
+        if attr.startswith("__") or not _is_table(value):
+          continue
+        if not (cache.STORE.owns(value) or any(value is x for x in (
+            cache.STORE, cache.STORE.counters, cache.jax_handle))):
+          loose.append(f"{name}.{attr}: {type(value).__name__}")
+    assert loose == []
+  finally:
+    jax_closure_cache.disable()
+
+
+def test_the_store_clears_what_its_kinds_say():
+  """``clear()`` empties every ``TRACES`` and ``CALLS`` table and keeps
+  ``FACTS`` and ``REGISTRY``; ``release_traces()`` empties ``TRACES`` only."""
+  from jax_closure_cache import cache
+  store = cache.Store()
+  tables = {kind: store.table(f"t.{kind}", kind)
+            for kind in (cache.Store.TRACES, cache.Store.CALLS,
+                         cache.Store.FACTS, cache.Store.REGISTRY)}
+
+  def fill():
+    for t in tables.values():
+      t["k"] = 1
+
+  fill()
+  store.release_traces()
+  assert {k: len(t) for k, t in tables.items()} == {
+      "traces": 0, "calls": 1, "facts": 1, "registry": 1}
+  fill()
+  store.clear()
+  assert {k: len(t) for k, t in tables.items()} == {
+      "traces": 0, "calls": 0, "facts": 1, "registry": 1}
+  with pytest.raises(ValueError, match="already holds"):
+    store.table("t.traces", cache.Store.TRACES)
+  with pytest.raises(ValueError, match="unknown kind"):
+    store.table("t.other", "other")

@@ -96,7 +96,7 @@ def test_clearing_the_trace_store_frees_nothing_under_its_lock():
 
 
 def test_clearing_an_entry_store_frees_nothing_under_its_lock():
-  store = cache.new_store("robustness test")
+  store = cache.LRUStore("robustness test")
 
   class _Held(cache.Entry):
     __slots__ = ("anchor",)
@@ -471,7 +471,7 @@ def test_stores_are_bounded_by_the_bytes_their_entries_keep_alive():
           got = _closes_over_a_big_numpy_constant(x, i)
           np.testing.assert_array_equal(
               got, stock_off(_closes_over_a_big_numpy_constant, x, i))
-      held = sum(e.nbytes for e in cache._stores_of("entries"))
+      held = sum(e.nbytes for e in cache.STORE.entries_of("entries"))
       assert 0 < held <= 600 * 1024, held
   finally:
     jcc.set_max_bytes(saved)

@@ -9,7 +9,7 @@ from jax_closure_cache import settings
 
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
-  monkeypatch.setattr(settings, "_warned", set())
+  monkeypatch.setattr(settings, "WARNED", set())
 
 
 @pytest.mark.parametrize("raw,expected", [
@@ -68,7 +68,7 @@ def test_ignored_variable_warns_once_at_enable(monkeypatch):
   assert caught[[str(w.message) for w in caught].index(said[0])].filename \
       == __file__   # the caller of enable()
   for raw in (None, "", " "):
-    monkeypatch.setattr(settings, "_warned", set())
+    monkeypatch.setattr(settings, "WARNED", set())
     if raw is None:
       monkeypatch.delenv("JAX_CLOSURE_CACHE_AUTO_DYNAMIC")
     else:

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import types
 
 import numpy as np
 
@@ -249,7 +250,7 @@ def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
 
 
 #: name -> the cached function, for the patch registry and ``lax``.
-CACHED = {"while_loop": while_loop, "fori_loop": fori_loop, "scan": scan,
+CACHED = types.MappingProxyType({"while_loop": while_loop, "fori_loop": fori_loop, "scan": scan,
           "map": map, "cond": cond, "switch": switch,
           "custom_linear_solve": custom_linear_solve,
-          "custom_root": custom_root}
+          "custom_root": custom_root})

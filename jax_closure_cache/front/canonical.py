@@ -29,7 +29,8 @@ from jax_closure_cache.key import closure
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
 
-_store = cache.new_store()   # (options key, function key) -> Canonical
+# (options key, function key) -> Canonical
+_store = cache.STORE.bounded("canonical.store")
 
 
 class Canonical(cache.Entry):
@@ -43,8 +44,8 @@ class Canonical(cache.Entry):
     self.record = record
 
 
-_functions: "weakref.WeakSet[types.FunctionType]" = weakref.WeakSet()
-cache.register_clear_hook(_functions.clear)
+_functions: "weakref.WeakSet[types.FunctionType]" = cache.STORE.table(
+    "canonical.functions", cache.Store.TRACES, weakref.WeakSet)
 
 
 def _known(fun, full_options_key):

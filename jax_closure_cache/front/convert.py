@@ -44,7 +44,8 @@ from jax_closure_cache.key.closure import Uncacheable
 
 _stock_closure_convert = _compat.STOCK_CLOSURE_CONVERT
 
-_traces = cache.new_store()   # (closure key, trace signature) -> _Shared
+# (closure key, trace signature) -> _Shared
+_traces = cache.STORE.bounded("convert.traces")
 
 
 class _Shared(cache.Entry):
@@ -55,11 +56,11 @@ class _Shared(cache.Entry):
 
 # Function objects answered here: fun -> {trace signature: converted}; the
 # value holds the function's own arrays, which the function holds too.
-_answered: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_answered: "weakref.WeakKeyDictionary" = cache.STORE.table(
+    "convert.answered", cache.Store.TRACES, weakref.WeakKeyDictionary)
 # Function objects answered by stock (identity first).
-_stocks: "weakref.WeakSet" = weakref.WeakSet()
-cache.register_clear_hook(_answered.clear)
-cache.register_clear_hook(_stocks.clear)
+_stocks: "weakref.WeakSet" = cache.STORE.table(
+    "convert.stocks", cache.Store.TRACES, weakref.WeakSet)
 
 
 def _bind(shared, leaves):

@@ -44,11 +44,14 @@ from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
 
-entries = cache.new_store()     # (options key, closure key) -> Entry
-_compat.register_cache(cache.jax_handle, "jax_closure_cache entries")
+_STORE = cache.STORE
+# (options key, closure key) -> Entry
+entries = _STORE.bounded("entries.entries")
+# The whole store, once: jax.clear_caches() empties it
+_compat.register_cache(cache.jax_handle, "jax_closure_cache")
 # Codes whose lifted trace failed (or leaked a tracer) where stock's did not.
-unliftable: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
-cache.register_clear_hook(unliftable.clear)
+unliftable: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "entries.unliftable", cache.Store.TRACES, weakref.WeakSet)
 
 
 class StockAnswered(cache.Entry):
@@ -66,10 +69,12 @@ class StockAnswered(cache.Entry):
 
 # Keys whose calls go to stock (bounded; an id reused by another object
 # costs that object its sharing, never a result).
-stock_answered = cache.new_store("stock_answered")
+stock_answered = _STORE.bounded("entries.stock_answered",
+                               counted="stock_answered")
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
-ALWAYS_SHARED: set[types.CodeType] = set()
+ALWAYS_SHARED: set[types.CodeType] = _STORE.table(
+    "entries.always_shared", cache.Store.REGISTRY, set)
 
 
 def first_object(fun, code: types.CodeType) -> bool:

@@ -46,7 +46,8 @@ OWNED = weakref.ReferenceType
 # callback is its table's own ``pop``, so a row goes, with no Python frame of
 # ours, the moment its function object dies (a dead reference keeps its hash
 # and equals only itself). Tables are emptied, never replaced.
-tables: dict[tuple, dict] = {}
+tables: dict[tuple, dict] = cache.STORE.table(
+    "identity.tables", cache.Store.TRACES, empty=lambda: clear_tables())
 ref = weakref.ref
 getweakrefcount = weakref.getweakrefcount
 # Without reference counts (not CPython), every hit records its row.
@@ -66,9 +67,6 @@ def table(options_key) -> dict:
 def clear_tables() -> None:
   for rows in list(tables.values()):
     rows.clear()
-
-
-cache.register_clear_hook(clear_tables)
 
 
 def row_of(fun, options_key):

@@ -30,12 +30,16 @@ PER_CODE = 4
 _TABLE_MAX = 1 << 16
 FRONTS_MAX = 1024
 
-quick: dict[types.CodeType, list["Quick"]] = {}
-canonical_quick: dict[types.CodeType, list["Quick"]] = {}
-no_quick: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
-fronts: dict[types.CodeType, type] = {}
-for _table in (quick, canonical_quick, no_quick, fronts):
-  cache.register_clear_hook(_table.clear)
+_STORE, _TRACES = cache.STORE, cache.Store.TRACES
+# code -> its stored keys' matchers (the front's, the canonical objects')
+quick: dict[types.CodeType, list["Quick"]] = _STORE.table("inline.quick", _TRACES)
+canonical_quick: dict[types.CodeType, list["Quick"]] = _STORE.table(
+    "inline.canonical_quick", _TRACES)
+# codes whose keys have no matcher
+no_quick: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "inline.no_quick", _TRACES, weakref.WeakSet)
+# code -> its generated front class
+fronts: dict[types.CodeType, type] = _STORE.table("inline.fronts", _TRACES)
 options.on_defaults_changed(fronts.clear)   # each front is of one spec
 
 

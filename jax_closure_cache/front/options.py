@@ -14,8 +14,10 @@ through ``set_*_default`` (``enable()``), which tells the listeners
 
 from __future__ import annotations
 
+import types
 from typing import NamedTuple
 
+from jax_closure_cache import cache
 from jax_closure_cache import settings
 from jax_closure_cache.front import identity
 
@@ -49,12 +51,12 @@ def has_static_arguments(options: dict) -> bool:
 
 
 #: Keywords that ``jit``, ``enable`` and ``enabled`` refuse with a reason.
-REMOVED_OPTIONS = {
+REMOVED_OPTIONS = types.MappingProxyType({
     "auto_dynamic": (
         "the auto_dynamic option was removed; a closed-over Python int or "
         "float that keeps changing is traced as stock traces it, and its "
         "executable is shared after that stock trace (tier A)"),
-}
+})
 
 
 def reject_keywords(function: str, keywords) -> None:
@@ -136,7 +138,8 @@ class JitSpec(NamedTuple):
   table: dict
 
 
-_specs: dict[tuple, JitSpec] = {}
+_specs: dict[tuple, JitSpec] = cache.STORE.table("options.specs",
+                                                cache.Store.FACTS)
 
 
 def spec(options: dict, options_key: tuple, lift_numpy: bool) -> JitSpec:
@@ -159,10 +162,12 @@ class _Defaults:
   lift_numpy = settings.read(settings.LIFT_NUMPY)
 
 
-_HOT_SPECS = {n: spec({}, (), n) for n in (False, True)}
+_HOT_SPECS = types.MappingProxyType({n: spec({}, (), n) for n in (False, True)})
 # The spec of ``jit(fun)`` without options, for the current defaults.
-_hot_spec = [_HOT_SPECS[_Defaults.lift_numpy]]
-_listeners: list = []
+_hot_spec = cache.STORE.own("options.hot_spec", [_HOT_SPECS[_Defaults.lift_numpy]],
+                            cache.Store.REGISTRY)
+_listeners: list = cache.STORE.table("options.listeners", cache.Store.REGISTRY,
+                                     list)
 
 
 def hot_spec() -> JitSpec:

@@ -187,7 +187,8 @@ class _Layout:
     return found
 
 
-_layouts: dict[tuple, _Layout] = {}
+_layouts: dict[tuple, _Layout] = cache.STORE.table("static_args.layouts",
+                                                  cache.Store.FACTS)
 
 
 def _layout(spec) -> _Layout:
@@ -332,7 +333,8 @@ def _make_bound(w, layout, positions, names, static_values, functions, params,
 # (params, state)}}; state None: stock's; else the row [entry, key, leaves,
 # calls] its first call decided. Rows are per user function: the same static
 # function given to two jitted functions is two different computations.
-_tables: dict[tuple, dict] = {}
+_tables: dict[tuple, dict] = cache.STORE.table(
+    "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
 
 
 def _table(w: StaticArgsJitted) -> dict | None:
@@ -355,6 +357,5 @@ def _clear() -> None:
     table.clear()
 
 
-cache.register_clear_hook(_clear)
 values.register_wrapper(StaticArgsJitted, wrapper.split, wrapper.join)
 wrapper.register_static_arguments_kind(StaticArgsJitted)

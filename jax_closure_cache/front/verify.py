@@ -32,7 +32,8 @@ logger = logging.getLogger("jax_closure_cache")
 
 #: Function object -> the argument signatures checked for it: stock traces
 #: a function object once per signature, and so does the oracle.
-_checked = weakref.WeakKeyDictionary()
+_checked = cache.STORE.table("verify.checked", cache.Store.CALLS,
+                             weakref.WeakKeyDictionary)
 
 
 def _signature(args, kwargs):

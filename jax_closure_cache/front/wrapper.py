@@ -451,12 +451,12 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
 
 # What the generated hit reads (``generated.HIT``); the monitoring module is
 # read as an attribute on the hot path (``clear_event_listeners`` rebinds it).
-_HIT_ENV = {"MONITORING": _compat.monitoring_module,
+_HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "RECORD_EVENT": _compat.jax.monitoring.record_event,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock,
-            "NEW_SIGNATURE": miss.new_signature, "VERIFIED": verify.checked}
+            "NEW_SIGNATURE": miss.new_signature, "VERIFIED": verify.checked})
 _hit = generated.hit_function(_HIT_ENV, cache.verifying())
 
 
@@ -467,7 +467,7 @@ def _verify_changed(on: bool) -> None:
   inline.fronts.clear()
 
 
-cache.register_verify_hook(_verify_changed)
+cache.STORE.on_verify_changed(_verify_changed)
 
 
 
@@ -503,7 +503,8 @@ def fill(w, fun, code_and_spec=None):
 
 # -- the wrapper as a walkable value (a jitted function in a closure) --------
 
-_kinds = {False: ClosureJitted}
+_kinds = cache.STORE.own("wrapper.kinds", {False: ClosureJitted},
+                         cache.Store.REGISTRY)
 
 
 def register_static_arguments_kind(cls: type) -> None:

@@ -19,6 +19,7 @@ import sys
 import types
 from typing import NamedTuple
 
+from jax_closure_cache import cache
 from jax_closure_cache.key.parts import MISSING, NOCHAIN
 
 _ModuleType = types.ModuleType
@@ -44,7 +45,8 @@ _ATTR_READS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 _CELL_WRITES = frozenset({"STORE_DEREF", "DELETE_DEREF"})
 # A plain dict: a weak one costs a weakref per lookup on the hot path. It is
 # emptied when it grows past _PLANS_MAX (code made by exec in a loop).
-_plans: dict[types.CodeType, CodePlan] = {}
+_plans: dict[types.CodeType, CodePlan] = cache.STORE.table("code_plan.plans",
+                                                       cache.Store.FACTS)
 _PLANS_MAX = 1 << 16
 
 
@@ -105,7 +107,9 @@ def is_module_level(fun: types.FunctionType) -> bool:
 STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
                              "opt_einsum", "scipy"}) | frozenset(
                                  getattr(sys, "stdlib_module_names", ()))
-_stable_modules: dict = {}
+# module name -> whether it is stable (bounded: 4096 names)
+_stable_modules: dict = cache.STORE.table("code_plan.stable_modules",
+                                         cache.Store.FACTS)
 
 
 def _is_namespace(obj) -> bool:

@@ -17,6 +17,7 @@ import functools
 import types
 import weakref
 
+from jax_closure_cache import cache
 from jax_closure_cache.key.parts import Tag
 
 _FunctionType = types.FunctionType
@@ -24,7 +25,8 @@ _FunctionType = types.FunctionType
 
 _HEAPTYPE = 1 << 9
 _PACKAGE = __name__.partition(".")[0] + "."
-_plain_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+_plain_types: "weakref.WeakKeyDictionary[type, bool]" = cache.STORE.table(
+    "objects.plain_types", cache.Store.FACTS, weakref.WeakKeyDictionary)
 
 
 # C bases whose whole state the walk can read: their items (see contents).
@@ -81,7 +83,8 @@ def is_plain_type(cls: type) -> bool:
   return plain
 
 
-_slotted: "weakref.WeakKeyDictionary[type, tuple | None]" = weakref.WeakKeyDictionary()
+_slotted: "weakref.WeakKeyDictionary[type, tuple | None]" = cache.STORE.table(
+    "objects.slotted", cache.Store.FACTS, weakref.WeakKeyDictionary)
 
 
 def slot_members(cls: type):
@@ -122,7 +125,8 @@ def slot_values(v, members) -> dict:
   return out
 
 
-_copyable_types: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+_copyable_types: "weakref.WeakKeyDictionary[type, bool]" = cache.STORE.table(
+    "objects.copyable_types", cache.Store.FACTS, weakref.WeakKeyDictionary)
 # Class attributes that make a shallow copy by __dict__ unsafe: creation or
 # attribute hooks, and a class's own idea of how to copy itself.
 _COPY_HOOKS = ("__new__", "__setattr__", "__delattr__", "__getattribute__",

@@ -26,6 +26,7 @@ import types
 
 import numpy as np
 
+from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import (
     chain_base, is_stable, stable_module)
@@ -228,7 +229,11 @@ class Static:
 # -- callable wrappers that the walk sees through ---------------------------
 
 #: The wrapper rules, by class: the closure key's registry.
-wrapper_rules = _key.WRAPPERS
+# The upstream-shaped module's registries, held by the package's store too
+wrapper_rules = cache.STORE.own("closure_key.WRAPPERS", _key.WRAPPERS,
+                                cache.Store.REGISTRY)
+cache.STORE.own("closure_key.active_rules", _key.active_rules,
+                cache.Store.REGISTRY)
 
 
 def register_wrapper(cls: type, split, join) -> None:

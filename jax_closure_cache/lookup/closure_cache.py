@@ -19,6 +19,7 @@ import types
 import weakref
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache._compat import trace as _trace
 from jax_closure_cache._compat.trace import flat_trees as ft
@@ -96,12 +97,23 @@ def _nbytes(s: _Shared) -> int:
   return sum(int(getattr(c, "nbytes", 0) or 0) for c in consts)
 
 
-traces = _TraceStore(1024)   # (closure key, leaf types, signature) -> _Shared
-_compat.register_cache(traces, "closure-keyed traces")
-_closings = weakref.WeakKeyDictionary()   # closed jaxpr -> the shared one
-own_codes: set = set()   # of the lifted functions traced here, never keyed
-_first = weakref.WeakKeyDictionary()   # each code's first function, weakly
-_met: dict = {}   # hashes of keys met, oldest first: no trace stored before
+_STORE = cache.STORE
+# (closure key, leaf types, signature) -> _Shared; its length is counted,
+# never iterated here
+traces = _STORE.own("closure_cache.traces", _TraceStore(1024), cache.Store.TRACES,
+                    counted="shared_traces",
+                    size=lambda: traces.cache_info()["entries"])
+# closed jaxpr -> the shared one (weakly: as long as JAX holds the jaxpr)
+_closings = _STORE.table("closure_cache.closings", cache.Store.FACTS,
+                         weakref.WeakKeyDictionary)
+# of the lifted functions traced here, never keyed
+own_codes: set = _STORE.table("closure_cache.own_codes", cache.Store.FACTS, set)
+# each code's first function, weakly (emptied with ``traces``)
+_first = _STORE.table("closure_cache.first", cache.Store.TRACES,
+                      weakref.WeakKeyDictionary)
+# hashes of keys met, oldest first: no trace stored before (emptied with
+# ``traces``)
+_met: dict = _STORE.table("closure_cache.met", cache.Store.TRACES)
 
 
 def is_shared(closed_jaxpr: _trace.ClosedJaxpr) -> bool:
@@ -296,8 +308,9 @@ def hold_weakly(anchors, drop: Callable, keep: Callable = lambda a: False):
 
 # -- explanations --------------------------------------------------------------
 
-# Each code's last closure key, for explain_miss (cleared with the store).
-_last_key: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each code's last closure key, for explain_miss (emptied with ``traces``).
+_last_key: weakref.WeakKeyDictionary = _STORE.table(
+    "closure_cache.last_key", cache.Store.TRACES, weakref.WeakKeyDictionary)
 
 
 def _remember(fun, key) -> None:

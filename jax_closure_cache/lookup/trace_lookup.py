@@ -29,6 +29,7 @@ import contextlib
 import operator
 import sys
 import threading
+import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -38,16 +39,14 @@ from jax_closure_cache.key import rebuild
 from jax_closure_cache.key import closure_key   # noqa: F401 (patching reads it here)
 from jax_closure_cache.lookup import closure_cache
 
-cache.register_size("shared_traces",   # its length: never iterated here
-                    lambda: closure_cache.traces.cache_info()["entries"])
-cache.register_clear_hook(closure_cache.traces.cache_clear)
 
 
 #: The walk and rebuild the closure key uses while enabled (a patch point in
 #: both modes): the package's, which key what JAX's leave to stock (plain
 #: objects, attribute chains, classes by namespace, this package's own
 #: module-level functions by identity) with the rules of ``key/``.
-RULES = [closure.Analysis, rebuild.Rebuild]
+RULES = cache.STORE.own("trace_lookup.RULES", [closure.Analysis, rebuild.Rebuild],
+                        cache.Store.REGISTRY)
 
 
 def is_shared(closed_jaxpr) -> bool:
@@ -362,9 +361,9 @@ _with_cache_api(dedup_consts, _compat.trace.STOCK_DEDUP_CONSTS)
 
 
 #: The replacement of each of ``_compat.trace.TRACE_PATCH_POINTS``.
-REPLACEMENTS = {"trace_to_jaxpr": trace_to_jaxpr,
+REPLACEMENTS = types.MappingProxyType({"trace_to_jaxpr": trace_to_jaxpr,
                 "_trace_for_jit": trace_for_jit,
                 "_get_fastpath_data": get_fastpath_data,
                 "_dedup_consts": dedup_consts,
                 "lower": traced_lower,
-                "separate_consts": separate_consts}
+                "separate_consts": separate_consts})

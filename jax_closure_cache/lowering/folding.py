@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import math
+import types
 from typing import NamedTuple
 
 import numpy as np
@@ -69,10 +70,10 @@ _MOVES = frozenset({"broadcast_in_dim", "reshape", "convert_element_type",
                     "pvary", "optimization_barrier", "stop_gradient"})
 #: scalar arithmetic on literals, evaluated here as XLA folds it (``-1.0 /
 #: 4.0``, a gradient's seed): is the result zero?
-_SCALAR = {"neg": np.negative, "add": np.add, "sub": np.subtract,
+_SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.subtract,
            "mul": np.multiply, "div": np.divide, "max": np.maximum,
            "min": np.minimum, "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
-           "abs": np.abs, "sign": np.sign, "square": np.square}
+           "abs": np.abs, "sign": np.sign, "square": np.square})
 #: a nested jaxpr XLA never simplifies as the equation's own code (a
 #: scatter's combiner)
 _NOT_INLINED = frozenset({"update_jaxpr"})

@@ -36,6 +36,7 @@ import collections
 import logging
 import sys
 import threading
+import types
 import weakref
 from typing import NamedTuple
 
@@ -94,7 +95,8 @@ class Lowerings:
   their counts; cleared with the package's caches and ``jax.clear_caches()``."""
 
   def __init__(self):
-    self.store = cache.new_store("lowerings")
+    self.store = cache.STORE.bounded("shared.lowerings", counted="lowerings",
+                                     kind=cache.Store.CALLS)
     self.lock = threading.Lock()
     self.met: collections.OrderedDict = collections.OrderedDict()
     self.counts: collections.Counter = collections.Counter()
@@ -150,10 +152,8 @@ class Lowerings:
               "refused": dict(self.refusals)}
 
 
-LOWERINGS = Lowerings()
-cache.register_clear_hook(LOWERINGS.clear, holds_traces=False)
-cache.register_report("tier_a", LOWERINGS.report)
-cache.register_count_reset(LOWERINGS.reset_counts)
+LOWERINGS = cache.STORE.own("shared.LOWERINGS", Lowerings(), cache.Store.CALLS)
+cache.STORE.report("tier_a", LOWERINGS.report, reset=LOWERINGS.reset_counts)
 
 
 class CallLowering(NamedTuple):
@@ -388,7 +388,7 @@ def _cache_clear() -> None:
   STOCK.cache_clear()
 
 
-cache.register_clear_hook(_for_call.cache_clear, holds_traces=False)
+cache.STORE.own("shared.for_call", _for_call, cache.Store.CALLS)
 pjit_lower.cache_clear = _cache_clear
 pjit_lower.cache_info = STOCK.cache_info
 if hasattr(STOCK, "cache_keys"):
@@ -397,4 +397,4 @@ if hasattr(STOCK, "evict_weakref"):
   pjit_lower.evict_weakref = STOCK.evict_weakref
 
 #: The replacement of each of ``_compat.lowering.LOWERING_PATCH_POINTS``.
-REPLACEMENTS = {"_pjit_lower": pjit_lower}
+REPLACEMENTS = types.MappingProxyType({"_pjit_lower": pjit_lower})

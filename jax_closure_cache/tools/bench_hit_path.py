@@ -317,7 +317,7 @@ def check(row: Row, calls: int = 4) -> float:
 
 def _paths() -> dict:
   s = cache.stats()
-  front = sum(count() for count in cache._hit_counts)
+  front = cache.STORE.record_hits()
   return {"fast_hits": front, "slow_hits": s["hits"] - front,
           "misses": s["misses"], "fallbacks": s["fallbacks"],
           "reasons": dict(s["fallback_reasons"]),
