@@ -378,3 +378,26 @@ def test_a_lifted_value_added_to_a_zero_xla_folds_is_stocks():
     np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
   assert tier_a_stats()["refused"].get("a zero XLA folds in stock's module")
   assert tier_a_stats()["hits"] == 0
+
+
+def _adds_a_constant_of_zeros(i):
+  c = np.zeros(3, (np.int32, np.float32)[i % 2])   # a fresh array each step
+  return lambda y: y * 0.0 + c
+
+
+def test_a_constant_of_zeros_is_baked_as_stock_bakes_it():
+  # Baked, XLA folds "x + zeros" to x and keeps x's -0.0; passed as an
+  # argument the addition runs and gives 0.0 (value-grammar seed 6, program
+  # 1006: a masked array's filled zeros). Such a constant is never an
+  # argument: its trace is lowered as stock lowers it.
+  x = jnp.asarray([-2.0, -0.5, 1.0])
+  want = stock_off(run_steps, _adds_a_constant_of_zeros, 6, x)
+  jcc.enable(closure_key=False, verify=True)
+  got = run_steps(_adds_a_constant_of_zeros, 6, x)
+  for g, w in zip(got, want):
+    same_as_stock(g, w)
+    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+  assert np.signbit(np.asarray(want[0]))[0]   # the fold it must keep
+  assert tier_a_stats()["refused"].get(
+      "a constant of zeros (XLA folds x + 0 in stock's module)")
+  assert tier_a_stats()["hits"] == 0
