@@ -312,6 +312,10 @@ class Store:
     """Call ``listener(on)`` whenever verify mode is turned on or off."""
     self._verify_listeners.append(listener)
 
+  def verify_changed(self, on: bool) -> None:
+    for listener in self._verify_listeners:
+      listener(on)
+
   def record_hits(self) -> int:
     """The hits counted on entries' records (:meth:`count_hits`)."""
     return sum(count() for count in self._hit_counts)
@@ -396,8 +400,7 @@ def set_verify(on: bool) -> None:
   global _verify
   if bool(on) != _verify:
     _verify = bool(on)
-    for listener in STORE._verify_listeners:
-      listener(_verify)
+    STORE.verify_changed(_verify)
 
 
 def count_verified(same: bool) -> None:

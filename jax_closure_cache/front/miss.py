@@ -1,13 +1,7 @@
 """The first call of a function object: look up, miss, store, fall back.
 
-These are the wrapper's slow paths, in the order a first call meets them:
-``stored`` (the key and its stored entry), ``miss`` (stock's own trace for
-the first object of a code; else one trace of the shared lifted function),
-``store`` (keep the entry if the key covers what its trace captured, with
-guards for the rest), and ``fallback`` / ``retry_stock`` (stock answers,
-and says why). Each takes the wrapper ``w`` being called; the wrapper's
-``_miss`` and ``_store`` frames are where the lifted function finds it
-while tracing.
+These are the wrapper's slow paths, methods of its base class
+:class:`MissStages`, in the order a first call meets them.
 
 Invariants: whatever goes wrong here, the call is answered by stock jit of
 the user's own function, so its result or error is stock's; every outcome
@@ -27,6 +21,7 @@ from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
+from jax_closure_cache.front import verify
 from jax_closure_cache.lowering import folding
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
@@ -55,198 +50,6 @@ def code_of(fun) -> types.CodeType | None:
       fun = method
 
 
-def stored(w):
-  """``(analysis, key, stored entry or None)`` of this wrapper's function.
-  Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
-  a = closure.analyse(w._fun, w._spec.lift_numpy)
-  key = (w._spec.key, a.key)
-  return a, key, entries.entries.get(key)
-
-
-def fallback(w, reason: str, args, kwargs, detail: str = ""):
-  events.fallback(w._user(), code_of(w._user()), reason, detail)
-  w._own()
-  return w.stock()(*args, **kwargs)
-
-
-def retry_stock(w, key, args, kwargs, error=None):
-  """Answer with stock's outcome; remember the code if only lifting
-  failed."""
-  w._own()
-  out = w.stock()(*args, **kwargs)   # stock's error propagates as is
-  entries.entries.discard(key)
-  code = code_of(w._user())
-  leak = entries.tracer_leak(error)
-  if leak is not None:
-    if code is not None:
-      entries.unliftable.add(code)
-    events.fallback(
-        w._user(), code, "tracer_leak",
-        f"{leak} (a value built at trace time, written where stock's trace "
-        "writes to the user's state); what it overwrote was put back, and "
-        "this code is traced as stock traces it from now on")
-    return out
-  if code is not None:
-    entries.unliftable.add(code)
-  events.fallback(w._user(), code, "trace_error",
-                  "tracing with lifted arrays failed where stock did not")
-  return out
-
-
-def miss(w, key, a, args, kwargs):
-  code = code_of(w._user())
-  if (code is not None and code not in entries.ALWAYS_SHARED
-      and not entries.spans_processes(a.leaves)
-      and entries.first_object(w._fun, code)):
-    # The first function object of this code is stock's: a long-lived
-    # function keeps stock's executable and speed. Only a second object
-    # of the same code (a re-created closure) compiles the shared entry.
-    # (The object is the wrapper's own function: the user's, or the
-    # package's closure made afresh around it for static arguments or a
-    # loop, so those count per call, as the code of the user's function.)
-    entries.met_before(key)   # recorded: the next object of it shares
-    started = time.perf_counter()
-    w._own()
-    out = w.stock()(*args, **kwargs)
-    events.miss(w._user(), code, key, time.perf_counter() - started,
-                first_object=True)
-    try:   # and the key of the state the call left (a mesh's attributes
-      # filled lazily, say): the next object is met in that state
-      entries.met_before(stored(w)[1])
-    except (Uncacheable, TypeError):
-      pass
-    return out
-  if code is not None and code in entries.unliftable:
-    return fallback(
-        w, "unliftable", args, kwargs,
-        "an earlier lifted trace of this code failed or stored a traced "
-        "value where stock's did not, so stock traces it")
-  if (code not in entries.ALWAYS_SHARED
-      and not entries.spans_processes(a.leaves)
-      and not entries.met_before(key)):
-    # A key met once is stock's: one that never repeats (a new Python
-    # float each step) keeps no entry, executable or array alive.
-    events.met_once(w._user(), code, key, "its closure key is new; a "
-                    "function met again with the same key shares one "
-                    "executable")
-    w._own()
-    return w.stock()(*args, **kwargs)
-  answered = entries.stock_answered.get(key)
-  if answered is not None:
-    return fallback(w, answered.reason, args, kwargs, answered.detail)
-  baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
-  if baked is not None:
-    # An array kept by identity (committed to a device, or inside an
-    # object) is baked into the trace: a stored entry would keep it alive.
-    return fallback(
-        w, "array_by_identity", args, kwargs,
-        f"a {key_guards.describe_array(baked)} array is kept by identity "
-        "(committed, or inside an object) and would be baked into a shared "
-        "executable that keeps it alive")
-  w.stock()   # made now: validates the options as stock jit() would
-  entry = entries.Entry()
-  entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
-  presented = w._presented()
-  entry.jitted = entries.make_lifted_jit(
-      w._fun if presented is None else presented,
-      code_of(w._fun if presented is None else presented.fun), entry,
-      w._spec.options, w._spec.lift_numpy, len(args))
-  started = time.perf_counter()
-  donating = jit_options.donates(w._spec.options)
-  try:
-    # .trace() fills JAX's _infer_params cache, so the call below compiles
-    # without tracing again; the Traced object yields the captured consts.
-    with entries.calling(entry, w._fun, a), _compile_warnings(donating) as warned:
-      traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-      baked = _baked_operand(w, traced)
-      folds = _folds_zero(w, traced, a.leaves)
-      if baked is not None:
-        out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
-                                               kwargs)
-      elif folds is None:
-        out = entry.jitted(a.leaves, *args, **kwargs)
-  except Exception as e:
-    return retry_stock(w, key, args, kwargs, e)
-  if folds is not None:
-    # stock answers (its module bakes the closed-over arrays), and this
-    # key's later objects are traced as stock traces them
-    entries.stock_answered.put(key, entries.StockAnswered("folds_zero", folds))
-    return fallback(w, "folds_zero", args, kwargs, folds)
-  if baked is not None:
-    entry.record = events.miss(w._user(), code_of(w._user()), key,
-                               time.perf_counter() - started)
-    events.not_stored(w._user(), "operand_zero", baked)
-    return out
-  cost = time.perf_counter() - started   # trace + compile + first run
-  w._pin(entry, key, a.leaves)
-  if warned:
-    # XLA warns of unusable donated buffers at every compile, which stock
-    # makes per function object: such an entry is not shared. The warnings
-    # passed the user's filters already; they are shown now.
-    entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
-    events.not_stored(w._user(), "warned", "; ".join(
-        f"{m.category.__name__}: {m.message}" for m in warned)[:300])
-    for m in warned:
-      warnings.showwarning(m.message, m.category, m.filename, m.lineno,
-                           m.file, m.line)
-    return out
-  # a miss is counted when stored or not stored (below): a failed trace
-  # counts as a fallback alone
-  w._store(key, entry, a.leaves, args, kwargs, traced, cost)
-  return out
-
-
-def _baked_operand(w, traced) -> str | None:
-  """Why ``traced`` runs as eager JAX runs it, not compiled as one module:
-  where stock passes the trace's constants as operands (an eager
-  ``lax.cond`` or loop binds its primitive to them) and it has one, which
-  a compiled launcher would bake and XLA fold: by value (``-0.0 ==
-  0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``, ``x *
-  mask`` a product where an operand mask makes it a select), and into
-  what it computes (``y + (ones - 1.0)`` is ``y``)."""
-  if not w._constants_are_operands:
-    return None
-  if _compat.captured_constants(traced):
-    return ("its trace has constants, which stock's eager primitive takes "
-            "as operands and a compiled launcher would bake (XLA folds a "
-            "baked constant, and the sign of a zero can differ): it runs "
-            "as stock's eager primitive does, every call")
-  return None
-
-
-def new_signature(w, key, entry, leaves, args, kwargs, out):
-  """``out``, from a stored ``entry`` that traced and compiled a new
-  argument signature, and the entry stored again with fresh guards; or,
-  where that trace is one a miss would not have compiled (constants a
-  launcher's stock takes as operands, an addition XLA folds in stock's
-  module only), stock's answer, with the key answered by stock from now
-  on."""
-  try:
-    with entries.calling(entry, w._fun):
-      traced = entry.jitted.trace(leaves, *args, **kwargs)
-  except Exception:   # store() reports it
-    traced = None
-  if traced is not None:
-    for reason, detail in (("operand_zero", _baked_operand(w, traced)),
-                           ("folds_zero", _folds_zero(w, traced, leaves))):
-      if detail is not None:
-        entries.entries.discard(key)
-        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
-        return fallback(w, reason, args, kwargs, detail)
-  w._store(key, entry, leaves, args, kwargs, traced)
-  return out
-
-
-def _folds_zero(w, traced, leaves) -> str | None:
-  """Where ``traced`` adds a value computed from its lifted arrays alone to
-  one that may be all zeros (``lowering/folding.py``), for a wrapper whose
-  stock bakes those arrays (a launcher's stock takes them as operands)."""
-  if w._constants_are_operands:
-    return None
-  return folding.zero_sum(
-      traced.jaxpr, lifted_inputs=len(_compat.jax.tree_util.tree_leaves(leaves)))
-
-
 @contextlib.contextmanager
 def _compile_warnings(record: bool):
   """The warnings a donating entry's trace and compile give, as they pass
@@ -259,95 +62,311 @@ def _compile_warnings(record: bool):
     yield warned
 
 
-def _guards(w, after, traced, args, kwargs):
-  """The guards of a trace's captured constants that ``after`` (the
-  closure analysed after the trace) does not cover, or ``Unguarded``."""
-  captured = _compat.captured_constants(traced)
-  covered = {id(x) for x in after.anchors}
-  guards = key_guards.find_guards(captured, after.roots, covered)
-  if (isinstance(guards, key_guards.Unguarded)
-      and not jit_options.has_static_arguments(w._spec.options)):
-    # constants the trace made itself from what the key covers
-    made = key_guards.made_by_trace(w._fun, after, args, kwargs,
-                                    captured, covered)
-    if made:
-      guards = key_guards.find_guards(captured, after.roots, covered | made)
-  return guards
+
+class MissStages:
+  """The wrapper's slow paths, as methods of its base class, in the order a
+  first call meets them: ``_stored`` (the key and its stored entry),
+  ``_miss`` (stock's own trace for the first object of a code; else one
+  trace of the shared lifted function), ``_store`` (keep the entry if the
+  key covers what its trace captured, with guards for the rest), and
+  ``_fallback`` / ``_retry_stock`` (stock answers, and says why).
+
+  They read the wrapper's state (``ClosureJitted``): ``_fun``, ``_spec``,
+  ``_user()``, ``_presented()``, ``stock()``, ``_own()``, ``_pin()``,
+  ``_remember_matcher()`` and ``_constants_are_operands``."""
+
+  def _verified(self, f, key, entry, leaves, args, kwargs, result):
+    """``result`` of a hit of ``entry`` for ``f`` where verify mode finds
+    that stock's trace of ``f`` is the computation the hit ran; else
+    stock's own answer."""
+    if verify.check_hit(f, key, entry, leaves, args, kwargs,
+                        self._spec.options):
+      return result
+    self._own()
+    with trace_lookup.unshared():
+      return self.stock()(*args, **kwargs)
+
+  def _stored(self):
+    """``(analysis, key, stored entry or None)`` of this wrapper's function.
+    Raises ``Uncacheable``, or TypeError for unhashable pytree metadata."""
+    a = closure.analyse(self._fun, self._spec.lift_numpy)
+    key = (self._spec.key, a.key)
+    return a, key, entries.entries.get(key)
 
 
-def store(w, key, entry: entries.Entry, leaves, args, kwargs,
-          traced=None, cost: float | None = None) -> None:
-  """Store ``entry`` under ``key`` (the state the trace started from) with
-  fresh guards, or drop it.
+  def _fallback(self, reason: str, args, kwargs, detail: str = ""):
+    events.fallback(self._user(), code_of(self._user()), reason, detail)
+    self._own()
+    return self.stock()(*args, **kwargs)
 
-  The closure is analysed again after tracing, for the guard roots. A
-  trace that changed what the closure holds (a trace counter in a list)
-  is not stored: a hit would skip its write. ``traced`` is the miss
-  path's own trace; without it (a call that traced a new signature) the
-  entry is asked for it again, which JAX answers from its cache.
-  """
-  entries.entries.discard(key)
-  if cost is not None:   # a miss, not a re-derivation after a retrace
-    entry.record = events.miss(w._user(), code_of(w._user()), key, cost)
-  try:
-    after = closure.analyse(w._fun, w._spec.lift_numpy)
-  except Uncacheable as e:
-    events.not_stored(w._user(), "uncacheable_after_trace", e.detail)
-    return
-  if len(after.leaves) != len(leaves):
-    events.not_stored(w._user(), "layout_changed",
-                      "the trace changed how many arrays the closure holds")
-    return
-  if after.key != key[1]:
-    # a trace-time write (a counter in a list, a cache filled lazily): a
-    # hit would skip it where stock's trace makes it
-    events.not_stored(w._user(), "trace_wrote_state",
-                      "the trace changed what the closure holds; a hit "
-                      "would skip that change, so every object traces")
-    return
-  if traced is None:
+
+  def _retry_stock(self, key, args, kwargs, error=None):
+    """Answer with stock's outcome; remember the code if only lifting
+    failed."""
+    self._own()
+    out = self.stock()(*args, **kwargs)   # stock's error propagates as is
+    entries.entries.discard(key)
+    code = code_of(self._user())
+    leak = entries.tracer_leak(error)
+    if leak is not None:
+      if code is not None:
+        entries.unliftable.add(code)
+      events.fallback(
+          self._user(), code, "tracer_leak",
+          f"{leak} (a value built at trace time, written where stock's trace "
+          "writes to the user's state); what it overwrote was put back, and "
+          "this code is traced as stock traces it from now on")
+      return out
+    if code is not None:
+      entries.unliftable.add(code)
+    events.fallback(self._user(), code, "trace_error",
+                    "tracing with lifted arrays failed where stock did not")
+    return out
+
+
+  def _miss(self, key, a, args, kwargs):
+    code = code_of(self._user())
+    if (code is not None and code not in entries.ALWAYS_SHARED
+        and not entries.spans_processes(a.leaves)
+        and entries.first_object(self._fun, code)):
+      # The first function object of this code is stock's: a long-lived
+      # function keeps stock's executable and speed. Only a second object
+      # of the same code (a re-created closure) compiles the shared entry.
+      # (The object is the wrapper's own function: the user's, or the
+      # package's closure made afresh around it for static arguments or a
+      # loop, so those count per call, as the code of the user's function.)
+      entries.met_before(key)   # recorded: the next object of it shares
+      started = time.perf_counter()
+      self._own()
+      out = self.stock()(*args, **kwargs)
+      events.miss(self._user(), code, key, time.perf_counter() - started,
+                  first_object=True)
+      try:   # and the key of the state the call left (a mesh's attributes
+        # filled lazily, say): the next object is met in that state
+        entries.met_before(self._stored()[1])
+      except (Uncacheable, TypeError):
+        pass
+      return out
+    if code is not None and code in entries.unliftable:
+      return self._fallback("unliftable", args, kwargs,
+          "an earlier lifted trace of this code failed or stored a traced "
+          "value where stock's did not, so stock traces it")
+    if (code not in entries.ALWAYS_SHARED
+        and not entries.spans_processes(a.leaves)
+        and not entries.met_before(key)):
+      # A key met once is stock's: one that never repeats (a new Python
+      # float each step) keeps no entry, executable or array alive.
+      events.met_once(self._user(), code, key, "its closure key is new; a "
+                      "function met again with the same key shares one "
+                      "executable")
+      self._own()
+      return self.stock()(*args, **kwargs)
+    answered = entries.stock_answered.get(key)
+    if answered is not None:
+      return self._fallback(answered.reason, args, kwargs, answered.detail)
+    baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
+    if baked is not None:
+      # An array kept by identity (committed to a device, or inside an
+      # object) is baked into the trace: a stored entry would keep it alive.
+      return self._fallback("array_by_identity", args, kwargs,
+          f"a {key_guards.describe_array(baked)} array is kept by identity "
+          "(committed, or inside an object) and would be baked into a shared "
+          "executable that keeps it alive")
+    self.stock()   # made now: validates the options as stock jit() would
+    entry = entries.Entry()
+    entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
+    presented = self._presented()
+    entry.jitted = entries.make_lifted_jit(
+        self._fun if presented is None else presented,
+        code_of(self._fun if presented is None else presented.fun), entry,
+        self._spec.options, self._spec.lift_numpy, len(args))
+    started = time.perf_counter()
+    donating = jit_options.donates(self._spec.options)
     try:
-      with entries.calling(entry, w._fun):
-        traced = entry.jitted.trace(leaves, *args, **kwargs)
+      # .trace() fills JAX's _infer_params cache, so the call below compiles
+      # without tracing again; the Traced object yields the captured consts.
+      with entries.calling(entry, self._fun, a), \
+           _compile_warnings(donating) as warned:
+        traced = entry.jitted.trace(a.leaves, *args, **kwargs)
+        baked = self._baked_operand(traced)
+        folds = self._folds_zero(traced, a.leaves)
+        if baked is not None:
+          out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
+                                                 kwargs)
+        elif folds is None:
+          out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception as e:
-      events.not_stored(w._user(), "retrace_failed",
-                        f"tracing the new signature again failed: {e!r}")
+      return self._retry_stock(key, args, kwargs, e)
+    if folds is not None:
+      # stock answers (its module bakes the closed-over arrays), and this
+      # key's later objects are traced as stock traces them
+      entries.stock_answered.put(key,
+                                 entries.StockAnswered("folds_zero", folds))
+      return self._fallback("folds_zero", args, kwargs, folds)
+    if baked is not None:
+      entry.record = events.miss(self._user(), code_of(self._user()), key,
+                                 time.perf_counter() - started)
+      events.not_stored(self._user(), "operand_zero", baked)
+      return out
+    cost = time.perf_counter() - started   # trace + compile + first run
+    self._pin(entry, key, a.leaves)
+    if warned:
+      # XLA warns of unusable donated buffers at every compile, which stock
+      # makes per function object: such an entry is not shared. The warnings
+      # passed the user's filters already; they are shown now.
+      entry.record = events.miss(self._user(), code_of(self._user()), key, cost)
+      events.not_stored(self._user(), "warned", "; ".join(
+          f"{m.category.__name__}: {m.message}" for m in warned)[:300])
+      for m in warned:
+        warnings.showwarning(m.message, m.category, m.filename, m.lineno,
+                             m.file, m.line)
+      return out
+    # a miss is counted when stored or not stored (below): a failed trace
+    # counts as a fallback alone
+    self._store(key, entry, a.leaves, args, kwargs, traced, cost)
+    return out
+
+
+  def _baked_operand(self, traced) -> str | None:
+    """Why ``traced`` runs as eager JAX runs it, not compiled as one module:
+    where stock passes the trace's constants as operands (an eager
+    ``lax.cond`` or loop binds its primitive to them) and it has one, which
+    a compiled launcher would bake and XLA fold: by value (``-0.0 ==
+    0.0``: ``[-0.0, 1.0]`` becomes an iota, ``x + zeros`` is ``x``, ``x *
+    mask`` a product where an operand mask makes it a select), and into
+    what it computes (``y + (ones - 1.0)`` is ``y``)."""
+    if not self._constants_are_operands:
+      return None
+    if _compat.captured_constants(traced):
+      return ("its trace has constants, which stock's eager primitive takes "
+              "as operands and a compiled launcher would bake (XLA folds a "
+              "baked constant, and the sign of a zero can differ): it runs "
+              "as stock's eager primitive does, every call")
+    return None
+
+
+  def _new_signature(self, key, entry, leaves, args, kwargs, out):
+    """``out``, from a stored ``entry`` that traced and compiled a new
+    argument signature, and the entry stored again with fresh guards; or,
+    where that trace is one a miss would not have compiled (constants a
+    launcher's stock takes as operands, an addition XLA folds in stock's
+    module only), stock's answer, with the key answered by stock from now
+    on."""
+    try:
+      with entries.calling(entry, self._fun):
+        traced = entry.jitted.trace(leaves, *args, **kwargs)
+    except Exception:   # store() reports it
+      traced = None
+    if traced is not None:
+      for reason, detail in (("operand_zero", self._baked_operand(traced)),
+                             ("folds_zero", self._folds_zero(traced, leaves))):
+        if detail is not None:
+          entries.entries.discard(key)
+          entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+          return self._fallback(reason, args, kwargs, detail)
+    self._store(key, entry, leaves, args, kwargs, traced)
+    return out
+
+
+  def _folds_zero(self, traced, leaves) -> str | None:
+    """Where ``traced`` adds a value computed from its lifted arrays alone to
+    one that may be all zeros (``lowering/folding.py``), for a wrapper whose
+    stock bakes those arrays (a launcher's stock takes them as operands)."""
+    if self._constants_are_operands:
+      return None
+    return folding.zero_sum(traced.jaxpr, lifted_inputs=len(
+        _compat.jax.tree_util.tree_leaves(leaves)))
+
+
+  def _guards(self, after, traced, args, kwargs):
+    """The guards of a trace's captured constants that ``after`` (the
+    closure analysed after the trace) does not cover, or ``Unguarded``."""
+    captured = _compat.captured_constants(traced)
+    covered = {id(x) for x in after.anchors}
+    guards = key_guards.find_guards(captured, after.roots, covered)
+    if (isinstance(guards, key_guards.Unguarded)
+        and not jit_options.has_static_arguments(self._spec.options)):
+      # constants the trace made itself from what the key covers
+      made = key_guards.made_by_trace(self._fun, after, args, kwargs,
+                                      captured, covered)
+      if made:
+        guards = key_guards.find_guards(captured, after.roots, covered | made)
+    return guards
+
+
+  def _store(self, key, entry: entries.Entry, leaves, args, kwargs,
+            traced=None, cost: float | None = None) -> None:
+    """Store ``entry`` under ``key`` (the state the trace started from) with
+    fresh guards, or drop it.
+
+    The closure is analysed again after tracing, for the guard roots. A
+    trace that changed what the closure holds (a trace counter in a list)
+    is not stored: a hit would skip its write. ``traced`` is the miss
+    path's own trace; without it (a call that traced a new signature) the
+    entry is asked for it again, which JAX answers from its cache.
+    """
+    entries.entries.discard(key)
+    if cost is not None:   # a miss, not a re-derivation after a retrace
+      entry.record = events.miss(self._user(), code_of(self._user()), key, cost)
+    try:
+      after = closure.analyse(self._fun, self._spec.lift_numpy)
+    except Uncacheable as e:
+      events.not_stored(self._user(), "uncacheable_after_trace", e.detail)
       return
-  called = _lowering.runtime_callable(traced.jaxpr)
-  if called is not None:
-    # the callback is this object's (its log, its state): a hit would call
-    # it from later objects; every object traces (tier A shares no
-    # executable either, as it keys the callback by identity)
-    events.not_stored(w._user(), "runtime_callable",
-                      f"its {called} calls a function of this trace's own "
-                      "when it runs; a hit would call it for later objects")
-    return
-  # the trace took a NumPy array as a view: the stored trace keeps a copy
-  # (a change in place would reach a later .trace() or verify's comparison)
-  _compat.own_constants_in_place(traced.jaxpr)
-  guards = _guards(w, after, traced, args, kwargs)
-  if isinstance(guards, key_guards.Unguarded):
-    events.not_stored(w._user(), "untracked_capture", guards.detail)
-    return
-  held = entries.hold_weakly(entries.entries, key, entry,
-                             entry.anchors + after.anchors
-                             if cost is not None else after.anchors)
-  if isinstance(held, str):
-    events.not_stored(w._user(), "unweakrefable_anchor", held)
-    return
-  entry.anchors = held
-  entry.guards = guards
-  entry.checked = entry.traces
-  # what the entry keeps alive of its trace's constants (the store's bound)
-  entry.nbytes = sum(int(getattr(c, "nbytes", 0) or 0)
-                     for c in _compat.captured_constants(traced))
-  try:
-    entries.entries.put(key, entry)
-  except TypeError as e:
-    events.not_stored(w._user(), "unhashable", str(e))
-    return
-  if not guards:
-    w._remember_matcher(key, entry)
-  if (after.key == key[1]   # the walk the trace took, unchanged by it
-      and entries.shares_traces(w._spec.options)):
-    trace_lookup.publish(w._fun, after, traced, args, kwargs)
+    if len(after.leaves) != len(leaves):
+      events.not_stored(self._user(), "layout_changed",
+                        "the trace changed how many arrays the closure holds")
+      return
+    if after.key != key[1]:
+      # a trace-time write (a counter in a list, a cache filled lazily): a
+      # hit would skip it where stock's trace makes it
+      events.not_stored(self._user(), "trace_wrote_state",
+                        "the trace changed what the closure holds; a hit "
+                        "would skip that change, so every object traces")
+      return
+    if traced is None:
+      try:
+        with entries.calling(entry, self._fun):
+          traced = entry.jitted.trace(leaves, *args, **kwargs)
+      except Exception as e:
+        events.not_stored(self._user(), "retrace_failed",
+                          f"tracing the new signature again failed: {e!r}")
+        return
+    called = _lowering.runtime_callable(traced.jaxpr)
+    if called is not None:
+      # the callback is this object's (its log, its state): a hit would call
+      # it from later objects; every object traces (tier A shares no
+      # executable either, as it keys the callback by identity)
+      events.not_stored(self._user(), "runtime_callable",
+                        f"its {called} calls a function of this trace's own "
+                        "when it runs; a hit would call it for later objects")
+      return
+    # the trace took a NumPy array as a view: the stored trace keeps a copy
+    # (a change in place would reach a later .trace() or verify's comparison)
+    _compat.own_constants_in_place(traced.jaxpr)
+    guards = self._guards(after, traced, args, kwargs)
+    if isinstance(guards, key_guards.Unguarded):
+      events.not_stored(self._user(), "untracked_capture", guards.detail)
+      return
+    held = entries.hold_weakly(entries.entries, key, entry,
+                               entry.anchors + after.anchors
+                               if cost is not None else after.anchors)
+    if isinstance(held, str):
+      events.not_stored(self._user(), "unweakrefable_anchor", held)
+      return
+    entry.anchors = held
+    entry.guards = guards
+    entry.checked = entry.traces
+    # what the entry keeps alive of its trace's constants (the store's bound)
+    entry.nbytes = sum(int(getattr(c, "nbytes", 0) or 0)
+                       for c in _compat.captured_constants(traced))
+    try:
+      entries.entries.put(key, entry)
+    except TypeError as e:
+      events.not_stored(self._user(), "unhashable", str(e))
+      return
+    if not guards:
+      self._remember_matcher(key, entry)
+    if (after.key == key[1]   # the walk the trace took, unchanged by it
+        and entries.shares_traces(self._spec.options)):
+      trace_lookup.publish(self._fun, after, traced, args, kwargs)

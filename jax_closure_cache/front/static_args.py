@@ -126,6 +126,13 @@ class _Bound(wrapper.ClosureJitted):
   (whose code decides first-object-is-stock's) the static function."""
   __slots__ = ("_user_fun", "_outer_stock", "_static_args")
 
+  def __init__(self, binder, options: dict, options_key: tuple,
+               lift_numpy: bool, user, outer_stock, static_args):
+    super().__init__(binder, options, options_key, lift_numpy)
+    self._user_fun = user
+    self._outer_stock = outer_stock
+    self._static_args = static_args   # (positions, names, values)
+
   def _user(self):
     return self._user_fun
 
@@ -214,6 +221,14 @@ def _inner_options(layout: _Layout, positions: list[int]) -> dict:
   return dict(options, donate_argnums=shifted)
 
 
+# options key -> {weakref(jitted user function): {weakref(static function):
+# (params, state)}}; state None: stock's; else the row [entry, key, leaves,
+# calls] its first call decided. Rows are per user function: the same static
+# function given to two jitted functions is two different computations.
+_tables: dict[tuple, dict] = cache.STORE.table(
+    "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
+
+
 class StaticArgsJitted(wrapper.ClosureJitted):
   """A jitted function with static arguments; functions among them are
   keyed by their closure key (see the module docstring).
@@ -257,99 +272,85 @@ class StaticArgsJitted(wrapper.ClosureJitted):
           break
     if not found or _compat.DISABLE_JIT.value:
       return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
-    return _call_bound(self, layout, args, kwargs)
+    return self._call_bound(layout, args, kwargs)
 
-
-def _call_bound(w: StaticArgsJitted, layout: _Layout, args, kwargs):
-  n = len(args)
-  positions = sorted({i % n for i in layout.argnums if -n <= i < n})
-  names = [k for k in layout.argnames if k in kwargs]
-  static_values = [args[i] for i in positions] + [kwargs[k] for k in names]
-  dynamic = tuple([a for i, a in enumerate(args) if i not in positions])
-  dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
-  flags = [_holds_function(v) for v in static_values]
-  functions = tuple([v for v, f in zip(static_values, flags) if f])
-  plain = tuple([v for v, f in zip(static_values, flags) if not f])
-  params = values.Static(
-      tuple(zip(positions, flags[:len(positions)])),
-      tuple(zip(names, flags[len(positions):])), plain)
-  user = _function_in(functions[0])
-  if not callable(user):   # a jaxpr: reported as the jitted function's
-    user = w._fun
-  stock = w.stock()
-  # Identity first: one function static argument, called before by this
-  # wrapper's function (another jitted function given the same static
-  # function computes something else: its row is its own).
-  single = len(functions) == 1 and _is_function(functions[0])
-  table = _table(w) if single else None
-  row = None
-  if table is not None:
-    try:
-      ref = identity.ref(functions[0], table.pop)
-      row = table.get(ref)
-    except TypeError:
-      single = False
-  if row is not None and row[0] == params:
-    state = row[1]
-    if state is None:
-      if not names and len(positions) == 1:
-        w._owned = [positions[0], functions[0], 0]
+  def _call_bound(self, layout: _Layout, args, kwargs):
+    n = len(args)
+    positions = sorted({i % n for i in layout.argnums if -n <= i < n})
+    names = [k for k in layout.argnames if k in kwargs]
+    static_values = [args[i] for i in positions] + [kwargs[k] for k in names]
+    dynamic = tuple([a for i, a in enumerate(args) if i not in positions])
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+    flags = [_holds_function(v) for v in static_values]
+    functions = tuple([v for v, f in zip(static_values, flags) if f])
+    plain = tuple([v for v, f in zip(static_values, flags) if not f])
+    params = values.Static(
+        tuple(zip(positions, flags[:len(positions)])),
+        tuple(zip(names, flags[len(positions):])), plain)
+    user = _function_in(functions[0])
+    if not callable(user):   # a jaxpr: reported as the jitted function's
+      user = self._fun
+    stock = self.stock()
+    # Identity first: one function static argument, called before by this
+    # wrapper's function (another jitted function given the same static
+    # function computes something else: its row is its own).
+    single = len(functions) == 1 and _is_function(functions[0])
+    table = self._table() if single else None
+    row = None
+    if table is not None:
+      try:
+        ref = identity.ref(functions[0], table.pop)
+        row = table.get(ref)
+      except TypeError:
+        single = False
+    if row is not None and row[0] == params:
+      state = row[1]
+      if state is None:
+        if not names and len(positions) == 1:
+          self._owned = [positions[0], functions[0], 0]
+        return stock(*args, **kwargs)
+      state[3] += 1
+      if state[3] < identity.PROMOTE_AFTER_CALLS:
+        bound = self._make_bound(layout, positions, names, static_values,
+                            functions, params, user, stock)
+        return bound._call_entry(state[0], state[1], state[2], dynamic,
+                                 dyn_kwargs)
+      table[ref] = (params, None)   # long-lived: stock's from now on
       return stock(*args, **kwargs)
-    state[3] += 1
-    if state[3] < identity.PROMOTE_AFTER_CALLS:
-      bound = _make_bound(w, layout, positions, names, static_values,
-                          functions, params, user, stock)
-      return bound._call_entry(state[0], state[1], state[2], dynamic,
-                               dyn_kwargs)
-    table[ref] = (params, None)   # long-lived: stock's from now on
-    return stock(*args, **kwargs)
-  if row is not None:
-    # The same static function with other plain values: stock's own cache
-    # answers, as it would (it reuses the trace of an earlier value equal
-    # under ==, where a shared entry would trace this one's).
-    return stock(*args, **kwargs)
-  bound = _make_bound(w, layout, positions, names, static_values, functions,
-                      params, user, stock)
-  out = bound(*dynamic, **dyn_kwargs)
-  if single:
-    decided = bound._row
-    state = decided if type(decided) is list else None
-    table[ref] = (params, state)
-  return out
+    if row is not None:
+      # The same static function with other plain values: stock's own cache
+      # answers, as it would (it reuses the trace of an earlier value equal
+      # under ==, where a shared entry would trace this one's).
+      return stock(*args, **kwargs)
+    bound = self._make_bound(layout, positions, names, static_values,
+                             functions, params, user, stock)
+    out = bound(*dynamic, **dyn_kwargs)
+    if single:
+      decided = bound._row
+      state = decided if type(decided) is list else None
+      table[ref] = (params, state)
+    return out
 
+  def _make_bound(self, layout, positions, names, static_values, functions,
+                  params, user, stock) -> _Bound:
+    options, options_key = layout.bound_options(tuple(positions))
+    return _Bound(_binder(self._fun, functions, params), options, options_key,
+                  self._spec.lift_numpy, user, stock,
+                  (positions, names, static_values))
 
-def _make_bound(w, layout, positions, names, static_values, functions, params,
-                user, stock) -> _Bound:
-  options, options_key = layout.bound_options(tuple(positions))
-  bound = _Bound(_binder(w._fun, functions, params), options, options_key,
-                 w._spec.lift_numpy)
-  bound._user_fun = user
-  bound._outer_stock = stock
-  bound._static_args = (positions, names, static_values)
-  return bound
-
-
-# options key -> {weakref(jitted user function): {weakref(static function):
-# (params, state)}}; state None: stock's; else the row [entry, key, leaves,
-# calls] its first call decided. Rows are per user function: the same static
-# function given to two jitted functions is two different computations.
-_tables: dict[tuple, dict] = cache.STORE.table(
-    "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
-
-
-def _table(w: StaticArgsJitted) -> dict | None:
-  """The identity rows of ``w``'s function under ``w``'s options; None if
-  that function cannot be weakly referenced (then no rows are kept)."""
-  by_user = _tables.get(w._spec.key)
-  if by_user is None:
-    by_user = _tables[w._spec.key] = {}
-  try:
-    table = by_user.get(identity.ref(w._fun))
-    if table is None:
-      table = by_user[identity.ref(w._fun, by_user.pop)] = {}
-  except TypeError:
-    return None
-  return table
+  def _table(self) -> dict | None:
+    """The identity rows of this wrapper's function under its options; None
+    if that function cannot be weakly referenced (then no rows are kept)."""
+    by_user = _tables.get(self._spec.key)
+    if by_user is None:
+      by_user = _tables[self._spec.key] = {}
+    try:
+      table = by_user.get(identity.ref(self._fun))
+      if table is None:
+        table = by_user[identity.ref(self._fun, by_user.pop)] = {}
+    except TypeError:
+      return None
+    return table
 
 
 def _clear() -> None:
@@ -357,5 +358,5 @@ def _clear() -> None:
     table.clear()
 
 
-values.register_wrapper(StaticArgsJitted, wrapper.split, wrapper.join)
+values.register_wrapper(StaticArgsJitted, *wrapper.WALK_RULE)
 wrapper.register_static_arguments_kind(StaticArgsJitted)

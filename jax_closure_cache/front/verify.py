@@ -86,21 +86,24 @@ def _difference(f, hit_trace, leaves, args, kwargs,
       stock, hit, _compat.jax.tree_util.tree_leaves(list(leaves)))
 
 
-def checked(w, f, key, entry, leaves, args, kwargs, result):
-  """``result`` of a hit of ``entry`` for ``f`` if stock's trace of ``f``
-  is the computation the hit ran; else stock's own answer. Each function
-  object is checked once per argument signature, as stock traces it."""
+def check_hit(f, key, entry, leaves, args, kwargs, options: dict) -> bool:
+  """Whether a hit of ``entry`` for ``f`` ran the computation stock's trace
+  of ``f`` is (True too where this function object and argument signature
+  were checked before: stock traces each once). A mismatch is counted,
+  logged and its entry dropped here; the wrapper then answers as stock
+  (``MissStages._verified``)."""
   if not _first_check(f, args, kwargs):
-    return result
+    return True
 
   def hit_trace():
     with entries.calling(entry, f):
       return entry.jitted.trace(leaves, *args, **kwargs).jaxpr
-  diff = _difference(f, hit_trace, leaves, args, kwargs, w._spec.options)
+  diff = _difference(f, hit_trace, leaves, args, kwargs, options)
+  cache.count_verified(diff is None)
   if diff is not None:
-    return _mismatch(w, f, key, args, kwargs, diff)
-  cache.count_verified(True)
-  return result
+    entries.entries.discard(key)
+    _log_mismatch(f, f"the closure key {_key_text(key)}", diff)
+  return diff is None
 
 
 class CheckedCanonical:
@@ -135,15 +138,6 @@ def _log_mismatch(f, what: str, diff: str) -> None:
       "jax_closure_cache: verify mismatch for %s: %s should have differed; "
       "%s. Stock's answer is returned.", getattr(f, "__qualname__", f),
       what, diff)
-
-
-def _mismatch(w, f, key, args, kwargs, diff: str):
-  cache.count_verified(False)
-  entries.entries.discard(key)
-  _log_mismatch(f, f"the closure key {_key_text(key)}", diff)
-  w._own()
-  with trace_lookup.unshared():
-    return w.stock()(*args, **kwargs)
 
 
 def _key_text(key) -> str:

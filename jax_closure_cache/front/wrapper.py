@@ -44,7 +44,6 @@ from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import miss
 from jax_closure_cache.front import options as jit_options
-from jax_closure_cache.front import verify
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import values
 from jax_closure_cache.key.closure import Uncacheable
@@ -139,7 +138,8 @@ class _WrapperType(type):
     return cls.__dict__["__module__"].class_value
 
 
-class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
+class ClosureJitted(entries.JitWrapper, miss.MissStages,
+                    metaclass=_WrapperType):
   """A jitted callable: stock's ``jax.jit`` for a function object already
   traced, one shared executable for re-created closures with equal keys.
 
@@ -201,6 +201,12 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
             identity.ref(self._fun, self._spec.table.pop), row)
       except TypeError:
         pass
+
+  def _split(self):
+    """``(options key, function)``: how the closure walk keys this wrapper
+    (``WALK_RULE``)."""
+    self._publish_row()   # the walk may hand its function to a new wrapper
+    return self._spec.key, self._fun
 
   def __repr__(self):   # as stock's, for a drop-in
     try:
@@ -274,7 +280,7 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     if row is not None:
       return (row[0], row[2]) if type(row) is list else None
     try:
-      a, _, entry = miss.stored(self)
+      a, _, entry = self._stored()
     except (Uncacheable, TypeError):
       return None
     if entry is None or entry.guards:
@@ -331,11 +337,11 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     try:
       out = entry.jitted(leaves, *args, **kwargs)
     except Exception as e:
-      return miss.retry_stock(self, key, args, kwargs, e)
+      return self._retry_stock(key, args, kwargs, e)
     finally:
       entry.caller = None
     if entry.traces != entry.checked:   # traced a new signature
-      return miss.new_signature(self, key, entry, leaves, args, kwargs, out)
+      return self._new_signature(key, entry, leaves, args, kwargs, out)
     return out
 
   def _call_again(self, row, args, kwargs):
@@ -406,11 +412,11 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
     try:
-      a, key, entry = miss.stored(self)
+      a, key, entry = self._stored()
     except Uncacheable as e:
-      return miss.fallback(self, e.reason, args, kwargs, e.detail)
+      return self._fallback(e.reason, args, kwargs, e.detail)
     except TypeError as e:   # unhashable pytree metadata in the key
-      return miss.fallback(self, "unhashable", args, kwargs, str(e))
+      return self._fallback("unhashable", args, kwargs, str(e))
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
       return self._miss(key, a, args, kwargs)
@@ -421,16 +427,9 @@ class ClosureJitted(entries.JitWrapper, metaclass=_WrapperType):
     self._pin(entry, key, a.leaves)
     out = self._call_entry(entry, key, a.leaves, args, kwargs)
     if cache.verifying():
-      return verify.checked(self, self._fun, key, entry, a.leaves, args,
-                            kwargs, out)
+      return self._verified(self._fun, key, entry, a.leaves, args, kwargs,
+                            out)
     return out
-
-  # -- the slow paths (front/miss.py)
-  def _miss(self, key, a, args, kwargs):
-    return miss.miss(self, key, a, args, kwargs)
-
-  def _store(self, key, entry, leaves, args, kwargs, traced=None, cost=None):
-    miss.store(self, key, entry, leaves, args, kwargs, traced, cost)
 
   def _remember_matcher(self, key, entry) -> None:
     """Give the inline cache, and this code's front, a matcher for ``key``
@@ -455,8 +454,10 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "RECORD_EVENT": _compat.jax.monitoring.record_event,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
-            "LONE_REFS": identity.LONE_REFS, "RETRY_STOCK": miss.retry_stock,
-            "NEW_SIGNATURE": miss.new_signature, "VERIFIED": verify.checked})
+            "LONE_REFS": identity.LONE_REFS,
+            "RETRY_STOCK": miss.MissStages._retry_stock,
+            "NEW_SIGNATURE": miss.MissStages._new_signature,
+            "VERIFIED": miss.MissStages._verified})
 _hit = generated.hit_function(_HIT_ENV, cache.verifying())
 
 
@@ -513,11 +514,6 @@ def register_static_arguments_kind(cls: type) -> None:
   _kinds[True] = cls
 
 
-def split(w: ClosureJitted):
-  w._publish_row()   # the walk may hand its function to a new wrapper
-  return w._spec.key, w._fun
-
-
 def join(static, fun) -> ClosureJitted:
   options_key, lift_numpy = static
   options = dict(options_key)
@@ -527,4 +523,7 @@ def join(static, fun) -> ClosureJitted:
   return cls(fun, options, options_key, lift_numpy)
 
 
-values.register_wrapper(ClosureJitted, split, join)
+#: How the closure walk keys a wrapper (``values.register_wrapper``): by its
+#: options and its function, rebuilt by ``join`` around a new function.
+WALK_RULE = (ClosureJitted._split, join)
+values.register_wrapper(ClosureJitted, *WALK_RULE)
