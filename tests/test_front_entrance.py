@@ -18,7 +18,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache.front import entrance, inline, wrapper
 from jax_closure_cache.front import generated
-from conftest import counting, assert_like_stock
+from conftest import STOCK_JIT, counting, assert_like_stock
 
 _front = pytest.importorskip("jax_closure_cache.front._entrance")
 
@@ -143,3 +143,32 @@ def test_entrance_helper_without_the_extension(monkeypatch):
   monkeypatch.delattr(front, "_entrance")
   assert generated.entrance(entrance._python_jit, {}, CJ) \
       is entrance._python_jit
+
+
+def test_the_hit_and_the_slow_paths_call_share_one_text():
+  """The hit (generated per code) and the wrapper's ``_call_entry`` (slow
+  path, later calls of a pinned object, static arguments) run one text,
+  ``generated.CALL``, so they cannot drift apart: an error at trace time
+  through either is answered by stock (``RETRY_STOCK``)."""
+  assert generated.HIT.endswith(generated.CALL)
+  assert wrapper.ClosureJitted._call_entry.__code__.co_filename == (
+      generated.FILENAME)
+
+  def make(s):
+    return lambda v: v.reshape(3) * s   # raises at trace time for (3, 2)
+
+  x, bad = jnp.ones(3), jnp.ones((3, 2))
+  with jcc.enabled(verify=True):
+    for s in (1.0, 2.0, 1.0, 2.0, 1.0):
+      jcc.jit(make(s))(x)   # stored, then hit through a front
+    hits = jcc.stats()["hits"]
+    w = jcc.jit(make(1.0))
+    w(x)                     # the front's hit
+    assert jcc.stats()["hits"] == hits + 1
+    with pytest.raises(TypeError) as got:
+      w(bad)                 # a later call: _call_entry, a new signature
+    with pytest.raises(TypeError) as want:
+      STOCK_JIT(make(1.0))(bad)
+    assert str(got.value) == str(want.value)
+    with pytest.raises(TypeError):
+      jcc.jit(make(2.0))(bad)   # a first call's hit, a new signature

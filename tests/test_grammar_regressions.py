@@ -361,7 +361,9 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
 # constant holding -0.0, compiled as one module where stock's eager
 # primitive takes it as an operand (XLA folds a baked zero: seed 2, 1423),
 # and gradients adding a lifted array's term to a zero XLA folds in
-# stock's module (seed 2, 2417; seed 3, 1918).
+# stock's module (seed 2, 2417; seed 3, 1918), and a constant of zeros
+# (a masked array's filled zeros) that tier A passed as an argument where
+# stock's module bakes it and XLA folds ``x + zeros`` (seed 6, 1006).
 # The ``scan`` cases
 # (seed 2, 446; seed 3, 582) are matched on jax 0.10 only: 0.11's scan
 # describes its operands by flat trees, not ``num_consts``.
@@ -372,7 +374,7 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
     (0, 170), (0, 189), (0, 195), (0, 207), (0, 226), (0, 282), (0, 347),
     (0, 363), (1, 41), (1, 84), (1, 117), (1, 146), (1, 347), (1, 352),
     (1, 355), (2, 1249), (2, 1423), (2, 2417), (3, 378), (3, 1749),
-    (3, 1918)])
+    (3, 1918), (6, 1006)])
 def test_value_grammar_program(seed, index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(seed, index))

@@ -31,26 +31,21 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import os
 import textwrap
 
-#: Filename of every generated front (in tracebacks and profiles).
-FILENAME = "<closure-cache front>"
+#: Filename of every generated front (in tracebacks and profiles): below
+#: the package's folder, so that JAX's traceback filter hides it as it
+#: hides the package's other frames.
+FILENAME = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "<closure-cache front>")
 
-#: The hit, run with ``self``, ``f`` (its function), ``key``, ``entry`` (its
-#: stored entry, alive and guard-free), ``out`` (the lifted leaves),
-#: ``args`` and ``kwargs`` bound. It pins the entry to this wrapper (the row),
-#: publishes the row when the function may be wrapped again, and calls.
-HIT = """\
-entry.record.front += 1   # counts in stats() and as the entry's use
-if MONITORING._event_listeners:
-  RECORD_EVENT("/jax_closure_cache/hit")
-row = self._row = [entry, key, out, 0]
-if getrefcount(f) > LONE:
-  # Someone else holds the object and may wrap it again: its row must be
-  # found. (Held by this wrapper alone, it can only be reached through it:
-  # __wrapped__ publishes it.)
-  table = self._spec.table
-  table[REF(f, table.pop)] = row
+#: The call of a stored entry, run with ``self``, ``f`` (its function),
+#: ``key``, ``entry`` (its stored entry, alive and guard-free), ``out`` (the
+#: lifted leaves), ``args`` and ``kwargs`` bound: the one text of it, in the
+#: hit (:data:`HIT`) and in the wrapper's ``_call_entry``
+#: (:func:`call_entry_function`).
+CALL = """\
 # Spelled out for one and two arguments: a call through ``*args`` costs
 # the C++ dispatch about 0.2 us more. If it traces, the lifted function
 # rebuilds ``f``, passed with the call (Entry.caller).
@@ -72,6 +67,21 @@ if entry.traces != entry.checked:   # traced a new signature
   res = NEW_SIGNATURE(self, key, entry, out, args, kwargs, res)
 return res
 """
+
+#: The hit: counts it, pins the entry to this wrapper (the row), publishes
+#: the row when the function may be wrapped again, and calls (:data:`CALL`).
+HIT = """\
+entry.record.front += 1   # counts in stats() and as the entry's use
+if MONITORING._event_listeners:
+  RECORD_EVENT("/jax_closure_cache/hit")
+row = self._row = [entry, key, out, 0]
+if getrefcount(f) > LONE:
+  # Someone else holds the object and may wrap it again: its row must be
+  # found. (Held by this wrapper alone, it can only be reached through it:
+  # __wrapped__ publishes it.)
+  table = self._spec.table
+  table[REF(f, table.pop)] = row
+""" + CALL
 
 #: Verify mode's line, put before HIT's ``return`` while it is on.
 VERIFY = "res = VERIFIED(self, f, key, entry, out, args, kwargs, res)\n"
@@ -98,6 +108,19 @@ def hit_function(env: dict, verify: bool = False):
   namespace["LONE"] = env["LONE_REFS"] + 1
   exec(compile(text, FILENAME, "exec"), namespace)
   return namespace["hit"]
+
+
+def call_entry_function(env):
+  """``_call_entry(self, entry, key, out, args, kwargs)``: :data:`CALL` as
+  a wrapper's method, for its slow path and the later calls of a pinned
+  function object, whose callers count and pin. ``env`` binds RETRY_STOCK
+  and NEW_SIGNATURE."""
+  text = ("def _call_entry(self, entry, key, out, args, kwargs):\n"
+          "  f = self._fun   # what a trace rebuilds\n"
+          + textwrap.indent(CALL, "  "))
+  namespace = dict(env)
+  exec(compile(text, FILENAME, "exec"), namespace)
+  return namespace["_call_entry"]
 
 
 def front_class(base: type, spec, code, quicks, env: dict,

@@ -138,6 +138,18 @@ class _WrapperType(type):
     return cls.__dict__["__module__"].class_value
 
 
+# What the generated hit reads (``generated.HIT``); the monitoring module is
+# read as an attribute on the hot path (``clear_event_listeners`` rebinds it).
+_HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
+            "RECORD_EVENT": _compat.jax.monitoring.record_event,
+            "getrefcount": identity.getrefcount,
+            "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
+            "LONE_REFS": identity.LONE_REFS,
+            "RETRY_STOCK": miss.MissStages._retry_stock,
+            "NEW_SIGNATURE": miss.MissStages._new_signature,
+            "VERIFIED": miss.MissStages._verified})
+
+
 class ClosureJitted(entries.JitWrapper, miss.MissStages,
                     metaclass=_WrapperType):
   """A jitted callable: stock's ``jax.jit`` for a function object already
@@ -331,18 +343,10 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
     return self._call_slow(args, kwargs)
 
-  def _call_entry(self, entry, key, leaves, args, kwargs):
-    """The shared jitted function of ``entry``, for ``self._fun``."""
-    entry.caller = self._fun   # what a trace rebuilds
-    try:
-      out = entry.jitted(leaves, *args, **kwargs)
-    except Exception as e:
-      return self._retry_stock(key, args, kwargs, e)
-    finally:
-      entry.caller = None
-    if entry.traces != entry.checked:   # traced a new signature
-      return self._new_signature(key, entry, leaves, args, kwargs, out)
-    return out
+  #: ``_call_entry(entry, key, leaves, args, kwargs)``: the shared jitted
+  #: function of ``entry`` called for ``self._fun``, from the hit's own text
+  #: (``generated.CALL``)
+  _call_entry = generated.call_entry_function(_HIT_ENV)
 
   def _call_again(self, row, args, kwargs):
     """A later call of this wrapper: its function object is long-lived."""
@@ -448,16 +452,6 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       inline.refresh_front(code, row, ClosureJitted, _HIT_ENV)
 
 
-# What the generated hit reads (``generated.HIT``); the monitoring module is
-# read as an attribute on the hot path (``clear_event_listeners`` rebinds it).
-_HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
-            "RECORD_EVENT": _compat.jax.monitoring.record_event,
-            "getrefcount": identity.getrefcount,
-            "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
-            "LONE_REFS": identity.LONE_REFS,
-            "RETRY_STOCK": miss.MissStages._retry_stock,
-            "NEW_SIGNATURE": miss.MissStages._new_signature,
-            "VERIFIED": miss.MissStages._verified})
 _hit = generated.hit_function(_HIT_ENV, cache.verifying())
 
 
