@@ -381,7 +381,8 @@ def test_a_lifted_value_added_to_a_zero_xla_folds_is_stocks():
 
 
 def _adds_a_constant_of_zeros(i):
-  c = np.zeros(3, (np.int32, np.float32)[i % 2])   # a fresh array each step
+  # a fresh array each step: NumPy int32, NumPy float32, a jax array
+  c = (np.zeros(3, np.int32), np.zeros(3, np.float32), jnp.zeros(3))[i % 3]
   return lambda y: y * 0.0 + c
 
 

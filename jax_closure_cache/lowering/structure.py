@@ -90,21 +90,25 @@ def of(closed) -> Structure:
 def acceptable_constant(c) -> bool:
   """A constant a shared executable can take as an argument: a NumPy array
   or scalar (jax's own subclasses too), a Python number, or a jax array
-  on one device not committed to it; never a boolean one."""
+  on one device not committed to it; never a boolean one, one holding a
+  -0.0, or one of zeros (XLA folds those by value once baked). Reads a
+  jax array's values, as stock's lowering does to bake it."""
   t = type(c)
   if t is bool or getattr(c, "dtype", None) == np.bool_:
     # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
     # it as an argument into a select: the sign of a zero differs
     return False
-  if t is _compat.ArrayImpl:
-    return not _compat.committed(c) and _compat.single_device(c)
+  if t is _compat.ArrayImpl and (_compat.committed(c)
+                                 or not _compat.single_device(c)):
+    return False
   if _negative_zero(c):
     # XLA gives a returned constant -0.0 as 0.0, an argument as it is
     return False
   if _compat.all_zero(c):
     # XLA folds x + c to x for a baked c of zeros, keeping x's -0.0
     return False
-  return (t is np.ndarray or isinstance(c, _compat.np_generic)
+  return (t is _compat.ArrayImpl or t is np.ndarray
+          or isinstance(c, _compat.np_generic)
           or t in (int, float, bool, complex)
           or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t)))
 
