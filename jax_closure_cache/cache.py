@@ -225,6 +225,7 @@ class Store:
     self._hit_counts: list = []
     self._count_resets: list = []
     self._verify_listeners: list = []
+    self._carried_hits = 0   # hits of dropped records (carry_hits)
 
   # -- making and owning tables
 
@@ -291,6 +292,7 @@ class Store:
     self.clear_entries()
     with self.counters.lock:
       self.counters.reset()
+      self._carried_hits = 0
     for reset in self._count_resets:
       reset()
 
@@ -307,6 +309,12 @@ class Store:
     """Add ``count()`` to ``stats()``' ``hits`` (hits counted on entries'
     records by the generated fronts, where a call would cost a frame)."""
     self._hit_counts.append(count)
+
+  def carry_hits(self, n: int) -> None:
+    """Keep ``n`` hits of records being dropped (``clear_entries``) in
+    ``stats()`` until the counts are zeroed."""
+    with self.counters.lock:
+      self._carried_hits += n
 
   def on_verify_changed(self, listener) -> None:
     """Call ``listener(on)`` whenever verify mode is turned on or off."""
@@ -334,7 +342,8 @@ class Store:
     with c.lock:
       reasons = dict(c.reasons)
       not_stored = dict(c.not_stored)
-    hits = _read(c.hits) + self.record_hits()
+      carried = self._carried_hits
+    hits = _read(c.hits) + carried + self.record_hits()
     return {"hits": hits, "misses": _read(c.misses),
             "fallbacks": _read(c.fallbacks), "fallback_reasons": reasons,
             "retraces": _read(c.retraces),

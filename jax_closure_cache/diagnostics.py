@@ -101,17 +101,29 @@ class CodeStats:
     return sum(r.total * r.cost for r in self.records)
 
 
+def _drop_records() -> None:
+  """Empty ``_by_code`` (``jax.clear_caches()``), its front hits carried
+  in ``stats()`` until the counts are zeroed (``clear()``)."""
+  with _lock:
+    cache.STORE.carry_hits(_records_front_hits())
+    _by_code.clear()
+
+
 _by_code: dict[Any, CodeStats] = cache.STORE.table(
-    "diagnostics.by_code", cache.Store.CALLS)
+    "diagnostics.by_code", cache.Store.CALLS, empty=_drop_records)
 _lock = threading.Lock()
 
 
+def _records_front_hits() -> int:
+  return sum(r.front for s in list(_by_code.values())
+             for r in list(s.records))
+
+
 def _front_hits() -> int:
-  """The fast front's hits since the last clear (every entry it can hit
-  has a record here: the front is built for stored entries only)."""
+  """The fast front's hits on the records kept now (every entry it can
+  hit has a record here: the front is built for stored entries only)."""
   with _lock:
-    stats = list(_by_code.values())
-  return sum(r.front for s in stats for r in list(s.records))
+    return _records_front_hits()
 
 
 cache.STORE.count_hits(_front_hits)

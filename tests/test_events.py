@@ -96,3 +96,26 @@ def test_only_events_counts_and_explains_outcomes(pattern, owners):
           if pattern.search(line.split("#")[0]):
             offenders.append(f"{name}:{n}: {line.strip()}")
   assert offenders == []
+
+
+def test_hits_stay_counted_across_jax_clear_caches():
+  """``jax.clear_caches()`` drops the entries and their per-location
+  records, on which the fast front counts its hits; ``stats()["hits"]``
+  keeps them (as it keeps misses and fallbacks) until ``jcc.clear()``."""
+  x = jnp.ones(3)
+
+  def make(w):
+    return lambda v: v * w
+
+  with jcc.enabled():
+    for _ in range(6):
+      jcc.jit(make(jnp.full(3, 2.0)))(x)   # stored, then front hits
+    before = jcc.stats()
+    assert before["hits"] >= 3
+    jax.clear_caches()
+    after = jcc.stats()
+    assert (after["hits"], after["misses"]) == (before["hits"],
+                                                before["misses"])
+    assert after["entries"] == 0
+    jcc.clear()
+    assert jcc.stats()["hits"] == 0
