@@ -374,7 +374,11 @@ def test_pytree_state_outside_flatten_in_a_nested_node():
     (0, 170), (0, 189), (0, 195), (0, 207), (0, 226), (0, 282), (0, 347),
     (0, 363), (1, 41), (1, 84), (1, 117), (1, 146), (1, 347), (1, 352),
     (1, 355), (2, 1249), (2, 1423), (2, 2417), (3, 378), (3, 1749),
-    (3, 1918), (6, 1006)])
+    (3, 1918), (6, 1006),
+    pytest.param(7, 738, marks=pytest.mark.xfail(strict=True, reason=(
+        "open: a NumPy float64 array changed in place beside a dict the key "
+        "cannot sort; the cache answers with the values before the change "
+        "(docs/contract.md, known limits)")))])
 def test_value_grammar_program(seed, index):
   import value_grammar
   verdict = value_grammar.check(value_grammar.generate(seed, index))
