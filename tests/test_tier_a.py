@@ -365,17 +365,24 @@ def _zero_sum_step(i):
   return jax.grad(f)
 
 
+def _signs_as_stocks(make, n):
+  """``n`` steps of ``make`` with tier A alone in verify mode: values and
+  signs of zero as stock's; returns stock's results."""
+  x = jnp.asarray([-2.0, -0.5, 1.0])
+  want = stock_off(run_steps, make, n, x)
+  jcc.enable(closure_key=False, verify=True)
+  got = run_steps(make, n, x)
+  for g, w in zip(got, want):
+    same_as_stock(g, w)
+    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+  return want
+
+
 def test_a_lifted_value_added_to_a_zero_xla_folds_is_stocks():
   # Stock bakes the constant w, so XLA folds both terms and sums them
   # (-0.0 + 0.0 is 0.0); passed as an argument, w's term is a runtime value
   # and XLA simplifies "+ 0" away, keeping -0.0. Such a jaxpr is stock's.
-  x = jnp.asarray([-2.0, -0.5, 1.0])
-  want = stock_off(run_steps, _zero_sum_step, 4, x)
-  jcc.enable(closure_key=False, verify=True)
-  got = run_steps(_zero_sum_step, 4, x)
-  for g, w in zip(got, want):
-    same_as_stock(g, w)
-    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+  _signs_as_stocks(_zero_sum_step, 4)
   assert tier_a_stats()["refused"].get("a zero XLA folds in stock's module")
   assert tier_a_stats()["hits"] == 0
 
@@ -391,13 +398,7 @@ def test_a_constant_of_zeros_is_baked_as_stock_bakes_it():
   # argument the addition runs and gives 0.0 (value-grammar seed 6, program
   # 1006: a masked array's filled zeros). Such a constant is never an
   # argument: its trace is lowered as stock lowers it.
-  x = jnp.asarray([-2.0, -0.5, 1.0])
-  want = stock_off(run_steps, _adds_a_constant_of_zeros, 6, x)
-  jcc.enable(closure_key=False, verify=True)
-  got = run_steps(_adds_a_constant_of_zeros, 6, x)
-  for g, w in zip(got, want):
-    same_as_stock(g, w)
-    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+  want = _signs_as_stocks(_adds_a_constant_of_zeros, 6)
   assert np.signbit(np.asarray(want[0]))[0]   # the fold it must keep
   assert tier_a_stats()["refused"].get(
       "a constant of zeros (XLA folds x + 0 in stock's module)")
