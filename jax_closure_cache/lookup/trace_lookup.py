@@ -94,9 +94,18 @@ def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   if getattr(_unshared, "on", False):
     return _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
-  return closure_cache.trace_to_jaxpr(
+  traced = closure_cache.trace_to_jaxpr(
       _compat.trace.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
       *context_for_cache_key, **options)
+  if getattr(fun, "__code__", None) in closure_cache.own_codes:
+    # A lifted function's trace lives as long as its stored entry, longer
+    # than the user's function would keep stock's. JAX converts a NumPy
+    # constant through a cache keyed weakly on the array, whose answer
+    # lives while anything holds it: this trace (in pjit's caches and this
+    # one) keeps copies, so a later stock trace over the array, changed in
+    # place since, converts it again as it would without the package.
+    _compat.own_constants_in_place(traced[0])
+  return traced
 
 
 # The closure-keyed lookup inside a cache on the function object: identity
