@@ -100,10 +100,6 @@ def _function_in(v, depth: int = _NESTING):
   return found
 
 
-def _holds_function(v) -> bool:
-  return _function_in(v) is not None
-
-
 def _binder(fun, functions, params):
   """``fun`` with its static arguments bound: ``functions`` (walked by the
   key) and ``params``, a Static of (positions, names, plain values)."""
@@ -174,7 +170,7 @@ class _Bound(wrapper.ClosureJitted):
 class _Layout:
   """How one set of options splits a call (cached per options key), and
   the bound call's options and options key per set of static positions."""
-  __slots__ = ("argnums", "argnames", "inner_options", "bound")
+  __slots__ = ("argnums", "argnames", "inner_options", "bound", "positions")
 
   def __init__(self, options: dict):
     nums = options.get("static_argnums", ())
@@ -184,6 +180,17 @@ class _Layout:
     self.inner_options = {k: v for k, v in options.items()
                           if k not in ("static_argnums", "static_argnames")}
     self.bound: dict[tuple, tuple[dict, tuple]] = {}
+    self.positions: dict[int, tuple] = {}
+
+  def positions_of(self, n: int) -> tuple:
+    """The static positions of a call with ``n`` positional arguments,
+    ascending (``static_argnums`` may be negative or out of range)."""
+    found = self.positions.get(n)
+    if found is None:
+      found = tuple(sorted({i % n for i in self.argnums if -n <= i < n}))
+      if len(self.positions) < 64:
+        self.positions[n] = found
+    return found
 
   def bound_options(self, positions: tuple) -> tuple[dict, tuple]:
     found = self.bound.get(positions)
@@ -259,35 +266,30 @@ class StaticArgsJitted(wrapper.ClosureJitted):
           identity.direct(self, self.stock())
         return self.stock()(*args, **kwargs)
     layout = _layout(self._spec)
-    n = len(args)
-    found = False
-    for i in layout.argnums:
-      if -n <= i < n and _holds_function(args[i]):
-        found = True
-        break
-    else:
-      for name in layout.argnames:
-        if name in kwargs and _holds_function(kwargs[name]):
-          found = True
-          break
-    if not found or _compat.DISABLE_JIT.value:
+    positions = layout.positions_of(len(args))
+    names = [k for k in layout.argnames if k in kwargs] if kwargs else []
+    static_values = [args[i] for i in positions]
+    if names:
+      static_values += [kwargs[k] for k in names]
+    # the first function each static value holds (None: a plain value)
+    found = [_function_in(v) for v in static_values]
+    if found.count(None) == len(found) or _compat.DISABLE_JIT.value:
       return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
-    return self._call_bound(layout, args, kwargs)
+    return self._call_bound(layout, args, kwargs, positions, names,
+                            static_values, found)
 
-  def _call_bound(self, layout: _Layout, args, kwargs):
-    n = len(args)
-    positions = sorted({i % n for i in layout.argnums if -n <= i < n})
-    names = [k for k in layout.argnames if k in kwargs]
-    static_values = [args[i] for i in positions] + [kwargs[k] for k in names]
+  def _call_bound(self, layout: _Layout, args, kwargs, positions, names,
+                  static_values, found):
     dynamic = tuple([a for i, a in enumerate(args) if i not in positions])
-    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names}
-    flags = [_holds_function(v) for v in static_values]
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in names} \
+        if kwargs else {}
+    flags = [f is not None for f in found]
     functions = tuple([v for v, f in zip(static_values, flags) if f])
     plain = tuple([v for v, f in zip(static_values, flags) if not f])
     params = values.Static(
         tuple(zip(positions, flags[:len(positions)])),
         tuple(zip(names, flags[len(positions):])), plain)
-    user = _function_in(functions[0])
+    user = next(f for f in found if f is not None)
     if not callable(user):   # a jaxpr: reported as the jitted function's
       user = self._fun
     stock = self.stock()
