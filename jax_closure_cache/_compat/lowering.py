@@ -301,26 +301,28 @@ def holds_zero(c, negative_only: bool = False,
   return bool(np.any(zero & np.signbit(a) if negative_only else zero))
 
 
-def all_zero(c) -> bool:
+def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
   """Whether a constant (an array or a Python number) is all zeros, of a
-  numeric type: XLA folds ``x + c`` to ``x`` for such a constant baked
-  into a module, and so keeps a ``-0.0`` of ``x`` that the addition of an
-  argument holding those zeros makes ``0.0``. Never an error."""
-  if type(c) in (int, float, complex):
+  numeric type, or with ``booleans`` of a boolean one too (``False``): XLA
+  folds ``x + c`` to ``x`` for such a constant baked into a module, and so
+  keeps a ``-0.0`` of ``x`` that the addition of an argument holding those
+  zeros makes ``0.0``. ``unknown`` is the answer where the values cannot be
+  read (an extended dtype, a conversion that fails). Never an error."""
+  if type(c) in (int, float, complex) or (booleans and type(c) is bool):
     return c == 0
   dtype = getattr(c, "dtype", None)
   if dtype is None:
     return False
   try:
     if not (_dtypes.issubdtype(dtype, np.number)
-            or _dtypes.issubdtype(dtype, np.inexact)):
-      return False
+            or (booleans and _dtypes.issubdtype(dtype, np.bool_))):
+      return unknown
     a = np.asarray(c)
     if a.dtype.kind not in "biufc":   # bfloat16, float8: as float32
       a = a.astype(np.float32)
     return a.size > 0 and not np.any(a)
   except Exception:
-    return False
+    return unknown
 
 
 def scan_groups(params) -> tuple[int, int] | None:

@@ -107,16 +107,8 @@ def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted):
 
 
 def _all_zero(c) -> bool:
-  dtype = getattr(c, "dtype", None)
-  if type(c) in (int, float, bool):
-    return c == 0
-  if dtype is None:
-    return False
-  try:
-    a = np.asarray(c)
-    return a.size > 0 and bool(np.all(a == 0))
-  except Exception:
-    return True   # unknown: may be zeros
+  # False and 0 alike; a value that cannot be read may be zeros
+  return _compat.all_zero(c, booleans=True, unknown=True)
 
 
 def _walk(jaxpr, env: dict, literals_lifted: bool,
