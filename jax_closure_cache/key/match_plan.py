@@ -22,8 +22,7 @@ from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
-    FnPart,
-    Tag)
+    FnPart, PartialPart, Tag, TreePart)
 
 _FunctionType = types.FunctionType
 REACH_NODES = 4096   # past it, a globals dict is compared by id
@@ -43,11 +42,12 @@ def simple_part(part) -> bool:
     if len(part) == 2 and (part[0] is CYCLE or part[0] is LIBATTR
                            or part[0] is ALIAS):
       return True
-    if len(part) == 4 and part[0] is TREE:
-      return all(map(simple_part, part[2]))
-    if len(part) == 4 and part[0] is PARTIAL:
+    if len(part) == len(TreePart._fields) and part[0] is TREE:
+      return all(map(simple_part, TreePart._make(part).leaves))
+    if len(part) == len(PartialPart._fields) and part[0] is PARTIAL:
+      p = PartialPart._make(part)
       return all(map(simple_part,
-                     (part[1], *part[2], *(p for _, p in part[3]))))
+                     (p.func, *p.args, *(kp for _, kp in p.keywords))))
     if len(part) == len(FnPart._fields) and part[0] is FN:
       fn = FnPart._make(part)
       return (fn.kwdefaults is None

@@ -21,7 +21,7 @@ from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
     ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
-    Tag, float_key)
+    PartialPart, Tag, TreePart, float_key)
 
 _ArrayImpl = _compat.ArrayImpl
 COMMITTED = _compat.COMMITTED   # read by name in the generated text
@@ -122,36 +122,18 @@ class _MatchSource:
       # the same object as an earlier walked function (distinct otherwise)
       self.miss_if(f"{v} is not {self.by_index[part[1]]}")
     elif type(part) is tuple and part[0] is PARTIAL:
-      _, func, args, keywords = part
-      names = tuple(k for k, _ in keywords)
+      p = PartialPart._make(part)
+      names = tuple(k for k, _ in p.keywords)
       self.miss_if(f"type({v}) is not partial or len({v}.args) != "
-                   f"{len(args)} or tuple({v}.keywords) != {self.bind(names)}")
-      self.check(f"{v}.func", func)
-      for j, p in enumerate(args):
-        self.check(f"{v}.args[{j}]", p)
-      for k, p in keywords:
-        self.check(f"{v}.keywords[{k!r}]", p)
-    elif (type(part) is tuple and part[0] is TREE and part[2]
-          and all(p is LIFTED for p in part[2])
-          and match_plan.plain_tree(part[1])
-          and match_plan.plain_keys(part[3])):
-      # dicts, lists and tuples of arrays (a params tree): read in place,
-      # in the order tree_flatten would give, without flattening
-      self.plain_tree(v, part[1], iter(part[3]))
+                   f"{len(p.args)} or tuple({v}.keywords) != "
+                   f"{self.bind(names)}")
+      self.check(f"{v}.func", p.func)
+      for j, arg in enumerate(p.args):
+        self.check(f"{v}.args[{j}]", arg)
+      for k, keyword in p.keywords:
+        self.check(f"{v}.keywords[{k!r}]", keyword)
     elif type(part) is tuple and part[0] is TREE:
-      leaves, treedef = f"{v}_leaves", f"{v}_def"
-      add(f"    {leaves}, {treedef} = tree_flatten({v})")
-      self.miss_if(f"{treedef} != {self.bind(part[1])}")
-      # dict keys by exact type and in insertion order (a treedef compares
-      # them with == and sorted)
-      self.miss_if(f"layout_or_none({v}, {treedef}) != {self.bind(part[3])}")
-      if all(p is LIFTED for p in part[2]):   # the common params pytree
-        self.all_lifted(leaves)
-        add(f"    out.extend({leaves})")
-        self.leaf_exprs += [f"{leaves}[{j}]" for j in range(len(part[2]))]
-      else:
-        for j, leaf_part in enumerate(part[2]):
-          self.check(f"{leaves}[{j}]", leaf_part)
+      self.tree(v, TreePart._make(part))
     elif type(part) is tuple and part[0] is LIBATTR:   # by identity
       self.miss_if(f"{v} is not {self.bind(part[1])}")
     elif type(part) is tuple and part[0] is float:
@@ -162,6 +144,30 @@ class _MatchSource:
                    f"{self.bind(part[1])}")
     else:
       self.miss_if(f"{v} is not {self.bind(part)}")
+
+  def tree(self, v: str, t: TreePart) -> None:
+    """Checks of the pytree in variable ``v`` against a ``TREE`` part."""
+    add = self.lines.append
+    if (t.leaves and all(p is LIFTED for p in t.leaves)
+        and match_plan.plain_tree(t.treedef)
+        and match_plan.plain_keys(t.layout)):
+      # dicts, lists and tuples of arrays (a params tree): read in place,
+      # in the order tree_flatten would give, without flattening
+      self.plain_tree(v, t.treedef, iter(t.layout))
+      return
+    leaves, treedef = f"{v}_leaves", f"{v}_def"
+    add(f"    {leaves}, {treedef} = tree_flatten({v})")
+    self.miss_if(f"{treedef} != {self.bind(t.treedef)}")
+    # dict keys by exact type and in insertion order (a treedef compares
+    # them with == and sorted)
+    self.miss_if(f"layout_or_none({v}, {treedef}) != {self.bind(t.layout)}")
+    if all(p is LIFTED for p in t.leaves):   # the common params pytree
+      self.all_lifted(leaves)
+      add(f"    out.extend({leaves})")
+      self.leaf_exprs += [f"{leaves}[{j}]" for j in range(len(t.leaves))]
+    else:
+      for j, leaf_part in enumerate(t.leaves):
+        self.check(f"{leaves}[{j}]", leaf_part)
 
   def all_lifted(self, xs: str) -> None:
     """Checks that every element of ``xs`` is a liftable array. The loop
@@ -380,7 +386,7 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   not simple."""
   if type(fun) is functools.partial and type(key) is tuple and (
       key[0] is PARTIAL):   # a partial of a function: checked as a part
-    top, fn = fun.func, key[1]
+    top, fn = fun.func, PartialPart._make(key).func
   else:
     top, fn = fun, key
   if fn is top is not fun and type(top) is _FunctionType:
@@ -389,7 +395,8 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
       return None
   elif (type(top) is not _FunctionType or type(fn) is not tuple
         or fn[0] is not FN or not match_plan.simple_part(key)
-        or top.__code__ is not fn[2] or id(top.__globals__) != fn[3]):
+        or top.__code__ is not FnPart._make(fn).code
+        or id(top.__globals__) != FnPart._make(fn).globals_id):
     return None
   src = _MatchSource(prefix)
   src.self_referenced = match_plan.refers_to_top(key)

@@ -49,40 +49,46 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
       yield from named_parts(None, part,
                              _sub(prefix, name) + (" -> " if nested else ""))
   elif type(key) is tuple and key and key[0] is key_parts.TREE:
-    for i, part in enumerate(key[2]):
+    for i, part in enumerate(key_parts.TreePart._make(key).leaves):
       yield from named_parts(None, part, f"{prefix}[{i}]")
   elif type(key) is tuple and key and key[0] is key_parts.PARTIAL:
-    yield from named_parts(None, key[1], prefix + "partial func -> ")
-    for i, part in enumerate(key[2]):
+    p = key_parts.PartialPart._make(key)
+    yield from named_parts(None, p.func, prefix + "partial func -> ")
+    for i, part in enumerate(p.args):
       yield from named_parts(None, part, f"{prefix}partial arg {i}")
-    for k, part in key[3]:
+    for k, part in p.keywords:
       yield from named_parts(None, part, f"{prefix}partial keyword {k!r}")
   elif type(key) is tuple and key and key[0] is key_parts.METHOD:
-    yield from named_parts(None, key[1], prefix + "method -> ")
-    yield prefix + "self", key[2]
+    m = key_parts.MethodPart._make(key)
+    yield from named_parts(None, m.func, prefix + "method -> ")
+    yield prefix + "self", m.instance
   elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
-    kind = _sub(prefix, "jitted" if key[1].__name__.endswith("Jitted")
-                else key[1].__name__)
-    yield kind, key[2]
-    yield from named_parts(None, key[3], kind + " -> ")
+    w = key_parts.WrapperPart._make(key)
+    kind = _sub(prefix, "jitted" if w.type.__name__.endswith("Jitted")
+                else w.type.__name__)
+    yield kind, w.static
+    yield from named_parts(None, w.inner, kind + " -> ")
   elif type(key) is tuple and key and key[0] is key_parts.TREEAUX:
-    yield from _node_parts(key[1], _sub(prefix, "node data "))
-    for i, part in enumerate(key[2]):
+    t = key_parts.TreeAuxPart._make(key)
+    yield from _node_parts(t.nodes, _sub(prefix, "node data "))
+    for i, part in enumerate(t.leaves):
       yield from named_parts(None, part, f"{prefix}[{i}]")
   elif type(key) is tuple and key and key[0] is key_parts.TREEDEF:
-    yield from _node_parts(key[1], _sub(prefix, "treedef node data "))
+    yield from _node_parts(key_parts.TreeDefPart._make(key).nodes,
+                           _sub(prefix, "treedef node data "))
   elif type(key) is tuple and key and (key[0] is key_parts.OBJ
                                        or key[0] is key_parts.COPY):
-    for item in key[3]:
+    o = key_parts.ObjPart._make(key)
+    for item in o.items:
       if len(item) == 2 and isinstance(item[0], str):   # an attribute
         yield from named_parts(None, item[1], f"{prefix}.{item[0]}")
       else:   # the items of a list, tuple or dict subclass
         for i, part in enumerate(item):
           yield from named_parts(None, part, f"{prefix}[{i}]")
-    if type(key[4]) is tuple:   # a user class's namespace
-      yield from named_parts(None, key[4], prefix)
+    if type(o.klass) is tuple:   # a user class's namespace
+      yield from named_parts(None, o.klass, prefix)
   elif type(key) is tuple and key and key[0] is key_parts.CLASS:
-    for owner, name, part in key[3]:
+    for owner, name, part in key_parts.ClassPart._make(key).items:
       nested = type(part) is tuple and part and part[0] is key_parts.FN
       yield from named_parts(None, part, f"{prefix} class {owner}.{name}"
                              + (" -> " if nested else ""))
@@ -132,17 +138,19 @@ def render(part) -> tuple[str, str]:
         value = float.fromhex(value)
       return repr(value), f"static {tag.__name__}"
     if tag is key_parts.NUMPY:
-      shape = ",".join(map(str, part[2]))
-      return f"{part[1]}[{shape}] #{part[3].hex()[:8]}", "numpy, baked"
+      n = key_parts.NumpyPart._make(part)
+      shape = ",".join(map(str, n.shape))
+      return f"{n.dtype}[{shape}] #{n.digest.hex()[:8]}", "numpy, baked"
     if tag is key_parts.ID:
       label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
       return label, "kept by identity"
     if tag is key_parts.OBJ or tag is key_parts.COPY:
-      return f"{part[2].__name__}(...)", "object keyed by attributes"
+      return (f"{key_parts.ObjPart._make(part).type.__name__}(...)",
+              "object keyed by attributes")
     if tag is key_parts.FN:
       return key_parts.FnPart._make(part).code.co_qualname, "function"
     if tag is key_parts.TREE:
-      return str(part[1]), "pytree"
+      return str(key_parts.TreePart._make(part).treedef), "pytree"
     if tag is key_parts.CYCLE:
       return f"back-reference #{part[1]}", "cycle"
     if isinstance(tag, type):

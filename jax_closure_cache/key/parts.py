@@ -12,7 +12,7 @@ leaves the process); ``ATOMS`` are the types keyed by value as they are.
 from __future__ import annotations
 
 import types
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from jax_closure_cache.key import closure_key
 
@@ -31,21 +31,21 @@ LIFTED = _key.LIFTED       # an array passed to the shared executable
 ALIAS = _key.ALIAS         # (ALIAS, i): the array of leaf i met again
 MISSING = _key.MISSING     # a global name that is not (yet) defined
 EMPTY = _key.EMPTY         # a cell that is not yet filled
-FN = _key.FN               # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
-TREE = _key.TREE           # (TREE, treedef, leaves)
-PARTIAL = _key.PARTIAL     # (PARTIAL, func, args, keywords)
+FN = _key.FN               # FnPart
+TREE = _key.TREE           # TreePart (the package's walk adds the layout)
+PARTIAL = _key.PARTIAL     # PartialPart
 WEAKREF = _key.WEAKREF     # (WEAKREF, referent or None): read through it
 CYCLE = _key.CYCLE         # (CYCLE, index of an enclosing function or object)
 ID = _key.ID               # (ID, id(obj), label); obj is an anchor
-NUMPY = _key.NUMPY         # (NUMPY, dtype, shape, digest)
-WRAPPER = _key.WRAPPER     # (WRAPPER, type, static, inner)
+NUMPY = _key.NUMPY         # NumpyPart
+WRAPPER = _key.WRAPPER     # WrapperPart
 # ... and the package's (``closure.Analysis``):
-TREEAUX = Tag("TREEAUX")   # (TREEAUX, node parts, leaves): functions in node data
-TREEDEF = Tag("TREEDEF")   # (TREEDEF, node parts): a treedef value holding functions
-METHOD = Tag("METHOD")     # (METHOD, func, self)
-OBJ = Tag("OBJ")           # (OBJ, index, type, ((name, value), ...)); arrays by identity
-COPY = Tag("COPY")         # (COPY, index, type, ((name, value), ...)); arrays lifted
-CLASS = Tag("CLASS")       # (CLASS, index, class, ((owner, name, value), ...))
+TREEAUX = Tag("TREEAUX")   # TreeAuxPart: functions in node data
+TREEDEF = Tag("TREEDEF")   # TreeDefPart: a treedef value holding functions
+METHOD = Tag("METHOD")     # MethodPart
+OBJ = Tag("OBJ")           # ObjPart; arrays by identity
+COPY = Tag("COPY")         # ObjPart; arrays lifted
+CLASS = Tag("CLASS")       # ClassPart
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
 LIBATTR = Tag("LIBATTR")   # (LIBATTR, obj): a library module's attribute, by identity
 
@@ -63,6 +63,81 @@ class FnPart(NamedTuple):
   kwdefaults: tuple | None   # ((name, part), ...)
   globals: tuple        # the parts of the globals its code reads
   chains: tuple         # the parts of the attribute chains it reads
+
+
+# The other compound parts, named alike: keys keep plain tuples, and the
+# readers (rebuild, the explanations in ``names``, the matchers and their
+# plans) read a part's fields through these views.
+
+class TreePart(NamedTuple):
+  """A ``TREE`` part: a pytree of builtin nodes walked through its flatten."""
+  tag: Tag              # TREE
+  treedef: Any
+  leaves: tuple         # the parts of its leaves, in flatten order
+  layout: Any           # each dict's keys in insertion order (key/trees.py)
+
+
+class TreeAuxPart(NamedTuple):
+  """A ``TREEAUX`` part: a pytree whose custom nodes' data is walked."""
+  tag: Tag              # TREEAUX
+  nodes: Any            # ``Analysis.node_parts`` of its treedef
+  leaves: tuple
+  layout: Any
+
+
+class TreeDefPart(NamedTuple):
+  """A ``TREEDEF`` part: a treedef value whose node data holds functions."""
+  tag: Tag              # TREEDEF
+  nodes: Any
+
+
+class PartialPart(NamedTuple):
+  """A ``PARTIAL`` part: a ``functools.partial``."""
+  tag: Tag              # PARTIAL
+  func: Any             # the part of the function it wraps
+  args: tuple           # the parts of its positional arguments
+  keywords: tuple       # ((name, part), ...)
+
+
+class MethodPart(NamedTuple):
+  """A ``METHOD`` part: a bound method."""
+  tag: Tag              # METHOD
+  func: Any             # the part of ``__func__``
+  instance: Any         # the part of ``__self__``
+
+
+class ObjPart(NamedTuple):
+  """An ``OBJ`` part (arrays kept by identity) or a ``COPY`` part (arrays
+  lifted through a shallow copy): a plain object keyed by its state."""
+  tag: Tag              # OBJ or COPY
+  index: int            # the walk's ordinal (CYCLE refers to it)
+  type: type
+  items: tuple          # ((attribute, part), ...) or the items' parts
+  klass: Any            # the part of its class's namespace, or not a tuple
+
+
+class ClassPart(NamedTuple):
+  """A ``CLASS`` part: a user class keyed by its namespace."""
+  tag: Tag              # CLASS
+  index: int
+  type: type
+  items: tuple          # ((owner, name, part), ...)
+
+
+class WrapperPart(NamedTuple):
+  """A ``WRAPPER`` part: an instance of a registered wrapper class."""
+  tag: Tag              # WRAPPER
+  type: type
+  static: Any           # its static part, keyed by value
+  inner: Any            # the part of what it wraps
+
+
+class NumpyPart(NamedTuple):
+  """A ``NUMPY`` part: a NumPy array baked by its bytes."""
+  tag: Tag              # NUMPY
+  dtype: Any
+  shape: tuple
+  digest: bytes
 
 
 def fn_part(index, code, globals_id, cells, defaults, kwdefaults, globs,

@@ -22,7 +22,8 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF)
+    BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF, MethodPart,
+    ObjPart, TreeAuxPart, TreeDefPart, TreePart)
 
 _key = closure_key
 _tree_flatten = _compat.jax.tree_util.tree_flatten
@@ -45,26 +46,29 @@ class Rebuild(_key.Rebuild):
     return v
 
   def method(self, v, k):
-    return types.MethodType(self.value(v.__func__, k[1]),
-                            self.value(v.__self__, k[2]))
+    m = MethodPart._make(k)
+    return types.MethodType(self.value(v.__func__, m.func),
+                            self.value(v.__self__, m.instance))
 
   def tree(self, v, k):
     """A pytree with its lifted leaves replaced, each dict in the user's
     insertion order (an unflatten sorts them)."""
     out = super().tree(v, k)
-    return trees.restore_order(v, out) if trees.has_dict(k[1]) else out
+    return (trees.restore_order(v, out)
+            if trees.has_dict(TreePart._make(k).treedef) else out)
 
   def tree_aux(self, v, k):
+    t = TreeAuxPart._make(k)
     leaves, treedef = _tree_flatten(v)
-    treedef = self.treedef(treedef, (TREEDEF, k[1]))   # first: the walk's order
+    treedef = self.treedef(treedef, (TREEDEF, t.nodes))   # first: the walk's order
     out = _tree_unflatten(
-        treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+        treedef, [self.value(x, kx) for x, kx in zip(leaves, t.leaves)])
     return trees.restore_order(v, out) if trees.has_dict(treedef) else out
 
   def treedef(self, treedef, k):
     """``treedef`` with each custom node's data rebuilt (``Analysis.
-    node_parts`` made ``k[1]``)."""
-    parts = k[1]
+    node_parts`` made the part's ``nodes``)."""
+    parts = TreeDefPart._make(k).nodes
     if parts is None or not self.has_leaf(parts):
       return treedef
     t, aux_key, children_parts = parts[:3]   # then the class's part
@@ -79,11 +83,11 @@ class Rebuild(_key.Rebuild):
     """A shallow copy of a plain object with its lifted attributes replaced;
     the user's object is never modified (a trace that sets an attribute sets
     it on the copy)."""
-    _, index, t, items, _ = k   # the class itself is never rebuilt
-    new = object.__new__(t)
-    self.memo[index] = new
+    o = ObjPart._make(k)   # its class (o.klass) is never rebuilt
+    new = object.__new__(o.type)
+    self.memo[o.index] = new
     attrs = dict(vars(obj))
-    for name, kx in items:
+    for name, kx in o.items:
       if self.has_leaf(kx):
         attrs[name] = self.value(attrs[name], kx)
     vars(new).update(attrs)
