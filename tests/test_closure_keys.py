@@ -296,3 +296,17 @@ def test_library_objects_not_known_to_be_read_only_have_no_key(state):
   # kept by identity, a change to their attributes would go unseen
   with pytest.raises(closure.Uncacheable, match="opaque_object"):
     closure.analyse(make(state))
+
+
+def test_parts_of_the_closure_key_modules_own_walk_are_named():
+  # The closure key module's walk, its rules used alone, builds a TREE part
+  # without the layout the package's walk adds; explanations name both.
+  from jax_closure_cache.key import closure_key, names
+  d = {"w": jnp.ones(2)}
+
+  def f(x):
+    return x * d["w"]
+  base = closure_key.Walk().function(f)
+  assert [n for n, _ in names.named_parts(f, base)] == ["cell 'd'[0]"]
+  package = closure.analyse(f).key
+  assert [n for n, _ in names.named_parts(f, package)] == ["cell 'd'[0]"]

@@ -21,7 +21,7 @@ from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
     ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
-    PartialPart, Tag, TreePart, float_key)
+    PartialPart, Tag, TreePart, float_key, tree_part)
 
 _ArrayImpl = _compat.ArrayImpl
 COMMITTED = _compat.COMMITTED   # read by name in the generated text
@@ -133,7 +133,7 @@ class _MatchSource:
       for k, keyword in p.keywords:
         self.check(f"{v}.keywords[{k!r}]", keyword)
     elif type(part) is tuple and part[0] is TREE:
-      self.tree(v, TreePart._make(part))
+      self.tree(v, tree_part(part))
     elif type(part) is tuple and part[0] is LIBATTR:   # by identity
       self.miss_if(f"{v} is not {self.bind(part[1])}")
     elif type(part) is tuple and part[0] is float:

@@ -49,7 +49,7 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
       yield from named_parts(None, part,
                              _sub(prefix, name) + (" -> " if nested else ""))
   elif type(key) is tuple and key and key[0] is key_parts.TREE:
-    for i, part in enumerate(key_parts.TreePart._make(key).leaves):
+    for i, part in enumerate(key_parts.tree_part(key).leaves):
       yield from named_parts(None, part, f"{prefix}[{i}]")
   elif type(key) is tuple and key and key[0] is key_parts.PARTIAL:
     p = key_parts.PartialPart._make(key)
@@ -150,7 +150,7 @@ def render(part) -> tuple[str, str]:
     if tag is key_parts.FN:
       return key_parts.FnPart._make(part).code.co_qualname, "function"
     if tag is key_parts.TREE:
-      return str(key_parts.TreePart._make(part).treedef), "pytree"
+      return str(key_parts.tree_part(part).treedef), "pytree"
     if tag is key_parts.CYCLE:
       return f"back-reference #{part[1]}", "cycle"
     if isinstance(tag, type):

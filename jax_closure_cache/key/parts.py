@@ -77,6 +77,12 @@ class TreePart(NamedTuple):
   layout: Any           # each dict's keys in insertion order (key/trees.py)
 
 
+def tree_part(part: tuple) -> TreePart:
+  """The view of a ``TREE`` part: the package's walk adds the layout, the
+  closure key module's own walk (its rules used alone) does not."""
+  return TreePart._make(part if len(part) == 4 else (*part, None))
+
+
 class TreeAuxPart(NamedTuple):
   """A ``TREEAUX`` part: a pytree whose custom nodes' data is walked."""
   tag: Tag              # TREEAUX

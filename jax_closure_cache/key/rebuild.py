@@ -23,7 +23,7 @@ from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF, MethodPart,
-    ObjPart, TreeAuxPart, TreeDefPart, TreePart)
+    ObjPart, TreeAuxPart, TreeDefPart, tree_part)
 
 _key = closure_key
 _tree_flatten = _compat.jax.tree_util.tree_flatten
@@ -55,7 +55,7 @@ class Rebuild(_key.Rebuild):
     insertion order (an unflatten sorts them)."""
     out = super().tree(v, k)
     return (trees.restore_order(v, out)
-            if trees.has_dict(TreePart._make(k).treedef) else out)
+            if trees.has_dict(tree_part(k).treedef) else out)
 
   def tree_aux(self, v, k):
     t = TreeAuxPart._make(k)
