@@ -92,11 +92,12 @@ def unshared():
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   if getattr(_unshared, "on", False):
-    return _compat.trace.STOCK_TRACE_TO_JAXPR(
+    traced = _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
-  traced = closure_cache.trace_to_jaxpr(
-      _compat.trace.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
-      *context_for_cache_key, **options)
+  else:
+    traced = closure_cache.trace_to_jaxpr(
+        _compat.trace.STOCK_TRACE_TO_JAXPR, fun, in_avals, debug_info,
+        *context_for_cache_key, **options)
   if getattr(fun, "__code__", None) in closure_cache.own_codes:
     # A lifted function's trace lives as long as its stored entry, longer
     # than the user's function would keep stock's. JAX converts a NumPy
