@@ -20,7 +20,7 @@ Public API::
     mode()                             # "monkey-patch" or "patched-jax"
     stats(), clear()                   # counters, and drop every entry
     capacity(), set_capacity(n)        # entries kept (LRU)
-    max_bytes(), set_max_bytes(n)      # bytes of captured constants kept
+    max_bytes(), set_max_bytes(n)      # bytes kept (constants; executables)
     storm_threshold(), set_storm_threshold(n)   # log past n keys per function
 
 Importing this package does not import jax: names load on first use, so the

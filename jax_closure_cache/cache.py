@@ -7,9 +7,10 @@ Invariants:
   what drops it (:class:`Store`); a module keeps at most a name bound to
   it. ``tests/test_layout.py`` finds every module-level table and checks
   that the store owns it.
-* At most ``capacity()`` entries and ``max_bytes()`` bytes of the constants
-  entries keep alive per bounded table; inserting past either evicts the
-  least recently used. ``get`` refreshes recency.
+* At most ``capacity()`` entries and ``max_bytes()`` bytes of what entries
+  keep alive (captured constants; tier A's compiled executables) per
+  bounded table; inserting or growing past either evicts the least
+  recently used. ``get`` refreshes recency.
 * ``hits + misses + fallbacks`` counts every call routed through the cache;
   counters are exact under threads (``itertools.count`` steps atomically).
 * Tables are emptied in place, never replaced: a name bound to one stays
@@ -100,6 +101,19 @@ class LRUStore:
         self._bytes -= entry.nbytes
     return evicted
 
+  def resize(self, key, entry: Entry, nbytes: int) -> None:
+    """Count ``nbytes`` for ``entry`` from now on (what it keeps grew: an
+    executable compiled after the entry was stored), if ``key`` still maps
+    to it; evicts past the bounds."""
+    with self._lock:
+      if self._data.get(key) is entry:
+        self._bytes += nbytes - entry.nbytes
+        entry.nbytes = nbytes
+        evicted = self._evict()
+      else:
+        entry.nbytes, evicted = nbytes, []
+    del evicted   # freed outside the lock
+
   def discard(self, key) -> None:
     with self._lock:
       removed = self._data.pop(key, None)
@@ -142,6 +156,10 @@ class LRUStore:
 
   def values(self) -> list:
     return list(self._data.values())
+
+  def nbytes(self) -> int:
+    """What the entries keep alive, summed (``Entry.nbytes``)."""
+    return self._bytes
 
   def trim(self) -> None:
     with self._lock:

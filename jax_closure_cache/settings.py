@@ -10,7 +10,7 @@ reads ``JAX_CLOSURE_CACHE`` through it at every Python start.
 | ``JAX_CLOSURE_CACHE_VERIFY`` | flag | off | verify mode: every hit also traces (or lowers) as stock would and compares |
 | ``JAX_CLOSURE_CACHE_LIFT_NUMPY`` | flag | off | default of ``jit(..., lift_numpy=)`` |
 | ``JAX_CLOSURE_CACHE_CAPACITY`` | positive int | 1024 | entries per bounded store |
-| ``JAX_CLOSURE_CACHE_MAX_BYTES`` | positive int | 2**30 | bytes of captured constants per bounded store |
+| ``JAX_CLOSURE_CACHE_MAX_BYTES`` | positive int | 2**30 | bytes of captured constants (tier A: of executables) per bounded store |
 | ``JAX_CLOSURE_CACHE_STORM_THRESHOLD`` | positive int | 8 | entries per code before the storm warning |
 
 A flag is on for ``1``, ``true``, ``yes``, ``on`` and off for ``0``,
@@ -51,7 +51,8 @@ LIFT_NUMPY = Setting("JAX_CLOSURE_CACHE_LIFT_NUMPY", "flag", False,
 CAPACITY = Setting("JAX_CLOSURE_CACHE_CAPACITY", "count", 1024,
                    "entries per bounded store")
 MAX_BYTES = Setting("JAX_CLOSURE_CACHE_MAX_BYTES", "count", 1 << 30,
-                    "bytes of captured constants per bounded store")
+                    "bytes of captured constants (tier A: of executables) per "
+                    "bounded store")
 STORM_THRESHOLD = Setting("JAX_CLOSURE_CACHE_STORM_THRESHOLD", "count", 8,
                           "entries per code before the storm warning")
 ALL = (ENABLE, EXPLAIN, VERIFY, LIFT_NUMPY, CAPACITY, MAX_BYTES,

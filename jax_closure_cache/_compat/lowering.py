@@ -57,6 +57,31 @@ def oracle_muted():
   return _compat.oracle_muted()
 
 
+def executable_nbytes(executable) -> int:
+  """Bytes a compiled executable keeps: the backend's count of its generated
+  code or, where it reports none (XLA:CPU reports 0), the size of its
+  optimized HLO modules, an estimate of the same order. 0 if unreadable."""
+  try:
+    xla = executable.xla_executable
+    n = xla.get_compiled_memory_stats().generated_code_size_in_bytes
+    if n <= 0:
+      n = sum(len(m.as_serialized_hlo_module_proto())
+              for m in xla.hlo_modules())
+    return int(n)
+  except Exception:   # a backend without these reports
+    return 0
+
+
+def on_device(values: list) -> list:
+  """``values`` (NumPy scalars) as uncommitted arrays on the default device,
+  made once: a jitted object's fast path passes them as they are on every
+  call, where it would transfer a NumPy value each time."""
+  if not values:
+    return []
+  import jax
+  return list(jax.device_put(values))
+
+
 def called_for_a_call(frame) -> bool:
   """Whether ``frame`` (``_pjit_lower``'s caller) lowers for a call:
   ``_resolve_and_lower`` called by ``_pjit_call_impl_python``."""

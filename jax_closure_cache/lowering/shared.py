@@ -21,7 +21,9 @@ Invariants:
   second meeting stores a shared lowering.
 * Nothing of the user's is kept by a stored lowering: its constants are
   arguments, not parts of it (a callable a parameter holds is kept, by
-  identity, as the executable calling it must).
+  identity, as the executable calling it must). The store is bounded by
+  count and by the bytes of its compiled executables
+  (``_compat.executable_nbytes``, counted at their first compile).
 * Never shared: donating calls (XLA warns at every compile), profile-guided
   compiles, constants committed to a device or of other types than arrays,
   effects tied to input positions.
@@ -33,12 +35,16 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import sys
 import threading
 import types
 import weakref
 from typing import NamedTuple
+
+import numpy as np
 
 
 from jax_closure_cache import cache
@@ -76,15 +82,21 @@ class SharedLowering(cache.Entry):
 
 class Bound:
   """A shared lowering seen with one jaxpr's constants and lifted literals
-  as its leading arguments (``const_args``, which pjit passes first)."""
-  __slots__ = ("computation", "const_args")
+  as its leading arguments (``const_args``, which pjit passes first); its
+  first compile counts the executable's bytes against the store's bound."""
+  __slots__ = ("computation", "const_args", "key", "entry")
 
-  def __init__(self, computation, args: list):
+  def __init__(self, computation, args: list, key, entry: SharedLowering):
     self.computation = computation
     self.const_args = [*computation.const_args, *args]
+    self.key, self.entry = key, entry
 
   def compile(self, *args, **kwargs):
-    return self.computation.compile(*args, **kwargs)
+    executable = self.computation.compile(*args, **kwargs)
+    if not self.entry.nbytes:
+      LOWERINGS.store.resize(self.key, self.entry,
+                             _compat.executable_nbytes(executable))
+    return executable
 
   def __getattr__(self, name):
     return getattr(self.computation, name)
@@ -146,7 +158,8 @@ class Lowerings:
 
   def report(self) -> dict:
     with self.lock:
-      return {"entries": len(self.store), "hits": self.counts["hits"],
+      return {"entries": len(self.store), "bytes": self.store.nbytes(),
+              "hits": self.counts["hits"],
               "compiles": self.counts["compiles"],
               "met_once": self.counts["met_once"],
               "refused": dict(self.refusals)}
@@ -248,20 +261,22 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     LOWERINGS.count("hits")
     if cache.verifying() and not _verified(jaxpr, s, call, entry):
       return call.stock(jaxpr)
-    return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted))
+    return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted), key,
+                 entry)
   consts = _compat.closed_parts(jaxpr)[1]
   if entry is not None:
     lifted = entry.widened(s.bits)
   else:
     first = LOWERINGS.first_meeting(hash(key))
-    if first is None:   # met once: stock's own lowering
-      LOWERINGS.count("met_once")
-      computation = call.stock(jaxpr)
-      # (a nested jit's constants are baked into stock's lowering too)
-      LOWERINGS.met_first(hash(key), s.bits,
-                          None if consts or s.hoisted else computation)
-      _explain_first_meeting(call, s)
-      return computation
+    if first is None:
+      lifted = _read_from_closure(s)
+      if not any(lifted):   # met once: stock's own lowering
+        return _met_once(jaxpr, s, call, key, consts)
+      # a literal the call's closure read (a learning rate): the first
+      # meeting compiles the lowering taking it as an argument, for the next
+      # value too
+      return _lowered_shared(jaxpr, s, call, key, lifted,
+                             first_consts=consts)
     bits, weak = first
     alive = None if weak is None else weak()
     if (alive is not None and not consts and not s.hoisted
@@ -272,28 +287,110 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       LOWERINGS.count("hits")
       if cache.verifying() and not _verified(jaxpr, s, call, entry):
         return call.stock(jaxpr)
-      return alive
+      return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
+  return _lowered_shared(jaxpr, s, call, key, lifted)
+
+
+def _met_once(jaxpr, s: structure.Structure, call: CallLowering, key,
+              consts):
+  """A structure's first meeting: stock's own lowering, remembered."""
+  LOWERINGS.count("met_once")
+  computation = call.stock(jaxpr)
+  # (a nested jit's constants are baked into stock's lowering too)
+  LOWERINGS.met_first(hash(key), s.bits,
+                      None if consts or s.hoisted else computation)
+  _explain_first_meeting(call, s)
+  return computation
+
+
+def _lowered_shared(jaxpr, s: structure.Structure, call: CallLowering, key,
+                    lifted: tuple, first_consts=None):
+  """The shared lowering of ``jaxpr`` with the ``lifted`` literals as
+  arguments, stored; or, where it is refused, stock's (remembered as met
+  once where this is the structure's first meeting, whose constants are
+  ``first_consts``)."""
+  def refused(reason: str, detail: str | None = None):
+    LOWERINGS.refuse(reason)
+    if detail is not None and _explaining():
+      logger.warning("jax_closure_cache: tier A does not share %s's "
+                     "lowering: %s", call.name, detail)
+    if first_consts is not None:
+      return _met_once(jaxpr, s, call, key, first_consts)
+    return call.stock(jaxpr)
+
   folds = folding.zero_sum(jaxpr, constants_lifted=True,
                            literals_lifted=any(lifted))
   if folds is not None:
-    LOWERINGS.refuse("a zero XLA folds in stock's module")
-    if _explaining():
-      logger.warning("jax_closure_cache: tier A does not share %s's "
-                     "lowering: %s", call.name, folds)
-    return call.stock(jaxpr)
+    return refused("a zero XLA folds in stock's module", folds)
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
   except DeadConstant as e:
-    LOWERINGS.refuse(str(e))
-    return call.stock(jaxpr)
+    return refused(str(e))
   except Exception as e:   # stock's own lowering answers (and its errors)
-    LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
-    return call.stock(jaxpr)
-  LOWERINGS.store.put(key, SharedLowering(lifted, s.bits, computation))
+    return refused(
+        f"the lowering with arguments failed ({type(e).__name__})")
+  entry = SharedLowering(lifted, s.bits, computation)
+  LOWERINGS.store.put(key, entry)
   LOWERINGS.count("compiles")
-  return Bound(computation, _arguments(jaxpr, s, lifted))
+  return Bound(computation, _arguments(jaxpr, s, lifted), key, entry)
+
+
+#: The Python floats the closure key of the call being traced read from the
+#: user's state (a cell, a global, an attribute): a value that changes
+#: between calls (a learning-rate schedule, a temperature) is one of them.
+_CLOSURE_FLOATS: contextvars.ContextVar = contextvars.ContextVar(
+    "jax_closure_cache_closure_floats", default=())
+#: At most this many floats of one key are looked for among the literals.
+CLOSURE_FLOATS_LIMIT = 64
+
+
+@contextlib.contextmanager
+def closure_floats(floats: tuple):
+  """While tracing and lowering a call that read ``floats`` (Python floats)
+  from the user's state: a structure met for the first time takes those of
+  its top-level literals that are one of them (at the literal's dtype) as
+  arguments, so the next value of such a float compiles nothing."""
+  if not floats:
+    yield
+    return
+  token = _CLOSURE_FLOATS.set(floats[:CLOSURE_FLOATS_LIMIT])
+  try:
+    yield
+  finally:
+    _CLOSURE_FLOATS.reset(token)
+
+
+def floats_of(key) -> tuple:
+  """The Python floats among a closure key's atoms (``(float, x)``)."""
+  found, pending = [], [key]
+  while pending and len(found) < CLOSURE_FLOATS_LIMIT:
+    t = pending.pop()
+    if len(t) == 2 and t[0] is float and type(t[1]) is float:
+      found.append(t[1])
+      continue
+    pending.extend(x for x in t if type(x) is tuple)
+  return tuple(found)
+
+
+def _read_from_closure(s: structure.Structure) -> tuple:
+  """Per top-level literal: whether its value is one of the floats the
+  call's closure key read (none outside such a call)."""
+  floats = _CLOSURE_FLOATS.get()
+  if not floats or not s.literals:
+    return (False,) * len(s.literals)
+  by_dtype: dict = {}
+
+  def read(literal) -> bool:
+    dtype = literal.dtype
+    values = by_dtype.get(dtype)
+    if values is None:
+      values = by_dtype[dtype] = {np.asarray(x, dtype).tobytes()
+                                  for x in floats}
+    return literal.tobytes() in values
+
+  return tuple(map(read, s.literals))
 
 
 def _explain_first_meeting(call: CallLowering, s: structure.Structure):
@@ -318,8 +415,9 @@ def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
   # trace holds a view of the user's array, which pjit's fast path would
   # otherwise read on every later call
   consts = _own_constants(_compat.closed_parts(jaxpr)[1])
-  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
-          *_own_constants(s.hoisted)]
+  literals = _compat.on_device(
+      [v for v, lift in zip(s.literals, lifted) if lift])
+  return [*consts, *literals, *_own_constants(s.hoisted)]
 
 
 def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
