@@ -146,6 +146,68 @@ def test_only_the_compat_layer_imports_jaxs_private_modules():
   assert wrong == []
 
 
+#: Private names of Python's own that the package may read anywhere.
+_PYTHON_PRIVATE = frozenset({"_make", "_fields", "_replace", "_asdict",
+                             "_getframe"})
+
+
+def _private_reads(tree) -> dict:
+  """Private attribute names read on something other than ``self``/``cls``
+  (``x._a``, ``getattr(x, "_a")``, ``NAME = "_a"``), each with a line."""
+  found = {}
+  for node in ast.walk(tree):
+    name = None
+    if (isinstance(node, ast.Attribute)
+        and not (isinstance(node.value, ast.Name)
+                 and node.value.id in ("self", "cls"))):
+      name = node.attr
+    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+          and node.func.id in ("getattr", "hasattr", "setattr")
+          and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)):
+      name = node.args[1].value
+    elif (isinstance(node, ast.Assign)
+          and isinstance(node.value, ast.Constant)
+          and all(isinstance(t, ast.Name) and t.id.isupper()
+                  for t in node.targets)):
+      name = node.value.value
+    if (isinstance(name, str) and name.startswith("_")
+        and not name.startswith("__") and name not in _PYTHON_PRIVATE):
+      found.setdefault(name, node.lineno)
+  return found
+
+
+def test_only_the_compat_layer_reads_jaxs_private_attributes():
+  """A private attribute ``_compat`` reads on JAX's objects (``_committed``,
+  ``_jit_info``, ...: those it reads that the package defines nowhere) is
+  read nowhere else: a JAX release that renames one changes ``_compat``
+  alone."""
+  trees = {}
+  for name, path in MODULES.items():
+    with open(path) as f:
+      trees[name] = ast.parse(f.read())
+  own = set()
+  for tree in trees.values():
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        own.add(node.name)
+      elif isinstance(node, ast.Name):
+        own.add(node.id)
+      elif (isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")):
+        own.add(node.attr)
+  compat = f"{PACKAGE}._compat"
+  jaxs = set()
+  for name, tree in trees.items():
+    if name == compat or name.startswith(compat + "."):
+      jaxs |= set(_private_reads(tree)) - own
+  assert "_committed" in jaxs and "_jit_info" in jaxs, sorted(jaxs)
+  wrong = [f"{name}:{line}: {attr}" for name, tree in trees.items()
+           if not (name == compat or name.startswith(compat + "."))
+           for attr, line in _private_reads(tree).items() if attr in jaxs]
+  assert wrong == []
+
+
 def test_contributing_names_every_module():
   """CONTRIBUTING.md's module table names each module of the package (by
   its path below the package, or its file name in a row of a folder)."""

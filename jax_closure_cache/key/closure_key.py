@@ -138,7 +138,7 @@ class Walk:
     return self.other(v, t)
 
   def array(self, v):
-    if v._committed and len(v.sharding.device_set) == 1:
+    if _compat.is_committed(v) and len(v.sharding.device_set) == 1:
       return self.identity(v)     # as an argument it would commit the result
     return self.lift(v)
 
