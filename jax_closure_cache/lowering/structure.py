@@ -291,14 +291,34 @@ def _nested(jaxpr, named: bool = True) -> tuple:
   return _nested_cached(jaxpr) if named else _nested_unnamed(jaxpr)
 
 
-@_compat.weakref_lru_cache
-def _nested_cached(jaxpr) -> tuple:
-  return _open_structure(jaxpr, None, None)
+class Hashed:
+  """A nested jaxpr's structure, hashed once: a nested jaxpr JAX caches (a
+  library function's, ``jax.random``'s) is part of the key of every jaxpr
+  holding it, which the store would otherwise hash in full on each call."""
+  __slots__ = ("key", "hash")
+
+  def __init__(self, key: tuple):
+    self.key, self.hash = key, hash(key)
+
+  def __hash__(self):
+    return self.hash
+
+  def __eq__(self, other):
+    return self is other or (type(other) is Hashed and self.hash == other.hash
+                             and self.key == other.key)
+
+  def __repr__(self):
+    return f"Hashed({self.key!r})"
 
 
 @_compat.weakref_lru_cache
-def _nested_unnamed(jaxpr) -> tuple:
-  return _open_structure(jaxpr, None, None, named=False)
+def _nested_cached(jaxpr) -> Hashed:
+  return Hashed(_open_structure(jaxpr, None, None))
+
+
+@_compat.weakref_lru_cache
+def _nested_unnamed(jaxpr) -> Hashed:
+  return Hashed(_open_structure(jaxpr, None, None, named=False))
 
 
 def _nested_const(c) -> tuple:
