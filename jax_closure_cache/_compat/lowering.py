@@ -72,16 +72,6 @@ def executable_nbytes(executable) -> int:
     return 0
 
 
-def on_device(values: list) -> list:
-  """``values`` (NumPy scalars) as uncommitted arrays on the default device,
-  made once: a jitted object's fast path passes them as they are on every
-  call, where it would transfer a NumPy value each time."""
-  if not values:
-    return []
-  import jax
-  return list(jax.device_put(values))
-
-
 def called_for_a_call(frame) -> bool:
   """Whether ``frame`` (``_pjit_lower``'s caller) lowers for a call:
   ``_resolve_and_lower`` called by ``_pjit_call_impl_python``."""

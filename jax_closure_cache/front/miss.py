@@ -23,9 +23,7 @@ from jax_closure_cache.front import entries
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.lowering import folding
-from jax_closure_cache.lowering import shared as shared_lowering
 from jax_closure_cache.key import closure
-from jax_closure_cache.key import closure_key
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
 from jax_closure_cache.lookup import trace_lookup
@@ -65,35 +63,6 @@ def _compile_warnings(record: bool):
 
 
 
-def floats_read(fun, key=()) -> tuple:
-  """The Python floats a call of ``fun`` reads from the user's state, for
-  tier A (``shared_lowering.closure_floats``): those of ``key`` (a closure
-  key, which reads attributes too), of ``fun``'s cells, of the globals its
-  code names and of its defaults (a ``partial``'s arguments too)."""
-  found = list(shared_lowering.floats_of(key))
-  if isinstance(fun, functools.partial):
-    found += (x for x in (*fun.args, *fun.keywords.values())
-              if type(x) is float)
-    fun = fun.func
-  code = getattr(fun, "__code__", None)
-  if type(fun) is not types.FunctionType or code is None:
-    return tuple(found)
-  for cell in fun.__closure__ or ():
-    try:
-      x = cell.cell_contents
-    except ValueError:
-      continue
-    if type(x) is float:
-      found.append(x)
-  try:
-    names = closure_key.code_names(code)[0]
-  except TypeError:
-    names = ()
-  found += (x for x in map(fun.__globals__.get, names) if type(x) is float)
-  found += (x for x in fun.__defaults__ or () if type(x) is float)
-  return tuple(found)
-
-
 class MissStages:
   """The wrapper's slow paths, as methods of its base class, in the order a
   first call meets them: ``_stored`` (the key and its stored entry),
@@ -128,13 +97,7 @@ class MissStages:
   def _fallback(self, reason: str, args, kwargs, detail: str = ""):
     events.fallback(self._user(), code_of(self._user()), reason, detail)
     self._own()
-    with self._reading_floats():
-      return self.stock()(*args, **kwargs)
-
-  def _reading_floats(self, key=()):
-    """Tier A's hint for the trace this call makes: the Python floats it
-    reads (``floats_read``), which a first lowering takes as arguments."""
-    return shared_lowering.closure_floats(floats_read(self._user(), key))
+    return self.stock()(*args, **kwargs)
 
 
   def _retry_stock(self, key, args, kwargs, error=None):

@@ -423,8 +423,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return self._fallback("unhashable", args, kwargs, str(e))
     if entry is None or (entry.guards and
                          not all([g.holds() for g in entry.guards])):
-      with self._reading_floats(key):
-        return self._miss(key, a, args, kwargs)
+      return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):
       self._remember_matcher(key, entry)

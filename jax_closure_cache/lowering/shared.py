@@ -35,16 +35,12 @@ Invariants:
 from __future__ import annotations
 
 import collections
-import contextlib
-import contextvars
 import logging
 import sys
 import threading
 import types
 import weakref
 from typing import NamedTuple
-
-import numpy as np
 
 
 from jax_closure_cache import cache
@@ -268,15 +264,14 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     lifted = entry.widened(s.bits)
   else:
     first = LOWERINGS.first_meeting(hash(key))
-    if first is None:
-      lifted = _read_from_closure(s)
-      if not any(lifted):   # met once: stock's own lowering
-        return _met_once(jaxpr, s, call, key, consts)
-      # a literal the call's closure read (a learning rate): the first
-      # meeting compiles the lowering taking it as an argument, for the next
-      # value too
-      return _lowered_shared(jaxpr, s, call, key, lifted,
-                             first_consts=consts)
+    if first is None:   # met once: stock's own lowering
+      LOWERINGS.count("met_once")
+      computation = call.stock(jaxpr)
+      # (a nested jit's constants are baked into stock's lowering too)
+      LOWERINGS.met_first(hash(key), s.bits,
+                          None if consts or s.hoisted else computation)
+      _explain_first_meeting(call, s)
+      return computation
     bits, weak = first
     alive = None if weak is None else weak()
     if (alive is not None and not consts and not s.hoisted
@@ -290,107 +285,26 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
-  return _lowered_shared(jaxpr, s, call, key, lifted)
-
-
-def _met_once(jaxpr, s: structure.Structure, call: CallLowering, key,
-              consts):
-  """A structure's first meeting: stock's own lowering, remembered."""
-  LOWERINGS.count("met_once")
-  computation = call.stock(jaxpr)
-  # (a nested jit's constants are baked into stock's lowering too)
-  LOWERINGS.met_first(hash(key), s.bits,
-                      None if consts or s.hoisted else computation)
-  _explain_first_meeting(call, s)
-  return computation
-
-
-def _lowered_shared(jaxpr, s: structure.Structure, call: CallLowering, key,
-                    lifted: tuple, first_consts=None):
-  """The shared lowering of ``jaxpr`` with the ``lifted`` literals as
-  arguments, stored; or, where it is refused, stock's (remembered as met
-  once where this is the structure's first meeting, whose constants are
-  ``first_consts``)."""
-  def refused(reason: str, detail: str | None = None):
-    LOWERINGS.refuse(reason)
-    if detail is not None and _explaining():
-      logger.warning("jax_closure_cache: tier A does not share %s's "
-                     "lowering: %s", call.name, detail)
-    if first_consts is not None:
-      return _met_once(jaxpr, s, call, key, first_consts)
-    return call.stock(jaxpr)
-
   folds = folding.zero_sum(jaxpr, constants_lifted=True,
                            literals_lifted=any(lifted))
   if folds is not None:
-    return refused("a zero XLA folds in stock's module", folds)
+    LOWERINGS.refuse("a zero XLA folds in stock's module")
+    if _explaining():
+      logger.warning("jax_closure_cache: tier A does not share %s's "
+                     "lowering: %s", call.name, folds)
+    return call.stock(jaxpr)
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
   except DeadConstant as e:
-    return refused(str(e))
+    LOWERINGS.refuse(str(e))
+    return call.stock(jaxpr)
   except Exception as e:   # stock's own lowering answers (and its errors)
-    return refused(
-        f"the lowering with arguments failed ({type(e).__name__})")
+    LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
+    return call.stock(jaxpr)
   entry = SharedLowering(lifted, s.bits, computation)
   LOWERINGS.store.put(key, entry)
   LOWERINGS.count("compiles")
   return Bound(computation, _arguments(jaxpr, s, lifted), key, entry)
-
-
-#: The Python floats the closure key of the call being traced read from the
-#: user's state (a cell, a global, an attribute): a value that changes
-#: between calls (a learning-rate schedule, a temperature) is one of them.
-_CLOSURE_FLOATS: contextvars.ContextVar = contextvars.ContextVar(
-    "jax_closure_cache_closure_floats", default=())
-#: At most this many floats of one key are looked for among the literals.
-CLOSURE_FLOATS_LIMIT = 64
-
-
-@contextlib.contextmanager
-def closure_floats(floats: tuple):
-  """While tracing and lowering a call that read ``floats`` (Python floats)
-  from the user's state: a structure met for the first time takes those of
-  its top-level literals that are one of them (at the literal's dtype) as
-  arguments, so the next value of such a float compiles nothing."""
-  if not floats:
-    yield
-    return
-  token = _CLOSURE_FLOATS.set(floats[:CLOSURE_FLOATS_LIMIT])
-  try:
-    yield
-  finally:
-    _CLOSURE_FLOATS.reset(token)
-
-
-def floats_of(key) -> tuple:
-  """The Python floats among a closure key's atoms (``(float, x)``)."""
-  found, pending = [], [key]
-  while pending and len(found) < CLOSURE_FLOATS_LIMIT:
-    t = pending.pop()
-    if len(t) == 2 and t[0] is float and type(t[1]) is float:
-      found.append(t[1])
-      continue
-    pending.extend(x for x in t if type(x) is tuple)
-  return tuple(found)
-
-
-def _read_from_closure(s: structure.Structure) -> tuple:
-  """Per top-level literal: whether its value is one of the floats the
-  call's closure key read (none outside such a call)."""
-  floats = _CLOSURE_FLOATS.get()
-  if not floats or not s.literals:
-    return (False,) * len(s.literals)
-  by_dtype: dict = {}
-
-  def read(literal) -> bool:
-    dtype = literal.dtype
-    values = by_dtype.get(dtype)
-    if values is None:
-      values = by_dtype[dtype] = {np.asarray(x, dtype).tobytes()
-                                  for x in floats}
-    return literal.tobytes() in values
-
-  return tuple(map(read, s.literals))
 
 
 def _explain_first_meeting(call: CallLowering, s: structure.Structure):
@@ -415,9 +329,8 @@ def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
   # trace holds a view of the user's array, which pjit's fast path would
   # otherwise read on every later call
   consts = _own_constants(_compat.closed_parts(jaxpr)[1])
-  literals = _compat.on_device(
-      [v for v, lift in zip(s.literals, lifted) if lift])
-  return [*consts, *literals, *_own_constants(s.hoisted)]
+  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
+          *_own_constants(s.hoisted)]
 
 
 def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
