@@ -443,3 +443,20 @@ def test_store_is_bounded_by_the_bytes_of_its_executables():
     jcc.set_max_bytes(saved)
   assert jcc.stats()["verify_mismatches"] == 0
 
+
+def test_a_pow_exponent_stays_in_the_key():
+  """``x ** p`` with a changing float ``p``: XLA compiles a constant
+  exponent 2.0 into a product (many times faster than the general power an
+  argument exponent needs), so the exponent is never an argument: one
+  shared lowering per exponent, each stock's module, results exact."""
+  m = Model(jnp.linspace(0.5, 2.0, 16))
+
+  def run(p):
+    return jax.jit(lambda x: jnp.sum((x * m.w) ** p))(jnp.ones(16))
+
+  jcc.enable(verify=True)
+  for p in (2.0, 3.0, 2.0, 3.0, 2.0, 3.0):
+    same_as_stock(run(p), stock_off(run, p))
+  s = tier_a_stats()
+  assert s["entries"] == 2 and s["hits"] >= 2, s
+  assert jcc.stats()["verify_mismatches"] == 0

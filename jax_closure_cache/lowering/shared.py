@@ -351,7 +351,9 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
 
   def equation(e):
     if any(type(v) is _compat.Literal for v in e.invars):
-      e = e.replace(invars=list(map(operand, e.invars)))
+      keyed = structure.keyed_operands(e)
+      e = e.replace(invars=[v if i in keyed else operand(v)
+                            for i, v in enumerate(e.invars)])
     if structure.hoists(e):   # a nested jit's constants: its first operands
       inner, _ = _compat.closed_parts(e.params["jaxpr"])
       _, params = structure.constants_as_inputs(e)

@@ -150,9 +150,22 @@ def hoists(e) -> bool:
 
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
-  an argument: a floating-point or complex scalar."""
+  an argument: a floating-point or complex scalar (not a zero, nor an
+  operand of :data:`KEYED_OPERANDS`)."""
   return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
           and not _zero(v.val))
+
+
+#: Operands (by primitive, their positions) whose literal stays in the key,
+#: never an argument: XLA rewrites ``pow`` by a constant exponent (2.0 into
+#: a product, 0.5 into a square root), many times faster than the general
+#: ``pow`` an argument exponent compiles to.
+KEYED_OPERANDS = {"pow": frozenset({1})}
+
+
+def keyed_operands(e) -> frozenset:
+  """The positions of ``e``'s operands whose literals are keyed by value."""
+  return KEYED_OPERANDS.get(e.primitive.name, frozenset())
 
 
 def _zero(x) -> bool:
@@ -167,9 +180,9 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   names: dict = {}
   top = literals is not None
 
-  def name(v):
+  def name(v, liftable=True):
     if type(v) is _compat.Literal:
-      if top and lifted_literal(v):
+      if top and liftable and lifted_literal(v):
         literals.append(np.asarray(v.val, v.aval.dtype))   # as the argument
         bits.append(_atom(v.val))
         return ("arg", v.aval)
@@ -198,7 +211,9 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         params,
-        tuple(map(name, e.invars)),
+        tuple([name(v, i not in keyed)
+               for i, v in enumerate(e.invars)] if (keyed := keyed_operands(e))
+              else map(name, e.invars)),
         tuple(v.aval for v in e.outvars),
         tuple(name(v) for v in e.outvars),
         _effects(e.effects)))
