@@ -160,7 +160,7 @@ def lifted_literal(v) -> bool:
 #: never an argument: XLA rewrites ``pow`` by a constant exponent (2.0 into
 #: a product, 0.5 into a square root), many times faster than the general
 #: ``pow`` an argument exponent compiles to.
-KEYED_OPERANDS = {"pow": frozenset({1})}
+KEYED_OPERANDS = types.MappingProxyType({"pow": frozenset({1})})
 
 
 def keyed_operands(e) -> frozenset:
