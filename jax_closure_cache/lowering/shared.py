@@ -60,12 +60,14 @@ MET_CAPACITY = 4096
 class SharedLowering(cache.Entry):
   """A stored lowering: ``lifted`` says, per top-level floating-point
   literal, whether it is an argument; ``bits`` are the literals it was
-  lowered with (compared where not lifted)."""
-  __slots__ = ("lifted", "bits", "computation")
+  lowered with (compared where not lifted); ``sized``: its executable's
+  bytes are counted (once, at the first compile)."""
+  __slots__ = ("lifted", "bits", "computation", "sized")
 
   def __init__(self, lifted: tuple, bits: tuple, computation):
     super().__init__()
     self.lifted, self.bits, self.computation = lifted, bits, computation
+    self.sized = False
 
   def serves(self, bits: tuple) -> bool:
     return all(lift or b == e
@@ -89,7 +91,8 @@ class Bound:
 
   def compile(self, *args, **kwargs):
     executable = self.computation.compile(*args, **kwargs)
-    if not self.entry.nbytes:
+    if not self.entry.sized:   # (a size the backend cannot report is 0)
+      self.entry.sized = True
       LOWERINGS.store.resize(self.key, self.entry,
                              _compat.executable_nbytes(executable))
     return executable

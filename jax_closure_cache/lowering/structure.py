@@ -150,8 +150,8 @@ def hoists(e) -> bool:
 
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
-  an argument: a floating-point or complex scalar (not a zero, nor an
-  operand of :data:`KEYED_OPERANDS`)."""
+  an argument: a floating-point or complex scalar, not a zero (callers also
+  skip the operands :func:`keyed_operands` names)."""
   return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
           and not _zero(v.val))
 
@@ -199,6 +199,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   eqns = []
   for e in jaxpr.eqns:
     ignored = NOT_LOWERED.get(e.primitive.name, ())
+    keyed = keyed_operands(e)
     if top and hoists(e):   # its constants become arguments: not keyed
       inner, consts = _compat.closed_parts(e.params["jaxpr"])
       hoisted.extend(consts)
@@ -211,9 +212,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         params,
-        tuple([name(v, i not in keyed)
-               for i, v in enumerate(e.invars)] if (keyed := keyed_operands(e))
-              else map(name, e.invars)),
+        tuple(name(v, i not in keyed) for i, v in enumerate(e.invars))
+        if keyed else tuple(map(name, e.invars)),
         tuple(v.aval for v in e.outvars),
         tuple(name(v) for v in e.outvars),
         _effects(e.effects)))
