@@ -137,7 +137,7 @@ def location(fun) -> str:
       code = inner.__code__
       return f"{inner.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
     inner = (getattr(inner, "func", None) or getattr(inner, "__func__", None)
-             or getattr(inner, "_fun", None))
+             or getattr(inner, "__wrapped__", None))
     if inner is None:
       return repr(fun)
 

@@ -141,8 +141,9 @@ def test_entrance_helper_without_the_extension(monkeypatch):
   import jax_closure_cache.front as front
   monkeypatch.setitem(sys.modules, "jax_closure_cache.front._entrance", None)
   monkeypatch.delattr(front, "_entrance")
-  assert generated.entrance(entrance._python_jit, {}, CJ) \
-      is entrance._python_jit
+  made = generated.entrance(entrance._python_jit, {}, CJ,
+                            wrapper.FILLED_SLOTS)
+  assert made is entrance._python_jit
 
 
 def test_the_hit_and_the_slow_paths_call_share_one_text():

@@ -208,6 +208,56 @@ def test_only_the_compat_layer_reads_jaxs_private_attributes():
   assert wrong == []
 
 
+def _class_privates(tree) -> set:
+  """The private names a module's classes define: class attributes,
+  methods, ``__slots__`` entries and attributes their methods assign on
+  ``self``."""
+  names = set()
+  for cls in ast.walk(tree):
+    if not isinstance(cls, ast.ClassDef):
+      continue
+    for node in cls.body:
+      if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        names.add(node.name)
+      elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for t in targets:
+          if isinstance(t, ast.Name):
+            names.add(t.id)
+            if t.id == "__slots__" and isinstance(node.value, (ast.Tuple, ast.List)):
+              names |= {e.value for e in node.value.elts
+                        if isinstance(e, ast.Constant)}
+    for node in ast.walk(cls):
+      if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+          and isinstance(node.value, ast.Name) and node.value.id == "self"):
+        names.add(node.attr)
+  return {n for n in names
+          if isinstance(n, str) and n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reads_another_modules_classes_private_attributes():
+  """A private attribute of a class (a slot, a method, a class attribute)
+  is read by that class's own module only, or through ``self``/``cls``:
+  what a class's collaborators need is a method of theirs or an argument,
+  so a class can change its private state without hunting for readers."""
+  trees = {}
+  for name, path in MODULES.items():
+    with open(path) as f:
+      trees[name] = ast.parse(f.read())
+  defines = {name: _class_privates(tree) for name, tree in trees.items()}
+  compat = f"{PACKAGE}._compat"
+  wrong = []
+  for name, tree in trees.items():
+    if name == compat or name.startswith(compat + "."):
+      continue   # reads JAX's objects, whose private names ours may mirror
+    others = set().union(*(d for n, d in defines.items() if n != name))
+    for attr, line in _private_reads(tree).items():
+      if attr in others and attr not in defines[name]:
+        owners = sorted(n for n, d in defines.items() if attr in d)
+        wrong.append(f"{name}:{line}: {attr} (defined in {', '.join(owners)})")
+  assert wrong == []
+
+
 def test_contributing_names_every_module():
   """CONTRIBUTING.md's module table names each module of the package (by
   its path below the package, or its file name in a row of a folder)."""

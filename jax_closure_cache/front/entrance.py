@@ -115,7 +115,8 @@ def _jit_with_options(fun, options: dict):
 # The fast front's entrance: ``jit`` itself, or the same in C where the
 # extension is built (it makes a front's wrapper without jit's Python frame).
 _python_jit = jit
-jit = generated.entrance(_python_jit, _fronts, _ClosureJitted)
+jit = generated.entrance(_python_jit, _fronts, _ClosureJitted,
+                         wrapper.FILLED_SLOTS)
 
 
 def entrance_built() -> bool:

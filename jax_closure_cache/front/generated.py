@@ -165,7 +165,7 @@ def front_class(base: type, spec, code, quicks, env: dict,
   return cls
 
 
-def entrance(jit, fronts: dict, base: type):
+def entrance(jit, fronts: dict, base: type, slots: tuple):
   """``jit`` with its front path in C where the extension ``_entrance`` is
   built: a callable that answers ``jit(fun)`` for a function whose code has
   a class in ``fronts`` (a subclass of ``base``) by making that class's
@@ -174,11 +174,13 @@ def entrance(jit, fronts: dict, base: type):
   Without the extension, ``jit`` itself.
 
   ``fronts`` must be the dict ``jit`` reads, cleared in place, never
-  rebound: the entrance holds that very object."""
+  rebound: the entrance holds that very object. ``slots``: the slot
+  descriptors of ``base`` that ``fill`` sets (function, stock object,
+  row), which the entrance sets as ``fill`` does."""
   try:
     from jax_closure_cache.front import _entrance
   except ImportError:
     return jit
-  made = _entrance.Entrance(jit, fronts, base, base._fun, base._stock, base._row)
+  made = _entrance.Entrance(jit, fronts, base, *slots)
   functools.update_wrapper(made, jit)
   return made

@@ -11,7 +11,6 @@ replaced (the hot path holds them); ``clear()`` empties them.
 
 from __future__ import annotations
 
-import operator
 import sys
 import weakref
 
@@ -86,28 +85,4 @@ def remember(table: dict, fun, row) -> None:
     pass
 
 
-def direct(wrapper, owned) -> None:
-  """Make calls of ``wrapper`` go straight to stock's ``owned``, with no
-  Python frame of ours (within a few percent of calling stock's object).
-  Done only for a wrapper called twice, i.e. a long-lived one.
-
-  The wrapper moves to its class's *direct* subclass, made once per class:
-  its ``__call__`` is a property that returns the wrapper's ``_stock``, so
-  the interpreter calls that object (C all the way). The class holds
-  nothing of the user's; the wrapper holds ``owned`` as before."""
-  wrapper._stock = owned
-  cls = type(wrapper)
-  if cls._direct:
-    return
-  made = cls.__dict__.get("_direct_class")
-  if made is None:
-    made = type(cls.__name__, (cls,), {
-        "__slots__": (), "__call__": property(_stock_of_wrapper),
-        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-        "_direct": True})
-    cls._direct_class = made
-  wrapper.__class__ = made
-
-
-_stock_of_wrapper = operator.attrgetter("_stock")
 

@@ -42,7 +42,7 @@ def code_of(fun) -> types.CodeType | None:
     elif isinstance(fun, types.MethodType):
       fun = fun.__func__
     elif isinstance(fun, entries.JitWrapper):
-      fun = fun._fun
+      fun = getattr(fun, "__wrapped__", None)   # the wrapped function
     else:
       method = closure.as_method(fun)   # a callable object's __call__
       if method is None:
@@ -370,3 +370,12 @@ class MissStages:
     if (after.key == key[1]   # the walk the trace took, unchanged by it
         and entries.shares_traces(self._spec.options)):
       trace_lookup.publish(self._fun, after, traced, args, kwargs)
+
+
+#: The stages the generated hit (``generated.HIT``, ``CALL``) calls by name:
+#: a new signature's trace, stock's answer after a failed one, and verify
+#: mode's check.
+HIT_STAGES = types.MappingProxyType({
+    "RETRY_STOCK": MissStages._retry_stock,
+    "NEW_SIGNATURE": MissStages._new_signature,
+    "VERIFIED": MissStages._verified})

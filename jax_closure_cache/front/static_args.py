@@ -132,6 +132,17 @@ class _Bound(wrapper.ClosureJitted):
   def _user(self):
     return self._user_fun
 
+  def decided(self) -> list | None:
+    """The row this call's first object got (its entry, key and leaves)
+    where it was answered by a shared entry; None where stock answered."""
+    row = self._row
+    return row if type(row) is list else None
+
+  def resume(self, row: list, args, kwargs):
+    """Call the entry of ``row`` (an earlier binder's ``decided()``) for
+    this binder's static function, as that binder's later calls would."""
+    return self._call_entry(row[0], row[1], row[2], args, kwargs)
+
   def _presented(self):
     """The user's jitted function as stock's trace names it: its name,
     source line and signature without the static arguments (the jaxpr's
@@ -263,7 +274,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       if i < len(args) and args[i] is owned[1]:
         owned[2] += 1
         if owned[2] >= identity.PROMOTE_AFTER_CALLS:
-          identity.direct(self, self.stock())
+          self._go_direct(self.stock())
         return self.stock()(*args, **kwargs)
     layout = _layout(self._spec)
     positions = layout.positions_of(len(args))
@@ -315,8 +326,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       if state[3] < identity.PROMOTE_AFTER_CALLS:
         bound = self._make_bound(layout, positions, names, static_values,
                             functions, params, user, stock)
-        return bound._call_entry(state[0], state[1], state[2], dynamic,
-                                 dyn_kwargs)
+        return bound.resume(state, dynamic, dyn_kwargs)
       table[ref] = (params, None)   # long-lived: stock's from now on
       return stock(*args, **kwargs)
     if row is not None:
@@ -328,9 +338,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
                              functions, params, user, stock)
     out = bound(*dynamic, **dyn_kwargs)
     if single:
-      decided = bound._row
-      state = decided if type(decided) is list else None
-      table[ref] = (params, state)
+      table[ref] = (params, bound.decided())
     return out
 
   def _make_bound(self, layout, positions, names, static_values, functions,

@@ -34,7 +34,7 @@ _CONTAINER_BASES = (list, tuple, dict)
 # C types whose state the walk reads through their ``__dict__`` as a Python
 # class's: an ``lru_cache`` wrapper (``__wrapped__``, keyed by its code and
 # what it reads; its cache only memoizes that function).
-_DICT_STATE_TYPES = frozenset({functools._lru_cache_wrapper})
+_DICT_STATE_TYPES = frozenset({type(functools.lru_cache(None)(len))})
 # What a class implemented in C has of its own (a Python class gets getset
 # descriptors for __dict__ and __weakref__ alone).
 _C_MEMBERS = (types.MethodDescriptorType, types.WrapperDescriptorType,
