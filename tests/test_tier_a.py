@@ -460,3 +460,43 @@ def test_a_pow_exponent_stays_in_the_key():
   s = tier_a_stats()
   assert s["entries"] == 2 and s["hits"] >= 2, s
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_a_jax_array_constant_is_read_once_while_it_lives(monkeypatch):
+  """Whether a jax array constant can be an argument (not zeros, no -0.0,
+  not committed) is read off its values once per array, not copied to the
+  host on every call; a new array is read afresh: one of zeros is still
+  baked as stock bakes it, and the shared entry's results stay stock's."""
+  from jax_closure_cache._compat import lowering as compat_lowering
+  reads = []
+  all_zero = compat_lowering.all_zero
+
+  def counting_all_zero(c, **kwargs):
+    reads.append(id(c))
+    return all_zero(c, **kwargs)
+  monkeypatch.setattr(compat_lowering, "all_zero", counting_all_zero)
+  w = jnp.asarray(WEIGHTS[1])
+
+  def make(w, i):
+    m = Model(w)   # the closure key refuses it: tier A answers
+    lr = 0.1 * (i + 1)
+
+    def step(p):
+      return p - lr * jnp.tanh(p @ m.w) + 1.0
+    return step
+
+  p = jnp.ones((4, 4))
+  jcc.enable(verify=True)
+  for i in range(6):
+    same_as_stock(jax.jit(make(w, i))(p), stock_off(
+        lambda i: jax.jit(make(w, i))(p), i))
+  assert reads.count(id(w)) == 1, reads
+  assert tier_a_stats()["hits"] >= 3
+  zeros = jnp.zeros((4, 4))
+  for i in range(3):
+    same_as_stock(jax.jit(make(zeros, i))(p), stock_off(
+        lambda i: jax.jit(make(zeros, i))(p), i))
+  assert reads.count(id(zeros)) == 1, reads
+  assert tier_a_stats()["refused"].get(
+      "a constant of zeros (XLA folds x + 0 in stock's module)")
+  assert jcc.stats()["verify_mismatches"] == 0

@@ -244,12 +244,9 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
   if call.lowering_platforms is not None:
     return "lowering for other platforms"
   for c in _compat.closed_parts(jaxpr)[1]:
-    if not structure.acceptable_constant(c):
-      if type(c) is _compat.ArrayImpl and _compat.committed(c):
-        return "a constant committed to a device"
-      if _compat.all_zero(c):
-        return "a constant of zeros (XLA folds x + 0 in stock's module)"
-      return f"a constant of type {type(c).__name__}"
+    reason = structure.constant_refusal(c)
+    if reason is not None:
+      return reason
   return None
 
 

@@ -23,11 +23,14 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import functools
 import types
+import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from jax_closure_cache import cache
 from jax_closure_cache._compat import lowering as _compat
 
 #: Constants of nested jaxprs up to this many elements are keyed by value.
@@ -87,30 +90,68 @@ def of(closed) -> Structure:
   return Structure(key, tuple(literals), tuple(bits), tuple(hoisted))
 
 
+#: :func:`constant_refusal`'s answer for a jax array, by identity while
+#: the array lives (``id -> (weak reference, answer)``): its values, devices
+#: and commitment never change, so an array closed over call after call is
+#: read once, not copied to the host on every call.
+_ARRAY_ANSWERS = cache.STORE.table("structure.array_answers",
+                                   cache.Store.CALLS)
+
+
 def acceptable_constant(c) -> bool:
   """A constant a shared executable can take as an argument: a NumPy array
   or scalar (jax's own subclasses too), a Python number, or a jax array
   on one device not committed to it; never a boolean one, one holding a
-  -0.0, or one of zeros (XLA folds those by value once baked). Reads a
-  jax array's values, as stock's lowering does to bake it."""
+  -0.0, or one of zeros (XLA folds those by value once baked)."""
+  return constant_refusal(c) is None
+
+
+def constant_refusal(c) -> str | None:
+  """Why ``c`` cannot be an argument of a shared executable (None: it can;
+  see :func:`acceptable_constant`). Reads a jax array's values once while
+  it lives, a NumPy array's on every call (it may be changed in place)."""
+  if type(c) is not _compat.ArrayImpl:
+    return _refusal(c)
+  known = _ARRAY_ANSWERS.get(id(c))
+  if known is not None and known[0]() is c:
+    return known[1]
+  answer = _refusal(c)
+  try:
+    ref = weakref.ref(c, functools.partial(_forget_array, id(c)))
+  except TypeError:
+    return answer
+  _ARRAY_ANSWERS[id(c)] = (ref, answer)
+  return answer
+
+
+def _forget_array(i: int, ref) -> None:
+  known = _ARRAY_ANSWERS.get(i)
+  if known is not None and known[0] is ref:   # not a later array's
+    _ARRAY_ANSWERS.pop(i, None)
+
+
+def _refusal(c) -> str | None:
   t = type(c)
   if t is bool or getattr(c, "dtype", None) == np.bool_:
     # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
     # it as an argument into a select: the sign of a zero differs
-    return False
-  if t is _compat.ArrayImpl and (_compat.committed(c)
-                                 or not _compat.single_device(c)):
-    return False
+    return "a boolean constant"
+  if t is _compat.ArrayImpl and _compat.committed(c):
+    return "a constant committed to a device"
+  if t is _compat.ArrayImpl and not _compat.single_device(c):
+    return "a constant on more than one device"
   if _negative_zero(c):
     # XLA gives a returned constant -0.0 as 0.0, an argument as it is
-    return False
+    return "a constant holding a -0.0"
   if _compat.all_zero(c):
     # XLA folds x + c to x for a baked c of zeros, keeping x's -0.0
-    return False
-  return (t is _compat.ArrayImpl or t is np.ndarray
-          or isinstance(c, _compat.np_generic)
-          or t in (int, float, bool, complex)
-          or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t)))
+    return "a constant of zeros (XLA folds x + 0 in stock's module)"
+  if (t is _compat.ArrayImpl or t is np.ndarray
+      or isinstance(c, _compat.np_generic)
+      or t in (int, float, bool, complex)
+      or (isinstance(c, np.ndarray) and _compat.defined_by_jax(t))):
+    return None
+  return f"a constant of type {t.__name__}"
 
 
 def constants_as_inputs(e) -> tuple[list, dict]:
