@@ -310,3 +310,123 @@ def test_parts_of_the_closure_key_modules_own_walk_are_named():
   assert [n for n, _ in names.named_parts(f, base)] == ["cell 'd'[0]"]
   package = closure.analyse(f).key
   assert [n for n, _ in names.named_parts(f, package)] == ["cell 'd'[0]"]
+
+
+# The view of each marker's compound part (``key/parts.py``); bare markers
+# stand alone in a key, never at a tuple's head.
+_VIEWS = {"ALIAS": "AliasPart", "CYCLE": "CyclePart", "WEAKREF": "WeakrefPart",
+          "ID": "IdPart", "FN": "FnPart", "TREE": "TreePart",
+          "PARTIAL": "PartialPart", "NUMPY": "NumpyPart",
+          "WRAPPER": "WrapperPart", "TREEAUX": "TreeAuxPart",
+          "TREEDEF": "TreeDefPart", "METHOD": "MethodPart", "OBJ": "ObjPart",
+          "COPY": "ObjPart", "CLASS": "ClassPart", "LIBATTR": "LibAttrPart"}
+_BARE = {"LIFTED", "MISSING", "EMPTY", "NOCHAIN"}
+
+
+def test_every_marker_has_a_view_of_its_layout():
+  from jax_closure_cache.key import closure_key, parts
+  markers = {n for n, v in vars(parts).items() if type(v) is parts.Tag}
+  assert markers == set(_VIEWS) | _BARE
+  for marker, view_name in _VIEWS.items():
+    view = getattr(parts, view_name)
+    assert view._fields[0] == "tag" and marker in view.__doc__, view_name
+  # the closure key module's own parts' views live there, re-exported
+  for marker in ("ALIAS", "CYCLE", "WEAKREF", "ID", "FN", "TREE", "PARTIAL",
+                 "NUMPY", "WRAPPER"):
+    assert getattr(parts, _VIEWS[marker]) is getattr(closure_key,
+                                                     _VIEWS[marker])
+  assert parts.tree_part is closure_key.tree_part
+  assert parts.Atom._fields == ("type", "value")
+
+
+def _tagged_parts(k, found):
+  from jax_closure_cache.key import parts
+  if type(k) is tuple:
+    if k and type(k[0]) is parts.Tag:
+      found.setdefault(k[0], []).append(k)
+    for x in k:
+      _tagged_parts(x, found)
+  return found
+
+
+def test_views_read_the_parts_the_walk_builds():
+  """Keys hold plain tuples; each view reads a walked part by name, the
+  fields what the walk put there."""
+  import weakref
+  from jax_closure_cache.key import parts
+  w = jnp.ones(2)
+  w_again = w   # an ALIAS
+  pinned = jax.device_put(jnp.ones(3), jax.devices()[0])   # by identity
+  baked = np.arange(6.0).reshape(2, 3)
+
+  class Box:
+    def get(self):
+      return self.v
+  box = Box()
+  box.v = 3
+  getter = box.get   # a METHOD, its instance an object by its state
+
+  def helper(x):
+    return helper if x is None else jnp.tanh(x)   # a CYCLE, a LIBATTR
+  ref = weakref.ref(helper)
+  part = functools.partial(operator.mul, 2)
+
+  def f(x):
+    return (x * w + w_again, pinned, baked, helper(x), ref, part, getter, 7,
+            1.5)
+
+  a = closure.analyse(f)
+  found = _tagged_parts(a.key, {})
+  for tag in (parts.ALIAS, parts.CYCLE, parts.WEAKREF, parts.ID, parts.FN,
+              parts.PARTIAL, parts.NUMPY, parts.METHOD, parts.LIBATTR):
+    assert tag in found, tag
+  for tag, ks in found.items():
+    view = getattr(parts, _VIEWS[tag.name])
+    for k in ks:
+      assert type(k) is tuple   # keys stay plain tuples
+      v = parts.tree_part(k) if tag is parts.TREE else view._make(k)
+      assert v.tag is tag and v == k[:len(v)]
+  alias, = found[parts.ALIAS]
+  assert a.leaves[parts.AliasPart._make(alias).index] is w
+  fns = {parts.FnPart._make(k).index: k for k in found[parts.FN]}
+
+  def function(k):   # a walked function, or one reached again
+    if k[0] is parts.CYCLE:
+      k = fns[parts.CyclePart._make(k).index]
+    return parts.FnPart._make(k)
+  assert helper.__code__ in {function(k).code for k in found[parts.CYCLE]}
+  ids = {parts.IdPart._make(k).id for k in found[parts.ID]}
+  assert id(pinned) in ids and all(
+      any(id(x) == i for x in a.anchors) for i in ids)
+  assert parts.LibAttrPart._make(found[parts.LIBATTR][0]).obj is jnp.tanh
+  n = parts.NumpyPart._make(found[parts.NUMPY][0])
+  assert (n.dtype, n.shape) == (baked.dtype, baked.shape)
+  referent = parts.WeakrefPart._make(found[parts.WEAKREF][0]).referent
+  assert function(referent).code is helper.__code__
+  p = parts.PartialPart._make(found[parts.PARTIAL][0])
+  assert parts.Atom._make(p.func).value is operator.mul   # by value
+  assert p.args == ((int, 2),)
+  assert parts.Atom._make(p.args[0]) == (int, 2)
+  m = parts.MethodPart._make(found[parts.METHOD][0])
+  o = parts.ObjPart._make(m.instance)
+  assert o.type is Box and ("v", (int, 3)) in o.items
+  top = parts.FnPart._make(a.key)
+  assert top.code is f.__code__ and top.index == 0
+
+
+def test_the_closure_key_modules_difference_names_cells_and_globals():
+  # its explanation reads FN parts, atoms and ALIAS parts through the views
+  from jax_closure_cache.key import closure_key
+
+  def make_f(c, v, w):
+    def f(x):
+      return x * c + v + w + jnp.pi
+    return f
+  arr = jnp.ones(2)
+  walk = closure_key.Walk
+  a = walk().function(make_f(0.0, jnp.ones(2), jnp.ones(2)))
+  assert walk.difference(a, walk().function(make_f(-0.0, arr, arr))) == (
+      "cell 'c': float 0.0 -> float -0.0")
+  assert walk.difference(a, walk().function(make_f(0.0, arr, arr))) == (
+      "cell 'w': an array -> the array of lifted place 0 again")
+  assert walk.difference((int, 1), (int, 2)) == "the function: int 1 -> int 2"

@@ -272,9 +272,10 @@ class Analysis(_key.Walk):
     return self.tree_parts(leaves, treedef, trees.layout(v, treedef))
 
   def tree_parts(self, leaves, treedef, layout=()):
-    """``(TREE, treedef, leaves' parts, layout)``; ``TREEAUX`` with the
-    node parts first (the rebuild's order) where a node's data or class
-    must be walked: a treedef compares node data with ``==``."""
+    """``(TREE, treedef, leaves' parts, layout)`` (``TreePart``);
+    ``TREEAUX`` (``TreeAuxPart``) with the node parts first (the rebuild's
+    order) where a node's data or class must be walked: a treedef compares
+    node data with ``==``."""
     value = self.value
     if not _walks_node_data(treedef):
       return (TREE, treedef, tuple([value(x) for x in leaves]), layout)
@@ -282,10 +283,10 @@ class Analysis(_key.Walk):
     return (TREEAUX, parts, tuple([value(x) for x in leaves]), layout)
 
   def node_parts(self, treedef):
-    """``(type, aux key, children's parts, class key)`` of each node of
-    ``treedef``
-    (None for a leaf): a custom node's data walked like any value (a bound
-    method by its function and ``self``), a built-in node's by value."""
+    """``(type, aux key, children's parts, class key)`` (``NodePart``) of
+    each node of ``treedef`` (None for a leaf): a custom node's data walked
+    like any value (a bound method by its function and ``self``), a
+    built-in node's by value."""
     data = treedef.node_data()
     if data is None:
       return None

@@ -15,7 +15,7 @@ import dis
 import functools
 import hashlib
 import types
-from typing import Any
+from typing import Any, NamedTuple
 import weakref
 
 import numpy as np
@@ -46,18 +46,116 @@ class Marker:
 
 
 LIFTED = Marker("LIFTED")     # an array passed to the shared trace
-ALIAS = Marker("ALIAS")       # (ALIAS, i): the array lifted as leaf i, again
+ALIAS = Marker("ALIAS")       # AliasPart: the array lifted as leaf i, again
 MISSING = Marker("MISSING")   # a global name the globals lack
 EMPTY = Marker("EMPTY")       # an unfilled cell
-FN = Marker("FN")   # (FN, index, code, id(globals), cells, defaults, kwdefaults, globals, chains)
-TREE = Marker("TREE")         # (TREE, treedef, leaves)
-PARTIAL = Marker("PARTIAL")   # (PARTIAL, func, args, keywords)
-WEAKREF = Marker("WEAKREF")   # (WEAKREF, referent or None): read through it
-CYCLE = Marker("CYCLE")       # (CYCLE, index of a function reached before)
-ID = Marker("ID")             # (ID, id(obj), label): obj is an anchor
-NUMPY = Marker("NUMPY")       # (NUMPY, dtype, shape, digest)
-WRAPPER = Marker("WRAPPER")   # (WRAPPER, type, static, inner)
+FN = Marker("FN")             # FnPart: a function walked by its code
+TREE = Marker("TREE")         # TreePart: a pytree of builtin nodes
+PARTIAL = Marker("PARTIAL")   # PartialPart: a functools.partial
+WEAKREF = Marker("WEAKREF")   # WeakrefPart: read through it
+CYCLE = Marker("CYCLE")       # CyclePart: a function reached before
+ID = Marker("ID")             # IdPart: an anchor, by identity
+NUMPY = Marker("NUMPY")       # NumpyPart: a NumPy array, by its bytes
+WRAPPER = Marker("WRAPPER")   # WrapperPart: a registered wrapper
 ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+
+
+# The layouts of the parts above. A key holds plain tuples (cheaper to
+# build; a view compares and hashes as its tuple does, but is not ``type(x)
+# is tuple``): a reader names a part's fields through its view,
+# ``FnPart._make(part).code``. Every compound part's head, ``[0]``, is its
+# marker (an atom's, its type), what readers test to pick the view.
+
+class AliasPart(NamedTuple):
+  """``(ALIAS, index)``: the array lifted as leaf ``index`` met again
+  (``Walk.lift``)."""
+  tag: Marker           # ALIAS
+  index: int            # its place in the walk's leaves
+
+
+class CyclePart(NamedTuple):
+  """``(CYCLE, index)``: a function (or, in the package's walk, an object
+  or class) reached before (``Walk.enter``)."""
+  tag: Marker           # CYCLE
+  index: int            # the walk's ordinal of the part it refers back to
+
+
+class WeakrefPart(NamedTuple):
+  """``(WEAKREF, referent)``: a weak reference, read through."""
+  tag: Marker           # WEAKREF
+  referent: Any         # the part of its referent, or None if it is dead
+
+
+class IdPart(NamedTuple):
+  """``(ID, id, label)``: an object kept by identity, one of the anchors."""
+  tag: Marker           # ID
+  id: int               # id(obj)
+  label: str            # its __qualname__ or type name, for explanations
+
+
+class Atom(NamedTuple):
+  """``(type, value)``: a value keyed by its exact type and its value, or
+  what stands for it: an int, str, ... of ``ATOMS`` as it is; a float by
+  ``float_key`` (its ``hex()`` for 0.0, -0.0 and NaN); a NumPy scalar by
+  its bytes (the package's walk adds sets, complex numbers, statics and
+  hashable library values, ``closure.Analysis.other``)."""
+  type: type
+  value: Any
+
+
+class FnPart(NamedTuple):
+  """``(FN, index, code, globals_id, cells, defaults, kwdefaults, globals,
+  chains)``: a function walked by its code (``Walk.function``)."""
+  tag: Marker           # FN
+  index: int            # the walk's ordinal (what a CYCLE refers to)
+  code: types.CodeType
+  globals_id: int       # id of its globals dict (an anchor of the entry)
+  cells: tuple          # the parts of its closure cells, in co_freevars order
+  defaults: tuple | None
+  kwdefaults: tuple | None   # ((name, part), ...)
+  globals: tuple        # the parts of the globals its code reads
+  chains: tuple         # the parts of the attribute chains it reads
+
+
+class TreePart(NamedTuple):
+  """``(TREE, treedef, leaves, layout)``: a pytree of builtin nodes walked
+  through its flatten; this module's walk leaves ``layout`` out (read such
+  a part with :func:`tree_part`)."""
+  tag: Marker           # TREE
+  treedef: Any
+  leaves: tuple         # the parts of its leaves, in flatten order
+  layout: Any           # each dict's keys in insertion order (key/trees.py)
+
+
+def tree_part(part: tuple) -> TreePart:
+  """The view of a ``TREE`` part: the package's walk adds the layout, this
+  module's own walk (its rules used alone) does not (None then)."""
+  return TreePart._make(part if len(part) == 4 else (*part, None))
+
+
+class PartialPart(NamedTuple):
+  """``(PARTIAL, func, args, keywords)``: a ``functools.partial``."""
+  tag: Marker           # PARTIAL
+  func: Any             # the part of the function it wraps
+  args: tuple           # the parts of its positional arguments
+  keywords: tuple       # ((name, part), ...)
+
+
+class NumpyPart(NamedTuple):
+  """``(NUMPY, dtype, shape, digest)``: a NumPy array baked by its bytes."""
+  tag: Marker           # NUMPY
+  dtype: Any
+  shape: tuple
+  digest: bytes         # blake2b of its bytes, 16 bytes
+
+
+class WrapperPart(NamedTuple):
+  """``(WRAPPER, type, static, inner)``: an instance of a registered
+  wrapper class (``register_wrapper``)."""
+  tag: Marker           # WRAPPER
+  type: type
+  static: Any           # its static part, keyed by value
+  inner: Any            # the part of what it wraps
 
 
 class Unkeyable(Exception):
@@ -279,26 +377,32 @@ class Walk:
   def difference(cls, a, b, path="") -> str:
     """Where keys ``a`` and ``b`` first differ, named by cells and globals."""
     if (type(a) is tuple and type(b) is tuple and len(a) == len(b)
-        and not (len(a) == 2 and isinstance(a[0], type))):
-      names = {}
+        and not (len(a) == 2 and isinstance(a[0], type))):   # not an Atom
+      fields, names = (), {}
       if a and a[0] is FN and b[0] is FN:
-        names = {4: [f"cell {n!r}" for n in a[2].co_freevars],
-                 7: [f"global {n!r}" for n in cls.global_names(a[2])]}
+        code, fields = FnPart._make(a).code, FnPart._fields
+        names = {"cells": [f"cell {n!r}" for n in code.co_freevars],
+                 "globals": [f"global {n!r}" for n in cls.global_names(code)]}
       for i, (x, y) in enumerate(zip(a, b)):
-        if x != y and i in names:
+        if x == y:
+          continue
+        named = names.get(fields[i]) if fields else None   # FnPart's field
+        if named is not None:
           j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
-          return cls.difference(x[j], y[j], f"{path}{names[i][j]} ")
-        if x != y:
-          return cls.difference(x, y, path)
+          return cls.difference(x[j], y[j], f"{path}{named[j]} ")
+        return cls.difference(x, y, path)
     return f"{path.strip() or 'the function'}: {_show(a)} -> {_show(b)}"
 
 
 def _show(k) -> str:
   if type(k) is tuple and len(k) == 2 and k[0] is ALIAS:
-    return f"the array of lifted place {k[1]} again"
+    return f"the array of lifted place {AliasPart._make(k).index} again"
   if type(k) is tuple and len(k) == 2 and isinstance(k[0], type):
-    value = float.fromhex(k[1]) if type(k[1]) is str and k[0] is float else k[1]
-    return f"{k[0].__name__} {value!r}"
+    t, value = Atom._make(k)
+    if type(value) is str and t is float:
+      value = float.fromhex(value)
+    return f"{t.__name__} {value!r}"
+  # a compound part by its marker
   return "an array" if k is LIFTED else str(k[0] if type(k) is tuple else k)
 
 
@@ -307,7 +411,7 @@ class Rebuild:
   functions, partials and containers; a walk adding parts pairs with a
   subclass adding ``STEPS``."""
   # parts that are leaves, parts that never hold one, and parts with a walk
-  # index at [1] (what a CYCLE refers to)
+  # index at [1], their view's ``index`` (what a CYCLE refers to)
   LEAF_PARTS = frozenset({ALIAS})
   KEPT_PARTS = frozenset()
   INDEXED_PARTS = frozenset({FN})
@@ -327,7 +431,7 @@ class Rebuild:
   def has_leaf(self, k) -> bool:
     if type(k) is not tuple or not k:
       return k is LIFTED
-    if k[0] is CYCLE:
+    if k[0] is CYCLE:   # k[1]: CyclePart.index (a loop over the key)
       return self.leafy is None or k[1] in self.leafy
     return k[0] in self.LEAF_PARTS or (
         k[0] not in self.KEPT_PARTS and any(map(self.has_leaf, k)))
@@ -342,7 +446,7 @@ class Rebuild:
       k = stack.pop()
       if type(k) is tuple and k:
         if (k[0] in self.INDEXED_PARTS and len(k) > 1
-            and type(k[1]) is int):
+            and type(k[1]) is int):   # k[1]: FnPart.index (ObjPart's, ...)
           indexed[k[1]] = k
         stack.extend([x for x in k if type(x) is tuple])
     self.leafy = frozenset()
@@ -360,36 +464,41 @@ class Rebuild:
     if type(k) is not tuple or not k or type(k[0]) is not Marker:
       return v
     if k[0] is CYCLE:
-      return self.memo.get(k[1], v)
+      return self.memo.get(CyclePart._make(k).index, v)
     if not self.has_leaf(k):
       return v
     return getattr(self, self.STEPS[k[0]])(v, k)
 
   def alias(self, v, k):
-    return self.taken[k[1]]
+    return self.taken[AliasPart._make(k).index]
 
   def partial(self, v, k):
-    value = self.value
+    p, value = PartialPart._make(k), self.value
     return functools.partial(
-        value(v.func, k[1]), *[value(a, ka) for a, ka in zip(v.args, k[2])],
-        **{n: value(v.keywords[n], kn) for n, kn in k[3]})
+        value(v.func, p.func),
+        *[value(a, ka) for a, ka in zip(v.args, p.args)],
+        **{n: value(v.keywords[n], kn) for n, kn in p.keywords})
 
   def tree(self, v, k):
     leaves, treedef = tree_util.tree_flatten(v)
+    parts = tree_part(k).leaves
     return tree_util.tree_unflatten(
-        treedef, [self.value(x, kx) for x, kx in zip(leaves, k[2])])
+        treedef, [self.value(x, kx) for x, kx in zip(leaves, parts)])
 
   def weakref(self, v, k):
-    self.keep.append(self.value(v(), k[1]))
+    self.keep.append(self.value(v(), WeakrefPart._make(k).referent))
     return weakref.ref(self.keep[-1])
 
   def wrapper(self, v, k):
-    split, join = WRAPPERS[k[1]]
+    w = WrapperPart._make(k)
+    split, join = WRAPPERS[w.type]
     static, inner = split(v)
-    return join(static, self.value(inner, k[3]))
+    return join(static, self.value(inner, w.inner))
 
   def function(self, f, k):
-    _, index, code, _, cells, defaults, kwdefaults, reads, chains = k
+    fn = FnPart._make(k)
+    index, code, cells, defaults, kwdefaults, reads = (
+        fn.index, fn.code, fn.cells, fn.defaults, fn.kwdefaults, fn.globals)
     has_leaf, value = self.has_leaf, self.value
     closure, g = f.__closure__, f.__globals__
     new_cells = None if closure is None else tuple(

@@ -22,7 +22,7 @@ from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
-    FnPart, PartialPart, Tag, TreePart)
+    Atom, CyclePart, FnPart, PartialPart, Tag, TreePart)
 
 _FunctionType = types.FunctionType
 REACH_NODES = 4096   # past it, a globals dict is compared by id
@@ -59,8 +59,11 @@ def simple_part(part) -> bool:
     # enum, a launcher's static parameters): checked by type and equality
     # (a value keyed by a representation, such as a NumPy scalar's bytes,
     # is not: the object itself would never equal its part)
-    return len(part) == 2 and (part[0] in ATOMS or part[0] is float or (
-        isinstance(part[0], type) and type(part[1]) is part[0]))
+    if len(part) != len(Atom._fields):
+      return False
+    t, value = Atom._make(part)
+    return t in ATOMS or t is float or (
+        isinstance(t, type) and type(value) is t)
   return not isinstance(part, Tag)
 
 
@@ -69,7 +72,7 @@ def refers_to_top(part) -> bool:
   if type(part) is not tuple:
     return False
   if len(part) == 2 and part[0] is CYCLE:
-    return part[1] == 0
+    return CyclePart._make(part).index == 0
   return any(map(refers_to_top, part))
 
 
@@ -94,6 +97,8 @@ def plain_keys(layout) -> bool:
   """Whether every dict of a ``TREE`` part's layout has only ``str`` and
   ``int`` keys (whose ``==`` is exact within one type), so a matcher can
   check them as a tuple and its types."""
+  # a[0]: a key atom's type, Atom.type (``trees.key_atom``'s triple for a
+  # complex key has it there too, where Atom._make would raise)
   return all(a[0] is str or a[0] is int for keys in layout for a in keys)
 
 

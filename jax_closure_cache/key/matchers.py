@@ -20,8 +20,9 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE, FnPart,
-    PartialPart, Tag, TreePart, float_key, tree_part)
+    ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
+    AliasPart, Atom, CyclePart, FnPart, LibAttrPart, PartialPart, Tag,
+    TreePart, float_key, tree_part)
 
 _ArrayImpl = _compat.ArrayImpl
 COMMITTED = _compat.COMMITTED   # read by name in the generated text
@@ -115,12 +116,14 @@ class _MatchSource:
       self.leaf_exprs.append(v)
     elif type(part) is tuple and part[0] is ALIAS:
       # the same array object as an earlier lifted place
-      self.miss_if(f"{v} is not {self.leaf_exprs[part[1]]}")
+      index = AliasPart._make(part).index
+      self.miss_if(f"{v} is not {self.leaf_exprs[index]}")
     elif type(part) is tuple and part[0] is FN:
       self.function(v, part)
     elif type(part) is tuple and part[0] is CYCLE:
       # the same object as an earlier walked function (distinct otherwise)
-      self.miss_if(f"{v} is not {self.by_index[part[1]]}")
+      index = CyclePart._make(part).index
+      self.miss_if(f"{v} is not {self.by_index[index]}")
     elif type(part) is tuple and part[0] is PARTIAL:
       p = PartialPart._make(part)
       names = tuple(k for k, _ in p.keywords)
@@ -135,13 +138,14 @@ class _MatchSource:
     elif type(part) is tuple and part[0] is TREE:
       self.tree(v, tree_part(part))
     elif type(part) is tuple and part[0] is LIBATTR:   # by identity
-      self.miss_if(f"{v} is not {self.bind(part[1])}")
+      self.miss_if(f"{v} is not {self.bind(LibAttrPart._make(part).obj)}")
     elif type(part) is tuple and part[0] is float:
       self.miss_if(f"type({v}) is not float or float_key({v}) != "
                    f"{self.bind(part)}")
-    elif type(part) is tuple:
-      self.miss_if(f"type({v}) is not {self.bind(part[0])} or {v} != "
-                   f"{self.bind(part[1])}")
+    elif type(part) is tuple:   # an Atom (match_plan.simple_part)
+      atom = Atom._make(part)
+      self.miss_if(f"type({v}) is not {self.bind(atom.type)} or {v} != "
+                   f"{self.bind(atom.value)}")
     else:
       self.miss_if(f"{v} is not {self.bind(part)}")
 
@@ -198,9 +202,9 @@ class _MatchSource:
       order = next(layout)
       by_atom = {(type(k), k): k for k in keys}
       inserted = tuple([by_atom[a] for a in order])
+      key_types = tuple([Atom._make(a).type for a in order])
       self.miss_if(f"tuple({e}) != {self.bind(inserted)} or "
-                   f"tuple(map(type, {e})) != "
-                   f"{self.bind(tuple([a[0] for a in order]))}")
+                   f"tuple(map(type, {e})) != {self.bind(key_types)}")
       items = [f"{e}[{self.literal(k)}]" for k in keys]
     else:
       self.miss_if(f"type({e}) is not {self.bind(kind)} or len({e}) != {n}")
@@ -318,7 +322,7 @@ class _MatchSource:
           continue
       if type(p) is tuple and p[0] is LIBATTR:   # the library's own object
         self.miss_if(f"{self._library_read(f, fn, chain)} is not "
-                     f"{self.bind(p[1])}")
+                     f"{self.bind(LibAttrPart._make(p).obj)}")
         continue
       self.check(f"chain_read({f}, *{self.bind(chain)})", p)
 

@@ -81,7 +81,8 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     o = key_parts.ObjPart._make(key)
     for item in o.items:
       if len(item) == 2 and isinstance(item[0], str):   # an attribute
-        yield from named_parts(None, item[1], f"{prefix}.{item[0]}")
+        attribute, part = item
+        yield from named_parts(None, part, f"{prefix}.{attribute}")
       else:   # the items of a list, tuple or dict subclass
         for i, part in enumerate(item):
           yield from named_parts(None, part, f"{prefix}[{i}]")
@@ -111,13 +112,13 @@ def _node_parts(parts, prefix: str) -> Iterator[tuple[str, Any]]:
     p = pending.pop()
     if p is None:
       continue
-    node_type, aux, children, class_key = p
-    if node_type not in key_parts.BUILTIN_NODES:
-      yield from named_parts(None, aux, f"{prefix}of {node_type.__name__} ")
-      if class_key is not None:
-        yield from named_parts(None, class_key,
-                               f"{prefix}class {node_type.__name__} ")
-    pending.extend(children)
+    node = key_parts.NodePart._make(p)
+    if node.type not in key_parts.BUILTIN_NODES:
+      kind = node.type.__name__
+      yield from named_parts(None, node.aux, f"{prefix}of {kind} ")
+      if node.klass is not None:
+        yield from named_parts(None, node.klass, f"{prefix}class {kind} ")
+    pending.extend(node.children)
 
 
 def render(part) -> tuple[str, str]:
@@ -129,11 +130,12 @@ def render(part) -> tuple[str, str]:
   if part is key_parts.MISSING:
     return "undefined", "global"
   if type(part) is tuple and part:
-    tag = part[0]
+    tag = part[0]   # a compound part's marker, or an atom's type
     if tag is key_parts.ALIAS:
-      return f"the array of lifted place {part[1]}", "lifted again"
+      index = key_parts.AliasPart._make(part).index
+      return f"the array of lifted place {index}", "lifted again"
     if tag is float or tag in key_parts.ATOMS:
-      value = part[1]
+      value = key_parts.Atom._make(part).value
       if tag is float and isinstance(value, str):
         value = float.fromhex(value)
       return repr(value), f"static {tag.__name__}"
@@ -142,8 +144,8 @@ def render(part) -> tuple[str, str]:
       shape = ",".join(map(str, n.shape))
       return f"{n.dtype}[{shape}] #{n.digest.hex()[:8]}", "numpy, baked"
     if tag is key_parts.ID:
-      label = part[2] if len(part) > 2 else f"object at {part[1]:#x}"
-      return label, "kept by identity"
+      i = key_parts.IdPart._make(part)
+      return i.label or f"object at {i.id:#x}", "kept by identity"
     if tag is key_parts.OBJ or tag is key_parts.COPY:
       return (f"{key_parts.ObjPart._make(part).type.__name__}(...)",
               "object keyed by attributes")
@@ -152,9 +154,12 @@ def render(part) -> tuple[str, str]:
     if tag is key_parts.TREE:
       return str(key_parts.tree_part(part).treedef), "pytree"
     if tag is key_parts.CYCLE:
-      return f"back-reference #{part[1]}", "cycle"
-    if isinstance(tag, type):
-      return repr(part[1]), f"static {tag.__name__}"
+      return (f"back-reference #{key_parts.CyclePart._make(part).index}",
+              "cycle")
+    if isinstance(tag, type) and len(part) in (2, 3):
+      # an Atom, or a user class's ValuePart
+      view = key_parts.Atom if len(part) == 2 else key_parts.ValuePart
+      return repr(view._make(part).value), f"static {tag.__name__}"
   if isinstance(part, types.ModuleType):
     return part.__name__, "module"
   if isinstance(part, (types.FunctionType, type)):

@@ -1,9 +1,13 @@
 """The parts a closure key is made of: its markers and the atoms it keeps.
 
 A key is a nested tuple; each compound part starts with one of these
-markers (``FN``, ``TREE``, ``OBJ``, ...), whose comment gives the part's
-layout. The walk (``closure``) builds them; ``rebuild``, ``matchers``,
-``guards`` and ``diagnostics`` read them.
+markers (``FN``, ``TREE``, ``OBJ``, ...), whose comment names the view of
+the part's layout (``FnPart``, ``TreePart``, ``ObjPart``, ...), and an atom
+with its type (``Atom``). The walk (``closure``) builds plain tuples;
+``rebuild``, ``names``, ``matchers`` and ``match_plan`` read a part's fields
+by name through its view (``FnPart._make(part).code``). The closure key
+module defines the views of its own parts; this module re-exports them
+beside the package's.
 
 Invariants: markers compare by identity and are not picklable (a key never
 leaves the process); ``ATOMS`` are the types keyed by value as they are.
@@ -11,7 +15,6 @@ leaves the process); ``ATOMS`` are the types keyed by value as they are.
 
 from __future__ import annotations
 
-import types
 from typing import Any, NamedTuple
 
 from jax_closure_cache.key import closure_key
@@ -28,15 +31,15 @@ Tag = _key.Marker
 # The closure key's own parts (``key/closure_key.py``), whose layouts
 # its ``Walk`` builds:
 LIFTED = _key.LIFTED       # an array passed to the shared executable
-ALIAS = _key.ALIAS         # (ALIAS, i): the array of leaf i met again
+ALIAS = _key.ALIAS         # AliasPart: the array of leaf i met again
 MISSING = _key.MISSING     # a global name that is not (yet) defined
 EMPTY = _key.EMPTY         # a cell that is not yet filled
 FN = _key.FN               # FnPart
 TREE = _key.TREE           # TreePart (the package's walk adds the layout)
 PARTIAL = _key.PARTIAL     # PartialPart
-WEAKREF = _key.WEAKREF     # (WEAKREF, referent or None): read through it
-CYCLE = _key.CYCLE         # (CYCLE, index of an enclosing function or object)
-ID = _key.ID               # (ID, id(obj), label); obj is an anchor
+WEAKREF = _key.WEAKREF     # WeakrefPart: read through it
+CYCLE = _key.CYCLE         # CyclePart: an enclosing function or object again
+ID = _key.ID               # IdPart: an anchor, by identity
 NUMPY = _key.NUMPY         # NumpyPart
 WRAPPER = _key.WRAPPER     # WrapperPart
 # ... and the package's (``closure.Analysis``):
@@ -47,46 +50,29 @@ OBJ = Tag("OBJ")           # ObjPart; arrays by identity
 COPY = Tag("COPY")         # ObjPart; arrays lifted
 CLASS = Tag("CLASS")       # ClassPart
 NOCHAIN = Tag("NOCHAIN")   # an attribute chain whose base is no module or class
-LIBATTR = Tag("LIBATTR")   # (LIBATTR, obj): a library module's attribute, by identity
+LIBATTR = Tag("LIBATTR")   # LibAttrPart: a library module's attribute
 
 
-class FnPart(NamedTuple):
-  """The fields of an ``FN`` part, a function walked by its code: read a
-  part by name with ``FnPart._make(part)`` (keys keep the plain tuple, whose
-  hash and equality are the same and cheaper to build)."""
-  tag: Tag              # FN
-  index: int            # the walk's ordinal of this function (CYCLE refers to it)
-  code: types.CodeType
-  globals_id: int       # id of its globals dict (an anchor of the entry)
-  cells: tuple          # the parts of its closure cells, in co_freevars order
-  defaults: tuple | None
-  kwdefaults: tuple | None   # ((name, part), ...)
-  globals: tuple        # the parts of the globals its code reads
-  chains: tuple         # the parts of the attribute chains it reads
+# The views of the closure key module's own parts (see its comment there):
+AliasPart = _key.AliasPart
+CyclePart = _key.CyclePart
+WeakrefPart = _key.WeakrefPart
+IdPart = _key.IdPart
+Atom = _key.Atom
+FnPart = _key.FnPart
+TreePart = _key.TreePart
+tree_part = _key.tree_part
+PartialPart = _key.PartialPart
+NumpyPart = _key.NumpyPart
+WrapperPart = _key.WrapperPart
 
 
-# The other compound parts, named alike: keys keep plain tuples, and the
-# readers (rebuild, the explanations in ``names``, the matchers and their
-# plans) read a part's fields through these views.
-
-class TreePart(NamedTuple):
-  """A ``TREE`` part: a pytree of builtin nodes walked through its flatten."""
-  tag: Tag              # TREE
-  treedef: Any
-  leaves: tuple         # the parts of its leaves, in flatten order
-  layout: Any           # each dict's keys in insertion order (key/trees.py)
-
-
-def tree_part(part: tuple) -> TreePart:
-  """The view of a ``TREE`` part: the package's walk adds the layout, the
-  closure key module's own walk (its rules used alone) does not."""
-  return TreePart._make(part if len(part) == 4 else (*part, None))
-
+# The package's compound parts, named alike.
 
 class TreeAuxPart(NamedTuple):
   """A ``TREEAUX`` part: a pytree whose custom nodes' data is walked."""
   tag: Tag              # TREEAUX
-  nodes: Any            # ``Analysis.node_parts`` of its treedef
+  nodes: Any            # NodePart of its treedef's root
   leaves: tuple
   layout: Any
 
@@ -94,15 +80,7 @@ class TreeAuxPart(NamedTuple):
 class TreeDefPart(NamedTuple):
   """A ``TREEDEF`` part: a treedef value whose node data holds functions."""
   tag: Tag              # TREEDEF
-  nodes: Any
-
-
-class PartialPart(NamedTuple):
-  """A ``PARTIAL`` part: a ``functools.partial``."""
-  tag: Tag              # PARTIAL
-  func: Any             # the part of the function it wraps
-  args: tuple           # the parts of its positional arguments
-  keywords: tuple       # ((name, part), ...)
+  nodes: Any            # NodePart of its root
 
 
 class MethodPart(NamedTuple):
@@ -130,20 +108,32 @@ class ClassPart(NamedTuple):
   items: tuple          # ((owner, name, part), ...)
 
 
-class WrapperPart(NamedTuple):
-  """A ``WRAPPER`` part: an instance of a registered wrapper class."""
-  tag: Tag              # WRAPPER
+class LibAttrPart(NamedTuple):
+  """``(LIBATTR, obj)``: what an attribute chain reads from a library module
+  (``jnp.tanh``), kept by identity (``closure.Analysis.chain``); also a bare
+  ``object()`` sentinel (``closure.Analysis.state_object``)."""
+  tag: Tag              # LIBATTR
+  obj: Any              # the object itself (a matcher compares it with ``is``)
+
+
+class ValuePart(NamedTuple):
+  """``(type, value, klass)``: a hashable value of a user's class (an
+  ``Enum`` member) keyed by value, with its class's namespace
+  (``closure.Analysis.opaque``); a value of a stable module's class is an
+  ``Atom``, ``(type, value)``."""
   type: type
-  static: Any           # its static part, keyed by value
-  inner: Any            # the part of what it wraps
+  value: Any
+  klass: Any            # the part of its class (``Analysis.klass``)
 
 
-class NumpyPart(NamedTuple):
-  """A ``NUMPY`` part: a NumPy array baked by its bytes."""
-  tag: Tag              # NUMPY
-  dtype: Any
-  shape: tuple
-  digest: bytes
+class NodePart(NamedTuple):
+  """``(type, aux, children, klass)``: one node of a treedef whose node data
+  is walked (``closure.Analysis.node_parts``; a leaf is None), the nodes of
+  a ``TREEAUX`` or ``TREEDEF`` part."""
+  type: type            # the node's class
+  aux: Any              # its node data's part (a builtin node's, by value)
+  children: tuple       # the children's NodeParts (None for a leaf)
+  klass: Any            # the part of a custom node's class, or None
 
 
 def fn_part(index, code, globals_id, cells, defaults, kwdefaults, globs,

@@ -23,7 +23,7 @@ from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
     BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF, MethodPart,
-    ObjPart, TreeAuxPart, TreeDefPart, tree_part)
+    NodePart, ObjPart, TreeAuxPart, TreeDefPart, tree_part)
 
 _key = closure_key
 _tree_flatten = _compat.jax.tree_util.tree_flatten
@@ -71,13 +71,13 @@ class Rebuild(_key.Rebuild):
     parts = TreeDefPart._make(k).nodes
     if parts is None or not self.has_leaf(parts):
       return treedef
-    t, aux_key, children_parts = parts[:3]   # then the class's part
+    node = NodePart._make(parts)   # its class's part (node.klass): kept
     aux = treedef.node_data()[1]
-    if t not in BUILTIN_NODES:
-      aux = self.value(aux, aux_key)
+    if node.type not in BUILTIN_NODES:
+      aux = self.value(aux, node.aux)
     children = [self.treedef(c, (TREEDEF, p))
-                for c, p in zip(treedef.children(), children_parts)]
-    return _compat.make_treedef(treedef, (t, aux), children)
+                for c, p in zip(treedef.children(), node.children)]
+    return _compat.make_treedef(treedef, (node.type, aux), children)
 
   def copy(self, obj, k):
     """A shallow copy of a plain object with its lifted attributes replaced;
