@@ -312,6 +312,39 @@ def test_parts_of_the_closure_key_modules_own_walk_are_named():
   assert [n for n, _ in names.named_parts(f, package)] == ["cell 'd'[0]"]
 
 
+def _helper_scale(w, x):
+  return x * w
+
+
+class _Scaler:
+  def __init__(self, w):
+    self.w = w
+
+  def apply(self, x):
+    return x * self.w
+
+
+def test_explanations_name_partials_methods_and_library_attributes():
+  """A partial's and a bound method's parts are named under their carrier
+  (not run together with it), and a partial and a method render as
+  themselves, not as a raw tuple."""
+  from jax_closure_cache.key import names, parts as key_parts
+  part = functools.partial(_helper_scale, 2.0)
+  apply = _Scaler(3.0).apply
+
+  def f(x):
+    return part(x) + apply(x) + jnp.tanh(x)
+  key = closure.analyse(f).key
+  named = [n for n, _ in names.named_parts(f, key)]
+  assert "cell 'apply' -> self" in named, named
+  assert "cell 'part' -> partial arg 0" in named, named
+  assert not [n for n in named if "'part'partial" in n or "'apply'method" in n]
+  cells = dict(zip(f.__code__.co_freevars, key_parts.FnPart._make(key).cells))
+  assert names.render(cells["part"]) == ("partial(_helper_scale)", "partial")
+  assert names.render(cells["apply"]) == ("method _Scaler.apply",
+                                          "bound method")
+
+
 # The view of each marker's compound part (``key/parts.py``); bare markers
 # stand alone in a key, never at a tuple's head.
 _VIEWS = {"ALIAS": "AliasPart", "CYCLE": "CyclePart", "WEAKREF": "WeakrefPart",

@@ -53,15 +53,16 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
       yield from named_parts(None, part, f"{prefix}[{i}]")
   elif type(key) is tuple and key and key[0] is key_parts.PARTIAL:
     p = key_parts.PartialPart._make(key)
-    yield from named_parts(None, p.func, prefix + "partial func -> ")
+    yield from named_parts(None, p.func, _sub(prefix, "partial func -> "))
     for i, part in enumerate(p.args):
-      yield from named_parts(None, part, f"{prefix}partial arg {i}")
+      yield from named_parts(None, part, _sub(prefix, f"partial arg {i}"))
     for k, part in p.keywords:
-      yield from named_parts(None, part, f"{prefix}partial keyword {k!r}")
+      yield from named_parts(None, part,
+                             _sub(prefix, f"partial keyword {k!r}"))
   elif type(key) is tuple and key and key[0] is key_parts.METHOD:
     m = key_parts.MethodPart._make(key)
-    yield from named_parts(None, m.func, prefix + "method -> ")
-    yield prefix + "self", m.instance
+    yield from named_parts(None, m.func, _sub(prefix, "method -> "))
+    yield _sub(prefix, "self"), m.instance
   elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
     w = key_parts.WrapperPart._make(key)
     kind = _sub(prefix, "jitted" if w.type.__name__.endswith("Jitted")
@@ -156,6 +157,22 @@ def render(part) -> tuple[str, str]:
     if tag is key_parts.CYCLE:
       return (f"back-reference #{key_parts.CyclePart._make(part).index}",
               "cycle")
+    if tag is key_parts.LIBATTR:
+      return (_name_of(key_parts.LibAttrPart._make(part).obj),
+              "library attribute, by identity")
+    if tag is key_parts.WEAKREF:
+      referent = key_parts.WeakrefPart._make(part).referent
+      return ("dead" if referent is None else render(referent)[0],
+              "weak reference")
+    if tag is key_parts.PARTIAL:
+      return (f"partial({render(key_parts.PartialPart._make(part).func)[0]})",
+              "partial")
+    if tag is key_parts.METHOD:
+      return (f"method {render(key_parts.MethodPart._make(part).func)[0]}",
+              "bound method")
+    if tag is key_parts.WRAPPER:
+      w = key_parts.WrapperPart._make(part)
+      return f"{w.type.__name__}({render(w.inner)[0]})", "wrapper"
     if isinstance(tag, type) and len(part) in (2, 3):
       # an Atom, or a user class's ValuePart
       view = key_parts.Atom if len(part) == 2 else key_parts.ValuePart
@@ -165,6 +182,14 @@ def render(part) -> tuple[str, str]:
   if isinstance(part, (types.FunctionType, type)):
     return part.__qualname__, "by identity"
   return repr(part), type(part).__name__
+
+
+def _name_of(obj) -> str:
+  module = getattr(obj, "__module__", None)
+  name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+  if name is None:
+    return repr(obj)
+  return f"{module}.{name}" if isinstance(module, str) else name
 
 
 def _describe_change(name: str, old, new) -> str:
