@@ -107,3 +107,23 @@ def test_cache_agrees_with_stock_on_value_grammar_programs(request, capfd):
       f"--grammar-examples {first.program.index + 1}",
   ]
   pytest.fail("\n".join(lines), pytrace=False)
+
+
+def test_every_ten_programs_meet_the_focused_classes():
+  """Any ten consecutive programs hold a dict whose insertion order changes
+  between steps and a schedule whose later step makes the trace's Python
+  arithmetic raise (under ``jit`` or ``grad``, no trace-time log): the
+  classes a short budget would otherwise rarely meet."""
+  for seed in (0, 1, 7):
+    for start in range(0, 60, 10):
+      programs = [value_grammar.generate(seed, i)
+                  for i in range(start, start + 10)]
+      slots = [(p, s) for p in programs for s in p.slots]
+      assert any(s.kind == "dict" and len(
+          {tuple(k for k, _ in spec[1]) for spec in s.specs}) > 1
+                 for _, s in slots), (seed, start)
+      assert any(
+          (s.kind == "lr" and 0.0 in s.specs[1:]
+           or s.kind == "count" and 2500 in s.specs[1:])
+          and p.forms in (["jit"], ["grad"]) and not p.trace_log
+          for p, s in slots), (seed, start)

@@ -45,6 +45,11 @@ Call forms: ``jax.jit``, ``jax.jit(jax.grad)``, ``jax.jit(jax.vmap)``,
 ``while_loop``/``cond`` with a fresh body, and a fresh function passed as a
 static argument of a long-lived jitted function.
 
+Two programs in every ten are *focused* (:data:`FOCUS`): their first slot
+is a class drawn programs meet rarely (a dict in another insertion order
+each step; a schedule whose later step makes the trace's Python arithmetic
+raise), so every budget of ten programs or more meets each.
+
 :func:`generate` draws program ``index`` of a seed (deterministic),
 :func:`check` runs it with stock jit and twice with the cache in verify
 mode and returns the differences, :func:`shrink` makes a failing program
@@ -1051,8 +1056,59 @@ def generate(seed: int, index: int) -> Program:
       actions.append(action)
       spec = new
     slots.append(Slot(kind, carrier, rng.random() < 0.4, specs, actions))
-  return Program(seed, index, forms, rng.choice(TOPS), rng.choice(XS),
-                 rng.random() < 0.5, slots)
+  program = Program(seed, index, forms, rng.choice(TOPS), rng.choice(XS),
+                     rng.random() < 0.5, slots)
+  focus = FOCUS.get(index % FOCUS_PERIOD)
+  if focus is not None:   # its own generator: other programs stay the same
+    focus(random.Random(f"value-grammar-focus:{seed}:{index}"), program)
+  return program
+
+
+# ---------------------------------------------------------------------------
+# Focused programs: classes a drawn program meets rarely (a dict's values in
+# another insertion order, a schedule reaching a value Python's arithmetic
+# raises on), made the first slot of every program whose index is one
+# residue modulo FOCUS_PERIOD, so every budget of FOCUS_PERIOD programs or
+# more meets each. The rest of the program stays as drawn.
+
+FOCUS_PERIOD = 10
+
+
+def _focus_dict_order(rng, program):
+  """A dict of three keys whose values come back in another insertion
+  order from step to step (fresh objects, or the same dict refilled)."""
+  items = tuple((k, rng.choice(NUMS)) for k in rng.sample(KEYS, 3))
+  orders = [items, items[::-1], items[1:] + items[:1]]
+  long_lived = rng.random() < 0.4
+  carrier = rng.choice(("cell", "lambda", "partial", "default", "global",
+                        "attr", "pytree_leaf", "pytree_aux"))
+  specs = [("dict", orders[step % 3]) for step in range(program.steps)]
+  actions = ["new"] + ["mutate" if long_lived else "new"] * (
+      program.steps - 1)
+  program.slots[0] = Slot("dict", carrier, long_lived, specs, actions)
+
+
+def _focus_raising_schedule(rng, program):
+  """A schedule (a float hyperparameter, or an int count) whose later step
+  makes the trace's Python arithmetic raise (``1.0 / 0.0``, an int past
+  int32) after steps that trace, through a carrier the key reads, under
+  ``jit`` or ``grad`` and with no trace-time log."""
+  if rng.random() < 0.6:
+    kind, pool, trigger = "lr", [v for v in SCHEDULE_FLOATS if v], 0.0
+  else:
+    kind, pool, trigger = "count", [n for n in SCHEDULE_INTS
+                                    if n < 1000], 2500
+  first, second = rng.sample(pool, 2)
+  specs = ([first, second, trigger] + [first])[:program.steps]
+  program.slots[0] = Slot(kind, rng.choice(("cell", "default", "global",
+                                           "attr", "lambda")),
+                          False, specs, ["new"] * program.steps)
+  program.forms = [rng.choice(("jit", "grad"))]
+  program.trace_log = False
+
+
+FOCUS = types.MappingProxyType({3: _focus_dict_order,
+                                8: _focus_raising_schedule})
 
 
 def _floaty(v) -> bool:
