@@ -35,6 +35,7 @@ Invariants:
 from __future__ import annotations
 
 import inspect
+import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -114,6 +115,22 @@ def _binder(fun, functions, params):
       kwargs[name] = next(values) if is_function else next(plain_values)
     return fun(*full, **kwargs)
   return call_with_static_arguments
+
+
+def _binder_of_one(fun, function, params):
+  """:func:`_binder` for one function among the static arguments, held in
+  its own cell: the key walks it directly, and its matcher checks it with
+  no pytree of functions to flatten."""
+  def call_with_static_function(*args, **kwargs):
+    positions, names, plain = params.value
+    plain_values = iter(plain)
+    full = list(args)
+    for i, is_function in positions:
+      full.insert(i, function if is_function else next(plain_values))
+    for name, is_function in names:
+      kwargs[name] = function if is_function else next(plain_values)
+    return fun(*full, **kwargs)
+  return call_with_static_function
 
 
 class _Bound(wrapper.ClosureJitted):
@@ -257,11 +274,16 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   good (no frame of ours per call, as for any long-lived jitted function).
   It holds the function as stock's own cache does.
   """
-  __slots__ = ("_owned",)
+  __slots__ = ("_owned", "_quick")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._owned = None
+    # ``(n, position, layout, params)`` of the last call with n positional
+    # arguments whose one static argument, at ``position``, was a fresh
+    # closure: a later such call skips the search for functions among the
+    # static values and the identity lookup (``_call_quick``)
+    self._quick = None
     # Stock's own jitted object, made now: its argument validation raises
     # here, at jit() time, as stock's does (an unknown static_argnames, an
     # out-of-range static_argnums, static and donated names intersecting).
@@ -276,6 +298,13 @@ class StaticArgsJitted(wrapper.ClosureJitted):
         if owned[2] >= identity.PROMOTE_AFTER_CALLS:
           self._go_direct(self.stock())
         return self.stock()(*args, **kwargs)
+    quick = self._quick
+    if quick is not None and not kwargs and len(args) == quick[0]:
+      fun = args[quick[1]]
+      if (type(fun) is types.FunctionType and fun.__closure__ is not None
+          and not identity.getweakrefcount(fun)
+          and not _compat.DISABLE_JIT.value):
+        return self._call_quick(quick, fun, args)
     layout = _layout(self._spec)
     positions = layout.positions_of(len(args))
     names = [k for k in layout.argnames if k in kwargs] if kwargs else []
@@ -339,12 +368,36 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     out = bound(*dynamic, **dyn_kwargs)
     if single:
       table[ref] = (params, bound.decided())
+      if (not names and not plain and len(positions) == 1
+          and type(user) is types.FunctionType
+          and user.__closure__ is not None):
+        self._quick = (len(args), positions[0], layout, params)
+    return out
+
+  def _call_quick(self, quick, fun, args):
+    """:meth:`_call_bound` for a call shaped as ``quick`` whose static
+    function ``fun`` is a closure nothing refers to weakly, so no identity
+    row can name it: its first call, decided as the general path decides
+    one (the same binder, options and parameters, its row recorded)."""
+    _, position, layout, params = quick
+    table = self._table()
+    if table is None:   # this wrapper's function keeps no rows
+      return self._call_bound(layout, args, {}, (position,), [], [fun],
+                              [fun])
+    ref = identity.ref(fun, table.pop)
+    bound = self._make_bound(layout, (position,), [], [fun], (fun,), params,
+                             fun, self.stock())
+    out = bound(*args[:position], *args[position + 1:])
+    table[ref] = (params, bound.decided())
     return out
 
   def _make_bound(self, layout, positions, names, static_values, functions,
                   params, user, stock) -> _Bound:
     options, options_key = layout.bound_options(tuple(positions))
-    return _Bound(_binder(self._fun, functions, params), options, options_key,
+    binder = (_binder_of_one(self._fun, functions[0], params)
+              if len(functions) == 1 else
+              _binder(self._fun, functions, params))
+    return _Bound(binder, options, options_key,
                   self._spec.lift_numpy, user, stock,
                   (positions, names, static_values))
 
