@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +108,31 @@ def test_long_lived_static_function_is_stocks():
     got, want = apply(f, x), stock(twin, x)
     np.testing.assert_array_equal(got, want)
     box[0] = twin_box[0] = jnp.eye(3) * (step + 2)
+
+
+def test_a_held_closure_after_fresh_ones_keeps_its_first_answer():
+  """After fresh closures have taught the wrapper the call's shape (its
+  quick path), a closure the user keeps and passes again is still answered
+  as its first call decided (stock's stale trace included), and a weakly
+  referenced one as stock answers it; each against stock on twins put
+  through the same steps."""
+  def make(scale):
+    box = [jnp.eye(3) * scale]
+    return box, (lambda v: box[0] @ v)
+  apply = jcc.jit(_apply, static_argnums=0)
+  stock = STOCK_JIT(_apply, static_argnums=0)
+  for i in range(4):   # fresh closures, each its first call
+    _, f = make(i + 1.0)
+    _, twin = make(i + 1.0)
+    np.testing.assert_array_equal(apply(f, x), stock(twin, x))
+  for weakly_referenced in (False, True):
+    box, f = make(5.0)
+    twin_box, twin = make(5.0)
+    refs = [weakref.ref(f), weakref.ref(twin)] if weakly_referenced else []
+    for step in range(3):
+      np.testing.assert_array_equal(apply(f, x), stock(twin, x))
+      box[0] = twin_box[0] = jnp.eye(3) * (step + 7)
+    assert [r() for r in refs] == ([f, twin] if weakly_referenced else [])
 
 
 def _with_cache_off(call):
