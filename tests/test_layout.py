@@ -7,6 +7,7 @@ import ast
 import collections
 import importlib
 import os
+import re
 import weakref
 
 import pytest
@@ -272,6 +273,69 @@ def test_contributing_names_every_module():
     if f"`{rel}`" not in text and f"`{os.path.basename(rel)}`" not in text:
       missing.append(rel)
   assert missing == []
+
+
+def _defined_names(tree) -> set:
+  """Every name a module defines: functions, classes, their methods and
+  attributes, assigned names and imports."""
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+      names.add(node.id)
+    elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+      names.add(node.attr)
+    elif isinstance(node, ast.alias):
+      names.add((node.asname or node.name).split(".")[0])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      names.add(node.value)   # generated sources, __slots__ entries
+  return names
+
+
+#: JAX's own names a row of the module table mentions
+_JAXS_NAMES_IN_CONTRIBUTING = frozenset({"odeint", "weakref_lru_cache"})
+#: the command line's subcommands (``python -m jax_closure_cache patch``)
+_COMMANDS = frozenset({"run", "bench", "doctor", "patch"})
+
+
+def test_contributing_module_rows_name_what_their_module_defines():
+  """Each backticked identifier in a row of CONTRIBUTING.md's module table
+  (``| `path` | ... |``) is defined in that row's module, or at the top
+  level of another (``enable``, ``Walk``): a renamed or removed function
+  leaves no stale name behind."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  with open(os.path.join(os.path.dirname(here), "CONTRIBUTING.md")) as f:
+    rows = [line for line in f if line.startswith("| `")]
+  by_rel = {os.path.relpath(path, ROOT): path for path in MODULES.values()}
+  # what a row may name of another module: its top-level definitions
+  top_level = set(_JAXS_NAMES_IN_CONTRIBUTING)
+  top_level |= {name.rsplit(".", 1)[-1] for name in MODULES}   # `doctor`
+  top_level |= set(_COMMANDS)
+  for path in MODULES.values():
+    with open(path) as f:
+      for node in ast.parse(f.read()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+          top_level.add(node.name)
+        elif isinstance(node, ast.Assign):
+          top_level |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+  stale, checked = [], 0
+  for row in rows:
+    cells = row.split("|")
+    rel = cells[1].strip().strip("`")
+    if rel not in by_rel:
+      continue
+    with open(by_rel[rel]) as f:
+      defined = _defined_names(ast.parse(f.read()))
+    for token in re.findall(r"`([^`]+)`", "|".join(cells[2:])):
+      token = token.lstrip(".").removesuffix("()")
+      if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token):
+        continue
+      checked += 1
+      if token not in defined and token not in top_level:
+        stale.append(f"{rel}: {token}")
+  assert checked > 100, checked
+  assert stale == []
 
 
 def test_no_module_imports_by_name_at_run_time():
