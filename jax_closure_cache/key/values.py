@@ -234,6 +234,8 @@ wrapper_rules = cache.STORE.own("closure_key.WRAPPERS", _key.WRAPPERS,
                                 cache.Store.REGISTRY)
 cache.STORE.own("closure_key.active_rules", _key.active_rules,
                 cache.Store.REGISTRY)
+# which globals a code reads: read off code objects alone, weakly keyed
+cache.STORE.own("closure_key.code_names", _key.code_names, cache.Store.FACTS)
 
 
 def register_wrapper(cls: type, split, join) -> None:

@@ -112,6 +112,9 @@ def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
 # The closure-keyed lookup inside a cache on the function object: identity
 # first.
 _cached = _compat.weakref_lru_cache(_looked_up)
+# dropped by clear() (and so by ``jax.clear_caches()``, as stock's
+# ``trace_to_jaxpr`` cache), not by release_traces(): stock keeps these
+cache.STORE.own("trace_lookup.cached", _cached, cache.Store.CALLS)
 
 
 def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,

@@ -377,6 +377,12 @@ def _nested_unnamed(jaxpr) -> Hashed:
   return Hashed(_open_structure(jaxpr, None, None, named=False))
 
 
+# a nested jaxpr's structure while the jaxpr lives (named and unnamed)
+cache.STORE.own("structure.nested", _nested_cached, cache.Store.CALLS)
+cache.STORE.own("structure.nested_unnamed", _nested_unnamed,
+                cache.Store.CALLS)
+
+
 def _nested_const(c) -> tuple:
   size = getattr(c, "size", 1)
   if size > NESTED_CONST_ELEMENTS:
