@@ -161,7 +161,7 @@ def front_class(base: type, spec, code, quicks, env: dict,
       "__module__": base.__module__, "__qualname__": base.__qualname__,
       "__doc__": base.__doc__, "_code": code, "_spec": spec,
       # keyed, split and joined as ``base`` (values.register_wrapper)
-      "_keyed_as": base})
+      "__keyed_as__": base})
   return cls
 
 

@@ -153,8 +153,11 @@ class Analysis(_key.Walk):
     if t is _PyTreeDef and node_data_function(v) is not None:
       return (TREEDEF, self.node_parts(v))   # split from its leaves
     rule = wrapper_rules.get(t)
-    if rule is None and "_keyed_as" in t.__dict__:
-      t = t.__dict__["_keyed_as"]   # a fast front's class (front/generated.py)
+    if rule is None and "__keyed_as__" in t.__dict__:
+      # a class keyed as a registered wrapper class it says it is (a fast
+      # front's generated class, keyed as the wrapper class it extends);
+      # read from the class's own namespace, never inherited
+      t = t.__dict__["__keyed_as__"]
       rule = wrapper_rules[t]
     if rule is not None:
       return self.wrapper(v, t, rule)
