@@ -310,6 +310,9 @@ from jax._src import monitoring as _monitoring   # noqa: E402
 #: JAX's monitoring module; its ``_event_listeners`` list is non-empty when
 #: a listener is registered (the hot path reads the attribute each time).
 monitoring_module = _monitoring
+#: That attribute's name, for generated code that reads it off the module
+#: (``front/generated.py``'s hit): the one place the name is spelled.
+MONITORING_LISTENERS = "_event_listeners"
 
 
 from jax._src import dispatch as _dispatch   # noqa: E402
@@ -323,7 +326,7 @@ COMPILE_DURATION_EVENTS = frozenset({
 def monitoring_active() -> bool:
   """Whether any ``jax.monitoring`` event listener is registered (read each
   time: ``clear_event_listeners`` rebinds the list)."""
-  return bool(_monitoring._event_listeners)
+  return bool(getattr(_monitoring, MONITORING_LISTENERS))
 
 
 def weakref_lru_cache(fun, maxsize: int | None = None):

@@ -34,6 +34,8 @@ import functools
 import os
 import textwrap
 
+from jax_closure_cache import _compat
+
 #: Filename of every generated front (in tracebacks and profiles): below
 #: the package's folder, so that JAX's traceback filter hides it as it
 #: hides the package's other frames.
@@ -70,9 +72,9 @@ return res
 
 #: The hit: counts it, pins the entry to this wrapper (the row), publishes
 #: the row when the function may be wrapped again, and calls (:data:`CALL`).
-HIT = """\
+HIT = f"""\
 entry.record.front += 1   # counts in stats() and as the entry's use
-if MONITORING._event_listeners:
+if MONITORING.{_compat.MONITORING_LISTENERS}:
   RECORD_EVENT("/jax_closure_cache/hit")
 row = self._row = [entry, key, out, 0]
 if getrefcount(f) > LONE:
