@@ -25,8 +25,11 @@ from jax import tree_util
 from jax_closure_cache import _compat
 
 BUDGET = 4096      # values walked per key
-_STABLE = frozenset({"jax", "jaxlib", "numpy", "scipy", "builtins",
-                     "functools", "operator", "math", "itertools"})
+#: Top-level packages whose functions the walk takes as stable (keyed by
+#: identity, their globals not walked): the one list, which the package's
+#: code plans extend (``code_plan.STABLE_PACKAGES``).
+STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "scipy", "builtins",
+                             "functools", "operator", "math", "itertools"})
 _DRAWING = ("numpy.random", "scipy.stats")   # a new value on every call
 DYNAMIC_READS = frozenset({"globals", "eval", "exec", "__import__"})
 
@@ -202,7 +205,7 @@ def cell_filled(cell) -> bool:
 
 def _is_stable(f, module=None) -> bool:   # library code: keyed by identity
   module = module or getattr(f, "__module__", None)
-  return (isinstance(module, str) and module.partition(".")[0] in _STABLE
+  return (isinstance(module, str) and module.partition(".")[0] in STABLE_PACKAGES
           and not module.startswith(_DRAWING))
 
 

@@ -20,6 +20,7 @@ import types
 from typing import NamedTuple
 
 from jax_closure_cache import cache
+from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.parts import MISSING, NOCHAIN
 
 _ModuleType = types.ModuleType
@@ -101,12 +102,15 @@ def is_module_level(fun: types.FunctionType) -> bool:
 
 #: Top-level packages whose functions are taken as stable: their globals are
 #: not walked (a user does not reassign ``jax.numpy``'s module globals), and
-#: they are keyed by identity. Everything else a traced function reaches,
-#: module-level helpers included, is walked to the function budget (this
-#: package's module-level functions aside: :func:`is_stable`).
-STABLE_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
-                             "opt_einsum", "scipy"}) | frozenset(
-                                 getattr(sys, "stdlib_module_names", ()))
+#: they are keyed by identity. The closure key module's list, extended by
+#: jax's own dependencies and the whole standard library. Everything else a
+#: traced function reaches, module-level helpers included, is walked to the
+#: function budget (this package's module-level functions aside:
+#: :func:`is_stable`). (``values.IDENTITY_PACKAGES`` is another list: whose
+#: objects are kept by identity where the walk cannot read them.)
+STABLE_PACKAGES = closure_key.STABLE_PACKAGES | frozenset(
+    {"ml_dtypes", "opt_einsum"}) | frozenset(
+        getattr(sys, "stdlib_module_names", ()))
 # module name -> whether it is stable (bounded: 4096 names)
 _stable_modules: dict = cache.STORE.table("code_plan.stable_modules",
                                          cache.Store.FACTS)
