@@ -36,10 +36,14 @@ PROMOTE_AFTER_CALLS = 256
 #   it, as stock would), or
 # * a list ``[entry, key, leaves, calls]`` ("pinned"): the shared entry its
 #   first call used, the full key it was found under, the arrays it read
-#   then, and how many calls it has had since.
+#   then, and how many calls it has had since; read by the indices below.
+#   (A list, not a class: the hit makes one per fresh function object, and
+#   a list display costs a quarter of a slotted class's construction.)
 #
 # Rows refer neither to the function nor, once it dies, to anything of it.
 OWNED = weakref.ReferenceType
+PINNED = list
+ENTRY, KEY, LEAVES, CALLS = range(4)   # a pinned row's fields
 
 # options key -> {weakref(function object): row}. Each weak reference's
 # callback is its table's own ``pop``, so a row goes, with no Python frame of

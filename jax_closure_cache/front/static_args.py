@@ -153,12 +153,13 @@ class _Bound(wrapper.ClosureJitted):
     """The row this call's first object got (its entry, key and leaves)
     where it was answered by a shared entry; None where stock answered."""
     row = self._row
-    return row if type(row) is list else None
+    return row if type(row) is identity.PINNED else None
 
   def resume(self, row: list, args, kwargs):
     """Call the entry of ``row`` (an earlier binder's ``decided()``) for
     this binder's static function, as that binder's later calls would."""
-    return self._call_entry(row[0], row[1], row[2], args, kwargs)
+    return self._call_entry(row[identity.ENTRY], row[identity.KEY],
+                            row[identity.LEAVES], args, kwargs)
 
   def _presented(self):
     """The user's jitted function as stock's trace names it: its name,
@@ -345,14 +346,14 @@ class StaticArgsJitted(wrapper.ClosureJitted):
         row = table.get(ref)
       except TypeError:
         single = False
-    if row is not None and row[0] == params:
-      state = row[1]
+    seen, state = row if row is not None else (None, None)
+    if row is not None and seen == params:
       if state is None:
         if not names and len(positions) == 1:
           self._owned = [positions[0], functions[0], 0]
         return stock(*args, **kwargs)
-      state[3] += 1
-      if state[3] < identity.PROMOTE_AFTER_CALLS:
+      state[identity.CALLS] += 1
+      if state[identity.CALLS] < identity.PROMOTE_AFTER_CALLS:
         bound = self._make_bound(layout, positions, names, static_values,
                             functions, params, user, stock)
         return bound.resume(state, dynamic, dyn_kwargs)

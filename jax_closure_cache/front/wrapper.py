@@ -210,7 +210,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     wrapper of the same function object finds it (the hot path records it
     only when something besides this wrapper holds the function)."""
     row = self._row
-    if type(row) is list:
+    if type(row) is identity.PINNED:
       try:
         self._spec.table.setdefault(
             identity.ref(self._fun, self._spec.table.pop), row)
@@ -244,7 +244,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return 0
     if type(row) is identity.OWNED:
       return _compat.cache_size(self.stock())
-    return _compat.cache_size(row[0].jitted)
+    return _compat.cache_size(row[identity.ENTRY].jitted)
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)
@@ -293,7 +293,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return None
     row = self._row or identity.row_of(self._fun, self._spec.key)
     if row is not None:
-      return (row[0], row[2]) if type(row) is list else None
+      return ((row[identity.ENTRY], row[identity.LEAVES])
+              if type(row) is identity.PINNED else None)
     try:
       a, _, entry = self._stored()
     except (Uncacheable, TypeError):
@@ -400,14 +401,15 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       # Each call with the entry passes the leaves as arguments, about a
       # microsecond per array more than stock's baked executable: the more
       # arrays, the sooner a long-lived object is worth stock's compile.
-      row[3] += len(row[2]) or 1
-      if row[3] >= identity.PROMOTE_AFTER_CALLS:
+      row[identity.CALLS] += len(row[identity.LEAVES]) or 1
+      if row[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS:
         row = self._promote(row)
     if type(row) is _OWNED:
       return self._stock_of(row)(*args, **kwargs)
     if _DISABLE_JIT.value:
       return self._fun(*args, **kwargs)
-    return self._call_entry(row[0], row[1], row[2], args, kwargs)
+    return self._call_entry(row[identity.ENTRY], row[identity.KEY],
+                            row[identity.LEAVES], args, kwargs)
 
   def _promote(self, row):
     """Give a long-lived object stock's own executable, if its closure still
@@ -421,7 +423,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     except (Uncacheable, TypeError):
       same = False
     if not same:
-      row[3] = -(1 << 62)   # never ask again
+      row[identity.CALLS] = -(1 << 62)   # never ask again
       return row
     return self._own()
 
