@@ -353,8 +353,11 @@ def test_no_module_imports_by_name_at_run_time():
     for node in ast.walk(tree):
       if isinstance(node, ast.Attribute) and node.attr == "import_module":
         wrong.append(f"{name}: import_module")
-      elif isinstance(node, ast.Name) and node.id == "__import__":
-        wrong.append(f"{name}: __import__")
+      elif isinstance(node, ast.Name) and node.id in ("__import__",
+                                                      "import_module"):
+        wrong.append(f"{name}: {node.id}")
+      elif isinstance(node, ast.alias) and node.name == "import_module":
+        wrong.append(f"{name}: from importlib import import_module")
   assert wrong == []
 
 
