@@ -339,6 +339,31 @@ def test_contributing_module_rows_name_what_their_module_defines():
   assert stale == []
 
 
+def test_the_miss_stages_declare_what_they_read_of_the_wrapper():
+  """``front/miss.py``'s ``MissStages`` (the wrapper's slow paths, a base
+  class of ``ClosureJitted`` in another module) reads through ``self`` only
+  private names it declares itself, which the wrapper class defines."""
+  from jax_closure_cache.front import wrapper
+  with open(MODULES[f"{PACKAGE}.front.miss"]) as f:
+    tree = ast.parse(f.read())
+  cls = next(n for n in tree.body
+             if isinstance(n, ast.ClassDef) and n.name == "MissStages")
+  declared = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+  declared |= {n.target.id for n in cls.body
+               if isinstance(n, ast.AnnAssign)}
+  declared |= {t.id for n in cls.body if isinstance(n, ast.Assign)
+               for t in n.targets if isinstance(t, ast.Name)}
+  read = {n.attr for n in ast.walk(cls)
+          if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+          and n.value.id == "self" and n.attr.startswith("_")
+          and not n.attr.startswith("__")}
+  assert read - declared == set()
+  for name in ("_user", "_presented", "_own", "_pin", "_remember_matcher",
+               "_constants_are_operands"):
+    assert name in vars(wrapper.ClosureJitted), name   # defined, not inherited
+  assert {"_fun", "_spec"} <= set(wrapper.ClosureJitted.__slots__)
+
+
 def test_no_module_imports_by_name_at_run_time():
   """Every import is an import statement this file reads: no
   ``importlib.import_module`` or ``__import__`` chooses a module at run

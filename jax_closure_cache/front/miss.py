@@ -71,9 +71,34 @@ class MissStages:
   key covers what its trace captured, with guards for the rest), and
   ``_fallback`` / ``_retry_stock`` (stock answers, and says why).
 
-  They read the wrapper's state (``ClosureJitted``): ``_fun``, ``_spec``,
-  ``_user()``, ``_presented()``, ``stock()``, ``_own()``, ``_pin()``,
-  ``_remember_matcher()`` and ``_constants_are_operands``."""
+  What they read of the wrapper is declared below (``ClosureJitted``
+  defines each): its slots ``_fun`` and ``_spec``, a class attribute, and
+  the methods a wrapper class provides (``stock()`` is public)."""
+
+  _fun: object    # the user's function (a slot of the wrapper)
+  _spec: object   # its options' ``JitSpec`` (a slot, or a front's class attribute)
+  #: whether stock takes the trace's constants as operands (a launcher)
+  _constants_are_operands = False
+
+  def _user(self):
+    """The function diagnostics name and first-object-is-stock's reads."""
+    raise NotImplementedError
+
+  def _presented(self):
+    """What the shared trace is named after, or None."""
+    raise NotImplementedError
+
+  def _own(self):
+    """Make this function object stock's for good; stock's answer."""
+    raise NotImplementedError
+
+  def _pin(self, entry, key, leaves) -> None:
+    """Pin this function object to ``entry`` (its identity row)."""
+    raise NotImplementedError
+
+  def _remember_matcher(self, key, entry) -> None:
+    """File ``key``'s generated matcher under the function's code."""
+    raise NotImplementedError
 
   def _verified(self, f, key, entry, leaves, args, kwargs, result):
     """``result`` of a hit of ``entry`` for ``f`` where verify mode finds
