@@ -339,7 +339,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     # function computes something else: its row is its own).
     single = len(functions) == 1 and _is_function(functions[0])
     table = self._table() if single else None
-    row = None
+    row = ref = None
     if table is not None:
       try:
         ref = identity.ref(functions[0], table.pop)
@@ -364,11 +364,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       # answers, as it would (it reuses the trace of an earlier value equal
       # under ==, where a shared entry would trace this one's).
       return stock(*args, **kwargs)
-    bound = self._make_bound(layout, positions, names, static_values,
-                             functions, params, user, stock)
-    out = bound(*dynamic, **dyn_kwargs)
+    out = self._first_call(layout, positions, names, static_values,
+                           functions, params, user, dynamic, dyn_kwargs,
+                           table if single else None, ref)
     if single:
-      table[ref] = (params, bound.decided())
       if (not names and not plain and len(positions) == 1
           and type(user) is types.FunctionType
           and user.__closure__ is not None):
@@ -385,11 +384,20 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     if table is None:   # this wrapper's function keeps no rows
       return self._call_bound(layout, args, {}, (position,), [], [fun],
                               [fun])
-    ref = identity.ref(fun, table.pop)
-    bound = self._make_bound(layout, (position,), [], [fun], (fun,), params,
-                             fun, self.stock())
-    out = bound(*args[:position], *args[position + 1:])
-    table[ref] = (params, bound.decided())
+    return self._first_call(layout, (position,), [], [fun], (fun,), params,
+                            fun, (*args[:position], *args[position + 1:]),
+                            {}, table, identity.ref(fun, table.pop))
+
+  def _first_call(self, layout, positions, names, static_values, functions,
+                  params, user, dynamic, dyn_kwargs, table, ref):
+    """The first call of a static function under this wrapper: a new
+    binder's call, whose decision is recorded as the function's row in
+    ``table`` under ``ref`` (None: no row is kept)."""
+    bound = self._make_bound(layout, positions, names, static_values,
+                             functions, params, user, self.stock())
+    out = bound(*dynamic, **dyn_kwargs)
+    if table is not None:
+      table[ref] = (params, bound.decided())
     return out
 
   def _make_bound(self, layout, positions, names, static_values, functions,
