@@ -343,14 +343,16 @@ def test_the_miss_stages_declare_what_they_read_of_the_wrapper():
   """``front/miss.py``'s ``MissStages`` (the wrapper's slow paths, a base
   class of ``ClosureJitted`` in another module) reads through ``self`` only
   private names it declares itself, which the wrapper class defines."""
-  from jax_closure_cache.front import wrapper
+  from jax_closure_cache.front import miss, wrapper
   with open(MODULES[f"{PACKAGE}.front.miss"]) as f:
     tree = ast.parse(f.read())
   cls = next(n for n in tree.body
              if isinstance(n, ast.ClassDef) and n.name == "MissStages")
   declared = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
-  declared |= {n.target.id for n in cls.body
-               if isinstance(n, ast.AnnAssign)}
+  assert not any(isinstance(n, ast.AnnAssign) for n in cls.body)
+  declared |= {e.value for n in cls.body if isinstance(n, ast.Assign)
+               and [t.id for t in n.targets] == ["_WRAPPER_SLOTS"]
+               for e in n.value.elts}
   declared |= {t.id for n in cls.body if isinstance(n, ast.Assign)
                for t in n.targets if isinstance(t, ast.Name)}
   read = {n.attr for n in ast.walk(cls)
@@ -362,6 +364,8 @@ def test_the_miss_stages_declare_what_they_read_of_the_wrapper():
                "_constants_are_operands"):
     assert name in vars(wrapper.ClosureJitted), name   # defined, not inherited
   assert {"_fun", "_spec"} <= set(wrapper.ClosureJitted.__slots__)
+  assert set(miss.MissStages._WRAPPER_SLOTS) <= set(
+      wrapper.ClosureJitted.__slots__)
 
 
 def test_no_module_imports_by_name_at_run_time():

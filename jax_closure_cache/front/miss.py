@@ -75,8 +75,11 @@ class MissStages:
   defines each): its slots ``_fun`` and ``_spec``, a class attribute, and
   the methods a wrapper class provides (``stock()`` is public)."""
 
-  _fun: object    # the user's function (a slot of the wrapper)
-  _spec: object   # its options' ``JitSpec`` (a slot, or a front's class attribute)
+  #: the wrapper's slots they read: ``_fun`` (the user's function) and
+  #: ``_spec`` (its options' ``JitSpec``; a slot, or a front's class
+  #: attribute). Names, not annotations: a class annotation would show in
+  #: the wrapper's ``__annotations__``, which must be the user's, as stock's.
+  _WRAPPER_SLOTS = ("_fun", "_spec")
   #: whether stock takes the trace's constants as operands (a launcher)
   _constants_are_operands = False
 
