@@ -24,7 +24,10 @@ in the order given. The check:
    copy), once with each option the PRs define set on and once with it off
    (`JAX_<OPTION>=1` / `=0`), or once if they define none. With --quick:
    only api_test.py with `-k "Caching or jit or cache"` (about a minute per
-   run on 2 cores).
+   run on 2 cores). With --off-quick: the two files whole with the options
+   on (the PRs' new paths), and that quick selection with them off (the
+   jit and caching tests, where an option-off path meets stock's code);
+   CI's form, to keep within its time.
 
 Failures listed in allowed/<tag>.txt (stock failures of that jax) or, with
 an option on, in allowed/<tag>-on.txt are tolerated; any other failure, a
@@ -164,6 +167,9 @@ def main() -> int:
   ap.add_argument("prs", nargs="+")
   ap.add_argument("--quick", action="store_true",
                   help="own tests and api_test.py -k '%s' only" % QUICK_K)
+  ap.add_argument("--off-quick", action="store_true",
+                  help="JAX's files whole with the options on, and only "
+                  "the quick selection with them off")
   ap.add_argument("--keep", action="store_true", help="keep the temp folder")
   args = ap.parse_args()
 
@@ -238,7 +244,7 @@ def main() -> int:
       mode_env = dict(env, **settings)
       allowed = allowed_file(tag, on, work)
       label = ", ".join(f"{k}={v}" for k, v in settings.items()) or mode
-      if args.quick:
+      if args.quick or (args.off_quick and options and not on):
         r = run([args.python, "-m", "pytest", "-q", "-rfE", "--tb=short",
                  "-n", "2", *NO_PLUGIN, "-p", "no:cacheprovider",
                  "tests/api_test.py", "-k", QUICK_K],
