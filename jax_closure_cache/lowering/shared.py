@@ -340,8 +340,8 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
   flags = iter(lifted)
   new_vars: list = []
 
-  def operand(v):
-    if structure.lifted_literal(v) and next(flags):
+  def operand(v, lift):
+    if lift and next(flags):
       new = _compat.Var(v.aval)
       new_vars.append(new)
       return new
@@ -351,9 +351,8 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
 
   def equation(e):
     if any(type(v) is _compat.Literal for v in e.invars):
-      keyed = structure.keyed_operands(e)
-      e = e.replace(invars=[v if i in keyed else operand(v)
-                            for i, v in enumerate(e.invars)])
+      e = e.replace(invars=list(map(operand, e.invars,
+                                    structure.lifted_operands(e))))
     if structure.hoists(e):   # a nested jit's constants: its first operands
       inner, _ = _compat.closed_parts(e.params["jaxpr"])
       _, params = structure.constants_as_inputs(e)
@@ -363,7 +362,8 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
     return e
 
   eqns = list(map(equation, open_jaxpr.eqns))
-  outvars = list(map(operand, open_jaxpr.outvars))
+  outvars = [operand(v, structure.lifted_literal(v))
+             for v in open_jaxpr.outvars]
   leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
   n = len(leading)
   closed = _compat.with_leading_inputs(

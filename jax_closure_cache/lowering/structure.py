@@ -209,6 +209,17 @@ def keyed_operands(e) -> frozenset:
   return KEYED_OPERANDS.get(e.primitive.name, frozenset())
 
 
+def lifted_operands(e) -> tuple:
+  """For each operand of a top-level equation, whether a shared lowering
+  takes it as an argument: a :func:`lifted_literal` at a position
+  :func:`keyed_operands` does not name. The one rule the structural key
+  (:func:`_open_structure`) and the lowering (``shared._lower_lifted``)
+  both follow."""
+  keyed = keyed_operands(e)
+  return tuple(lifted_literal(v) and i not in keyed
+               for i, v in enumerate(e.invars))
+
+
 def _zero(x) -> bool:
   """Whether a literal is a zero of either sign: kept in the key, never an
   argument (XLA folds a constant zero, and its sign, otherwise than it
@@ -221,9 +232,9 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   names: dict = {}
   top = literals is not None
 
-  def name(v, liftable=True):
+  def name(v, lift=False):
     if type(v) is _compat.Literal:
-      if top and liftable and lifted_literal(v):
+      if top and lift:
         literals.append(np.asarray(v.val, v.aval.dtype))   # as the argument
         bits.append(_atom(v.val))
         return ("arg", v.aval)
@@ -240,7 +251,6 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   eqns = []
   for e in jaxpr.eqns:
     ignored = NOT_LOWERED.get(e.primitive.name, ())
-    keyed = keyed_operands(e)
     if top and hoists(e):   # its constants become arguments: not keyed
       inner, consts = _compat.closed_parts(e.params["jaxpr"])
       hoisted.extend(consts)
@@ -253,12 +263,11 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         params,
-        tuple(name(v, i not in keyed) for i, v in enumerate(e.invars))
-        if keyed else tuple(map(name, e.invars)),
+        tuple(map(name, e.invars, lifted_operands(e))),
         tuple(v.aval for v in e.outvars),
         tuple(name(v) for v in e.outvars),
         _effects(e.effects)))
-  outs = tuple(map(name, jaxpr.outvars))
+  outs = tuple(name(v, lifted_literal(v)) for v in jaxpr.outvars)
   dbg = jaxpr.debug_info
   return (binders, tuple(eqns), outs, _effects(jaxpr.effects),
           None if dbg is None or not named else (
