@@ -463,3 +463,33 @@ def test_the_closure_key_modules_difference_names_cells_and_globals():
   assert walk.difference(a, walk().function(make_f(0.0, arr, arr))) == (
       "cell 'w': an array -> the array of lifted place 0 again")
   assert walk.difference((int, 1), (int, 2)) == "the function: int 1 -> int 2"
+
+
+class _UserJitted:
+  """A user's wrapper class whose name ends in ``Jitted``."""
+
+  def __init__(self, fun):
+    self.fun = fun
+
+
+def test_explanations_name_a_wrapper_by_its_registered_label():
+  """A registered wrapper's static part is named by the label it was
+  registered with (the package's jit wrapper: ``jitted``), else by its
+  class's name, never by a guess from that name."""
+  import jax_closure_cache as jcc
+  from jax_closure_cache.key import names, values
+  w = jnp.ones(3)
+  inner = jcc.jit(lambda v: v * w)
+  values.register_wrapper(_UserJitted, lambda u: ((), u.fun),
+                          lambda s, fun: _UserJitted(fun))
+  try:
+    user = _UserJitted(lambda v: v + w)
+
+    def f(x):
+      return inner(x) + user.fun(x)
+    named = [n for n, _ in names.named_parts(f, closure.analyse(f).key)]
+    assert "cell 'inner' -> jitted" in named, named
+    assert "cell 'user' -> _UserJitted" in named, named
+    assert not [n for n in named if "'user' -> jitted" in n], named
+  finally:
+    values.unregister_wrapper(_UserJitted)

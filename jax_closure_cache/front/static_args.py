@@ -430,5 +430,6 @@ def _clear() -> None:
     table.clear()
 
 
-values.register_wrapper(StaticArgsJitted, *wrapper.WALK_RULE)
+values.register_wrapper(StaticArgsJitted, *wrapper.WALK_RULE,
+                        label="jitted")
 wrapper.register_static_arguments_kind(StaticArgsJitted)

@@ -553,4 +553,4 @@ def join(static, fun) -> ClosureJitted:
 #: How the closure walk keys a wrapper (``values.register_wrapper``): by its
 #: options and its function, rebuilt by ``join`` around a new function.
 WALK_RULE = (ClosureJitted._split, join)
-values.register_wrapper(ClosureJitted, *WALK_RULE)
+values.register_wrapper(ClosureJitted, *WALK_RULE, label="jitted")

@@ -173,13 +173,21 @@ def float_key(x: float):   # 0.0 is not -0.0, and NaN is NaN
   return (float, x) if x == x and x != 0.0 else (float, x.hex())
 
 
-WRAPPERS: dict[type, tuple[Callable, Callable]] = {}   # class -> (split, join)
+class WrapperRule(NamedTuple):
+  """How a registered wrapper class is keyed (:func:`register_wrapper`)."""
+  split: Callable   # w -> (static, inner)
+  join: Callable    # (static, inner) -> a wrapper around new values
+  label: str        # what explanations call its static part
 
 
-def register_wrapper(cls: type, split, join) -> None:
+WRAPPERS: dict[type, WrapperRule] = {}   # class -> its rule
+
+
+def register_wrapper(cls: type, split, join, label: str | None = None) -> None:
   """Key a ``cls`` by ``split(w) == (static, inner)``: ``static`` hashable,
-  ``inner`` walked; ``join(static, inner)`` rebuilds it around new values."""
-  WRAPPERS[cls] = (split, join)
+  ``inner`` walked; ``join(static, inner)`` rebuilds it around new values.
+  ``label`` (the class's name by default) names it in explanations."""
+  WRAPPERS[cls] = WrapperRule(split, join, label or cls.__name__)
 
 
 @functools.partial(_compat.weakref_lru_cache, maxsize=2048)
@@ -304,7 +312,7 @@ class Walk:
     return (NUMPY, v.dtype, v.shape, digest)
 
   def wrapper(self, v, t, rule):
-    static, inner = rule[0](v)
+    static, inner = rule.split(v)
     return (WRAPPER, t, static, self.value(inner))
 
   def tree(self, v):
@@ -494,9 +502,9 @@ class Rebuild:
 
   def wrapper(self, v, k):
     w = WrapperPart._make(k)
-    split, join = WRAPPERS[w.type]
-    static, inner = split(v)
-    return join(static, self.value(inner, w.inner))
+    rule = WRAPPERS[w.type]
+    static, inner = rule.split(v)
+    return rule.join(static, self.value(inner, w.inner))
 
   def function(self, f, k):
     fn = FnPart._make(k)

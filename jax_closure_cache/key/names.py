@@ -19,6 +19,7 @@ import types
 from typing import Any, Iterator
 
 from jax_closure_cache.key import code_plan
+from jax_closure_cache.key import values
 from jax_closure_cache.key import parts as key_parts
 
 
@@ -65,8 +66,8 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     yield _sub(prefix, "self"), m.instance
   elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
     w = key_parts.WrapperPart._make(key)
-    kind = _sub(prefix, "jitted" if w.type.__name__.endswith("Jitted")
-                else w.type.__name__)
+    rule = values.wrapper_rules.get(w.type)
+    kind = _sub(prefix, w.type.__name__ if rule is None else rule.label)
     yield kind, w.static
     yield from named_parts(None, w.inner, kind + " -> ")
   elif type(key) is tuple and key and key[0] is key_parts.TREEAUX:

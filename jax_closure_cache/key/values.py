@@ -238,13 +238,13 @@ cache.STORE.own("closure_key.active_rules", _key.active_rules,
 cache.STORE.own("closure_key.code_names", _key.code_names, cache.Store.FACTS)
 
 
-def register_wrapper(cls: type, split, join) -> None:
+def register_wrapper(cls: type, split, join, label: str | None = None) -> None:
   """Key instances of ``cls`` by a static part plus the values they wrap:
   the closure key's ``register_wrapper``, whose walk and rebuild both use
-  it. The package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register
-  here."""
+  it, and whose ``label`` explanations name the static part by. The
+  package's own ``jit`` wrapper and jaxprs (``jaxpr_key``) register here."""
   global _wrapper_types
-  _key.register_wrapper(cls, split, join)
+  _key.register_wrapper(cls, split, join, label)
   _wrapper_types = tuple(wrapper_rules)
 
 
