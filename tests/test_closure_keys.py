@@ -477,7 +477,7 @@ def test_explanations_name_a_wrapper_by_its_registered_label():
   registered with (the package's jit wrapper: ``jitted``), else by its
   class's name, never by a guess from that name."""
   import jax_closure_cache as jcc
-  from jax_closure_cache.key import names, values
+  from jax_closure_cache.key import names, parts as key_parts, values
   w = jnp.ones(3)
   inner = jcc.jit(lambda v: v * w)
   values.register_wrapper(_UserJitted, lambda u: ((), u.fun),
@@ -487,9 +487,14 @@ def test_explanations_name_a_wrapper_by_its_registered_label():
 
     def f(x):
       return inner(x) + user.fun(x)
-    named = [n for n, _ in names.named_parts(f, closure.analyse(f).key)]
+    key = closure.analyse(f).key
+    named = [n for n, _ in names.named_parts(f, key)]
     assert "cell 'inner' -> jitted" in named, named
     assert "cell 'user' -> _UserJitted" in named, named
     assert not [n for n in named if "'user' -> jitted" in n], named
+    cells = dict(zip(f.__code__.co_freevars,
+                     key_parts.FnPart._make(key).cells))
+    assert names.render(cells["inner"])[0].startswith("jitted(")
+    assert names.render(cells["user"])[0].startswith("_UserJitted(")
   finally:
     values.unregister_wrapper(_UserJitted)

@@ -9,8 +9,9 @@ code. The walk's ``difference`` (the closure key module's miss explanation)
 is the first of them, so JAX's ``pe.explain`` and the package's log name a
 change alike.
 
-Invariants: pure functions of keys (nothing here logs, counts or stores); a
-part this module cannot name is reported as such, never guessed.
+Invariants: functions of keys and of the wrapper rules' labels (nothing
+here logs, counts or stores); a part this module cannot name is reported
+as such, never guessed.
 """
 
 from __future__ import annotations
@@ -66,8 +67,7 @@ def named_parts(fun, key, prefix: str = "") -> Iterator[tuple[str, Any]]:
     yield _sub(prefix, "self"), m.instance
   elif type(key) is tuple and key and key[0] is key_parts.WRAPPER:
     w = key_parts.WrapperPart._make(key)
-    rule = values.wrapper_rules.get(w.type)
-    kind = _sub(prefix, w.type.__name__ if rule is None else rule.label)
+    kind = _sub(prefix, _label(w.type))
     yield kind, w.static
     yield from named_parts(None, w.inner, kind + " -> ")
   elif type(key) is tuple and key and key[0] is key_parts.TREEAUX:
@@ -173,7 +173,7 @@ def render(part) -> tuple[str, str]:
               "bound method")
     if tag is key_parts.WRAPPER:
       w = key_parts.WrapperPart._make(part)
-      return f"{w.type.__name__}({render(w.inner)[0]})", "wrapper"
+      return f"{_label(w.type)}({render(w.inner)[0]})", "wrapper"
     if isinstance(tag, type) and len(part) in (2, 3):
       # an Atom, or a user class's ValuePart
       view = key_parts.Atom if len(part) == 2 else key_parts.ValuePart
@@ -206,3 +206,10 @@ def differences(fun, old_key, new_key) -> list[str]:
     return ["the closure's structure changed: "
             + ", ".join(n for n, _ in new if n not in old) or "reordered"]
   return [_describe_change(n, old[n], p) for n, p in new if old[n] != p]
+
+
+def _label(cls: type) -> str:
+  """What a registered wrapper class is called: its rule's label, or its
+  name where it is no longer registered."""
+  rule = values.wrapper_rules.get(cls)
+  return cls.__name__ if rule is None else rule.label

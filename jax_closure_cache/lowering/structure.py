@@ -191,8 +191,9 @@ def hoists(e) -> bool:
 
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
-  an argument: a floating-point or complex scalar, not a zero (callers also
-  skip the operands :func:`keyed_operands` names)."""
+  an argument: a floating-point or complex scalar, not a zero (an
+  equation's operand also at a position :func:`keyed_operands` does not
+  name: :func:`lifted_operands`)."""
   return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
           and not _zero(v.val))
 

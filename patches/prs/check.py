@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the upstream pull requests in this folder against an installed jax.
 
-  python3 patches/prs/check.py PYTHON PR [PR ...] [--quick]
+  python3 patches/prs/check.py PYTHON PR [PR ...] [--quick | --off-quick]
 
 PYTHON is an interpreter with jax installed (jax 0.10.2: the PRs' jax-v0.10.2
 version; jax 0.11.x: their jax-v0.11.0 version). PR names a folder here
