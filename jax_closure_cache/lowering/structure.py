@@ -264,7 +264,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         params,
-        tuple(map(name, e.invars, lifted_operands(e))),
+        tuple(map(name, e.invars, lifted_operands(e))) if top
+        else tuple(map(name, e.invars)),   # nested: every literal keyed
         tuple(v.aval for v in e.outvars),
         tuple(name(v) for v in e.outvars),
         _effects(e.effects)))
