@@ -661,6 +661,34 @@ def test_numpy_array_changed_in_place_while_the_user_holds_a_trace():
     _CHANGED_IN_PLACE[:] = (1.0, 2.0, 3.0)
 
 
+def test_numpy_array_changed_in_place_under_a_static_function():
+  # value-grammar seed 13, programs 1586, 1877, 2366 and 3777 (seed 7's
+  # 911, seed 10's 1481 and 1953): a long-lived jit given a fresh function
+  # statically, over NumPy float64 arrays (a view, a plain array) changed in
+  # place between steps. Stock's jit cache keeps the first trace, and with
+  # it JAX's memoized conversion of each array, so every later trace reads
+  # the values from before the change. The trace lookup stored that trace
+  # for the closure's key and owned its constants in place, replacing the
+  # conversion inside the very jaxpr pjit's caches hold, so the cache read
+  # the new values. It stores a copy (``_compat.owned_copy``).
+  held = {}
+
+  def step(vals):
+    mode = jcc.is_enabled()
+    if mode not in held:   # each mode its own arrays: stock's hold its copy
+      held[mode] = (jax.jit(lambda fn, x: fn(x), static_argnums=0),
+                    np.zeros(6)[::2], np.zeros(3))
+    apply, view, plain = held[mode]
+    view[...] = vals
+    plain[...] = vals[::-1]
+
+    def f(x, *, v=view):
+      return x * v + plain
+    return apply(f, X)
+  assert_like_stock(step, [(1.0, 2.0, 3.0), (2.0, 0.5, -1.0),
+                           (1.0, 2.0, 3.0), (1.0, 1.0, 1.0)])
+
+
 def test_numpy_array_changed_in_place_beside_a_dict_the_key_refuses():
   # value-grammar seed 7, program 738: a fresh array and dict per pass,
   # both changed in place at the second step. The first step stores an

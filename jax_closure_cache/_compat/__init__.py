@@ -512,6 +512,57 @@ def own_constants_in_place(closed, _seen=None) -> None:
       _own_nested(p, seen)
 
 
+def owned_copy(closed):
+  """``closed`` as a stored trace keeps it: :func:`own_constants` applied to
+  its constants and to every jaxpr nested in its equations' parameters,
+  rebuilding only what holds a NumPy constant (``closed`` itself where none
+  does). ``closed`` is left as it is: it is stock's own trace, which pjit's
+  caches hold, and with it JAX's memoized conversion of an array, for as
+  long as they would without the package."""
+  return _owned(closed, {})
+
+
+def _owned(x, memo: dict):
+  t = type(x)
+  if t is tuple or t is list:
+    items = [_owned(v, memo) for v in x]
+    return x if all(a is b for a, b in zip(items, x)) else t(items)
+  if not isinstance(x, (_core.ClosedJaxpr, _core.Jaxpr)):
+    return x
+  done = memo.get(id(x))
+  if done is not None:
+    return done[1]
+  memo[id(x)] = (x, x)   # a jaxpr reached again within itself: as it is
+  if isinstance(x, _core.ClosedJaxpr) and _core.ClosedJaxpr is not _core.Jaxpr:
+    open_jaxpr = _owned(x.jaxpr, memo)
+    consts = own_constants(x.consts)
+    new = x if open_jaxpr is x.jaxpr and _same(consts, x.consts) else (
+        _core.ClosedJaxpr(open_jaxpr, list(consts)))
+  else:
+    changes = {}
+    eqns = [_owned_eqn(e, memo) for e in x.eqns]
+    if not _same(eqns, x.eqns):
+      changes["eqns"] = eqns
+    old = getattr(x, "consts", None)   # 0.11: a jaxpr carries its constants
+    if _core.ClosedJaxpr is _core.Jaxpr and old:
+      consts = own_constants(old)
+      if not _same(consts, old):
+        changes["consts"] = list(consts)
+    new = x.replace(**changes) if changes else x
+  memo[id(x)] = (x, new)
+  return new
+
+
+def _owned_eqn(e, memo: dict):
+  params = {k: _owned(v, memo) for k, v in e.params.items()}
+  return e if _same(params.values(), e.params.values()) else e.replace(
+      params=params)
+
+
+def _same(new, old) -> bool:
+  return all(a is b for a, b in zip(new, old))
+
+
 def _own_nested(p, seen) -> None:
   if isinstance(p, (_core.ClosedJaxpr, _core.Jaxpr)):
     own_constants_in_place(p, seen)

@@ -268,8 +268,10 @@ def _share_answer(key, leaves, anchors, answer) -> None:
       and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)
       # a callback's function is this trace's object (its log, its state)
       and _lowering.runtime_callable(closed) is None):
-    _compat.own_constants_in_place(closed)   # its own and its nested jaxprs'
-    _put(key, _Shared(answer=answer), anchors)
+    # the stored answer owns its NumPy constants; stock's (which pjit's
+    # caches hold for ``fun``) keeps JAX's conversions, as without the cache
+    _put(key, _Shared(answer=(_compat.owned_copy(closed), answer[1])),
+         anchors)
 
 
 def _covers(consts, leaves, anchors) -> bool:   # every captured array
