@@ -689,6 +689,38 @@ def test_numpy_array_changed_in_place_under_a_static_function():
                            (1.0, 2.0, 3.0), (1.0, 1.0, 1.0)])
 
 
+def test_numpy_array_changed_in_place_under_a_long_lived_inner_jit():
+  # the same class reached through a nested jaxpr: a long-lived ``g`` over
+  # a NumPy float64 array, called by fresh closures that are only traced
+  # (``eval_shape``: nothing lowered). The lifted function's trace holds
+  # ``g``'s jaxpr as its nested jit's parameter, the very object stock's
+  # trace cache keeps for ``g``; owning the lifted trace's constants in
+  # place recursed into it and replaced JAX's memoized conversion there, so
+  # a new function over the array, changed in place since, read the new
+  # values where stock reads the old. Nested jaxprs are now copied
+  # (``_compat.owned_copy``), never changed.
+  held = {}
+
+  def step(action):
+    if action == "new":   # every pass its own array and long-lived jit
+      arr = np.array([1.0, 2.0, 3.0])
+      held.update(arr=arr, g=jax.jit(lambda x: x * arr))
+      return jnp.zeros(())
+    arr, g = held["arr"], held["g"]
+    if action == "change":
+      arr[...] = (10.0, 20.0, 30.0)
+      return jnp.zeros(())
+    if action == "read":
+      return jax.jit(lambda x: x * arr)(X), g(X)
+    a = jnp.full(3, float(action), jnp.float32)
+
+    def f(x):
+      return g(x) + a
+    out = jax.eval_shape(f, X)
+    return jnp.zeros(out.shape, out.dtype)
+  assert_like_stock(step, ["new", 0, 1, 2, 3, "change", "read"])
+
+
 def test_numpy_array_changed_in_place_beside_a_dict_the_key_refuses():
   # value-grammar seed 7, program 738: a fresh array and dict per pass,
   # both changed in place at the second step. The first step stores an

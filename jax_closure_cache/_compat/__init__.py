@@ -491,25 +491,27 @@ def own_constants(consts) -> tuple:
                 else c for c in consts])
 
 
-def own_constants_in_place(closed, _seen=None) -> None:
-  """:func:`own_constants` for a closed jaxpr that a stored trace holds, and
-  for every closed jaxpr nested in its equations' parameters (a nested
-  jit's, a loop body's): each constants list is replaced item by item, so
-  the caches holding these jaxprs (pjit's of the package's lifted
-  function) keep the copies."""
-  seen = set() if _seen is None else _seen
-  if id(closed) in seen or len(seen) > 10_000:
-    return
-  seen.add(id(closed))
+def own_constants_in_place(closed) -> None:
+  """:func:`own_constants` for a closed jaxpr that is the package's own trace
+  (a lifted function's, which pjit's caches hold as the stored entry's):
+  its constants list is replaced item by item, so those caches keep the
+  copies. A jaxpr nested in an equation's parameters (a nested jit's, a loop
+  body's) is never changed: it may be stock's own (a long-lived inner jit's
+  trace, held by stock's caches with JAX's memoized conversion of an
+  array); the equation is replaced in the equations list by one holding
+  its :func:`owned_copy`."""
   consts = getattr(closed, "consts", None)
   if type(consts) is list:
     for i, c in enumerate(own_constants(consts)):
       if c is not consts[i]:
         consts[i] = c
-  open_jaxpr = getattr(closed, "jaxpr", closed)
-  for e in getattr(open_jaxpr, "eqns", ()):
-    for p in e.params.values():
-      _own_nested(p, seen)
+  eqns = getattr(getattr(closed, "jaxpr", closed), "eqns", None)
+  if type(eqns) is list:
+    memo: dict = {}
+    for i, e in enumerate(eqns):
+      new = _owned_eqn(e, memo)
+      if new is not e:
+        eqns[i] = new
 
 
 def owned_copy(closed):
@@ -561,14 +563,6 @@ def _owned_eqn(e, memo: dict):
 
 def _same(new, old) -> bool:
   return all(a is b for a, b in zip(new, old))
-
-
-def _own_nested(p, seen) -> None:
-  if isinstance(p, (_core.ClosedJaxpr, _core.Jaxpr)):
-    own_constants_in_place(p, seen)
-  elif type(p) in (tuple, list):
-    for x in p:
-      _own_nested(x, seen)
 
 
 #: JAX's custom-derivative objects, and the attributes holding the rules

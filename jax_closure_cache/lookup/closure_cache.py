@@ -252,12 +252,12 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   lifted_debug = debug_info._replace(
       arg_names=None if names is None else ("",) * len(leaves) + names)
   closed, out_avals = traced(lifted, lifted_in, lifted_debug, *ctx)
+  _compat.own_constants_in_place(closed)   # its own; copies of nested ones
   jaxpr, n = closed.jaxpr, len(leaves)
   jaxpr = jaxpr.replace(
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
-  _compat.own_constants_in_place(closed)   # its own and its nested jaxprs'
   return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals)
 
 
