@@ -500,3 +500,50 @@ def test_a_jax_array_constant_is_read_once_while_it_lives(monkeypatch):
   assert tier_a_stats()["refused"].get(
       "a constant of zeros (XLA folds x + 0 in stock's module)")
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_parameter_keys_of_treedefs_and_jax_closures_trust_no_user_equality():
+  """A parameter JAX makes afresh per trace (a treedef, a function of jax's
+  code over a jaxpr, as closure conversion makes for ``custom_root``) is
+  keyed by its parts: equal parts key equal, and a user's object among
+  them by identity, never by its ``__eq__``."""
+  from jax_closure_cache.lowering import structure
+  key = lambda p: structure.param_key(p, named=False)   # noqa: E731
+  tree = jax.tree_util.tree_structure
+  assert key(tree({"a": 1, "b": (2, None)})) == key(
+      tree({"a": 3, "b": (4, None)}))
+  assert key(tree({"a": 1})) != key(tree({"b": 1}))
+  assert key(tree((1, 2))) != key(tree([1, 2]))
+
+  class AlwaysEqual:
+    def __eq__(self, other):
+      return True
+
+    def __hash__(self):
+      return 0
+
+  @jax.tree_util.register_pytree_node_class
+  class Node:
+    def __init__(self, x, aux):
+      self.x, self.aux = x, aux
+
+    def tree_flatten(self):
+      return (self.x,), self.aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+      return cls(children[0], aux)
+
+  assert key(tree(Node(1, 1))) != key(tree(Node(1, True)))   # 1 == True
+  assert key(tree(Node(1, 1))) == key(tree(Node(2, 1)))
+  one, two = AlwaysEqual(), AlwaysEqual()
+  assert tree(Node(1, one)) == tree(Node(1, two))   # JAX's own equality
+  assert key(tree(Node(1, one))) != key(tree(Node(1, two)))
+
+  def converted(k):
+    return jax.closure_convert(lambda y: 2.0 * y + k, jnp.ones(3))[0]
+  # fresh functions over equal jaxprs: one key; another literal: another
+  assert key(converted(1.0)) == key(converted(1.0))
+  assert key(converted(1.0)) != key(converted(2.0))
+  user = lambda y: y   # noqa: E731
+  assert key(user) != key(lambda y: y)   # a user's function by identity

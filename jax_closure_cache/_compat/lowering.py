@@ -22,6 +22,7 @@ from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import pjit as _pjit
 from jax._src import util as _util
+from jax._src.tree_util import tree_structure as jax_tree_structure
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lib import _jax as _jaxlib_ext
 
@@ -161,6 +162,30 @@ def _defined_by_jax(module_name: str) -> bool:
 
 _JAX_ROOTS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
                    for m in (sys.modules["jax"], sys.modules["jaxlib"]))
+
+
+def jax_code(code) -> bool:
+  """Whether ``code`` was loaded from jax's or jaxlib's own folder."""
+  return code.co_filename.startswith(_JAX_ROOTS)
+
+
+#: JAX's treedef class (its instances compare by JAX's own equality, which
+#: compares a custom node's data with that data's ``__eq__``)
+PyTreeDef = type(jax_tree_structure((0,)))
+
+
+def _hi_prim_class():
+  try:
+    from jax._src import hijax
+  except ImportError:   # a release without hijax primitives
+    return None
+  return getattr(hijax, "HiPrim", None)
+
+
+#: the base class of the objects a ``call_hi_primitive`` equation holds as
+#: its ``_prim`` parameter (a ``custom_root``'s, a ``scan``'s on newer
+#: releases): made afresh by every trace; None where JAX has none
+HI_PRIM = _hi_prim_class()
 
 
 def defined_by_jax(cls) -> bool:

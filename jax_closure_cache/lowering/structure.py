@@ -311,22 +311,23 @@ def _atom(x) -> tuple:
 _ATOMS = (int, float, bool, complex, str, bytes, type(None), type(Ellipsis))
 
 
-def param_key(p, named: bool = True) -> Any:
+def param_key(p, named: bool = True, depth: int = 0) -> Any:
   """An equation parameter's key; ``named=False`` leaves out nested
   jaxprs' debug names (source, argument and result names), which no
-  computation reads (verify mode compares without them)."""
+  computation reads (verify mode compares without them). ``depth``: how
+  many functions and hijax objects of jax's the walk is inside."""
   t = type(p)
   if t in _ATOMS:
     return _atom(p) if t in (float, complex, int, bool) else (t, p)
   if t is tuple or t is list or (isinstance(p, tuple) and hasattr(t, "_fields")
                                  and _compat.defined_by_jax(t)):
     # (a NamedTuple of jax's, custom_linear_solve's jaxprs: field by field)
-    return (t, tuple(param_key(x, named) for x in p))
+    return (t, tuple(param_key(x, named, depth) for x in p))
   if t is dict:
-    return (t, tuple((param_key(k, named), param_key(v, named))
+    return (t, tuple((param_key(k, named, depth), param_key(v, named, depth))
                      for k, v in p.items()))
   if t is frozenset or t is set:
-    return (t, tuple(sorted(repr(param_key(x, named)) for x in p)))
+    return (t, tuple(sorted(repr(param_key(x, named, depth)) for x in p)))
   if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
     jaxpr, consts = _compat.closed_parts(p)
     return ("closed", _nested(jaxpr, named),
@@ -337,6 +338,14 @@ def param_key(p, named: bool = True) -> Any:
     return (np.dtype, p)
   if isinstance(p, (np.ndarray, _compat.np_generic)):
     return _nested_const(p)
+  if t is _compat.PyTreeDef:
+    return _treedef_key(p, named, depth)
+  if depth < _WALK_DEPTH:
+    if t is types.FunctionType and _compat.jax_code(p.__code__):
+      return _jax_function_key(p, named, depth + 1)
+    if (_compat.HI_PRIM is not None and isinstance(p, _compat.HI_PRIM)
+        and _compat.defined_by_jax(t)):
+      return _hi_prim_key(p, named, depth + 1)
   if isinstance(p, enum.Enum) or isinstance(p, (types.FunctionType,
                                                  types.MethodType,
                                                  types.BuiltinFunctionType)):
@@ -344,6 +353,87 @@ def param_key(p, named: bool = True) -> Any:
   if _compat.defined_by_jax(t) and _hashable(p):
     return (t, p)   # jax's own value types: shardings, dimension numbers
   return Identity(p)
+
+
+#: how deep the walk goes into functions and hijax objects of jax's before
+#: keying what it reaches by identity (a closure reaching itself)
+_WALK_DEPTH = 8
+
+
+def _jax_function_key(f, named: bool, depth: int):
+  """A function of jax's own code (``Traced.closure_convert``'s, over a
+  jaxpr that a ``custom_root`` holds) by its code and what it closes over,
+  each by :func:`param_key`: two such functions over equal parts compute
+  the same (their globals are jax's module's). One with attributes of its
+  own is keyed by identity."""
+  if getattr(f, "__dict__", None):
+    return Identity(f)
+  cells = tuple(param_key(c.cell_contents, named, depth) if _filled(c)
+                else ("empty",) for c in (f.__closure__ or ()))
+  return (types.FunctionType, Identity(f.__code__), cells,
+          param_key(f.__defaults__, named, depth),
+          param_key(f.__kwdefaults__, named, depth))
+
+
+def _filled(cell) -> bool:
+  try:
+    cell.cell_contents
+    return True
+  except ValueError:   # a cell not yet assigned
+    return False
+
+
+class _JaxEqual:
+  """A treedef under JAX's own equality (which also tells apart two
+  registrations of one node type), hashed by the walk beside it."""
+  __slots__ = ("treedef",)
+
+  def __init__(self, treedef):
+    self.treedef = treedef
+
+  def __eq__(self, other):
+    return type(other) is _JaxEqual and (other.treedef is self.treedef
+                                         or other.treedef == self.treedef)
+
+  def __hash__(self):
+    return 0
+
+
+def _treedef_key(treedef, named: bool, depth: int):
+  """A treedef by its nodes (type by identity, data by :func:`param_key`)
+  and, where no node's data is a user's object, JAX's own equality too;
+  by identity otherwise (JAX's equality would call that object's
+  ``__eq__``)."""
+  try:
+    walk = _tree_walk(treedef, named, depth)
+  except RecursionError:
+    return Identity(treedef)
+  if _holds_identity(walk):
+    return Identity(treedef)
+  return ("treedef", walk, _JaxEqual(treedef))
+
+
+def _tree_walk(treedef, named: bool, depth: int) -> tuple:
+  data = treedef.node_data()
+  node = () if data is None else (Identity(data[0]),
+                                  param_key(data[1], named, depth))
+  return (node, tuple(_tree_walk(c, named, depth)
+                      for c in treedef.children()))
+
+
+def _holds_identity(key) -> bool:   # a user's object in a node's data
+  if type(key) is Identity:
+    return type(key.obj) is not type   # a node's type is keyed so
+  return type(key) is tuple and any(map(_holds_identity, key))
+
+
+def _hi_prim_key(prim, named: bool, depth: int):
+  """A hijax primitive object of jax's own class (made afresh by every
+  trace) by its class and its whole state, each attribute by
+  :func:`param_key`, never by its ``__eq__`` (which compares its
+  parameters, which may be a user's objects, by theirs)."""
+  return (type(prim), tuple((k, param_key(v, named, depth))
+                            for k, v in vars(prim).items()))
 
 
 def _hashable(p) -> bool:
