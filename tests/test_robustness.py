@@ -484,10 +484,15 @@ def test_the_trace_store_is_bounded_by_the_bytes_of_its_constants(
     monkeypatch):
   from jax_closure_cache.lookup import trace_lookup
   cc = trace_lookup.closure_cache
+  from jax_closure_cache import _compat
   monkeypatch.setattr(cc, "MAX_BYTES", 3 * 4096)
+  arr = np.zeros(1024, np.float32)   # 4 KiB, in a nested jit's jaxpr
+  closed = jax.make_jaxpr(lambda x: jax.jit(lambda y: y + arr)(x))(
+      jnp.zeros(1024))
+  assert _compat.constants_nbytes(closed) == arr.nbytes
   for i in range(6):
-    cc.traces.put(("bytes test", i),
-                  cc._Shared(consts=(np.zeros(1024, np.float32),)))
+    cc.traces.put(("bytes test", i), cc._Shared(
+        answer=(closed, None), nbytes=_compat.constants_nbytes(closed)))
   kept = [k for k in cc.traces.cache_keys() if k[0] == "bytes test"]
   assert kept == [("bytes test", i) for i in (3, 4, 5)]
   cc.traces.cache_clear()

@@ -524,6 +524,30 @@ def owned_copy(closed):
   return _owned(closed, {})
 
 
+def constants_nbytes(closed) -> int:
+  """The bytes of the constants ``closed`` holds, its own and those of every
+  jaxpr nested in its equations' parameters (each jaxpr counted once)."""
+  seen: set = set()
+  todo, total = [closed], 0
+  while todo:
+    x = todo.pop()
+    t = type(x)
+    if t is tuple or t is list:
+      todo.extend(x)
+      continue
+    if not isinstance(x, (_core.ClosedJaxpr, _core.Jaxpr)) or id(x) in seen:
+      continue
+    seen.add(id(x))
+    total += sum(int(getattr(c, "nbytes", 0) or 0)
+                 for c in getattr(x, "consts", None) or ())
+    open_jaxpr = getattr(x, "jaxpr", x)
+    if open_jaxpr is not x:
+      todo.append(open_jaxpr)
+    for e in getattr(open_jaxpr, "eqns", ()):
+      todo.extend(e.params.values())
+  return total
+
+
 def _owned(x, memo: dict):
   t = type(x)
   if t is tuple or t is list:

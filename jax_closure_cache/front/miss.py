@@ -385,9 +385,11 @@ class MissStages:
     entry.anchors = held
     entry.guards = guards
     entry.checked = entry.traces
-    # what the entry keeps alive of its trace's constants (the store's bound)
-    entry.nbytes = sum(int(getattr(c, "nbytes", 0) or 0)
-                       for c in _compat.captured_constants(traced))
+    # what the entry keeps alive of its trace's constants (the store's
+    # bound), its nested jaxprs' included
+    entry.nbytes = _compat.constants_nbytes(traced.jaxpr) + sum(
+        int(getattr(c, "nbytes", 0) or 0)
+        for c in _compat.separated_constants(traced))
     try:
       entries.entries.put(key, entry)
     except TypeError as e:

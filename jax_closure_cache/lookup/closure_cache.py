@@ -37,6 +37,7 @@ class _Shared:
   """A key's lifted trace, its answer if it lifts nothing, or why it failed."""
   jaxpr = out_avals = answer = failed = None
   consts, anchors = (), ()
+  nbytes = 0   # of the constants it keeps alive, nested jaxprs' included
 
   def __init__(self, **fields):
     self.__dict__.update(fields)
@@ -93,8 +94,7 @@ MAX_BYTES = 1 << 30   # of the constants the stored traces keep alive
 
 
 def _nbytes(s: _Shared) -> int:
-  consts = s.answer[0].consts if s.answer else s.consts
-  return sum(int(getattr(c, "nbytes", 0) or 0) for c in consts)
+  return s.nbytes
 
 
 _STORE = cache.STORE
@@ -258,7 +258,8 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
       constvars=[*jaxpr.constvars, *jaxpr.invars[:n]], invars=jaxpr.invars[n:],
       debug_info=debug_info._replace(
           result_paths=jaxpr.debug_info.result_paths))
-  return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals)
+  return _Shared(jaxpr=jaxpr, consts=tuple(closed.consts), out_avals=out_avals,
+                 nbytes=_compat.constants_nbytes(closed))
 
 
 def _share_answer(key, leaves, anchors, answer) -> None:
@@ -270,8 +271,9 @@ def _share_answer(key, leaves, anchors, answer) -> None:
       and _lowering.runtime_callable(closed) is None):
     # the stored answer owns its NumPy constants; stock's (which pjit's
     # caches hold for ``fun``) keeps JAX's conversions, as without the cache
-    _put(key, _Shared(answer=(_compat.owned_copy(closed), answer[1])),
-         anchors)
+    owned = _compat.owned_copy(closed)
+    _put(key, _Shared(answer=(owned, answer[1]),
+                      nbytes=_compat.constants_nbytes(owned)), anchors)
 
 
 def _covers(consts, leaves, anchors) -> bool:   # every captured array
