@@ -3,8 +3,9 @@ compute what the hit runs?
 
 :func:`first_difference` walks stock's closed jaxpr and the hit's in
 lockstep: the same primitives with equal parameters (``structure``'s
-rules: atoms by type and bits, nested jaxprs by structure, callables by
-identity), operands that correspond, the same output types, effects and
+rules: atoms by type and bits, nested jaxprs by structure or, where that
+differs, compared as the top level is, callables by identity), operands
+that correspond, the same output types, effects and
 outputs. A stock constant corresponds to the hit's input that holds the
 same object (a lifted leaf), or to a value of equal type and bits (a
 constant the trace made itself, or a Python scalar the hit takes as an
@@ -50,8 +51,8 @@ def _scalar_type(x, y) -> bool:   # Python scalars must agree in type
 def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
   """None if ``hit_closed`` (a jaxpr whose first inputs take ``leaves``)
   computes what ``stock_closed`` does, else where they first differ."""
-  stock, stock_consts = _compat.closed_parts(stock_closed)
-  hit, hit_consts = _compat.closed_parts(hit_closed)
+  stock, stock_consts = _parts(stock_closed)
+  hit, hit_consts = _parts(hit_closed)
   n = len(hit.invars) - len(stock.invars)
   if n != len(leaves):
     return (f"the hit takes {len(hit.invars)} inputs for "
@@ -112,6 +113,12 @@ def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
   return None
 
 
+def _parts(jaxpr) -> tuple:   # a closed jaxpr's, or an open one's (0.10)
+  if isinstance(jaxpr, _compat.ClosedJaxpr):
+    return _compat.closed_parts(jaxpr)
+  return jaxpr, ()
+
+
 def _first_eqn_difference(stock, hit, same, env) -> str | None:
   for i, (e, f) in enumerate(zip(stock.eqns, hit.eqns)):
     where = f"equation {i} ({e.primitive})"
@@ -125,7 +132,8 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
       if permuted is None:
         return f"{where}: its operands differ"
       f_ins, f_params = permuted
-    if _params(e, e_params) != _params(f, f_params):
+    if (_params(e, e_params) != _params(f, f_params)
+        and not _same_nested(e, e_params, f_params)):
       return f"{where}: its parameters differ"
     if [v.aval for v in e.outvars] != [v.aval for v in f.outvars]:
       return f"{where}: its output types differ"
@@ -134,6 +142,35 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
     for v, w in zip(e.outvars, f.outvars):
       env[v] = w
   return None
+
+
+def _same_nested(e, e_params: dict, f_params: dict) -> bool:
+  """Whether parameters that differ in structure are nested jaxprs (or
+  tuples of them) computing the same from the same inputs, each compared
+  by :func:`first_difference` (which allows the operand orders allowed
+  here: a loop inside a ``custom_vjp_call`` orders a lifted leaf apart
+  from stock's constants as a top-level one does), every other parameter
+  equal by its key."""
+  if e_params.keys() != f_params.keys():
+    return False
+  ignored = structure.NOT_LOWERED.get(e.primitive.name, ())
+  return all(_same_param(p, f_params[k]) for k, p in e_params.items()
+             if k not in ignored)
+
+
+def _same_param(p, q) -> bool:
+  try:
+    if structure.param_key(p, named=False) == structure.param_key(
+        q, named=False):
+      return True
+  except structure.NotShared:   # constants too large to key: by value below
+    pass
+  jaxprs = (_compat.ClosedJaxpr, _compat.Jaxpr)
+  if isinstance(p, jaxprs) and isinstance(q, jaxprs):
+    return first_difference(p, q, []) is None
+  if type(p) in (tuple, list) and type(q) is type(p) and len(p) == len(q):
+    return all(map(_same_param, p, q))
+  return False
 
 
 def _cond_in_order(e_ins, f_ins, f_params, same):
