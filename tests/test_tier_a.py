@@ -9,6 +9,7 @@ stock does; only lowering and compiling are shared.
 
 import logging
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -539,6 +540,12 @@ def test_parameter_keys_of_treedefs_and_jax_closures_trust_no_user_equality():
   one, two = AlwaysEqual(), AlwaysEqual()
   assert tree(Node(1, one)) == tree(Node(1, two))   # JAX's own equality
   assert key(tree(Node(1, one))) != key(tree(Node(1, two)))
+  # a set's members by their own keys (a user's object by identity)
+  assert key(frozenset({one})) != key(frozenset({two}))
+  assert key(tree(Node(1, frozenset({one})))) != key(
+      tree(Node(1, frozenset({two}))))
+  assert key(frozenset({1, 2.0})) == key(frozenset({2.0, 1}))
+  assert key(frozenset({1})) != key(frozenset({True}))
 
   def converted(k):
     return jax.closure_convert(lambda y: 2.0 * y + k, jnp.ones(3))[0]
@@ -547,3 +554,83 @@ def test_parameter_keys_of_treedefs_and_jax_closures_trust_no_user_equality():
   assert key(converted(1.0)) != key(converted(2.0))
   user = lambda y: y   # noqa: E731
   assert key(user) != key(lambda y: y)   # a user's function by identity
+
+
+class _Named:
+  def __init__(self, name):
+    self.name = name
+
+
+class _AlwaysEqualCallback:
+  """A pure_callback's callable whose ``__eq__`` says True to any other,
+  counting the calls made from the package's code (JAX's own caches call
+  it too, with the cache off as on)."""
+  eq_calls = 0
+
+  def __init__(self, k):
+    self.k = k
+
+  def __call__(self, x):
+    return np.float32(x * self.k)
+
+  def __eq__(self, other):
+    package = os.path.dirname(jcc.__file__)
+    frame = sys._getframe(1)
+    while frame is not None:
+      if frame.f_code.co_filename.startswith(package):
+        type(self).eq_calls += 1
+        break
+      frame = frame.f_back
+    return True
+
+  def __hash__(self):
+    return 0
+
+
+def _callback_programs():
+  """Fresh jitted functions whose runtime callbacks see objects of their
+  own trace: a debug.callback's static argument (a frozenset holding a
+  user's object; a set changed after its trace), a pure_callback's callable
+  with its own ``__eq__``; and a debug.print of a treedef deeper than the
+  walk keys by its nodes. Returns every log and value."""
+  log = []
+
+  def show(x, s):
+    log.append(sorted(o.name if isinstance(o, _Named) else o for o in s))
+  x = jnp.float32(1.0)
+  for o in (_Named("A"), _Named("A"), _Named("B")):
+    jax.jit(lambda v: jax.debug.callback(show, v, frozenset({o})) or v + 1)(
+        x).block_until_ready()
+  sets = [{1}, {1}]
+  for s in sets:
+    jax.jit(lambda v: jax.debug.callback(show, v, s) or v + 1)(
+        x).block_until_ready()
+  sets[1].add(99)   # changed after its trace: a later fresh set is {1}
+  jax.jit(lambda v: jax.debug.callback(show, v, {1}) or v + 1)(
+      x).block_until_ready()
+  values = [float(jax.jit(lambda v: jax.pure_callback(
+      _AlwaysEqualCallback(k), jax.ShapeDtypeStruct((), jnp.float32), v))(x))
+      for k in (1.0, 2.0, 3.0)]
+  deep = x
+  for _ in range(300):
+    deep = [deep]
+  for _ in range(2):
+    jax.jit(lambda d: jax.debug.callback(lambda t: log.append(
+        len(jax.tree_util.tree_leaves(t))), d) or d)(deep)
+  jax.effects_barrier()
+  return log, values
+
+
+def test_runtime_callbacks_never_share_by_equality_of_what_they_hold():
+  """Tier A alone, in verify mode: an executable whose callback would run
+  on another trace's objects is never shared (a callback's flat wrapper is
+  keyed by identity; a set by its members' own keys; a jax dataclass field
+  by field, never by its ``__eq__``), a deep treedef neither crashes nor
+  counts a mismatch, and no user ``__eq__`` is called."""
+  want = _callback_programs()
+  _AlwaysEqualCallback.eq_calls = 0
+  jcc.enable(closure_key=False, verify=True)
+  got = [_callback_programs() for _ in range(2)]
+  assert got == [want, want]
+  assert _AlwaysEqualCallback.eq_calls == 0
+  assert jcc.stats()["verify_mismatches"] == 0

@@ -165,6 +165,8 @@ def _same_param(p, q) -> bool:
       return True
   except structure.NotShared:   # constants too large to key: by value below
     pass
+  if type(p) is _compat.PyTreeDef and type(q) is _compat.PyTreeDef:
+    return structure.treedef_key(p, False) == structure.treedef_key(q, False)
   jaxprs = (_compat.ClosedJaxpr, _compat.Jaxpr)
   if isinstance(p, jaxprs) and isinstance(q, jaxprs):
     return first_difference(p, q, []) is None

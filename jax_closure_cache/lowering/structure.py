@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import types
@@ -327,7 +328,8 @@ def param_key(p, named: bool = True, depth: int = 0) -> Any:
     return (t, tuple((param_key(k, named, depth), param_key(v, named, depth))
                      for k, v in p.items()))
   if t is frozenset or t is set:
-    return (t, tuple(sorted(repr(param_key(x, named, depth)) for x in p)))
+    # the members' own keys, unordered (a user's object by identity)
+    return (t, frozenset([param_key(x, named, depth) for x in p]))
   if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
     jaxpr, consts = _compat.closed_parts(p)
     return ("closed", _nested(jaxpr, named),
@@ -341,7 +343,8 @@ def param_key(p, named: bool = True, depth: int = 0) -> Any:
   if t is _compat.PyTreeDef:
     return _treedef_key(p, named, depth)
   if depth < _WALK_DEPTH:
-    if t is types.FunctionType and _compat.jax_code(p.__code__):
+    if (t is types.FunctionType and _compat.jax_code(p.__code__)
+        and (depth or _evaluates_a_jaxpr(p))):
       return _jax_function_key(p, named, depth + 1)
     if (_compat.HI_PRIM is not None and isinstance(p, _compat.HI_PRIM)
         and _compat.defined_by_jax(t)):
@@ -350,6 +353,11 @@ def param_key(p, named: bool = True, depth: int = 0) -> Any:
                                                  types.MethodType,
                                                  types.BuiltinFunctionType)):
     return Identity(p)
+  if _compat.defined_by_jax(t) and dataclasses.is_dataclass(p):
+    # field by field, never by its __eq__ (which compares a field holding
+    # a user's callable, a pure_callback's, by the callable's)
+    return (t, tuple((f.name, param_key(getattr(p, f.name), named, depth))
+                     for f in dataclasses.fields(p)))
   if _compat.defined_by_jax(t) and _hashable(p):
     return (t, p)   # jax's own value types: shardings, dimension numbers
   return Identity(p)
@@ -360,12 +368,26 @@ def param_key(p, named: bool = True, depth: int = 0) -> Any:
 _WALK_DEPTH = 8
 
 
+def _evaluates_a_jaxpr(f) -> bool:
+  """Whether ``f`` closes over a jaxpr (closure conversion's function,
+  which a lowering evaluates; what it and a hijax object reach is walked
+  too: their helpers run when they do). Others of jax's code met as an
+  equation's parameter (a callback's flat wrapper, run at run time over
+  the user's callable and static arguments, which may change after the
+  trace) are keyed by identity."""
+  for cell in f.__closure__ or ():
+    if _filled(cell) and isinstance(cell.cell_contents,
+                                    (_compat.ClosedJaxpr, _compat.Jaxpr)):
+      return True
+  return False
+
+
 def _jax_function_key(f, named: bool, depth: int):
-  """A function of jax's own code (``Traced.closure_convert``'s, over a
-  jaxpr that a ``custom_root`` holds) by its code and what it closes over,
-  each by :func:`param_key`: two such functions over equal parts compute
-  the same (their globals are jax's module's). One with attributes of its
-  own is keyed by identity."""
+  """A function of jax's own code over a jaxpr (``Traced.closure_convert``'s,
+  which a ``custom_root`` holds) by its code and what it closes over, each
+  by :func:`param_key`: two such functions over equal parts compute the
+  same (their globals are jax's module's). One with attributes of its own
+  is keyed by identity."""
   if getattr(f, "__dict__", None):
     return Identity(f)
   cells = tuple(param_key(c.cell_contents, named, depth) if _filled(c)
@@ -399,32 +421,55 @@ class _JaxEqual:
     return 0
 
 
-def _treedef_key(treedef, named: bool, depth: int):
-  """A treedef by its nodes (type by identity, data by :func:`param_key`)
-  and, where no node's data is a user's object, JAX's own equality too;
-  by identity otherwise (JAX's equality would call that object's
-  ``__eq__``)."""
-  try:
-    walk = _tree_walk(treedef, named, depth)
-  except RecursionError:
+#: the most nodes a treedef parameter is walked for (a larger one is keyed
+#: by identity, as a walk per call would cost more than it saves)
+TREEDEF_NODES = 256
+
+
+def treedef_key(treedef, named: bool = True):
+  """:func:`_treedef_key` of any size (verify mode's comparison, once per
+  hit it checks, where a larger treedef would be a false mismatch)."""
+  return _treedef_key(treedef, named, 0, limit=None)
+
+
+def _treedef_key(treedef, named: bool, depth: int,
+                 limit: int | None = TREEDEF_NODES):
+  """A treedef by its nodes in preorder (type by identity, data by
+  :func:`param_key`, child count) and, where no node's data is a user's
+  object, JAX's own equality too; by identity otherwise (JAX's equality
+  would call that object's ``__eq__``), and where it has more than
+  :data:`TREEDEF_NODES` nodes."""
+  if limit is not None and treedef.num_nodes > limit:
     return Identity(treedef)
+  walk, todo = [], [treedef]
+  while todo:
+    node = todo.pop()
+    data = node.node_data()
+    children = node.children()
+    walk.append(() if data is None else (
+        Identity(data[0]), param_key(data[1], named, depth), len(children)))
+    todo.extend(reversed(children))
+  walk = tuple(walk)
   if _holds_identity(walk):
     return Identity(treedef)
   return ("treedef", walk, _JaxEqual(treedef))
 
 
-def _tree_walk(treedef, named: bool, depth: int) -> tuple:
-  data = treedef.node_data()
-  node = () if data is None else (Identity(data[0]),
-                                  param_key(data[1], named, depth))
-  return (node, tuple(_tree_walk(c, named, depth)
-                      for c in treedef.children()))
-
-
-def _holds_identity(key) -> bool:   # a user's object in a node's data
-  if type(key) is Identity:
-    return type(key.obj) is not type   # a node's type is keyed so
-  return type(key) is tuple and any(map(_holds_identity, key))
+def _holds_identity(key) -> bool:
+  """Whether ``key`` holds a user's object (keyed by identity; a node's
+  type is keyed so too, and is not one)."""
+  todo = [key]
+  while todo:
+    k = todo.pop()
+    t = type(k)
+    if t is Identity:
+      if type(k.obj) is not type:
+        return True
+    elif t is tuple or t is frozenset:
+      todo.extend(k)
+    elif t is Hashed:
+      todo.append(k.key)
+  return False
 
 
 def _hi_prim_key(prim, named: bool, depth: int):
