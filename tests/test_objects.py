@@ -190,3 +190,62 @@ def test_a_trace_that_writes_to_a_closed_over_container_writes_to_the_users(
         len(got_state) == len(want_state))
     note = "notes" if container == "dict" else 1
     assert got_state[note] == want_state[note] == 1
+
+
+# rebound by the test below: a user's function reached through a global
+_REACHED = None
+
+
+def _observe_trace_time_writes(route: str, via_global: bool, rounds: int = 4):
+  """For ``rounds`` fresh closures over a dict holding an array (which the
+  lifted trace rebuilds) and a plain list (which it does not), each written
+  at trace time, called through ``route`` directly or through a global
+  name: what each call returned and left in the user's objects."""
+  global _REACHED
+  seen = []
+  for i in range(rounds):
+    state, plain = {"w": jnp.full(3, float(i + 1)), "log": []}, []
+
+    def f(v, state=state, plain=plain):
+      state["log"].append("traced")
+      state["n"] = state.get("n", 0) + 1
+      plain.append("traced")
+      return v * state["w"]
+    _REACHED = f
+    h = (lambda v: _REACHED(v)) if via_global else f
+    x = jnp.ones(3)
+    if route == "jit":
+      out = jax.jit(h)(x)
+    elif route == "fori_loop":
+      out = jax.lax.fori_loop(0, 2, lambda k, y: h(y), x)
+    elif route == "scan":
+      out = jax.lax.scan(lambda c, _: (h(c), None), x, None, length=2)[0]
+    elif route == "while_loop":
+      out = jax.lax.while_loop(lambda c: c[0] < 2,
+                               lambda c: (c[0] + 1, h(c[1])), (0, x))[1]
+    elif route == "cond":
+      out = jax.lax.cond(True, h, lambda y: y, x)
+    else:
+      converted, consts = jax.closure_convert(h, x)
+      out = converted(x, *consts)
+    seen.append((np.asarray(out).tolist(), list(state["log"]),
+                 state.get("n"), list(plain)))
+  return seen
+
+
+@pytest.mark.parametrize("via_global", [False, True],
+                         ids=["closure", "global"])
+@pytest.mark.parametrize("route", ["jit", "fori_loop", "scan", "while_loop",
+                                   "cond", "closure_convert"])
+def test_trace_time_writes_land_on_the_users_objects_on_every_route(
+    route, via_global):
+  """Stock traces each fresh function and its writes land on the user's
+  dict and list, once per trace. A lifted trace writes to its rebuild's
+  copy of the dict: it is refused (reached through a global name, a loop
+  body's weak reference, or ``closure_convert`` too), what it wrote to the
+  user's own list is put back, and stock's trace writes once."""
+  want = _observe_trace_time_writes(route, via_global)
+  jcc.enable()
+  got = _observe_trace_time_writes(route, via_global)
+  assert got == want
+  assert want[-1][1:] == (["traced"], 1, ["traced"])

@@ -92,6 +92,10 @@ def closure_convert(fun, *example_args):
     # stock's own trace and cache).
     _stocks.add(fun)
     return _stock_closure_convert(fun, *example_args)
+  if fun.__code__ in entries.unliftable:
+    return _to_stock(fun, example_args, "unliftable",
+                     "an earlier lifted trace of this code failed or wrote "
+                     "to state its function reaches, so stock traces it")
   try:
     a = closure.analyse(fun)
     key = (a.key, signature)
@@ -108,6 +112,9 @@ def closure_convert(fun, *example_args):
   if shared is None:
     shared = _trace(fun, a, key, example_args)
     if isinstance(shared, str):
+      # (stock's own trace, where that trace's writes land, and every later
+      # object of the code too: a lifted trace of it fails again)
+      entries.unliftable.add(fun.__code__)
       return _to_stock(fun, example_args, "trace_error", shared)
   else:
     events.hit(shared.record)
@@ -129,9 +136,21 @@ def _trace(fun, a, key, example_args):
   what the key covers. Returns the shared entry, or a string saying why
   stock must answer."""
   holder = [fun]
+  StateWatch = trace_lookup.closure_cache.StateWatch
 
   def lifted(leaves, *args):
-    return rebuild.rebuild(holder[0], a.key, leaves)(*args)
+    # as the front's lifted function: a trace that writes to the rebuild's
+    # copy of what the closure reaches, or stores a traced value in the
+    # user's, raises (stock's trace writes to the user's objects)
+    current = holder[0]
+
+    def trace():
+      new = rebuild.rebuild(current, a.key, leaves)
+      copies = StateWatch.of_copies(new, current)
+      out = new(*args)
+      copies.check_unwritten()
+      return out
+    return StateWatch.run(current, trace)
   trace_lookup.own_code(lifted.__code__)
 
   try:

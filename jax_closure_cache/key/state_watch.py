@@ -4,7 +4,8 @@ reached from the function within the closure key's budget.
 
 Invariants: :class:`StateWatch` snapshots each place's contents when made;
 :meth:`StateWatch.check` undoes every change a trace made and raises
-:class:`TracerLeak` if one stored a traced value; places are compared by
+:class:`TracerLeak` if one stored a traced value; :meth:`StateWatch.run`
+undoes every change of a trace that raised; places are compared by
 identity of their contents, never by ``==``.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 import functools
 import types
 from typing import Any
+import weakref
 
 import numpy as np
 
@@ -30,17 +32,31 @@ def _reached(v) -> list:   # what a trace may reach from v, and write to
     return []
   if type(v) is types.FunctionType:
     return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
-            *(v.__kwdefaults__ or {}).values()]
+            *(v.__kwdefaults__ or {}).values(), *_globals_read(v)]
   if type(v) is types.CellType:
     return [] if not closure_key.cell_filled(v) else [v.cell_contents]
   if type(v) is functools.partial:
     return [v.func, *v.args, *v.keywords.values()]
   if type(v) is types.MethodType:
     return [v.__func__, v.__self__]
+  if type(v) is weakref.ReferenceType:   # read through, as the key reads
+    target = v()   # (fori_loop's body wrapper holds the body so)
+    return [] if target is None else [target]
   if type(v) in (list, tuple, set, frozenset, dict):
     return list(v.values() if type(v) is dict else v)
   d = getattr(v, "__dict__", None)
   return list(d.values()) if type(d) is dict else []
+
+
+def _globals_read(f) -> list:
+  """The values of the globals a user's function may read (a rebuild's
+  own copy of them where ``f`` is rebuilt: a trace writes to what it
+  reads there); none for library code, whose module state is its own."""
+  code = f.__code__
+  if _compat.library_code(code) or _compat.stdlib_code(code):
+    return []
+  g = f.__globals__
+  return [g[n] for n in closure_key.code_names(code)[0] if n in g]
 
 
 def _place(v):   # the mutable place v is (itself, or its __dict__), or None
@@ -107,12 +123,17 @@ class StateWatch:
 
   @classmethod
   def run(cls, fun, call: Callable[[], Any]) -> Any:
-    """``call()``, a lifted trace of ``fun``, then :meth:`check`."""
+    """``call()``, a lifted trace of ``fun``, then :meth:`check`. A call
+    that raises leaves nothing of its writes behind (every failed lifted
+    trace is followed by stock's, which makes them once)."""
     watch = cls(fun)
     try:
-      return call()
-    finally:
-      watch.check()
+      out = call()
+    except BaseException:
+      watch.restore()
+      raise
+    watch.check()
+    return out
 
   def restore(self, changes=None) -> None:   # as it was at the snapshot
     for place, before, _ in self.changes() if changes is None else changes:
