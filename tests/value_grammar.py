@@ -31,7 +31,10 @@ The grammar (what the traced function reaches, and how):
   an inner ``jax.jit``;
 * runtime callbacks (``jax.debug.callback``, ``io_callback``,
   ``pure_callback``) over a fresh object and log per step, and a trace-time
-  log (a fresh list per step appended to while tracing).
+  log (a fresh list per step appended to while tracing);
+* a state writer (three programs in ten, on a stream of their own): a part
+  whose closure holds a dict holding an array, which it writes to at trace
+  time; every trace that runs must write to the user's dict, once.
 
 Carriers: a cell, a lambda's cell, a partial's argument, a default and a
 keyword-only default, a module global, an attribute of a (fresh or
@@ -1004,6 +1007,9 @@ class Program:
   x: tuple
   trace_log: bool
   slots: list
+  # a part writing at trace time to a dict its closure holds beside an
+  # array (:func:`_state_writer`); drawn on its own stream
+  state_writer: bool = False
 
   @property
   def steps(self) -> int:
@@ -1061,7 +1067,14 @@ def generate(seed: int, index: int) -> Program:
   focus = FOCUS.get(index % FOCUS_PERIOD)
   if focus is not None:   # its own generator: other programs stay the same
     focus(random.Random(f"value-grammar-focus:{seed}:{index}"), program)
+  # its own generator too: every other draw of a program stays as it was
+  program.state_writer = random.Random(
+      f"value-grammar-state:{seed}:{index}").random() < STATE_WRITERS
   return program
+
+
+#: The share of programs with a state writer (:func:`_state_writer`).
+STATE_WRITERS = 0.3
 
 
 # ---------------------------------------------------------------------------
@@ -1129,7 +1142,8 @@ def tolerant(program: Program) -> bool:
 def describe(program: Program) -> str:
   lines = [f"program {program.index} of seed {program.seed}: forms "
            f"{program.forms}, top {program.top!r}, x={program.x}, "
-           f"trace log {'on' if program.trace_log else 'off'}"]
+           f"trace log {'on' if program.trace_log else 'off'}, state "
+           f"writer {'on' if program.state_writer else 'off'}"]
   for i, s in enumerate(program.slots):
     steps = ", ".join(f"{a}:{spec!r}" for a, spec in zip(s.actions, s.specs))
     lines.append(f"  s{i}: {s.kind} via {s.carrier}"
@@ -1256,6 +1270,23 @@ def _part(state, program, i, v, tlog):
   return lambda x: ap(name, use, v, x)
 
 
+def _state_writer(step, writers):
+  """A part whose closure holds a dict holding an array (which a lifted
+  trace rebuilds, as a copy) and a count it increments at trace time, and a
+  plain list each trace appends to (which it does not rebuild): a trace of
+  the user's function leaves the count equal to the list's length. Each
+  ``(dict, list)`` is recorded in ``writers``."""
+  box = {"w": jnp.full(3, 0.5 + step % 2, jnp.float32), "n": 0}
+  seen = []
+  writers.append((box, seen))
+
+  def part(x):
+    box["n"] += 1
+    seen.append(1)
+    return x * box["w"]
+  return part
+
+
 def _top(kind, parts):
   if kind == "def":
     def f(x):
@@ -1339,6 +1370,8 @@ class StepOutcome:
   results: dict             # form -> pytree of arrays, or Raised
   trace_log: list | None
   callback_logs: list       # per callback box of the step
+  # per state writer made in the step: (its dict's count, its list's length)
+  writes: list = dataclasses.field(default_factory=list)
 
 
 def run_pass(program: Program) -> list:
@@ -1352,13 +1385,15 @@ def run_pass(program: Program) -> list:
   records = []
   for step in range(program.steps):
     tlog = [] if program.trace_log else None
-    boxes = []
+    boxes, writers = [], []
     values = [_value(state, program, i, step, boxes)
               for i in range(len(program.slots))]
 
     def make():
       parts = tuple((f"s{i}", _part(state, program, i, v, tlog))
                     for i, v in enumerate(values))
+      if program.state_writer:
+        parts += (("w", _state_writer(step, writers)),)
       return _top(program.top, parts)
     results = {}
     for form in program.forms:
@@ -1367,12 +1402,13 @@ def run_pass(program: Program) -> list:
       except Exception as e:   # noqa: BLE001: compared with stock's
         results[form] = Raised(type(e), str(e))
     jax.effects_barrier()
-    records.append((results, tlog, boxes))
+    records.append((results, tlog, boxes, writers))
   jax.effects_barrier()
   # logs read at the end: a later step running an earlier callback shows
   return [StepOutcome(r, None if t is None else list(t),
-                      [list(b.log) for b in boxes])
-          for r, t, boxes in records]
+                      [list(b.log) for b in boxes],
+                      [(box["n"], len(seen)) for box, seen in writers])
+          for r, t, boxes, writers in records]
 
 
 # ---------------------------------------------------------------------------
@@ -1456,6 +1492,14 @@ def compare_passes(got: list, want: list, rtol: float, label: str) -> list:
     if w.trace_log is not None and not _is_subset(g.trace_log, w.trace_log):
       diffs.append(("trace_log", f"{label} step {step}: trace-time log "
                     f"{g.trace_log} where stock {w.trace_log}"))
+    # Each trace that runs writes to the user's dict (never a copy's), and
+    # no function object traces more often than stock's (a hit, fewer).
+    for n, ((count, traces), (_, stock_traces)) in enumerate(
+        zip(g.writes, w.writes)):
+      if count != traces or traces > stock_traces:
+        diffs.append(("state_write", f"{label} step {step} writer {n}: "
+                      f"{count} write(s) to the user's dict in {traces} "
+                      f"trace(s) where stock traced {stock_traces} time(s)"))
   return diffs
 
 
