@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import operator
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -175,7 +176,7 @@ def constants_as_inputs(e) -> tuple[list, dict]:
 def nested_jit_constants(e) -> list:
   """The constants an equation's nested jit closes over (none for another
   primitive, or a nested jaxpr without constants)."""
-  if e.primitive.name not in ("jit", "pjit"):
+  if e.primitive.name not in _JITS:
     return []
   inner = e.params.get("jaxpr")
   if type(inner) is not _compat.ClosedJaxpr:
@@ -225,8 +226,14 @@ def lifted_operands(e) -> tuple:
 def _zero(x) -> bool:
   """Whether a literal is a zero of either sign: kept in the key, never an
   argument (XLA folds a constant zero, and its sign, otherwise than it
-  computes with an argument's)."""
+  computes with an argument's). A number's truth is ``np.any``'s (a NaN
+  is not zero), read without making an array."""
+  if type(x) in _NUMBERS or isinstance(x, np.number):
+    return not x
   return not np.any(np.asarray(x))
+
+
+_NUMBERS = frozenset({int, float, complex})
 
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
@@ -234,26 +241,29 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   names: dict = {}
   top = literals is not None
 
-  def name(v, lift=False):
-    if type(v) is _compat.Literal:
-      if top and lift:
-        literals.append(np.asarray(v.val, v.aval.dtype))   # as the argument
-        bits.append(_atom(v.val))
-        return ("arg", v.aval)
+  def name(v):   # a variable by first use; a literal by type and bits
+    if type(v) is _Literal:
       return ("lit", v.aval, _atom(v.val))
     n = names.get(v)
     if n is None:
       n = names[v] = len(names)
     return n
 
-  binders = (tuple(name(v) for v in jaxpr.constvars),
-             tuple(v.aval for v in jaxpr.constvars),
-             tuple(name(v) for v in jaxpr.invars),
-             tuple(v.aval for v in jaxpr.invars))
+  def lift(v):   # a lifted literal: an argument of the shared lowering
+    literals.append(np.asarray(v.val, v.aval.dtype))
+    bits.append(_atom(v.val))
+    return ("arg", v.aval)
+
+  binders = (tuple(map(name, jaxpr.constvars)),
+             tuple(map(_aval, jaxpr.constvars)),
+             tuple(map(name, jaxpr.invars)),
+             tuple(map(_aval, jaxpr.invars)))
   eqns = []
   for e in jaxpr.eqns:
-    ignored = NOT_LOWERED.get(e.primitive.name, ())
-    if top and hoists(e):   # its constants become arguments: not keyed
+    primitive = e.primitive.name
+    ignored = NOT_LOWERED.get(primitive, ())
+    if top and primitive in _JITS and hoists(e):
+      # its constants become arguments: not keyed
       inner, consts = _compat.closed_parts(e.params["jaxpr"])
       hoisted.extend(consts)
       params = tuple((k, ("hoisted", _nested(inner, named)) if k == "jaxpr"
@@ -261,21 +271,33 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
     else:
       params = tuple((k, param_key(p, named)) for k, p in e.params.items()
                      if k not in ignored)
+    invars = e.invars
+    if top and any(type(v) is _Literal for v in invars):
+      # lifted_operands' rule, written out: nested operands stay keyed
+      operands = tuple(lift(v) if lifted else name(v)
+                       for v, lifted in zip(invars, lifted_operands(e)))
+    else:
+      operands = tuple(map(name, invars))
     eqns.append((
         Identity(e.primitive),
         Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
         params,
-        tuple(map(name, e.invars, lifted_operands(e))) if top
-        else tuple(map(name, e.invars)),   # nested: every literal keyed
-        tuple(v.aval for v in e.outvars),
-        tuple(name(v) for v in e.outvars),
+        operands,
+        tuple(map(_aval, e.outvars)),
+        tuple(map(name, e.outvars)),
         _effects(e.effects)))
-  outs = tuple(name(v, lifted_literal(v)) for v in jaxpr.outvars)
+  outs = tuple(lift(v) if top and lifted_literal(v) else name(v)
+               for v in jaxpr.outvars)
   dbg = jaxpr.debug_info
   return (binders, tuple(eqns), outs, _effects(jaxpr.effects),
           None if dbg is None or not named else (
               dbg.func_src_info, _names(dbg.arg_names),
               _names(dbg.result_paths)))
+
+
+_Literal = _compat.Literal
+_aval = operator.attrgetter("aval")
+_JITS = frozenset({"jit", "pjit"})
 
 
 def _names(names):
