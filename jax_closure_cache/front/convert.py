@@ -136,21 +136,14 @@ def _trace(fun, a, key, example_args):
   what the key covers. Returns the shared entry, or a string saying why
   stock must answer."""
   holder = [fun]
-  StateWatch = trace_lookup.closure_cache.StateWatch
 
   def lifted(leaves, *args):
     # as the front's lifted function: a trace that writes to the rebuild's
     # copy of what the closure reaches, or stores a traced value in the
     # user's, raises (stock's trace writes to the user's objects)
-    current = holder[0]
-
-    def trace():
-      new = rebuild.rebuild(current, a.key, leaves)
-      copies = StateWatch.of_copies(new, current)
-      out = new(*args)
-      copies.check_unwritten()
-      return out
-    return StateWatch.run(current, trace)
+    new = rebuild.rebuild(holder[0], a.key, leaves)
+    return trace_lookup.closure_cache.StateWatch.run_lifted(
+        holder[0], new, lambda: new(*args))
   trace_lookup.own_code(lifted.__code__)
 
   try:

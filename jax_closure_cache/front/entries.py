@@ -298,18 +298,14 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     # writes to the rebuild's copy of a plain object, dict or list (which
     # stock's trace makes on the user's) is refused. Both are answered by
     # stock (the closure key's TracerLeak).
-    def trace():
-      if shares_traces(options):
-        # the trace lookup's stored trace of this key, if any
-        out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
-        if out is not None:
-          return out
-      new = rebuild.rebuild(current, a.key, leaves)
-      copies = trace_lookup.closure_cache.StateWatch.of_copies(new, current)
-      out = new(*args, **kwargs)
-      copies.check_unwritten()
-      return out
-    return trace_lookup.closure_cache.StateWatch.run(current, trace)
+    if shares_traces(options):
+      # the trace lookup's stored trace of this key, if any
+      out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
+      if out is not None:
+        return out
+    new = rebuild.rebuild(current, a.key, leaves)
+    return trace_lookup.closure_cache.StateWatch.run_lifted(
+        current, new, lambda: new(*args, **kwargs))
 
   trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__

@@ -135,6 +135,35 @@ class StateWatch:
     watch.check()
     return out
 
+  @classmethod
+  def run_lifted(cls, fun, rebuilt, call: Callable[[], Any]) -> Any:
+    """``call()``, a trace of ``rebuilt`` (``fun`` rebuilt with tracers in
+    its lifted positions) that may write to the user's own objects, as
+    stock's trace of ``fun`` would: :meth:`run`, raising
+    :class:`TracerLeak` if it wrote to the rebuild's copy of one (stock's
+    trace writes to the user's). The front's and ``closure_convert``'s
+    lifted traces."""
+    def trace():
+      copies = cls.of_copies(rebuilt, fun)
+      out = call()
+      copies.check_unwritten()
+      return out
+    return cls.run(fun, trace)
+
+  @classmethod
+  def run_unwritten(cls, fun, rebuilt, call: Callable[[], Any]) -> Any:
+    """``call()``, a trace of ``rebuilt`` whose jaxpr every later function
+    of the key gets without tracing: :meth:`run`, raising
+    :class:`TracerLeak` (what it wrote undone) if it wrote to anything
+    ``fun`` or ``rebuilt`` reaches. The trace lookup's shared traces."""
+    watches = cls(rebuilt), cls(fun)
+    out = cls.run(fun, call)
+    if any(w.changes() for w in watches):
+      for w in watches:
+        w.restore()
+      raise TracerLeak("the trace wrote to state its function reaches")
+    return out
+
   def restore(self, changes=None) -> None:   # as it was at the snapshot
     for place, before, _ in self.changes() if changes is None else changes:
       if type(place) is types.CellType:

@@ -237,14 +237,10 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
   rules, key, leaf_avals, _ = key
 
   def lifted(leaves, *args, **kwargs):
+    # a trace that writes what it reaches (a cell its caller reads after)
+    # is traced as usual, every time, its writes once
     new = closure_key.rebuild(fun, key, leaves, rules)
-    watches = StateWatch(new), StateWatch(fun)   # a trace that writes what
-    out = StateWatch.run(fun, lambda: new(*args, **kwargs))   # it reaches
-    if any(w.changes() for w in watches):   # (a cell its caller reads after)
-      for w in watches:   # is traced as usual, every time, its writes once
-        w.restore()
-      raise TracerLeak("the trace wrote to state its function reaches")
-    return out
+    return StateWatch.run_unwritten(fun, new, lambda: new(*args, **kwargs))
   own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = ft.pack(((ft.flatten(list(leaf_avals)), *args.unpack()), kwargs))
