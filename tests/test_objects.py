@@ -249,3 +249,44 @@ def test_trace_time_writes_land_on_the_users_objects_on_every_route(
   got = _observe_trace_time_writes(route, via_global)
   assert got == want
   assert want[-1][1:] == (["traced"], 1, ["traced"])
+
+
+@pytest.mark.parametrize("route", ["jit", "fori_loop", "closure_convert"])
+def test_a_refused_lifted_trace_keeps_nothing_alive(route):
+  """A lifted trace refused for writing to its copy is left by an
+  exception, which JAX's trace does not release (its constants' finalizers
+  hold its frame): the package releases it, so JAX's memoized float32
+  conversion of a float64 NumPy array read in that trace dies with it, and
+  the array changed in place is read anew, as stock reads it (or stale,
+  where stock's own cache keeps the copy)."""
+  base = np.array([1.0, 9.0, 2.0, 9.0, 3.0, 9.0])
+  a = base[::2]   # float64: the trace reads JAX's float32 copy of it
+
+  def run():
+    seen = []
+    for values in ((1.0, 2.0, 3.0), (1.0, 2.0, 3.0), (1.0, 2.0, 3.0),
+                   (1.0, 1.0, 1.0)):
+      base[::2] = values
+      box = {"w": jnp.ones(3), "n": 0}
+
+      def f(x, box=box):
+        box["n"] += 1   # a write to the dict the lifted trace copies
+        return x * jnp.asarray(a) + box["w"]
+      x = jnp.ones(3)
+      if route == "jit":
+        out = jax.jit(f)(x)
+      elif route == "fori_loop":
+        out = jax.lax.fori_loop(0, 1, lambda k, y: f(y), x)
+      else:
+        converted, consts = jax.closure_convert(f, x)
+        out = converted(x, *consts)
+      seen.append((np.asarray(out).tolist(), box["n"]))
+    return seen
+  want = run()
+  jcc.enable()
+  got = run()
+  assert got == want
+  # (stock's closure_convert keeps its traces in an LRU cache, and with
+  # them the copy: stale in stock, and so with the cache)
+  assert want[-1][0] == ([2.0, 3.0, 4.0] if route == "closure_convert"
+                         else [2.0, 2.0, 2.0])

@@ -479,6 +479,23 @@ def note_stale_conversion_kept(arr, converted) -> None:
     pass
 
 
+def abandon_current_trace() -> None:
+  """Release the current jaxpr trace, which a lifted function is leaving by
+  an exception: what JAX's ``core.ensure_no_leaks`` does after a trace that
+  returned (``invalidate``), and not after one that raised. Without it the
+  trace's frame stays alive: each constant's tracer has a
+  ``weakref.finalize`` whose callback holds the trace, whose frame's
+  equations hold that tracer, so the frame and its constants (among them
+  JAX's memoized conversion of a NumPy array, which a later stock trace of
+  the array, changed in place since, then reads) live as long as the
+  process. Stock abandons a trace only where the user's function raises;
+  a refused lifted trace is the package's own."""
+  trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
+  invalidate = getattr(trace, "invalidate", None)
+  if invalidate is not None and hasattr(trace, "frame"):   # a jaxpr trace
+    invalidate()
+
+
 def own_constants(consts) -> tuple:
   """``consts`` for a trace the package stores: each NumPy constant (a
   ``TypedNdArray`` or plain array, which a trace takes as a view of the

@@ -125,14 +125,16 @@ class StateWatch:
   def run(cls, fun, call: Callable[[], Any]) -> Any:
     """``call()``, a lifted trace of ``fun``, then :meth:`check`. A call
     that raises leaves nothing of its writes behind (every failed lifted
-    trace is followed by stock's, which makes them once)."""
+    trace is followed by stock's, which makes them once), and its trace is
+    released (``_compat.abandon_current_trace``)."""
     watch = cls(fun)
     try:
       out = call()
+      watch.check()
     except BaseException:
       watch.restore()
+      _compat.abandon_current_trace()   # (its frame would live on)
       raise
-    watch.check()
     return out
 
   @classmethod
@@ -161,6 +163,7 @@ class StateWatch:
     if any(w.changes() for w in watches):
       for w in watches:
         w.restore()
+      _compat.abandon_current_trace()
       raise TracerLeak("the trace wrote to state its function reaches")
     return out
 
