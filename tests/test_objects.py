@@ -290,3 +290,45 @@ def test_a_refused_lifted_trace_keeps_nothing_alive(route):
   # them the copy: stale in stock, and so with the cache)
   assert want[-1][0] == ([2.0, 3.0, 4.0] if route == "closure_convert"
                          else [2.0, 2.0, 2.0])
+
+
+# a large global table a traced function reads (a vocabulary)
+_VOCABULARY = {f"token{k}": k for k in range(20000)}
+
+
+@pytest.mark.parametrize("container", ["dict", "OrderedDict", "defaultdict"])
+@pytest.mark.parametrize("route", ["jit", "scan", "closure_convert"])
+def test_trace_time_writes_are_seen_past_a_large_global_and_in_dict_subclasses(
+    route, container):
+  """The watch walks the closure's own state before the globals the code
+  reads, breadth first, so a global table of more entries than its budget
+  never hides the closure's dict; and a dict subclass holding an array
+  (rebuilt as a copy, as JAX flattens it) is watched by its items."""
+  import collections
+  make_state = {"dict": dict, "OrderedDict": collections.OrderedDict,
+                "defaultdict": lambda: collections.defaultdict(int)}[container]
+
+  def run():
+    seen = []
+    for i in range(4):
+      state = make_state()
+      state["w"] = jnp.full(3, float(i + 1))
+      state["traces"] = 0
+
+      def f(v, state=state):
+        state["traces"] += 1
+        return v * state["w"] + _VOCABULARY["token1"]
+      x = jnp.ones(3)
+      if route == "jit":
+        out = jax.jit(f)(x)
+      elif route == "scan":
+        out = jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0]
+      else:
+        converted, consts = jax.closure_convert(f, x)
+        out = converted(x, *consts)
+      seen.append((np.asarray(out).tolist(), state["traces"]))
+    return seen
+  want = run()
+  jcc.enable()
+  assert run() == want
+  assert [traces for _, traces in want] == [1, 1, 1, 1]

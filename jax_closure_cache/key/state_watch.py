@@ -11,6 +11,7 @@ identity of their contents, never by ``==``.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 import functools
 import types
@@ -27,12 +28,13 @@ class TracerLeak(Exception):
   """A lifted trace stored a traced value in the user's own state."""
 
 
-def _reached(v) -> list:   # what a trace may reach from v, and write to
+def _reached(v, with_globals: bool) -> list:   # what a trace may reach
   if isinstance(v, (type, types.ModuleType, _compat.ArrayImpl, np.ndarray)):
-    return []
+    return []   # from v, and write to
   if type(v) is types.FunctionType:
     return [*(v.__closure__ or ()), *(v.__defaults__ or ()),
-            *(v.__kwdefaults__ or {}).values(), *_globals_read(v)]
+            *(v.__kwdefaults__ or {}).values(),
+            *(_globals_read(v) if with_globals else ())]
   if type(v) is types.CellType:
     return [] if not closure_key.cell_filled(v) else [v.cell_contents]
   if type(v) is functools.partial:
@@ -42,8 +44,16 @@ def _reached(v) -> list:   # what a trace may reach from v, and write to
   if type(v) is weakref.ReferenceType:   # read through, as the key reads
     target = v()   # (fori_loop's body wrapper holds the body so)
     return [] if target is None else [target]
-  if type(v) in (list, tuple, set, frozenset, dict):
-    return list(v.values() if type(v) is dict else v)
+  # containers, their subclasses too (an OrderedDict, a defaultdict, a
+  # NamedTuple), read by the base type's own methods: no user code runs
+  if isinstance(v, dict):
+    return list(dict.values(v))
+  if isinstance(v, list):
+    return list.copy(v)
+  if isinstance(v, tuple):
+    return list(tuple.__iter__(v))
+  if isinstance(v, (set, frozenset)):
+    return list((set if isinstance(v, set) else frozenset).__iter__(v))
   d = getattr(v, "__dict__", None)
   return list(d.values()) if type(d) is dict else []
 
@@ -60,7 +70,7 @@ def _globals_read(f) -> list:
 
 
 def _place(v):   # the mutable place v is (itself, or its __dict__), or None
-  if type(v) in (types.CellType, list, dict):
+  if type(v) is types.CellType or isinstance(v, (list, dict)):
     return v
   d = getattr(v, "__dict__", None)
   return d if type(d) is dict and not isinstance(
@@ -70,7 +80,9 @@ def _place(v):   # the mutable place v is (itself, or its __dict__), or None
 def _contents(place) -> dict:
   if type(place) is types.CellType:
     return {0: place.cell_contents} if closure_key.cell_filled(place) else {}
-  return dict(enumerate(place)) if type(place) is list else dict(place)
+  if isinstance(place, list):
+    return dict(enumerate(list.copy(place)))
+  return dict(dict.items(place))
 
 
 class StateWatch:
@@ -174,7 +186,7 @@ class StateWatch:
           place.cell_contents = before[0]
         else:
           del place.cell_contents
-      elif type(place) is list:
+      elif isinstance(place, list):
         place[:] = before.values()
       else:   # key by key: a module's globals are never empty meanwhile
         for k in [k for k in place if k not in before]:
@@ -183,11 +195,30 @@ class StateWatch:
                       if place.get(k, place) is not v])
 
 
-def _reach(todo: list):   # each object reached from todo, once, in budget
-  seen = set()
-  while todo and len(seen) < closure_key.BUDGET:
-    v = todo.pop()
+def _reach(todo: list):
+  """Each object reached from ``todo`` once: first what the closure key
+  walks (cells, defaults, containers, objects; within its budget), then,
+  with a budget of its own, what the globals their functions read reach
+  (a large global table read by the code never hides the closure's own
+  state from the watch)."""
+  seen: set = set()
+  functions: list = []
+  for v in _walk(list(todo), seen, with_globals=False):
+    if type(v) is types.FunctionType:
+      functions.append(v)
+    yield v
+  more = [g for f in functions for g in _globals_read(f)]
+  yield from _walk(more, seen, with_globals=True)
+
+
+def _walk(todo: list, seen: set, with_globals: bool):
+  # breadth first, cells before globals at each level: a table a global
+  # holds is walked after the state the closure reaches as near
+  queue, count = collections.deque(todo), 0
+  while queue and count < closure_key.BUDGET:
+    v = queue.popleft()
     if id(v) not in seen:
       seen.add(id(v))
+      count += 1
       yield v
-      todo.extend(_reached(v))
+      queue.extend(_reached(v, with_globals))
