@@ -6,6 +6,7 @@ Each case re-creates the function, changes what it reads, and compares with
 stock jax.jit on a fresh object (cache off); a key that ignored the value
 would return the previous answer and fail."""
 
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -101,3 +102,33 @@ def test_function_budget_bound_is_explained(monkeypatch, caplog):
     assert_like_stock(jcc.jit(make())(x), make(), x)
   assert jcc.stats()["fallback_reasons"].get("function_budget", 0) >= 1
   assert any("more than 1 functions" in r.getMessage() for r in caplog.records)
+
+
+# a global table larger than the key's budget (a vocabulary)
+_TABLE = {f"token{k}": k for k in range(6000)}
+
+
+def test_a_global_table_past_the_budget_goes_to_tier_a():
+  """A code reading one entry of a global dict of more values than the
+  key's budget is not keyed by the whole table (whose walk and matcher
+  made a miss take seconds and a hit hundreds of milliseconds): the walk
+  stops before flattening it, the call traces as stock's does and tier A
+  shares the executable, with stock's results while the table changes."""
+  x = jnp.ones(3)
+
+  def make(i):
+    w = jnp.full(3, float(i + 1))
+
+    def f(v):
+      return jnp.sin(v * w) + _TABLE["token1"]
+    return f
+  jcc.enable()
+  for i in range(6):
+    if i == 4:
+      _TABLE["token1"] = 7   # read afresh: each call traces
+    assert_like_stock(jax.jit(make(i))(x), make(i), x)
+  _TABLE["token1"] = 1
+  assert jcc.stats()["fallback_reasons"].get("budget", 0) >= 4
+  # a structure's first meeting and its shared lowering compile, then the
+  # calls share it (the changed table entry is a lifted literal)
+  assert jcc.stats()["tier_a"]["hits"] >= 3

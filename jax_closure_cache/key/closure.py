@@ -268,6 +268,7 @@ class Analysis(_key.Walk):
     return _key.Walk.numpy(v)
 
   def tree(self, v):
+    self.spend(len(v))   # a table too large to key, before flattening it
     try:
       leaves, treedef = _tree_flatten(v)
     except Exception as e:   # dict keys that do not sort
@@ -279,6 +280,7 @@ class Analysis(_key.Walk):
     ``TREEAUX`` (``TreeAuxPart``) with the node parts first (the rebuild's
     order) where a node's data or class must be walked: a treedef compares
     node data with ``==``."""
+    self.spend(len(leaves))
     value = self.value
     if not _walks_node_data(treedef):
       return (TREE, treedef, tuple([value(x) for x in leaves]), layout)

@@ -316,6 +316,7 @@ class Walk:
     return (WRAPPER, t, static, self.value(inner))
 
   def tree(self, v):
+    self.spend(len(v))   # a table too large to key, before flattening it
     try:
       leaves, treedef = tree_util.tree_flatten(v)
     except Exception as e:   # dict keys that do not sort
@@ -323,6 +324,7 @@ class Walk:
     return self.tree_parts(leaves, treedef)
 
   def tree_parts(self, leaves, treedef):
+    self.spend(len(leaves))
     return (TREE, treedef, tuple([self.value(x) for x in leaves]))
 
   def identity(self, v):
@@ -338,11 +340,17 @@ class Walk:
     i = self.memo.get(id(v))
     if i is not None:
       return (CYCLE, i)
-    self.budget -= 1
-    if self.budget < 0:
-      raise Unkeyable("budget", "too many values")
+    self.spend(1)
     i = self.memo[id(v)] = len(self.memo)
     return i
+
+  def spend(self, n: int) -> None:
+    """Count ``n`` values against the key's budget: an object or function
+    entered, a container's leaves (each a part of the key, compared on
+    every hit)."""
+    self.budget -= n
+    if self.budget < 0:
+      raise Unkeyable("budget", f"more than {BUDGET} values")
 
   def function(self, f: types.FunctionType):
     index = self.enter(f)
