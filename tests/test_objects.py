@@ -332,3 +332,41 @@ def test_trace_time_writes_are_seen_past_a_large_global_and_in_dict_subclasses(
   jcc.enable()
   assert run() == want
   assert [traces for _, traces in want] == [1, 1, 1, 1]
+
+
+class _Config(dict):
+  """A dict subclass with attributes of its own (a config object)."""
+
+
+@pytest.mark.parametrize("kind", ["dict", "OrderedDict", "subclass"])
+def test_a_refused_trace_puts_back_order_and_a_subclass_attributes(kind):
+  """What a refused lifted trace did to the user's own objects is undone
+  before stock's trace runs: a key moved to the end (an OrderedDict's
+  order is its pytree structure) and an attribute of a dict subclass, so
+  stock's trace makes each change once."""
+  import collections
+  make = {"dict": dict, "OrderedDict": collections.OrderedDict,
+          "subclass": _Config}[kind]
+
+  def run():
+    seen = []
+    for i in range(4):
+      d = make(a=1, b=2)
+      if kind == "subclass":
+        d.calls = 0
+      state = {"w": jnp.full(2, float(i))}
+
+      def f(x, d=d, state=state):
+        k = next(iter(d))
+        d[k] = d.pop(k)        # the first key moved to the end
+        if kind == "subclass":
+          d.calls += 1
+        state["seen"] = True   # a write to the dict the lifted trace copies
+        return x * state["w"]
+      jax.jit(f)(jnp.ones(2))
+      seen.append((list(d), getattr(d, "calls", None)))
+    return seen
+  want = run()
+  jcc.enable()
+  assert run() == want
+  assert want[-1] == (["b", "a"], 1 if kind == "subclass" else None)

@@ -479,9 +479,16 @@ def note_stale_conversion_kept(arr, converted) -> None:
     pass
 
 
-def abandon_current_trace() -> None:
-  """Release the current jaxpr trace, which a lifted function is leaving by
-  an exception: what JAX's ``core.ensure_no_leaks`` does after a trace that
+def current_trace():
+  """The trace JAX's primitives bind to now (``core.trace_ctx.trace``)."""
+  return getattr(getattr(_core, "trace_ctx", None), "trace", None)
+
+
+def abandon_trace(trace) -> None:
+  """Release ``trace``, the jaxpr trace of a lifted function that is leaving
+  it by an exception, if it is still the current one and jit is on (a
+  lifted function run eagerly under ``disable_jit`` has no trace of its
+  own): what JAX's ``core.ensure_no_leaks`` does after a trace that
   returned (``invalidate``), and not after one that raised. Without it the
   trace's frame stays alive: each constant's tracer has a
   ``weakref.finalize`` whose callback holds the trace, whose frame's
@@ -490,7 +497,8 @@ def abandon_current_trace() -> None:
   the array, changed in place since, then reads) live as long as the
   process. Stock abandons a trace only where the user's function raises;
   a refused lifted trace is the package's own."""
-  trace = getattr(getattr(_core, "trace_ctx", None), "trace", None)
+  if trace is None or trace is not current_trace() or DISABLE_JIT.value:
+    return
   invalidate = getattr(trace, "invalidate", None)
   if invalidate is not None and hasattr(trace, "frame"):   # a jaxpr trace
     invalidate()

@@ -46,16 +46,20 @@ def _reached(v, with_globals: bool) -> list:   # what a trace may reach
     return [] if target is None else [target]
   # containers, their subclasses too (an OrderedDict, a defaultdict, a
   # NamedTuple), read by the base type's own methods: no user code runs
-  if isinstance(v, dict):
-    return list(dict.values(v))
-  if isinstance(v, list):
-    return list.copy(v)
-  if isinstance(v, tuple):
-    return list(tuple.__iter__(v))
-  if isinstance(v, (set, frozenset)):
-    return list((set if isinstance(v, set) else frozenset).__iter__(v))
-  d = getattr(v, "__dict__", None)
-  return list(d.values()) if type(d) is dict else []
+  # (and by the type itself, never a ``__class__`` a proxy fakes)
+  t = type(v)
+  if issubclass(t, dict):
+    items = list(dict.values(v))
+  elif issubclass(t, list):
+    items = list.copy(v)
+  elif issubclass(t, tuple):
+    items = list(tuple.__iter__(v))
+  elif issubclass(t, (set, frozenset)):
+    items = list((set if issubclass(t, set) else frozenset).__iter__(v))
+  else:
+    items = []
+  d = getattr(v, "__dict__", None)   # an object's, or a subclass's own
+  return items + list(d.values()) if type(d) is dict else items
 
 
 def _globals_read(f) -> list:
@@ -69,20 +73,37 @@ def _globals_read(f) -> list:
   return [g[n] for n in closure_key.code_names(code)[0] if n in g]
 
 
-def _place(v):   # the mutable place v is (itself, or its __dict__), or None
-  if type(v) is types.CellType or isinstance(v, (list, dict)):
-    return v
+def _places(v) -> list:   # the mutable places v is: itself, its __dict__
+  t = type(v)
+  if t is types.CellType:
+    return [v]
+  out = [v] if issubclass(t, (list, dict)) else []
   d = getattr(v, "__dict__", None)
-  return d if type(d) is dict and not isinstance(
-      v, (type, types.ModuleType, types.FunctionType)) else None
+  if type(d) is dict and not isinstance(
+      v, (type, types.ModuleType, types.FunctionType)):
+    out.append(d)
+  return out
+
+
+def _base(place) -> type:
+  """The type whose own methods read and write ``place`` (an OrderedDict's
+  order is its own; any other mapping's, dict's)."""
+  t = type(place)
+  if issubclass(t, list):
+    return list
+  return collections.OrderedDict if issubclass(
+      t, collections.OrderedDict) else dict
 
 
 def _contents(place) -> dict:
+  """A place's contents, in its order: a cell's, a list's by index, a
+  mapping's by key."""
   if type(place) is types.CellType:
     return {0: place.cell_contents} if closure_key.cell_filled(place) else {}
-  if isinstance(place, list):
+  base = _base(place)
+  if base is list:
     return dict(enumerate(list.copy(place)))
-  return dict(dict.items(place))
+  return dict(base.items(place))
 
 
 class StateWatch:
@@ -91,12 +112,15 @@ class StateWatch:
 
   def __init__(self, fun):
     self.places = []
+    self.keyed = set()   # places restored key by key (module globals)
+    self.trace = _compat.current_trace()   # the lifted function's own
     for v in _reach([fun]):
-      place = _place(v)
+      places = _places(v)
       if (type(v) is types.FunctionType
           and closure_key.code_names(v.__code__)[1]):
-        place = v.__globals__
-      if place is not None:
+        places = [v.__globals__]
+        self.keyed.add(id(v.__globals__))
+      for place in places:
         self.places.append((place, _contents(place)))
 
   def changes(self) -> list:
@@ -105,7 +129,8 @@ class StateWatch:
     for place, before in self.places:
       now = _contents(place)
       new = [x for k, x in now.items() if before.get(k, place) is not x]
-      if new or len(now) != len(before):
+      if new or len(now) != len(before) or any(   # keys reordered too
+          a is not b for a, b in zip(now, before)):
         out.append((place, before, new))
     return out
 
@@ -138,14 +163,14 @@ class StateWatch:
     """``call()``, a lifted trace of ``fun``, then :meth:`check`. A call
     that raises leaves nothing of its writes behind (every failed lifted
     trace is followed by stock's, which makes them once), and its trace is
-    released (``_compat.abandon_current_trace``)."""
+    released (``_compat.abandon_trace``)."""
     watch = cls(fun)
     try:
       out = call()
       watch.check()
     except BaseException:
       watch.restore()
-      _compat.abandon_current_trace()   # (its frame would live on)
+      _compat.abandon_trace(watch.trace)   # (its frame would live on)
       raise
     return out
 
@@ -175,7 +200,7 @@ class StateWatch:
     if any(w.changes() for w in watches):
       for w in watches:
         w.restore()
-      _compat.abandon_current_trace()
+      _compat.abandon_trace(watches[1].trace)
       raise TracerLeak("the trace wrote to state its function reaches")
     return out
 
@@ -186,13 +211,18 @@ class StateWatch:
           place.cell_contents = before[0]
         else:
           del place.cell_contents
-      elif isinstance(place, list):
-        place[:] = before.values()
-      else:   # key by key: a module's globals are never empty meanwhile
-        for k in [k for k in place if k not in before]:
-          del place[k]
-        place.update([(k, v) for k, v in before.items()
-                      if place.get(k, place) is not v])
+        continue
+      base = _base(place)   # its own methods, never a subclass's
+      if base is list:
+        list.__setitem__(place, slice(None), list(before.values()))
+      elif id(place) in self.keyed:   # a module's globals, key by key:
+        for k in [k for k in dict.keys(place) if k not in before]:
+          dict.__delitem__(place, k)   # never empty meanwhile
+        dict.update(place, [(k, v) for k, v in before.items()
+                            if dict.get(place, k, place) is not v])
+      else:   # contents and order
+        base.clear(place)
+        base.update(place, before)
 
 
 def _reach(todo: list):
