@@ -370,3 +370,28 @@ def test_a_refused_trace_puts_back_order_and_a_subclass_attributes(kind):
   jcc.enable()
   assert run() == want
   assert want[-1] == (["b", "a"], 1 if kind == "subclass" else None)
+
+
+class _ClaimsDict:
+  """An object whose ``__class__`` claims ``dict`` (a proxy, a
+  ``Mock(spec=dict)``)."""
+  __class__ = property(lambda self: dict)
+
+  def __init__(self, scale):
+    self.scale = scale
+
+
+def test_an_object_whose_class_attribute_claims_dict_is_keyed_by_its_type():
+  """The key reads an object's kind from ``type()``: one whose
+  ``__class__`` claims ``dict`` made every call raise ``AttributeError``
+  (its items were read as a dict's); it is a plain object, as stock
+  treats it, and a changed attribute is a new key."""
+  x = jnp.ones(2)
+
+  def make(i, scale):
+    w, p = jnp.full(2, float(i)), _ClaimsDict(scale)
+    return lambda v: v * w * p.scale
+  jcc.enable()
+  for i, scale in enumerate([2.0, 2.0, 2.0, 3.0, 2.0]):
+    assert_like_stock(jax.jit(make(i, scale))(x), make(i, scale), x)
+  assert jcc.stats()["hits"] >= 1

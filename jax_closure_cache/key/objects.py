@@ -163,10 +163,12 @@ def is_copyable_type(cls: type) -> bool:
 
 
 def contents(v) -> list:
-  """The items of a plain object that subclasses list, tuple or dict."""
-  if isinstance(v, dict):
+  """The items of a plain object that subclasses list, tuple or dict (by
+  its type: a proxy's ``__class__`` may claim one it is not)."""
+  t = type(v)
+  if issubclass(t, dict):
     return [x for kv in v.items() for x in kv]
-  if isinstance(v, (list, tuple)):
+  if issubclass(t, (list, tuple)):
     return list(v)
   return []
 
