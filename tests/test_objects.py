@@ -251,6 +251,19 @@ def test_trace_time_writes_land_on_the_users_objects_on_every_route(
   assert want[-1][1:] == (["traced"], 1, ["traced"])
 
 
+def _call_through(route: str, f, x):
+  """``f(x)`` through ``jax.jit``, an eager loop over it, or its
+  ``closure_convert``ed form, on a fresh function object."""
+  if route == "jit":
+    return jax.jit(f)(x)
+  if route == "fori_loop":
+    return jax.lax.fori_loop(0, 1, lambda k, y: f(y), x)
+  if route == "scan":
+    return jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0]
+  converted, consts = jax.closure_convert(f, x)
+  return converted(x, *consts)
+
+
 @pytest.mark.parametrize("route", ["jit", "fori_loop", "closure_convert"])
 def test_a_refused_lifted_trace_keeps_nothing_alive(route):
   """A lifted trace refused for writing to its copy is left by an
@@ -272,14 +285,7 @@ def test_a_refused_lifted_trace_keeps_nothing_alive(route):
       def f(x, box=box):
         box["n"] += 1   # a write to the dict the lifted trace copies
         return x * jnp.asarray(a) + box["w"]
-      x = jnp.ones(3)
-      if route == "jit":
-        out = jax.jit(f)(x)
-      elif route == "fori_loop":
-        out = jax.lax.fori_loop(0, 1, lambda k, y: f(y), x)
-      else:
-        converted, consts = jax.closure_convert(f, x)
-        out = converted(x, *consts)
+      out = _call_through(route, f, jnp.ones(3))
       seen.append((np.asarray(out).tolist(), box["n"]))
     return seen
   want = run()
@@ -318,14 +324,7 @@ def test_trace_time_writes_are_seen_past_a_large_global_and_in_dict_subclasses(
       def f(v, state=state):
         state["traces"] += 1
         return v * state["w"] + _VOCABULARY["token1"]
-      x = jnp.ones(3)
-      if route == "jit":
-        out = jax.jit(f)(x)
-      elif route == "scan":
-        out = jax.lax.scan(lambda c, _: (f(c), None), x, None, length=2)[0]
-      else:
-        converted, consts = jax.closure_convert(f, x)
-        out = converted(x, *consts)
+      out = _call_through(route, f, jnp.ones(3))
       seen.append((np.asarray(out).tolist(), state["traces"]))
     return seen
   want = run()
