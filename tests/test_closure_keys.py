@@ -1,6 +1,7 @@
 """Closure analysis at the key level: what keys equal, what keys differ, and
 that the hot path's generated matcher agrees with the full key exactly."""
 
+import collections
 import decimal
 import functools
 import itertools
@@ -229,6 +230,83 @@ def test_quick_matcher_agrees_on_pytrees(i):
     assert (got is not None) == (a.key == closure.analyse(base).key)
     if got is not None:
       assert all(g is l for g, l in zip(got, a.leaves)) and len(got) == len(a.leaves)
+
+
+def _scaled(w):
+  return lambda v: v * w
+
+
+def _partial_with_attribute():
+  p = jax.tree_util.Partial(jax.nn.softmax)
+  p.note = 1.0   # state outside its flatten: keyed otherwise
+  return p
+
+
+class _Node:
+  def __init__(self, x):
+    self.x = x
+
+
+jax.tree_util.register_pytree_node(_Node, lambda n: ((n.x,), None),
+                                   lambda _, c: _Node(*c))
+
+# pytrees whose node data the key walks (``TREEAUX``): jax's Partial with a
+# library function, a user's closure (its arrays lifted before the leaves)
+# or atoms in its node data and leaves; Partials inside dicts (insertion
+# order) and an OrderedDict. The last three have no matcher: a Partial with
+# state outside its flatten (keyed as an object), a user's registered class
+# (its class walked) and a jitted function in node data (kept by identity)
+AUX_TREES = [
+    lambda: jax.tree_util.Partial(jax.nn.softmax),
+    lambda: jax.tree_util.Partial(operator.neg),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, jnp.ones(2)),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, jnp.ones(3)),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, 1.0),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, 1),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, True),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, -0.0),
+    lambda: jax.tree_util.Partial(jax.nn.softmax, x=jnp.ones(2)),
+    lambda: jax.tree_util.Partial(_scaled(jnp.ones(2)), jnp.zeros(2)),
+    lambda: jax.tree_util.Partial(_scaled(2.0), jnp.zeros(2)),
+    lambda: {"m": jax.tree_util.Partial(jax.nn.softmax), "w": jnp.ones(2)},
+    lambda: {"w": jnp.ones(2), "m": jax.tree_util.Partial(jax.nn.softmax)},
+    lambda: [jax.tree_util.Partial(jax.nn.softmax), None, jnp.ones(2)],
+    lambda: collections.OrderedDict(b=jax.tree_util.Partial(jax.nn.softmax),
+                                    a=jnp.ones(2)),
+    lambda: collections.OrderedDict(a=jnp.ones(2),
+                                    b=jax.tree_util.Partial(jax.nn.softmax)),
+    _partial_with_attribute,
+    lambda: jax.tree_util.Partial(jax.nn.softmax, _Node(jnp.ones(2))),
+    lambda: jax.tree_util.Partial(jnp.tanh),
+]
+
+
+def _analysed(f):
+  try:
+    return closure.analyse(f)
+  except closure.Uncacheable:
+    return None
+
+
+@pytest.mark.parametrize("i", range(len(AUX_TREES)))
+def test_quick_matcher_agrees_on_pytrees_whose_node_data_is_walked(i):
+  """A matcher for a ``TREEAUX`` key answers a fresh value exactly when the
+  full walk keys it alike, with the walk's lifted leaves in its order."""
+  base = make(AUX_TREES[i]())
+  base_key = closure.analyse(base).key
+  match = matchers.quick_matcher(base, base_key)
+  assert (match is None) == (i >= len(AUX_TREES) - 3)
+  if match is None:
+    return
+  assert match(make(AUX_TREES[i]())) is not None   # a fresh equal value
+  for build in AUX_TREES:
+    f = make(build())
+    a = _analysed(f)
+    got = match(f)
+    assert (got is not None) == (a is not None and a.key == base_key), i
+    if got is not None:
+      assert len(got) == len(a.leaves) and all(
+          g is l for g, l in zip(got, a.leaves))
 
 
 def nested(w, scale, share=False, w2=None):

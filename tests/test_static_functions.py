@@ -188,6 +188,36 @@ def test_eager_cg_gmres_and_custom_root_with_fresh_functions():
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_eager_cg_with_fresh_functions_in_partials_hits_the_generated_matcher():
+  """cg's default preconditioner is jax's ``Partial``, a pytree whose node
+  data (the function) the key walks, and users pass functions as pytrees
+  the same way: a fresh matvec, with the default preconditioner or a fresh
+  one in a ``Partial`` (each closing over arrays), is answered by the
+  generated matcher (no walk of the key per call) with no trace or
+  compile, and gives stock's results."""
+  from jax_closure_cache import cache
+  jcc.enable()
+  b = jnp.arange(1.0, 5.0)
+
+  def solve(s, precondition):
+    a = jnp.eye(4) * s + 0.1
+    d = 1.0 / jnp.diag(a)
+    m = jax.tree_util.Partial(lambda v: d * v) if precondition else None
+    return spl.cg(lambda v: a @ v, b, M=m)[0]
+
+  for precondition in (False, True):
+    warm(lambda: solve(2.0, precondition))
+    hits, matched = cache.stats()["hits"], cache.STORE.record_hits()
+    for s in (3.0, 4.0, 5.0):
+      with counting() as c:
+        got = solve(s, precondition)
+      assert c["traces"] == c["compiles"] == 0, s
+      np.testing.assert_allclose(
+          got, _with_cache_off(lambda: solve(s, precondition)), rtol=1e-6)
+    assert cache.stats()["hits"] - hits == 3, precondition
+    assert cache.STORE.record_hits() - matched == 3, precondition
+
+
 def test_eager_custom_linear_solve_matches_stock():
   jcc.enable()
   solve = lambda mv, b: b / 4.0

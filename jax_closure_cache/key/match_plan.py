@@ -15,14 +15,16 @@ nothing.
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
-    Atom, CyclePart, FnPart, PartialPart, Tag, TreePart)
+    ALIAS, ATOMS, BUILTIN_NODES, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
+    PARTIAL, TREE, TREEAUX, Atom, CyclePart, FnPart, NodePart, PartialPart,
+    Tag, TreeAuxPart, TreePart)
 
 _FunctionType = types.FunctionType
 REACH_NODES = 4096   # past it, a globals dict is compared by id
@@ -44,6 +46,9 @@ def simple_part(part) -> bool:
       return True
     if len(part) == len(TreePart._fields) and part[0] is TREE:
       return all(map(simple_part, TreePart._make(part).leaves))
+    if len(part) == len(TreeAuxPart._fields) and part[0] is TREEAUX:
+      t = TreeAuxPart._make(part)
+      return simple_nodes(t.nodes) and all(map(simple_part, t.leaves))
     if len(part) == len(PartialPart._fields) and part[0] is PARTIAL:
       p = PartialPart._make(part)
       return all(map(simple_part,
@@ -65,6 +70,24 @@ def simple_part(part) -> bool:
     return t in ATOMS or t is float or (
         isinstance(t, type) and type(value) is t)
   return not isinstance(part, Tag)
+
+
+def simple_nodes(node) -> bool:
+  """Whether a ``TREEAUX`` part's nodes (``NodePart``s; None: a leaf) can be
+  checked without building a key: dict, list, tuple, None and OrderedDict
+  nodes, and custom nodes whose class is kept by identity (one of a stable
+  module's, ``Analysis.klass``) and whose node data's part is simple."""
+  if node is None:
+    return True
+  if type(node) is not tuple or len(node) != len(NodePart._fields):
+    return False
+  n = NodePart._make(node)
+  if n.type in BUILTIN_NODES or n.type is collections.OrderedDict:
+    ok = n.klass is None
+  else:   # (a defaultdict's factory is walked with it: not simple)
+    ok = (n.klass is n.type and n.type is not collections.defaultdict
+          and simple_part(n.aux))
+  return ok and all(map(simple_nodes, n.children))
 
 
 def refers_to_top(part) -> bool:

@@ -14,15 +14,15 @@ import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.values import kept_by_identity
+from jax_closure_cache.key.values import drawn_from, kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    ALIAS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN, PARTIAL, TREE,
-    AliasPart, Atom, CyclePart, FnPart, LibAttrPart, PartialPart, Tag,
-    TreePart, float_key, tree_part)
+    ALIAS, BUILTIN_NODES, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
+    PARTIAL, TREE, TREEAUX, AliasPart, Atom, CyclePart, FnPart, LibAttrPart,
+    NodePart, PartialPart, Tag, TreeAuxPart, TreePart, float_key, tree_part)
 
 _ArrayImpl = _compat.ArrayImpl
 COMMITTED = _compat.COMMITTED   # read by name in the generated text
@@ -53,6 +53,7 @@ class _MatchSource:
                 "library_value": library_value,
                 "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
+                "drawn_from": drawn_from,
                 "ALL_LIFTED": _ALL_LIFTED}
     self.self_referenced = False   # the key refers back to its top function
     self.lines: list[str] = []
@@ -137,6 +138,8 @@ class _MatchSource:
         self.check(f"{v}.keywords[{k!r}]", keyword)
     elif type(part) is tuple and part[0] is TREE:
       self.tree(v, tree_part(part))
+    elif type(part) is tuple and part[0] is TREEAUX:
+      self.tree_aux(v, TreeAuxPart._make(part))
     elif type(part) is tuple and part[0] is LIBATTR:   # by identity
       self.miss_if(f"{v} is not {self.bind(LibAttrPart._make(part).obj)}")
     elif type(part) is tuple and part[0] is float:
@@ -172,6 +175,58 @@ class _MatchSource:
     else:
       for j, leaf_part in enumerate(t.leaves):
         self.check(f"{leaves}[{j}]", leaf_part)
+
+  def tree_aux(self, v: str, t: TreeAuxPart) -> None:
+    """Checks of the pytree in variable ``v`` against a ``TREEAUX`` part
+    (``closure.Analysis.tree_parts``), in the walk's order: its nodes (each
+    custom node's data as the walk keys it), then its leaves; its layout
+    too. A root that is not a dict, list or tuple was keyed by
+    ``Analysis.opaque``, which refuses what a trace draws from and a node
+    whose data is itself (its flatten covers the rest of its state, which
+    the layout checks)."""
+    add = self.lines.append
+    leaves, treedef = f"{v}_leaves", f"{v}_def"
+    root = NodePart._make(t.nodes)
+    opaque = root.type not in (dict, list, tuple)
+    if opaque:
+      self.miss_if(f"drawn_from({v})")
+    add(f"    {leaves}, {treedef} = tree_flatten({v})")
+    self.nodes(treedef, root, v if opaque else None)
+    # dict keys by exact type and in insertion order; a custom node whose
+    # state is outside its flatten: None
+    self.miss_if(f"layout_or_none({v}, {treedef}) != {self.bind(t.layout)}")
+    self.miss_if(f"len({leaves}) != {len(t.leaves)}")
+    for j, leaf_part in enumerate(t.leaves):
+      self.check(f"{leaves}[{j}]", leaf_part)
+
+  def nodes(self, d: str, node, itself: str | None = None) -> None:
+    """Checks of the treedef in variable ``d`` against a ``NodePart`` (None:
+    a leaf), as ``closure.Analysis.node_parts`` walks it: a built-in node's
+    data by value, a custom node's as any value (its class, of a stable
+    module, by identity: ``match_plan.simple_nodes``), then the children.
+    ``itself``: the root's value, which its node data must not be."""
+    add = self.lines.append
+    data = f"{d}_data"
+    add(f"    {data} = {d}.node_data()")
+    if node is None:
+      self.miss_if(f"{data} is not None")
+      return
+    n = NodePart._make(node)
+    self.miss_if(f"{data} is None or {data}[0] is not {self.bind(n.type)}")
+    if n.klass is None:   # a built-in node (dict keys: sorted)
+      self.miss_if(f"(tuple({data}[1]) if type({data}[1]) is list else "
+                   f"{data}[1]) != {self.bind(n.aux)}")
+    else:
+      if itself is not None:
+        self.miss_if(f"{data}[1] is {itself}")
+      self.check(f"{data}[1]", n.aux)
+    children = f"{d}_c"
+    add(f"    {children} = {d}.children()")
+    self.miss_if(f"len({children}) != {len(n.children)}")
+    for i, child in enumerate(n.children):
+      x = f"{d}_{i}"
+      add(f"    {x} = {children}[{i}]")
+      self.nodes(x, child)
 
   def all_lifted(self, xs: str) -> None:
     """Checks that every element of ``xs`` is a liftable array. The loop
