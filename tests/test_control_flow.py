@@ -98,6 +98,44 @@ def test_fresh_closures_reuse_one_executable(prog):
   assert jcc.stats()["hits"] == 1 and jcc.stats()["misses"] == 2
 
 
+@pytest.mark.parametrize("prog", PROGRAMS, ids=lambda p: p.__name__)
+def test_fresh_closures_are_answered_by_the_launchers_generated_front(
+    prog, monkeypatch):
+  """From a launcher code's second stored key on, eager control flow makes
+  its wrapper of that code's generated front class (the matcher inline, no
+  ``__init__``), publishes no identity row for the launcher (nothing else
+  holds it), and answers as stock does."""
+  from jax_closure_cache import cache
+  from jax_closure_cache.control_flow import launchers
+  from jax_closure_cache.front import inline, options
+  made = []
+
+  def wrap(launcher, user):
+    w = launchers._Launcher.made(launcher, user)
+    made.append(type(w))
+    return w
+  monkeypatch.setattr(launchers, "_wrap", wrap)
+  x = jnp.arange(3.0) / 3
+  for s in (2.0, 4.0, 8.0):   # the first object is stock's, then a miss
+    prog(cached_lax, jnp.eye(3) / s, x)
+  fronts = [c for c in inline.launcher_fronts.values()
+            if c.__name__ == "_Launcher"]
+  assert fronts, "no launcher front was filed"
+  rows = len(options.hot_spec().table)
+  hits, fronted = jcc.stats()["hits"], cache.STORE.record_hits()
+  del made[:]
+  for s in (3.0, 5.0, 6.0):
+    w = jnp.eye(3) / s + 0.125
+    with counting() as c:
+      out = prog(cached_lax, w, x)
+    assert c == {"traces": 0, "compiles": 0}
+    assert_trees_equal(out, prog(StockLax, w, x))
+  assert jcc.stats()["hits"] - hits == 3
+  assert cache.STORE.record_hits() - fronted == 3
+  assert len(made) == 3 and all(cls in fronts for cls in made), made
+  assert len(options.hot_spec().table) == rows
+
+
 def test_static_parameters_are_keyed():
   x = jnp.arange(3.0)
   step = lambda c, _: (c + 1, c)

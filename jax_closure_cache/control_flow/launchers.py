@@ -35,6 +35,7 @@ import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.key import values
+from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
 
@@ -59,17 +60,42 @@ class _Launcher(wrapper.ClosureJitted):
     super().__init__(launcher, {}, (), lift_numpy)
     self._user_fun = user if callable(user) else launcher
 
+  @classmethod
+  def made(cls, launcher, user) -> "_Launcher":
+    """The wrapper of ``launcher`` (with the defaults' options): of its
+    code's front class where one is filed (a generated ``__call__``, made
+    without ``__init__``, as ``jit``'s hot case makes a front's wrapper),
+    else of this class."""
+    front = _fronts.get(launcher.__code__)
+    if front is None:
+      return cls(launcher, user, jit_options.lift_numpy_default())
+    w = _fill(_new_wrapper(front), launcher)
+    w._user_fun = user if callable(user) else launcher
+    return w
+
   def _user(self):
     return self._user_fun
 
   def stock(self):
     return self._fun
 
+  @staticmethod
+  def _front_home():
+    return _Launcher, _fronts
 
-def _launch(launcher, user, *operands):
-  """Run ``launcher`` through the cache; ``user`` is the user's function the
-  diagnostics name and whose code decides first-object-is-stock's."""
-  return _Launcher(launcher, user, jit_options.lift_numpy_default())(*operands)
+
+_fronts = inline.launcher_fronts
+_fill = wrapper.fill
+_new_wrapper = object.__new__
+
+
+#: ``_wrap(launcher, user)``: the cached wrapper of ``launcher``
+#: (``_Launcher.made``); ``user`` is the user's function the diagnostics
+#: name and whose code decides first-object-is-stock's. Called as
+#: ``_wrap(...)(*operands)``: while the wrapper runs, nothing but the
+#: wrapper holds ``launcher``, so a hit has no row to publish (nothing else
+#: can wrap this launcher again).
+_wrap = _Launcher.made
 
 
 def _routable() -> bool:
@@ -78,11 +104,18 @@ def _routable() -> bool:
 
 # Each launcher factory's inner function has one code object for the whole
 # process, so its closure (the user's functions and static parameters) is
-# the whole cache key.
+# the whole cache key. It calls stock through a module-level function of
+# this module (``_run_*``), which the key holds by identity, as it holds
+# jax's: stock's own functions are wrapped by jax's traceback filter, a
+# closure whose globals a matcher would otherwise check on every hit.
+
+def _run_while_loop(cond_fun, body_fun, init_val):
+  return _stock_while_loop(cond_fun, body_fun, init_val)
+
 
 def _while_launcher(cond_fun, body_fun):
   def launch_while_loop(init_val):
-    return _stock_while_loop(cond_fun, body_fun, init_val)
+    return _run_while_loop(cond_fun, body_fun, init_val)
   return launch_while_loop
 
 
@@ -90,7 +123,7 @@ def _while_launcher(cond_fun, body_fun):
 def while_loop(cond_fun, body_fun, init_val):
   if not _routable():
     return _stock_while_loop(cond_fun, body_fun, init_val)
-  return _launch(_while_launcher(cond_fun, body_fun), body_fun, init_val)
+  return _wrap(_while_launcher(cond_fun, body_fun), body_fun)(init_val)
 
 
 def _static_bound(bound):
@@ -106,14 +139,18 @@ def _static_bound(bound):
 _Static = values.Static
 
 
+def _run_fori_loop(params, lower, upper, body_fun, init_val):
+  static_lower, static_upper, unroll = params.value
+  return _stock_fori_loop(static_lower if lower is None else lower,
+                          static_upper if upper is None else upper,
+                          body_fun, init_val, unroll=unroll)
+
+
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):
   params = _Static(static_lower, static_upper, unroll)
 
   def launch_fori_loop(lower, upper, init_val):
-    static_lower, static_upper, unroll = params.value
-    return _stock_fori_loop(static_lower if lower is None else lower,
-                            static_upper if upper is None else upper,
-                            body_fun, init_val, unroll=unroll)
+    return _run_fori_loop(params, lower, upper, body_fun, init_val)
   return launch_fori_loop
 
 
@@ -124,19 +161,23 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
   # A Python int bound is a static cell (stock unrolls to a scan of known
   # length); an array bound is an operand, so new values never recompile.
-  return _launch(
-      _fori_launcher(static_lower, static_upper, body_fun, unroll), body_fun,
-      None if static_lower is not None else lower,
-      None if static_upper is not None else upper, init_val)
+  return _wrap(
+      _fori_launcher(static_lower, static_upper, body_fun, unroll), body_fun)(
+          None if static_lower is not None else lower,
+          None if static_upper is not None else upper, init_val)
+
+
+def _run_scan(params, f, init, xs):
+  length, reverse, unroll, split_transpose = params.value
+  return _stock_scan(f, init, xs, length=length, reverse=reverse,
+                     unroll=unroll, _split_transpose=split_transpose)
 
 
 def _scan_launcher(f, length, reverse, unroll, split_transpose):
   params = _Static(length, reverse, unroll, split_transpose)
 
   def launch_scan(init, xs):
-    length, reverse, unroll, split_transpose = params.value
-    return _stock_scan(f, init, xs, length=length, reverse=reverse,
-                       unroll=unroll, _split_transpose=split_transpose)
+    return _run_scan(params, f, init, xs)
   return launch_scan
 
 
@@ -146,15 +187,19 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
   if not _routable():
     return _stock_scan(f, init, xs, length=length, reverse=reverse,
                        unroll=unroll, _split_transpose=_split_transpose)
-  return _launch(_scan_launcher(f, length, reverse, unroll, _split_transpose),
-                 f, init, xs)
+  return _wrap(_scan_launcher(f, length, reverse, unroll, _split_transpose),
+               f)(init, xs)
+
+
+def _run_map(params, f, xs):
+  return _stock_map(f, xs, batch_size=params.value[0])
 
 
 def _map_launcher(f, batch_size):
   params = _Static(batch_size)
 
   def launch_map(xs):
-    return _stock_map(f, xs, batch_size=params.value[0])
+    return _run_map(params, f, xs)
   return launch_map
 
 
@@ -162,15 +207,19 @@ def _map_launcher(f, batch_size):
 def map(f, xs, *, batch_size=None):   # noqa: A001 -- mirrors jax.lax.map
   if not _routable():
     return _stock_map(f, xs, batch_size=batch_size)
-  return _launch(_map_launcher(f, batch_size), f, xs)
+  return _wrap(_map_launcher(f, batch_size), f)(xs)
 
 
 _NO_OPERAND = object()
 
 
+def _run_cond(pred, true_fun, false_fun, operands):
+  return _stock_cond(pred, true_fun, false_fun, *operands)
+
+
 def _cond_launcher(true_fun, false_fun):
   def launch_cond(pred, *operands):
-    return _stock_cond(pred, true_fun, false_fun, *operands)
+    return _run_cond(pred, true_fun, false_fun, operands)
   return launch_cond
 
 
@@ -180,7 +229,7 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_cond(pred, true_fun, false_fun, *operands)
     return _stock_cond(pred, true_fun, false_fun, *operands, operand=operand)
-  return _launch(_cond_launcher(true_fun, false_fun), true_fun, pred, *operands)
+  return _wrap(_cond_launcher(true_fun, false_fun), true_fun)(pred, *operands)
 
 
 def _first(branches):
@@ -190,9 +239,13 @@ def _first(branches):
     return None
 
 
+def _run_switch(index, branches, operands):
+  return _stock_switch(index, branches, *operands)
+
+
 def _switch_launcher(branches):
   def launch_switch(index, *operands):
-    return _stock_switch(index, branches, *operands)
+    return _run_switch(index, branches, operands)
   return launch_switch
 
 
@@ -204,7 +257,7 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     return _stock_switch(index, branches, *operands, operand=operand)
   if len(branches) == 1:   # stock calls the branch itself, op by op
     return _stock_switch(index, branches, *operands)
-  return _launch(_switch_launcher(branches), _first(branches), index, *operands)
+  return _wrap(_switch_launcher(branches), _first(branches))(index, *operands)
 
 
 # Custom solves trace their functions into jaxprs on every eager call and
@@ -212,13 +265,17 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
 # matvec (``jax.scipy.sparse.linalg.cg``) or objective meant a compile per
 # call. Their launchers make the whole solve one cached executable.
 
+def _run_linear_solve(params, matvec, b, solve, transpose_solve):
+  symmetric, has_aux = params.value
+  return _stock_custom_linear_solve(matvec, b, solve, transpose_solve,
+                                    symmetric=symmetric, has_aux=has_aux)
+
+
 def _linear_solve_launcher(matvec, solve, transpose_solve, symmetric, has_aux):
   params = _Static(symmetric, has_aux)
 
   def launch_custom_linear_solve(b):
-    symmetric, has_aux = params.value
-    return _stock_custom_linear_solve(matvec, b, solve, transpose_solve,
-                                      symmetric=symmetric, has_aux=has_aux)
+    return _run_linear_solve(params, matvec, b, solve, transpose_solve)
   return launch_custom_linear_solve
 
 
@@ -228,16 +285,20 @@ def custom_linear_solve(matvec, b, solve, transpose_solve=None,
   if not _routable():
     return _stock_custom_linear_solve(matvec, b, solve, transpose_solve,
                                       symmetric, has_aux)
-  return _launch(_linear_solve_launcher(matvec, solve, transpose_solve,
-                                        symmetric, has_aux), matvec, b)
+  return _wrap(_linear_solve_launcher(matvec, solve, transpose_solve,
+                                      symmetric, has_aux), matvec)(b)
+
+
+def _run_root(params, f, initial_guess, solve, tangent_solve):
+  return _stock_custom_root(f, initial_guess, solve, tangent_solve,
+                            has_aux=params.value[0])
 
 
 def _root_launcher(f, solve, tangent_solve, has_aux):
   params = _Static(has_aux)
 
   def launch_custom_root(initial_guess):
-    return _stock_custom_root(f, initial_guess, solve, tangent_solve,
-                              has_aux=params.value[0])
+    return _run_root(params, f, initial_guess, solve, tangent_solve)
   return launch_custom_root
 
 
@@ -245,8 +306,8 @@ def _root_launcher(f, solve, tangent_solve, has_aux):
 def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
   if not _routable():
     return _stock_custom_root(f, initial_guess, solve, tangent_solve, has_aux)
-  return _launch(_root_launcher(f, solve, tangent_solve, has_aux), f,
-                 initial_guess)
+  return _wrap(_root_launcher(f, solve, tangent_solve, has_aux), f)(
+      initial_guess)
 
 
 #: name -> the cached function, for the patch registry and ``lax``.

@@ -41,6 +41,11 @@ no_quick: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 # code -> its generated front class
 fronts: dict[types.CodeType, type] = _STORE.table("inline.fronts", _TRACES)
 options.on_defaults_changed(fronts.clear)   # each front is of one spec
+# code -> the front class of eager control flow's launcher of that code (a
+# subclass of the launcher's wrapper class, which ``jit`` never makes)
+launcher_fronts: dict[types.CodeType, type] = _STORE.table(
+    "inline.launcher_fronts", _TRACES)
+options.on_defaults_changed(launcher_fronts.clear)
 
 
 class Quick:
@@ -76,9 +81,12 @@ def remember(table: dict, fun, key, entry) -> list | None:
   return row
 
 
-def refresh_front(code, row: list, base: type, hit_env: dict) -> None:
+def refresh_front(code, row: list, base: type, hit_env: dict,
+                  table: dict = fronts) -> None:
   """The front class of ``code`` for the hot spec's keys in ``row`` (a
-  subclass of ``base``), or none if it has no such key."""
+  subclass of ``base``), filed in ``table`` (:data:`fronts`, or
+  :data:`launcher_fronts` for a launcher's), or none if it has no such
+  key."""
   spec = options.hot_spec()
   mine = [(q.key, q.source, q.entry) for q in row
           if q.options_key is spec.key]
@@ -86,8 +94,8 @@ def refresh_front(code, row: list, base: type, hit_env: dict) -> None:
                                cache.verifying())
          if mine else None)
   if cls is None:
-    fronts.pop(code, None)
+    table.pop(code, None)
     return
-  if code not in fronts and len(fronts) >= FRONTS_MAX:
-    fronts.clear()
-  fronts[code] = cls
+  if code not in table and len(table) >= FRONTS_MAX:
+    table.clear()
+  table[code] = cls

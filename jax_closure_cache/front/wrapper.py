@@ -477,7 +477,14 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       if not _compat.library_code(code):
         inline.no_quick.add(code)
     else:
-      inline.refresh_front(code, row, ClosureJitted, _HIT_ENV)
+      base, table = self._front_home()
+      inline.refresh_front(code, row, base, _HIT_ENV, table)
+
+  @staticmethod
+  def _front_home():
+    """The class a front of this wrapper's code extends, and the table it
+    is filed in (``jit`` makes a front's wrapper from ``inline.fronts``)."""
+    return ClosureJitted, inline.fronts
 
 
 _hit = generated.hit_function(_HIT_ENV, cache.verifying())
@@ -488,6 +495,7 @@ def _verify_changed(on: bool) -> None:
   global _hit
   _hit = generated.hit_function(_HIT_ENV, on)
   inline.fronts.clear()
+  inline.launcher_fronts.clear()
 
 
 cache.STORE.on_verify_changed(_verify_changed)

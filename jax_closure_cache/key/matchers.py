@@ -14,7 +14,7 @@ import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.values import drawn_from, kept_by_identity
+from jax_closure_cache.key.values import Static, drawn_from, kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
@@ -53,7 +53,7 @@ class _MatchSource:
                 "library_value": library_value,
                 "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
-                "drawn_from": drawn_from,
+                "drawn_from": drawn_from, "Static": Static,
                 "ALL_LIFTED": _ALL_LIFTED}
     self.self_referenced = False   # the key refers back to its top function
     self.lines: list[str] = []
@@ -145,6 +145,10 @@ class _MatchSource:
     elif type(part) is tuple and part[0] is float:
       self.miss_if(f"type({v}) is not float or float_key({v}) != "
                    f"{self.bind(part)}")
+    elif type(part) is tuple and part[0] is Static:
+      # what Static's == compares, without its Python-level call
+      self.miss_if(f"type({v}) is not Static or {v}.ident != "
+                   f"{self.bind(part[1].ident)}")
     elif type(part) is tuple:   # an Atom (match_plan.simple_part)
       atom = Atom._make(part)
       self.miss_if(f"type({v}) is not {self.bind(atom.type)} or {v} != "

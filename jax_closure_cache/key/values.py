@@ -196,18 +196,22 @@ class Static:
   """Values a caller holds static (a launcher's loop bounds, a jitted
   function's non-function static arguments), keyed by value and exact
   top-level types: they are how a stock function is called, not values a
-  closure reads. ``value`` is the tuple given."""
-  __slots__ = ("value", "_id", "_hash")
+  closure reads. ``value`` is the tuple given; ``ident`` what two are
+  compared by (a matcher compares it directly)."""
+  __slots__ = ("value", "ident", "_hash")
 
   def __init__(self, *value):
     self.value = value
     # each value's type, and each item's of a tuple of them (a jit's plain
     # static arguments, which stock compares by type and ==: IntEnum 1 and
     # float32 1.0 are two traces)
-    self._id = tuple([(tuple, tuple(map(type, v))) if type(v) is tuple
-                      else type(v) for v in value]), value
+    kinds = tuple(map(type, value))
+    if tuple in kinds:
+      kinds = tuple([(tuple, tuple(map(type, v))) if type(v) is tuple
+                     else type(v) for v in value])
+    self.ident = kinds, value
     try:
-      self._hash = hash(self._id)
+      self._hash = hash(self.ident)
     except TypeError:   # stock's jit raises for it; never stored
       self._hash = None
 
@@ -215,7 +219,7 @@ class Static:
     # as stock's cache finds a static argument: equal hashes, then ==
     # (a class whose == ignores what its hash reads is two traces there)
     return (type(other) is Static and self._hash == other._hash
-            and self._id == other._id)
+            and self.ident == other.ident)
 
   def __hash__(self):
     if self._hash is None:
