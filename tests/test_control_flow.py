@@ -118,7 +118,7 @@ def test_fresh_closures_are_answered_by_the_launchers_generated_front(
   x = jnp.arange(3.0) / 3
   for s in (2.0, 4.0, 8.0):   # the first object is stock's, then a miss
     prog(cached_lax, jnp.eye(3) / s, x)
-  fronts = [c for c in inline.launcher_fronts.values()
+  fronts = [c for c in inline.client_fronts.values()
             if c.__name__ == "_Launcher"]
   assert fronts, "no launcher front was filed"
   rows = len(options.hot_spec().table)

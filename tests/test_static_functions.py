@@ -46,6 +46,43 @@ def test_fresh_closure_as_a_static_argument_hits():
     np.testing.assert_array_equal(out, _stock_apply(_matvec(w), x))
 
 
+def test_a_fresh_static_closure_is_answered_by_the_binders_generated_front(
+    monkeypatch):
+  """With only static arguments as options, each call's binder (the jitted
+  function with the fresh closure bound) is a wrapper of the binder code's
+  generated front class, from its second stored key on; with other options
+  too (``donate_argnums``) it is the binder class itself. Both answer as
+  stock does."""
+  from jax_closure_cache.front import inline, static_args
+  made = []
+  original = static_args._Bound.made.__func__
+
+  def spy(cls, *args):
+    w = original(cls, *args)
+    made.append(type(w))
+    return w
+  monkeypatch.setattr(static_args._Bound, "made", classmethod(spy))
+  for options in ({}, {"donate_argnums": 1}):
+    apply = jcc.jit(_apply, static_argnums=0, **options)
+    stock = STOCK_JIT(_apply, static_argnums=0, **options)
+    for s in (1.0, 2.0, 3.0):   # the first object is stock's, then a miss
+      apply(_matvec(jnp.eye(3) * s), jnp.ones(3))
+    del made[:]
+    for s in (4.0, 5.0, 6.0):
+      w = jnp.eye(3) * s
+      with counting() as c:
+        out = apply(_matvec(w), jnp.ones(3))
+      assert c["compiles"] == 0 and c["traces"] == 0
+      np.testing.assert_array_equal(out, stock(_matvec(w), jnp.ones(3)))
+    fronts = set(inline.client_fronts.values())
+    assert len(made) == 3, made
+    if options:
+      assert all(cls is static_args._Bound for cls in made), made
+    else:
+      assert all(cls in fronts and cls.__base__ is static_args._Bound
+                 for cls in made), made
+
+
 def test_static_partial_bound_method_and_jitted_function_hit():
   class Layer:
     def __init__(self, w):

@@ -84,7 +84,7 @@ class _Launcher(wrapper.ClosureJitted):
     return _Launcher, _fronts
 
 
-_fronts = inline.launcher_fronts
+_fronts = inline.client_fronts
 _fill = wrapper.fill
 _new_wrapper = object.__new__
 

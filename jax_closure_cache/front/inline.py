@@ -41,11 +41,12 @@ no_quick: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 # code -> its generated front class
 fronts: dict[types.CodeType, type] = _STORE.table("inline.fronts", _TRACES)
 options.on_defaults_changed(fronts.clear)   # each front is of one spec
-# code -> the front class of eager control flow's launcher of that code (a
-# subclass of the launcher's wrapper class, which ``jit`` never makes)
-launcher_fronts: dict[types.CodeType, type] = _STORE.table(
-    "inline.launcher_fronts", _TRACES)
-options.on_defaults_changed(launcher_fronts.clear)
+# code -> the front class of a client's own wrapper class, for a code only
+# that client wraps (eager control flow's launchers, the binders of static
+# arguments): a subclass of the client's class, which ``jit`` never makes
+client_fronts: dict[types.CodeType, type] = _STORE.table(
+    "inline.client_fronts", _TRACES)
+options.on_defaults_changed(client_fronts.clear)
 
 
 class Quick:
@@ -85,8 +86,8 @@ def refresh_front(code, row: list, base: type, hit_env: dict,
                   table: dict = fronts) -> None:
   """The front class of ``code`` for the hot spec's keys in ``row`` (a
   subclass of ``base``), filed in ``table`` (:data:`fronts`, or
-  :data:`launcher_fronts` for a launcher's), or none if it has no such
-  key."""
+  :data:`client_fronts` for a client's own class), or none if it has no
+  such key."""
   spec = options.hot_spec()
   mine = [(q.key, q.source, q.entry) for q in row
           if q.options_key is spec.key]

@@ -41,6 +41,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import identity
+from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import wrapper
 from jax_closure_cache.key import values
@@ -146,6 +147,30 @@ class _Bound(wrapper.ClosureJitted):
     self._outer_stock = outer_stock
     self._static_args = static_args   # (positions, names, values)
 
+  @classmethod
+  def made(cls, binder, options: dict, options_key: tuple, lift_numpy: bool,
+           user, outer_stock, static_args) -> "_Bound":
+    """The binder's wrapper: of its code's front class (a generated
+    ``__call__``, made without ``__init__``) where one is filed for these
+    options, which a front's are when they are the defaults' (the jitted
+    function's only options were its static arguments), else of this
+    class."""
+    front = (_fronts.get(binder.__code__)
+             if not options_key and lift_numpy == _hot_spec[0].lift_numpy
+             else None)
+    if front is None:
+      return cls(binder, options, options_key, lift_numpy, user, outer_stock,
+                 static_args)
+    w = _fill(_new_wrapper(front), binder)
+    w._user_fun = user
+    w._outer_stock = outer_stock
+    w._static_args = static_args
+    return w
+
+  @staticmethod
+  def _front_home():
+    return _Bound, _fronts
+
   def _user(self):
     return self._user_fun
 
@@ -194,6 +219,12 @@ class _Bound(wrapper.ClosureJitted):
       return outer(*full, **kwargs)
     self._stock = stock_call
     return stock_call
+
+
+_fronts = inline.client_fronts
+_fill = wrapper.fill
+_new_wrapper = object.__new__
+_hot_spec = jit_options.hot_spec_cell()
 
 
 class _Layout:
@@ -406,9 +437,9 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     binder = (_binder_of_one(self._fun, functions[0], params)
               if len(functions) == 1 else
               _binder(self._fun, functions, params))
-    return _Bound(binder, options, options_key,
-                  self._spec.lift_numpy, user, stock,
-                  (positions, names, static_values))
+    return _Bound.made(binder, options, options_key,
+                       self._spec.lift_numpy, user, stock,
+                       (positions, names, static_values))
 
   def _table(self) -> dict | None:
     """The identity rows of this wrapper's function under its options; None

@@ -495,7 +495,7 @@ def _verify_changed(on: bool) -> None:
   global _hit
   _hit = generated.hit_function(_HIT_ENV, on)
   inline.fronts.clear()
-  inline.launcher_fronts.clear()
+  inline.client_fronts.clear()
 
 
 cache.STORE.on_verify_changed(_verify_changed)
