@@ -30,6 +30,19 @@ def _restore(module, name):
   return lambda: setattr(module, name, value)
 
 
+from jax._src import api as _jax_api   # noqa: E402  (its globals, patched)
+
+_ORIGINAL_VJP = _jax_api.vjp
+
+
+def _doubled_vjp(*args, **kwargs):
+  """jax's vjp with every cotangent doubled: a replacement of a global that
+  jax's own grad reads (a test's monkeypatch)."""
+  out = _ORIGINAL_VJP(*args, **kwargs)
+  pullback = out[1]
+  return (out[0], lambda ct: tuple(2.0 * g for g in pullback(ct)), *out[2:])
+
+
 CASES = {
     "class attribute array": (lambda: (lambda v: v * Table.W),
                               lambda: setattr(Table, "W", jnp.full(2, 5.0)),
@@ -54,6 +67,11 @@ CASES = {
         lambda: (lambda v: helper_module.scaled(v) + 1.0),
         lambda: setattr(helper_module, "SCALE", 5.0),
         _restore(helper_module, "SCALE")),
+    # a global of jax's own code (kept by identity, not walked) replaced
+    "jax's own global, replaced": (
+        lambda: jax.grad(lambda v: jnp.sum(v * v * Table.scale)),
+        lambda: setattr(_jax_api, "vjp", _doubled_vjp),
+        lambda: setattr(_jax_api, "vjp", _ORIGINAL_VJP)),
 }
 
 
@@ -69,6 +87,34 @@ def test_recreated_function_sees_what_changed(case):
     assert_like_stock(jcc.jit(make())(x), make(), x)
   finally:
     restore()
+
+
+def _scaled_vjp(*args, **kwargs):
+  """jax's vjp with every cotangent scaled by ``Table.scale``."""
+  out = _ORIGINAL_VJP(*args, **kwargs)
+  pullback = out[1]
+  return (out[0], lambda ct: tuple(Table.scale * g for g in pullback(ct)),
+          *out[2:])
+
+
+def test_a_global_of_jaxs_replaced_by_jaxs_wrapper_around_a_users_function():
+  """A global of jax's own code is kept by identity only where its cells
+  hold jax's own constants: replaced by jax's traceback wrapper around a
+  user's function (a monkeypatch), that function and what it reads are
+  walked, so a later change to its state is seen as stock sees it."""
+  from jax._src import traceback_util
+  make = lambda: jax.grad(lambda v: jnp.sum(v * v))
+  x = jnp.ones(2)
+  try:
+    _jax_api.vjp = traceback_util.api_boundary(_scaled_vjp)
+    for _ in range(3):   # stock's object, the shared entry, a hit
+      assert_like_stock(jcc.jit(make())(x), make(), x)
+    Table.scale = 3.0
+    for _ in range(2):
+      assert_like_stock(jcc.jit(make())(x), make(), x)
+  finally:
+    _jax_api.vjp = _ORIGINAL_VJP
+    Table.scale = 2.0
 
 
 def test_helper_global_array_is_lifted_not_baked():

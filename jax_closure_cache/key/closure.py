@@ -346,10 +346,26 @@ class Analysis(_key.Walk):
       raise Uncacheable(
           "writes_globals", f"{f.__qualname__} assigns to a global: stock's "
           "trace writes it, a hit would not")
+    if _compat.library_code(f.__code__):
+      value = self.library_global
     globs = tuple([value(g[n]) if n in g else self.builtin(f, n)
                    for n in plan.global_names])
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
+
+  def library_global(self, v):
+    """A global that a function of jax's own code reads: a function of
+    jax's own code there whose cells hold only the library's own constants
+    (a module-level wrapper, such as an API function under jax's traceback
+    filter) is kept by identity, as what a chain reads from a library
+    module is (``LIBATTR``), so a replacement is seen; its globals are the
+    library's own, as stock's trace cache, keyed on a function's identity,
+    takes them. Anything else is walked (a wrapper of jax's around a user's
+    function too)."""
+    if (type(v) is _FunctionType and _compat.library_code(v.__code__)
+        and all(map(_library_constant, v.__closure__ or ()))):
+      return (LIBATTR, v)
+    return self.value(v)
 
   @staticmethod
   def builtin(f, name: str):
@@ -556,6 +572,27 @@ def _library_object(obj) -> bool:
   module = (obj.__module__ if isinstance(obj, type)
             else type(obj).__module__)
   return stable_module(module)
+
+
+#: What a library function's cell may hold for it to be kept by identity
+#: (``Analysis.library_global``): immutable atoms, and the library's own
+#: closure-free functions, C functions, classes and modules.
+_CONSTANT_ATOMS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def _library_constant(cell) -> bool:
+  try:
+    x = cell.cell_contents
+  except ValueError:   # an empty cell
+    return False
+  t = type(x)
+  if t in _CONSTANT_ATOMS:
+    return True
+  if t is _FunctionType:
+    return x.__closure__ is None and _compat.library_code(x.__code__)
+  if t is types.BuiltinFunctionType or t is _ModuleType or t is type:
+    return _library_object(x)
+  return False
 
 
 def _user_equality(t: type) -> bool:

@@ -146,8 +146,10 @@ class _MatchSource:
       self.miss_if(f"type({v}) is not float or float_key({v}) != "
                    f"{self.bind(part)}")
     elif type(part) is tuple and part[0] is Static:
-      # what Static's == compares, without its Python-level call
-      self.miss_if(f"type({v}) is not Static or {v}.ident != "
+      # what Static's == compares (the hashes first: a value's own == may
+      # say equal where its hash differs), without its Python-level call
+      self.miss_if(f"type({v}) is not Static or {v}.ident_hash != "
+                   f"{self.bind(part[1].ident_hash)} or {v}.ident != "
                    f"{self.bind(part[1].ident)}")
     elif type(part) is tuple:   # an Atom (match_plan.simple_part)
       atom = Atom._make(part)

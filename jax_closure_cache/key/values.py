@@ -196,9 +196,9 @@ class Static:
   """Values a caller holds static (a launcher's loop bounds, a jitted
   function's non-function static arguments), keyed by value and exact
   top-level types: they are how a stock function is called, not values a
-  closure reads. ``value`` is the tuple given; ``ident`` what two are
-  compared by (a matcher compares it directly)."""
-  __slots__ = ("value", "ident", "_hash")
+  closure reads. ``value`` is the tuple given; ``ident_hash`` and then
+  ``ident`` what two are compared by (a matcher compares them directly)."""
+  __slots__ = ("value", "ident", "ident_hash")
 
   def __init__(self, *value):
     self.value = value
@@ -211,20 +211,20 @@ class Static:
                      else type(v) for v in value])
     self.ident = kinds, value
     try:
-      self._hash = hash(self.ident)
+      self.ident_hash = hash(self.ident)
     except TypeError:   # stock's jit raises for it; never stored
-      self._hash = None
+      self.ident_hash = None
 
   def __eq__(self, other):
     # as stock's cache finds a static argument: equal hashes, then ==
     # (a class whose == ignores what its hash reads is two traces there)
-    return (type(other) is Static and self._hash == other._hash
+    return (type(other) is Static and self.ident_hash == other.ident_hash
             and self.ident == other.ident)
 
   def __hash__(self):
-    if self._hash is None:
+    if self.ident_hash is None:
       raise TypeError(f"unhashable static value in {self.value!r:.60}")
-    return self._hash
+    return self.ident_hash
 
   def __repr__(self):
     return f"Static{self.value!r}"
