@@ -200,6 +200,26 @@ def test_quick_matcher_checks_globals_and_defaults():
                                   f.__closure__)) is None
 
 
+def test_a_global_two_functions_of_one_module_read_is_checked_once():
+  """Two functions of one module reading the same global: the matcher
+  reads it once (the second function's globals dict is the same object),
+  and still misses when it changes or goes."""
+  ns = {}
+  exec("def make(w):\n  def inner(x):\n    return x * w + K\n"
+       "  def outer(x):\n    return inner(x) * K\n  return outer\n", ns)
+  ns["K"] = 1.0
+  f = ns["make"](jnp.ones(2))
+  key = closure.analyse(f).key
+  src = matchers.match_source(f, key)
+  assert "\n".join(src.lines).count("('K', MISSING)") == 1
+  match = matchers.compile_matcher(src)
+  assert len(match(ns["make"](jnp.zeros(2)))) == 1
+  ns["K"] = 2.0
+  assert match(f) is None and closure.analyse(f).key != key
+  del ns["K"]
+  assert match(f) is None
+
+
 TREES = [{"w": jnp.ones(2), "b": jnp.zeros(2)}, {"w": jnp.ones(3), "b": jnp.ones(1)},
          {"w": jnp.ones(2), "c": jnp.zeros(2)}, [jnp.ones(2), 1.0], [jnp.ones(2), 2.0],
          [jnp.ones(2), -0.0], (jnp.ones(2),), [jnp.ones(2)], {"w": np.ones(2)},

@@ -66,6 +66,10 @@ class _MatchSource:
     # matcher compares the dict itself (cheaper than its id), which the entry
     # anchors anyway
     self.globals_by_id: dict[int, dict] = {}
+    # (id of a globals dict compared by identity, name) -> the part a check
+    # above compared that global with (a second function of the same module
+    # reading the same name is not checked again: ``function``)
+    self.read_globals: dict[tuple[int, str], Any] = {}
 
   def miss_if(self, condition: str) -> None:
     """A check at the block's own level: ``condition`` holds for a
@@ -305,7 +309,13 @@ class _MatchSource:
       self.check(f"{f}.__closure__[{i}].cell_contents", p)
     for i, p in enumerate(fn.defaults or ()):
       self.check(f"{f}_d[{i}]", p)
+    known = fn.globals_id in self.globals_by_id   # compared by identity
     for name, p in zip(code_plan(fn.code).global_names, fn.globals):
+      if known:
+        prior = self.read_globals.get((fn.globals_id, name), _UNREAD)
+        if _same_read(prior, p):
+          continue
+        self.read_globals[(fn.globals_id, name)] = p
       self.check(f"{get}({name!r}, MISSING)", p)
     self._chains(f, fn)
 
@@ -386,6 +396,27 @@ class _MatchSource:
                      f"{self.bind(LibAttrPart._make(p).obj)}")
         continue
       self.check(f"chain_read({f}, *{self.bind(chain)})", p)
+
+
+_UNREAD = object()
+_READ_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def _same_read(a, b) -> bool:
+  """Whether a global's part ``b`` is one a check above already compared
+  the same global of the same dict with (``a``): the same identity part
+  (a module, a closure-free library function, ``MISSING``), the same
+  library object (``LIBATTR``), or an equal atom or float key of one
+  type (``float_key`` parts differ for ``0.0`` and ``-0.0``). A function
+  walked again is a ``CYCLE`` part, checked as such."""
+  if a is b:
+    return a is not _UNREAD and not isinstance(a, Tag) or a is MISSING
+  if type(a) is not tuple or type(b) is not tuple or len(a) != 2 or (
+      len(b) != 2 or a[0] is not b[0]):
+    return False
+  if a[0] is LIBATTR:
+    return a[1] is b[1]
+  return a[0] in _READ_ATOMS and a[1] == b[1]
 
 
 def _modules_along(module, attributes: tuple) -> tuple:
