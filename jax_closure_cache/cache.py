@@ -177,6 +177,10 @@ class Counters:
 
   def __init__(self):
     self.lock = threading.Lock()
+    # hits checked and mismatches since the process started (``reset``
+    # keeps them): what ``pytest --closure-cache-verify`` reports
+    self.verified_total = itertools.count()
+    self.mismatches_total = itertools.count()
     self.reset()
 
   def reset(self) -> None:
@@ -433,20 +437,16 @@ def set_verify(on: bool) -> None:
 def count_verified(same: bool) -> None:
   """One hit checked in verify mode; ``same``: it matched stock's."""
   next(counters.verified)
-  next(_verify_totals[0])
+  next(counters.verified_total)
   if not same:
     next(counters.verify_mismatches)
-    next(_verify_totals[1])
-
-
-# Hits checked and mismatches since the process started (``clear()`` does
-# not reset them): what ``pytest --closure-cache-verify`` reports.
-_verify_totals = (itertools.count(), itertools.count())
+    next(counters.mismatches_total)
 
 
 def verify_totals() -> tuple[int, int]:
-  """``(hits checked, mismatches)`` in verify mode since the process started."""
-  return _read(_verify_totals[0]), _read(_verify_totals[1])
+  """``(hits checked, mismatches)`` in verify mode since the process started
+  (``clear()`` does not reset them)."""
+  return _read(counters.verified_total), _read(counters.mismatches_total)
 
 
 def count_miss() -> None:

@@ -434,8 +434,9 @@ class Rebuild:
   LEAF_PARTS = frozenset({ALIAS})
   KEPT_PARTS = frozenset()
   INDEXED_PARTS = frozenset({FN})
-  STEPS = {FN: "function", TREE: "tree", PARTIAL: "partial",
-           WEAKREF: "weakref", WRAPPER: "wrapper", ALIAS: "alias"}
+  STEPS = types.MappingProxyType({
+      FN: "function", TREE: "tree", PARTIAL: "partial", WEAKREF: "weakref",
+      WRAPPER: "wrapper", ALIAS: "alias"})
   walk = Walk
 
   def __init__(self, leaves):

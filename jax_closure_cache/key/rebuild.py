@@ -38,8 +38,9 @@ class Rebuild(_key.Rebuild):
   they are)."""
   KEPT_PARTS = closure.REBUILD_KEPT
   INDEXED_PARTS = _key.Rebuild.INDEXED_PARTS | closure.REBUILD_INDEXED
-  STEPS = {**_key.Rebuild.STEPS, TREEAUX: "tree_aux",
-           TREEDEF: "treedef", METHOD: "method", COPY: "copy", CLASS: "klass"}
+  STEPS = types.MappingProxyType({
+      **_key.Rebuild.STEPS, TREEAUX: "tree_aux", TREEDEF: "treedef",
+      METHOD: "method", COPY: "copy", CLASS: "klass"})
   walk = closure.Analysis
 
   def klass(self, v, k):
