@@ -83,6 +83,49 @@ def test_a_fresh_static_closure_is_answered_by_the_binders_generated_front(
                  for cls in made), made
 
 
+class _EqualToAll:
+  """A static value whose ``==`` says equal to every other and whose hash
+  reads one field: stock's cache of one jitted function takes two such
+  values as one, but a fresh function's trace reads its other field."""
+
+  def __init__(self, a, b):
+    self.a, self.b = a, b
+
+  def __eq__(self, other):
+    return True
+
+  def __hash__(self):
+    return hash(self.a)
+
+
+def test_plain_static_values_beside_a_fresh_function_are_keyed_exactly():
+  """Beside a function among the static arguments, the other static values
+  are keyed as any closed-over value (atoms by exact type and bits, objects
+  by their state), never by ``==``: ``0.0`` and ``-0.0``, ``(1, 2.0)`` and
+  ``(1, 2)``, and two objects whose ``==`` says equal trace apart, as each
+  fresh function's stock trace does."""
+  def apply(f, x, s):
+    return f(x) * (s.b if isinstance(s, _EqualToAll) else
+                   s[1] if isinstance(s, tuple) else s)
+
+  def run():
+    out = []
+    for s in (0.0, -0.0, 0.0, -0.0, (1, 2.0), (1, 2), (1, 2.0),
+              _EqualToAll(1, 2.0), _EqualToAll(1, 3.0), _EqualToAll(1, 2.0)):
+      w = jnp.float32(2.0)
+      r = jax.jit(apply, static_argnums=(0, 2))(lambda v: v * w,
+                                                jnp.float32(1.0), s)
+      out.append((np.asarray(r).tobytes(), str(r.dtype), r.weak_type))
+    return out
+  jcc.disable()
+  try:
+    want = run()
+  finally:
+    jcc.enable()
+  assert run() == want
+  assert run() == want   # hits of what the first run stored
+
+
 def test_static_partial_bound_method_and_jitted_function_hit():
   class Layer:
     def __init__(self, w):

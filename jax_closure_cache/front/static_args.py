@@ -102,11 +102,16 @@ def _function_in(v, depth: int = _NESTING):
   return found
 
 
-def _binder(fun, functions, params):
+def _binder(fun, functions, shape, plain):
   """``fun`` with its static arguments bound: ``functions`` (walked by the
-  key) and ``params``, a Static of (positions, names, plain values)."""
+  key), ``shape``, a Static of (positions, names, ()) saying which is a
+  function, and ``plain``, the other static values, a tuple the key walks
+  as it walks any closed-over value (atoms by exact type and bits, objects
+  by their state: never by a user's ``==``, which stock's own cache of one
+  jitted function uses, but which cannot say that a fresh function's trace
+  would be the same)."""
   def call_with_static_arguments(*args, **kwargs):
-    positions, names, plain = params.value
+    positions, names, _ = shape.value
     values = iter(functions)
     plain_values = iter(plain)
     full = list(args)
@@ -118,12 +123,12 @@ def _binder(fun, functions, params):
   return call_with_static_arguments
 
 
-def _binder_of_one(fun, function, params):
+def _binder_of_one(fun, function, shape, plain):
   """:func:`_binder` for one function among the static arguments, held in
   its own cell: the key walks it directly, and its matcher checks it with
   no pytree of functions to flatten."""
   def call_with_static_function(*args, **kwargs):
-    positions, names, plain = params.value
+    positions, names, _ = shape.value
     plain_values = iter(plain)
     full = list(args)
     for i, is_function in positions:
@@ -434,9 +439,12 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   def _make_bound(self, layout, positions, names, static_values, functions,
                   params, user, stock) -> _Bound:
     options, options_key = layout.bound_options(tuple(positions))
-    binder = (_binder_of_one(self._fun, functions[0], params)
+    positions_of, names_of, plain = params.value
+    # the binder's key walks the plain values themselves (``_binder``)
+    shape = params if not plain else values.Static(positions_of, names_of, ())
+    binder = (_binder_of_one(self._fun, functions[0], shape, plain)
               if len(functions) == 1 else
-              _binder(self._fun, functions, params))
+              _binder(self._fun, functions, shape, plain))
     return _Bound.made(binder, options, options_key,
                        self._spec.lift_numpy, user, stock,
                        (positions, names, static_values))
