@@ -233,6 +233,43 @@ def _observe_trace_time_writes(route: str, via_global: bool, rounds: int = 4):
   return seen
 
 
+class _Counter:
+  pass
+
+
+_COUNTER = _Counter()
+
+
+def _bump(x):
+  _COUNTER.n = _COUNTER.n + 1.0   # a trace-time write to a global object
+  return x * _COUNTER.n
+
+
+def test_a_closure_free_function_whose_trace_writes_is_not_shared():
+  """A closure-free function re-created per call whose trace sets an
+  attribute of a global object: stock's trace of each new object makes the
+  write, so the cache's shared stock object (one per closure-free code) is
+  not handed to the next objects once a trace of the code wrote; the
+  write happens on every call, as with stock."""
+  def run():
+    out = []
+    for _ in range(4):
+      _COUNTER.n = 0.0
+
+      def f(x):
+        return _bump(x)
+      out.append((float(jax.jit(f)(jnp.float32(3.0))), _COUNTER.n))
+    return out
+  jcc.disable()
+  try:
+    want = run()
+  finally:
+    jcc.enable()
+  assert want == [(3.0, 1.0)] * 4
+  assert run() == want
+  assert run() == want
+
+
 @pytest.mark.parametrize("via_global", [False, True],
                          ids=["closure", "global"])
 @pytest.mark.parametrize("route", ["jit", "fori_loop", "scan", "while_loop",

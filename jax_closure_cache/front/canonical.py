@@ -28,6 +28,9 @@ from jax_closure_cache.front import verify
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
+from jax_closure_cache.lookup import closure_cache
+
+_trace_writers = closure_cache.trace_writers
 
 # (options key, function key) -> Canonical
 _store = cache.STORE.bounded("canonical.store")
@@ -56,6 +59,8 @@ def _known(fun, full_options_key):
     owned = row()
     if owned is not None:
       return owned
+  if fun.__code__ in _trace_writers:
+    return None
   for q in inline.canonical_quick.get(fun.__code__, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
       found = q.entry()
@@ -91,6 +96,11 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   if known is not None:
     return known
   code = fun.__code__
+  if code in _trace_writers:
+    # a trace of this code wrote to state it reaches (a global object's
+    # attribute): a shared object's later calls would skip that write,
+    # where each new object's stock trace makes it
+    return None
   try:
     a = closure.analyse(fun, lift_numpy)
   except Uncacheable:

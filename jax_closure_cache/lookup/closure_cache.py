@@ -114,6 +114,11 @@ _first = _STORE.table("closure_cache.first", cache.Store.TRACES,
 # hashes of keys met, oldest first: no trace stored before (emptied with
 # ``traces``)
 _met: dict = _STORE.table("closure_cache.met", cache.Store.TRACES)
+# codes a trace of which wrote to state its function reaches (an attribute
+# of a global object set, a list appended to): no later object of one skips
+# its trace (the front's canonical objects ask)
+trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "closure_cache.trace_writers", cache.Store.TRACES, weakref.WeakSet)
 
 
 def is_shared(closed_jaxpr: _trace.ClosedJaxpr) -> bool:
@@ -142,8 +147,13 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   if answer is None:
     watch = None if share is None else StateWatch(fun)
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
-    if share is not None and not watch.changes():   # a write is not shared
-      _share_answer(*share, answer)
+    if share is not None:
+      if watch.changes():   # a write is not shared, nor its code's
+        code = _code(fun)   # canonical object
+        if code is not None:
+          trace_writers.add(code)
+      else:
+        _share_answer(*share, answer)
   return answer
 
 
