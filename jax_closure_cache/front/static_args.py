@@ -105,7 +105,8 @@ def _function_in(v, depth: int = _NESTING):
 def _binder(fun, functions, shape, plain):
   """``fun`` with its static arguments bound: ``functions`` (walked by the
   key), ``shape``, a Static of (positions, names, ()) saying which is a
-  function, and ``plain``, the other static values, a tuple the key walks
+  function, and ``plain``, the other static values (None for none), a
+  tuple the key walks
   as it walks any closed-over value (atoms by exact type and bits, objects
   by their state: never by a user's ``==``, which stock's own cache of one
   jitted function uses, but which cannot say that a fresh function's trace
@@ -113,7 +114,7 @@ def _binder(fun, functions, shape, plain):
   def call_with_static_arguments(*args, **kwargs):
     positions, names, _ = shape.value
     values = iter(functions)
-    plain_values = iter(plain)
+    plain_values = iter(plain or ())
     full = list(args)
     for i, is_function in positions:
       full.insert(i, next(values) if is_function else next(plain_values))
@@ -129,7 +130,7 @@ def _binder_of_one(fun, function, shape, plain):
   no pytree of functions to flatten."""
   def call_with_static_function(*args, **kwargs):
     positions, names, _ = shape.value
-    plain_values = iter(plain)
+    plain_values = iter(plain or ())
     full = list(args)
     for i, is_function in positions:
       full.insert(i, function if is_function else next(plain_values))
@@ -440,8 +441,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
                   params, user, stock) -> _Bound:
     options, options_key = layout.bound_options(tuple(positions))
     positions_of, names_of, plain = params.value
-    # the binder's key walks the plain values themselves (``_binder``)
+    # the binder's key walks the plain values themselves (``_binder``);
+    # none are None, which its matcher checks by identity
     shape = params if not plain else values.Static(positions_of, names_of, ())
+    plain = plain or None
     binder = (_binder_of_one(self._fun, functions[0], shape, plain)
               if len(functions) == 1 else
               _binder(self._fun, functions, shape, plain))
