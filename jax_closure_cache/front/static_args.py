@@ -442,7 +442,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     options, options_key = layout.bound_options(tuple(positions))
     positions_of, names_of, plain = params.value
     # the binder's key walks the plain values themselves (``_binder``);
-    # none are None, which its matcher checks by identity
+    # with none, its cell holds None (a matcher's check by identity, where
+    # an empty tuple would cost a pytree check)
     shape = params if not plain else values.Static(positions_of, names_of, ())
     plain = plain or None
     binder = (_binder_of_one(self._fun, functions[0], shape, plain)

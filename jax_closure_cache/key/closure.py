@@ -66,7 +66,7 @@ from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value, own_module_level,
     stable_module)
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
+    ATOMS, BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
     TREE, TREEAUX, TREEDEF, Tag, Uncacheable)
 
@@ -577,7 +577,7 @@ def _library_object(obj) -> bool:
 #: What a library function's cell may hold for it to be kept by identity
 #: (``Analysis.library_global``): immutable atoms, and the library's own
 #: closure-free functions, C functions, classes and modules.
-_CONSTANT_ATOMS = frozenset({int, float, bool, str, bytes, type(None)})
+_CONSTANT_ATOMS = ATOMS | {float}
 
 
 def _library_constant(cell) -> bool:

@@ -20,7 +20,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    ALIAS, BUILTIN_NODES, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
+    ALIAS, ATOMS, BUILTIN_NODES, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
     PARTIAL, TREE, TREEAUX, AliasPart, Atom, CyclePart, FnPart, LibAttrPart,
     NodePart, PartialPart, Tag, TreeAuxPart, TreePart, float_key, tree_part)
 
@@ -399,7 +399,7 @@ class _MatchSource:
 
 
 _UNREAD = object()
-_READ_ATOMS = frozenset({str, int, float, bool, bytes, type(None)})
+_READ_ATOMS = ATOMS | {float}   # (float parts are ``float_key``'s)
 
 
 def _same_read(a, b) -> bool:
