@@ -333,11 +333,20 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"
+  # a cell ``plain`` the user's code does not have: a static-argument
+  # binder's (``front/static_args``), holding the jitted function's static
+  # arguments
+  advice = ("Pass that value as an argument, or make it a jax array so it "
+            "is lifted instead of baked into each trace.")
+  if (culprits and culprits[0].startswith("cell 'plain'")
+      and "plain" not in getattr(code, "co_freevars", ("plain",))):
+    what = f"its static arguments keep changing ({examples}, ...)"
+    advice = ("Each distinct static value is a trace of its own, as with "
+              "stock; pass a value that changes as a dynamic argument.")
   message = (f"jax_closure_cache: {s.location} has met {len(keys)} "
              f"distinct closure keys (more than {_storm_threshold}); {what}, "
              "so each call traces again (tier A may still share the "
-             "executable). Pass that value as an argument, or make it a jax "
-             "array so it is lifted instead of baked into each trace.")
+             f"executable). {advice}")
   filename = getattr(code, "co_filename", "?")
   lineno = getattr(code, "co_firstlineno", 0)
   if logger.isEnabledFor(logging.WARNING):

@@ -123,6 +123,41 @@ def test_plain_static_values_beside_a_fresh_function_are_keyed_exactly():
   assert run() == want   # hits of what the first run stored
 
 
+def test_plain_static_values_of_a_fresh_function_are_keyed_exactly():
+  """With no function among the static arguments, a re-created function's
+  plain static values are keyed exactly too: ``0.0`` and ``-0.0``,
+  ``float32(0.0)`` and ``float32(-0.0)``, ``(1, 2.0)`` and ``(1, 2)``,
+  ``frozenset({1})`` and ``frozenset({True})``, and objects whose ``==`` says equal trace apart across function objects, as
+  each fresh object's stock trace does; one object called again with a
+  value its stock cache takes as equal gets that earlier answer, as stock's
+  own cache of that object gives it."""
+  def run():
+    out = []
+    seq = (0.0, -0.0, 0.0, -0.0, np.float32(0.0), np.float32(-0.0),
+           np.float32(0.0), (1, 2.0), (1, 2), (1, 2.0), 1, 1.0, True, 1,
+           frozenset({1}), frozenset({True}), frozenset({1}),
+           _EqualToAll(1, 2.0), _EqualToAll(1, 3.0), _EqualToAll(1, 2.0))
+    for s in seq:
+      w = jnp.float32(2.0)
+
+      def f(x, s):
+        v = (s.b if isinstance(s, _EqualToAll) else
+             s[1] if isinstance(s, tuple) else
+             next(iter(s)) if isinstance(s, frozenset) else s)
+        return x * w * v, jnp.asarray(v)
+      g = jax.jit(f, static_argnums=1)
+      got = [g(jnp.float32(1.0), s)]
+      # the same object again, with every value: its own (stock's) cache
+      got += [g(jnp.float32(1.0), t) for t in seq[:4] + seq[14:]]
+      out.append([(np.asarray(r).tobytes(), str(r.dtype), r.weak_type)
+                  for pair in got for r in pair])
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert run() == want
+  assert run() == want   # hits of what the first run stored
+
+
 def test_static_partial_bound_method_and_jitted_function_hit():
   class Layer:
     def __init__(self, w):

@@ -149,6 +149,68 @@ def pjit_params_of_caller(frame):
   return frame.f_locals.get("p")
 
 
+class UnknownStatics(Exception):
+  """``in_avals`` holds parts :func:`static_values` does not know."""
+
+
+def static_values(in_avals) -> list:
+  """The static argument values inside a trace's ``in_avals`` (the flat
+  tree pjit passes ``pe.trace_to_jaxpr``), in order; raises
+  :class:`UnknownStatics` for a shape of flat tree this jax did not have.
+
+  On 0.10 a ``FlatTree`` says which of its parts are static (``statics``,
+  a tree-prefix of bools); on 0.11 a static is its own ``FTStatic`` node
+  inside tuples and dicts of flat trees."""
+  statics = getattr(in_avals, "statics", _NO_STATICS)
+  if statics is not _NO_STATICS:   # 0.10
+    if not _any_static(statics):
+      return []
+    found: list = []
+    _pick_statics(in_avals.unflatten(), statics, found)
+    return found
+  found = []
+  _static_nodes(in_avals, found)
+  return found
+
+
+_NO_STATICS = object()
+
+
+def _any_static(statics) -> bool:
+  if statics is True or statics is False:
+    return statics
+  if isinstance(statics, tuple):
+    return any(map(_any_static, statics))
+  if isinstance(statics, dict):
+    return any(map(_any_static, statics.values()))
+  raise UnknownStatics(type(statics).__name__)
+
+
+def _pick_statics(tree, statics, found: list) -> None:
+  if statics is True:
+    found.append(tree)
+  elif isinstance(statics, tuple):
+    for t, s in zip(tree, statics):
+      _pick_statics(t, s, found)
+  elif isinstance(statics, dict):
+    for k, s in statics.items():
+      _pick_statics(tree[k], s, found)
+
+
+def _static_nodes(ft, found: list) -> None:
+  name = type(ft).__name__
+  if name == "FTStatic":
+    found.append(ft.val)
+  elif name == "FTTuple":
+    for elt in ft.elts:
+      _static_nodes(elt, found)
+  elif name == "FTDict":
+    for elt in ft._vals:
+      _static_nodes(elt, found)
+  elif name not in ("FTPyTree", "FTSingleton"):
+    raise UnknownStatics(name)
+
+
 def _trace_lookup_seams() -> list[str]:
   """The seams layer two is written against that the running jax lacks
   (empty on 0.10.2): checked by feature, not by version string."""

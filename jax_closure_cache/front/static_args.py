@@ -27,9 +27,13 @@ Invariants:
   first call was -- by stock, or by the entry it hit with the arrays it read
   then -- and is handed to stock after ``PROMOTE_AFTER_CALLS`` calls if its
   closure still reads the same values.
-* Calls whose static arguments hold no function, and every option this
-  module does not re-index (anything but ``static_argnums``,
-  ``static_argnames``, ``donate_argnums``), are the jit wrapper's usual path.
+* Plain static values are keyed exactly, never by ``==``: a call whose
+  static arguments hold no function binds them the same way, over the
+  wrapper's own function (whose row, ``_PLAIN``, keeps identity first for
+  it: stock's own cache answers an object stock traced, with stock's
+  ``==``). Calls with no static value, and every option this module does
+  not re-index (anything but ``static_argnums``, ``static_argnames``,
+  ``donate_argnums``), are the jit wrapper's usual path.
 """
 
 from __future__ import annotations
@@ -302,6 +306,10 @@ _tables: dict[tuple, dict] = cache.STORE.table(
     "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
 
 
+# The row of a wrapper's function called with plain static values only
+_PLAIN = "plain static values"
+
+
 class StaticArgsJitted(wrapper.ClosureJitted):
   """A jitted function with static arguments; functions among them are
   keyed by their closure key (see the module docstring).
@@ -349,10 +357,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     static_values = [args[i] for i in positions]
     if names:
       static_values += [kwargs[k] for k in names]
+    if not static_values or _compat.DISABLE_JIT.value:
+      return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
     # the first function each static value holds (None: a plain value)
     found = [_function_in(v) for v in static_values]
-    if found.count(None) == len(found) or _compat.DISABLE_JIT.value:
-      return wrapper.ClosureJitted.__call__(self, *args, **kwargs)
     return self._call_bound(layout, args, kwargs, positions, names,
                             static_values, found)
 
@@ -367,23 +375,34 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     params = values.Static(
         tuple(zip(positions, flags[:len(positions)])),
         tuple(zip(names, flags[len(positions):])), plain)
-    user = next(f for f in found if f is not None)
-    if not callable(user):   # a jaxpr: reported as the jitted function's
-      user = self._fun
     stock = self.stock()
+    if params.ident_hash is None:   # an unhashable static value: stock's error
+      return stock(*args, **kwargs)
+    user = next((f for f in found if f is not None), None)
+    if user is None or not callable(user):
+      # plain values only, or a jaxpr: the user's function is the one
+      # reported, and whose code decides first-object-is-stock's
+      user = self._fun
     # Identity first: one function static argument, called before by this
     # wrapper's function (another jitted function given the same static
-    # function computes something else: its row is its own).
-    single = len(functions) == 1 and _is_function(functions[0])
+    # function computes something else: its row is its own); with plain
+    # values only, the wrapper's function itself, whose row is ``_PLAIN``
+    # in its own table.
+    single = (not functions
+              or len(functions) == 1 and _is_function(functions[0]))
     table = self._table() if single else None
     row = ref = None
     if table is not None:
       try:
-        ref = identity.ref(functions[0], table.pop)
+        ref = identity.ref(functions[0], table.pop) if functions else _PLAIN
         row = table.get(ref)
       except TypeError:
         single = False
     seen, state = row if row is not None else (None, None)
+    if row is not None and state is None and not functions:
+      # the wrapper's function is stock's: so is every call of it
+      self._go_direct(stock)
+      return stock(*args, **kwargs)
     if row is not None and seen == params:
       if state is None:
         if not names and len(positions) == 1:

@@ -113,6 +113,9 @@ class Analysis(_key.Walk):
     self.custom_rules: list = []   # (class, items) of custom_jvp/custom_vjp
 
   stable = staticmethod(lambda f, module=None: is_stable(f))
+  # a static argument as a dict key is keyed: atoms by exact type and bits,
+  # values of jax, numpy and the standard library as they compare
+  static_key = staticmethod(trees.key_atom)
   global_names = staticmethod(lambda code: code_plan(code).global_names)
 
   def identity(self, v, root: bool = False):

@@ -268,6 +268,25 @@ class Walk:
 
   stable = staticmethod(_is_stable)
 
+  @staticmethod
+  def static_key(v) -> Any:
+    """A static argument's part of a trace's key, by exact type and bits
+    (``0.0`` is not ``-0.0``, ``1`` not ``1.0`` nor ``True``), tuples item
+    by item; anything else is Unkeyable: JAX's own cache of one function
+    compares static arguments by ``==``, which cannot say that another
+    function object's trace would be the same."""
+    t = type(v)
+    if t in ATOMS:
+      return (t, v)
+    if t is float:
+      return float_key(v)
+    if t is complex:
+      return (complex, float_key(v.real), float_key(v.imag))
+    if t is tuple:
+      return (tuple, tuple([Walk.static_key(x) for x in v]))
+    raise Unkeyable("static_argument",
+                    f"a {t.__name__} as a static argument")
+
   def module(self, v):
     if self.stable(v, v.__name__):
       return v

@@ -139,7 +139,10 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       or (type(fun) is types.FunctionType and fun.__closure__ is None
           and closure_key.active_rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
-  sig = (in_avals, debug_info, context_for_cache_key, _trace.trace_context())
+  try:
+    sig = signature(in_avals, debug_info, context_for_cache_key)
+  except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError):
+    return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
   _compat.monitoring_module.record_event("/jax/closure_cache/miss" if answer is None
@@ -155,6 +158,16 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       else:
         _share_answer(*share, answer)
   return answer
+
+
+def signature(in_avals, debug_info, ctx) -> tuple:
+  """What a trace's key holds besides the closure's: the arguments' types,
+  their static values by exact type and bits (the flat tree's own
+  comparison of them is ``==``; a value with no such key raises
+  Unkeyable), the debug info, pjit's context and the trace context."""
+  statics = tuple(map(closure_key.active_rules[0].static_key,
+                      _trace.static_values(in_avals)))
+  return (in_avals, statics, debug_info, ctx, _trace.trace_context())
 
 
 def _lookup(traced, fun, in_avals, debug_info, ctx, sig):

@@ -212,8 +212,8 @@ def _key_of(fun, a, args, kwargs, avals=None):
   debug_info = _compat.trace.jit_debug_info(fun, args, kwargs)
   found = closure_cache.find(
       closure.as_method(fun) or fun,
-      (in_avals, debug_info, _compat.trace.PJIT_TRACE_CONTEXT,
-       _compat.trace.trace_context()),
+      closure_cache.signature(in_avals, debug_info,
+                              _compat.trace.PJIT_TRACE_CONTEXT),
       (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
