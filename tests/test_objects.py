@@ -267,6 +267,54 @@ def test_a_closure_free_function_whose_trace_writes_is_not_shared():
   assert run() == want
 
 
+class _CountedReads:
+  """A property whose getter counts its reads in a class attribute and
+  answers from the count: a trace's write no watched place sees, but one
+  the closure key covers (the class's namespace)."""
+  reads = 0
+
+  @property
+  def scale(self):
+    type(self).reads += 1
+    return float(type(self).reads % 3)
+
+
+_COUNTED = _CountedReads()
+
+
+def _scaled(x):
+  return x * _COUNTED.scale
+
+
+@pytest.mark.parametrize("route", ["jit", "scan"])
+def test_a_trace_that_changes_what_its_key_covers_is_never_shared(route):
+  """Fresh functions reaching a global object whose property getter writes
+  a class attribute: each stock trace runs the getter. A trace after which
+  the closure key differs from the one it was looked up under is not
+  stored by the front nor by JAX's trace lookup (where a closure-free
+  function's answer was shared under the key taken before its trace, and
+  a second run, the count reset, answered every call without running the
+  getter)."""
+  def run():
+    _CountedReads.reads = 0
+    out = []
+    for _ in range(4):
+      def f(x):
+        return _scaled(x)
+      if route == "jit":
+        r = jax.jit(f)(jnp.float32(3.0))
+      else:
+        r = jax.lax.scan(lambda c, _: (f(c), None), jnp.float32(3.0),
+                         None, length=2)[0]
+      out.append((float(r), _CountedReads.reads))
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert [n for _, n in want] == [1, 2, 3, 4]
+  assert run() == want
+  assert run() == want
+
+
 @pytest.mark.parametrize("via_global", [False, True],
                          ids=["closure", "global"])
 @pytest.mark.parametrize("route", ["jit", "fori_loop", "scan", "while_loop",

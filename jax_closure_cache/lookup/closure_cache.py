@@ -151,8 +151,11 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     watch = None if share is None else StateWatch(fun)
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
     if share is not None:
-      if watch.changes():   # a write is not shared, nor its code's
-        code = _code(fun)   # canonical object
+      # a write is not shared, nor its code's canonical object: one to
+      # what the watch sees, or to anything else the key covers (a class
+      # attribute a property's getter counts its reads in)
+      if watch.changes() or not unchanged_by_trace(fun, share[0]):
+        code = _code(fun)
         if code is not None:
           trace_writers.add(code)
       else:
@@ -240,9 +243,21 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     _put(key, _Shared(failed=f"{type(e).__name__}: {e}"[:200]), anchors)
     return None
   if (_covers(shared.consts, leaves, anchors)
-      and _lowering.runtime_callable(shared.jaxpr) is None):
+      and _lowering.runtime_callable(shared.jaxpr) is None
+      and unchanged_by_trace(fun, key)):
     _put(key, shared, anchors)
   return shared
+
+
+def unchanged_by_trace(fun, key) -> bool:
+  """Whether ``fun``'s closure key, taken again after a trace, is the one
+  ``key`` (a lookup key) holds: a trace that changed what the key covers
+  (a class attribute, a global, a cache filled lazily) is never shared, as
+  a later function's hit would skip that change."""
+  try:
+    return closure_key.closure_key(fun)[0] == key[1]
+  except (closure_key.Unkeyable, TypeError):
+    return False
 
 
 def evict(fun: Callable) -> None:   # clear_cache() of a jitted function
