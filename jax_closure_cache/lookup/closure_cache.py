@@ -230,9 +230,10 @@ def find(fun, sig, found=None, rules=None):
 
 
 def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
-                 debug_info, ctx):
+                 debug_info, ctx, checked_after=False):
   """``shared``'s trace, a new lifted trace (stored if the key covers what it
-  captured), or None if one failed."""
+  captured and the trace left it unchanged: ``checked_after``, the caller
+  took the key again after its own trace), or None if one failed."""
   if shared is not None:
     return None if shared.failed else shared
   try:
@@ -244,7 +245,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     return None
   if (_covers(shared.consts, leaves, anchors)
       and _lowering.runtime_callable(shared.jaxpr) is None
-      and unchanged_by_trace(fun, key)):
+      and (checked_after or unchanged_by_trace(fun, key))):
     _put(key, shared, anchors)
   return shared
 

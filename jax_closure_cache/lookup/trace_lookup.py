@@ -166,7 +166,9 @@ def publish(fun, a, traced, args, kwargs) -> None:
   closure of the key find it, and no second trace is made for them. Only
   outside a trace and for a trace that separated no constants; a key that
   has a stored trace, or whose trace captured what it does not cover, is
-  left as it is (``closure_cache.trace_shared`` decides, as for its own)."""
+  left as it is (``closure_cache.trace_shared`` decides, as for its own).
+  The front stores an entry, and publishes it, only where the key taken
+  after its trace is the one it was looked up under."""
   if (not _compat.trace.TRACE_LOOKUP or not _compat.trace_state_clean()
       or _compat.separated_constants(traced)):
     return
@@ -180,7 +182,7 @@ def publish(fun, a, traced, args, kwargs) -> None:
   closure_cache.trace_shared(
       lambda *_: (traced.jaxpr, out_avals), None, closure.as_method(fun) or fun,
       key, leaves, anchors, in_avals, debug_info,
-      _compat.trace.PJIT_TRACE_CONTEXT)
+      _compat.trace.PJIT_TRACE_CONTEXT, checked_after=True)
 
 
 def _stored(fun, a, args, kwargs):
