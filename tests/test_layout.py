@@ -413,13 +413,67 @@ def _is_table(value) -> bool:
       value, "clear")
 
 
+def _defaults(where: str, f):
+  for i, d in enumerate(f.__defaults__ or ()):
+    yield f"{where} default {i}", d
+  for k, d in (f.__kwdefaults__ or {}).items():
+    yield f"{where} default {k}", d
+
+
+def _held_by_module(name: str, module, owned):
+  """``(where, value)`` for each value a module holds where a table could
+  hide: its globals, a module-level tuple's items, its own classes'
+  attributes, its own functions' and methods' defaults and closure cells,
+  and the state of a module-level object of the package's that the store
+  does not own (``owned(value)``)."""
+  for attr, value in vars(module).items():
+    if attr.startswith("__"):
+      continue
+    where = f"{name}.{attr}"
+    yield where, value
+    if type(value) is tuple:
+      for i, x in enumerate(value):
+        yield f"{where}[{i}]", x
+    elif isinstance(value, type) and value.__module__ == name:
+      for k, v in vars(value).items():
+        if k.startswith("__") or k == "_field_defaults":   # (a NamedTuple's)
+          continue
+        yield f"{where}.{k}", v
+        f = getattr(v, "__func__", v)
+        if type(f) is types.FunctionType:
+          yield from _defaults(f"{where}.{k}", f)
+    elif type(value) is types.FunctionType and value.__module__ == name:
+      yield from _defaults(where, value)
+      for cell, var in zip(value.__closure__ or (), value.__code__.co_freevars):
+        try:
+          yield f"{where} cell {var}", cell.cell_contents
+        except ValueError:   # empty
+          pass
+    elif (not isinstance(value, (type, types.ModuleType, types.FunctionType))
+          and type(value).__module__.startswith(PACKAGE) and not owned(value)):
+      state = dict(getattr(value, "__dict__", {}))
+      for cls in type(value).__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+          if hasattr(value, slot):
+            state[slot] = getattr(value, slot)
+      for k, v in state.items():
+        if not k.startswith("__"):
+          yield f"{where}.{k}", v
+
+
 def test_every_module_level_table_is_the_stores():
   """No module keeps a table of its own: every module-level container (and
   every object of the package's that can be emptied) outside ``_compat`` is
   one ``cache.STORE`` owns, so that one ``clear()`` and one ``stats()`` see
-  it (CONTRIBUTING, "The store"). Constant tables are read-only
-  (``MappingProxyType``, ``frozenset``, tuples)."""
+  it (CONTRIBUTING, "The store"); so is one inside a module-level tuple, a
+  class's attributes, a function's defaults or cells, or a module-level
+  object's state. Constant tables are read-only (``MappingProxyType``,
+  ``frozenset``, tuples)."""
   from jax_closure_cache import cache
+
+  def owned(value) -> bool:
+    return cache.STORE.owns(value) or any(value is x for x in (
+        cache.STORE, cache.STORE.counters, cache.jax_handle))
   jax_closure_cache.enable()   # the patched modules are all imported
   try:
     loose = []
@@ -428,16 +482,35 @@ def test_every_module_level_table_is_the_stores():
           or name.endswith("__main__")):
         continue
       module = importlib.import_module(name)
-      for attr, value in vars(module).items():
-        if (attr.startswith("__") or not _is_table(value)
-            or f"{name}.{attr}" in _JAXS_OWN):
-          continue
-        if not (cache.STORE.owns(value) or any(value is x for x in (
-            cache.STORE, cache.STORE.counters, cache.jax_handle))):
-          loose.append(f"{name}.{attr}: {type(value).__name__}")
+      for where, value in _held_by_module(name, module, owned):
+        if _is_table(value) and where not in _JAXS_OWN and not owned(value):
+          loose.append(f"{where}: {type(value).__name__}")
     assert loose == []
   finally:
     jax_closure_cache.disable()
+
+
+def test_the_table_check_sees_tables_hidden_in_tuples_classes_and_defaults():
+  """The check above would find a table kept where a module-level scan of
+  globals alone would not see it."""
+  module = types.ModuleType(f"{PACKAGE}.planted")
+
+  class Holder:
+    memo: dict = {}
+  Holder.__module__ = module.__name__
+
+  def memoized(x, _seen=set()):
+    return x
+  memoized.__module__ = module.__name__
+  module.PAIR = ("name", [])
+  module.Holder = Holder
+  module.memoized = memoized
+  found = {where for where, value in
+           _held_by_module(module.__name__, module, lambda v: False)
+           if _is_table(value)}
+  assert found == {f"{PACKAGE}.planted.PAIR[1]",
+                   f"{PACKAGE}.planted.Holder.memo",
+                   f"{PACKAGE}.planted.memoized default 0"}
 
 
 def test_the_store_clears_what_its_kinds_say():
