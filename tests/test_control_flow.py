@@ -312,3 +312,129 @@ def test_a_boolean_or_integer_constant_with_a_zero_stays_an_operand(
     for _ in range(3):
       _signs_equal(prog(cached_lax, x, constant), prog(StockLax, x, constant))
     assert jcc.stats()["not_stored"].get("operand_zero", 0) >= 2
+
+
+def _reused_body_program(route):
+  """One body object launched three times while a value it closes over
+  changes (0, 1, 0), beside fresh bodies of the same code: stock keeps
+  the reused object's first trace (its cache is keyed on the object), and
+  traces each fresh one, appending to ``log`` at trace time."""
+  def make(log, box):
+    def body(c, x=1.0):
+      log.append("traced")
+      return c * (1.0 + box[0]) + x
+    return body
+
+  def launch(body, x):
+    if route == "scan":
+      return jax.lax.scan(lambda c, v: (body(c, v), None), x,
+                          jnp.arange(3.0))[0]
+    if route == "fori_loop":
+      return jax.lax.fori_loop(0, 3, lambda i, c: body(c), x)
+    if route == "while_loop":
+      return jax.lax.while_loop(lambda c: c < 50.0, body, x)
+    if route == "cond":
+      return jax.lax.cond(True, body, lambda c: c, x)
+    if route == "switch":
+      return jax.lax.switch(0, [body, lambda c: c], x)
+    return jax.lax.map(body, jnp.arange(3.0) + x)
+
+  def run():
+    out = []
+    for _ in range(2):
+      log, box = [], [0.0]
+      reused = make(log, box)
+      for scale in (0.0, 1.0, 0.0):
+        box[0] = scale
+        r = launch(reused, jnp.float32(2.0))
+        out.append((np.asarray(r).tolist(), len(log)))
+        del log[:]
+        fresh_log = []
+        r = launch(make(fresh_log, [scale]), jnp.float32(2.0))
+        out.append((np.asarray(r).tolist(), len(fresh_log)))
+    return out
+  return run
+
+
+@pytest.mark.parametrize("route", ["while_loop", "cond", "switch", "map",
+                                   "scan", "fori_loop"])
+def test_a_body_launched_again_keeps_its_first_answer(route):
+  """Identity first for eager control flow: a body object launched again
+  after what it closes over changed is answered as its first launch was
+  where stock's trace cache is keyed on the object, and afresh where stock
+  traces it at every call (``map``), while fresh bodies of the same code
+  trace (and write at trace time) as stock's do; the first run stores
+  entries, the second hits them."""
+  run = _reused_body_program(route)
+  want = _with_cache(False, run)
+  jcc.enable()
+  assert run() == want
+  assert run() == want
+
+
+def _with_cache(on, run):
+  was = jcc.is_enabled()
+  (jcc.enable if on else jcc.disable)()
+  try:
+    return run()
+  finally:
+    (jcc.enable if was else jcc.disable)()
+
+
+@pytest.mark.parametrize("kind", ["while_loop", "fori_loop", "scan", "map",
+                                  "cond", "switch", "custom_linear_solve",
+                                  "custom_root"])
+def test_a_launch_keeps_a_row_only_for_a_function_held_elsewhere(kind):
+  """A function written in the launch's own call (nothing else holds it)
+  cannot be launched again, so it gets no identity row; one the caller
+  holds by name does (the reference counts ``launchers._LONE`` assumes),
+  except where stock traces it afresh at every call (``map``, the custom
+  solves), which keep none."""
+  from jax_closure_cache.control_flow import launchers
+  x = jnp.ones(2)
+  jcc.enable()
+  before = len(launchers._rows)
+  # the function a launch is called with directly: temporary here
+  direct = {"while_loop": lambda: jax.lax.while_loop(
+                lambda c: c[0] < 2.0, lambda c: c + 1.0, x),
+            "fori_loop": lambda: jax.lax.fori_loop(
+                0, 2, lambda i, c: c + 1.0, x),
+            "scan": lambda: jax.lax.scan(lambda c, v: (c + 1.0, None), x,
+                                         None, length=2),
+            "map": lambda: jax.lax.map(lambda v: v + 1.0, x),
+            "cond": lambda: jax.lax.cond(True, lambda c: c + 1.0,
+                                         lambda c: c, x),
+            "switch": lambda: jax.lax.switch(0, [lambda c: c + 1.0,
+                                                 lambda c: c], x),
+            "custom_linear_solve": lambda: jax.lax.custom_linear_solve(
+                lambda v: v * 2.0, x, lambda m, b: b),
+            "custom_root": lambda: jax.lax.custom_root(
+                lambda c: c * 0.5, x, lambda g, c: c, lambda g, y: y)}[kind]
+  for _ in range(3):
+    direct()
+  assert len(launchers._rows) == before
+  held = {"while_loop": lambda c: c + 1.0, "fori_loop": lambda i, c: c + 1.0,
+          "scan": lambda c, v: (c + 1.0, None), "map": lambda v: v + 1.0,
+          "cond": lambda c: c + 1.0, "switch": lambda c: c + 1.0,
+          "custom_linear_solve": lambda v: v * 2.0,
+          "custom_root": lambda c: c * 0.5}[kind]
+  if kind == "while_loop":
+    jax.lax.while_loop(lambda c: c[0] < 2.0, held, x)
+  elif kind == "fori_loop":
+    jax.lax.fori_loop(0, 2, held, x)
+  elif kind == "scan":
+    jax.lax.scan(held, x, None, length=2)
+  elif kind == "map":
+    jax.lax.map(held, x)
+  elif kind == "cond":
+    jax.lax.cond(True, held, lambda c: c, x)
+  elif kind == "switch":
+    jax.lax.switch(0, [held, lambda c: c], x)
+  elif kind == "custom_linear_solve":
+    jax.lax.custom_linear_solve(held, x, lambda m, b: b)
+  else:
+    jax.lax.custom_root(held, x, lambda g, c: c, lambda g, y: y)
+  rows = 0 if kind in ("map", "custom_linear_solve", "custom_root") else 1
+  assert len(launchers._rows) == before + rows
+  del held
+  assert len(launchers._rows) == before

@@ -14,6 +14,15 @@ Invariants:
   module does not route (``operand=``), every function is exactly stock.
 * A launcher's stock form is the launcher itself called eagerly, which is the
   stock call; fallbacks and retries therefore give stock's result or error.
+* Identity first, per user function, where stock keys its trace caches on
+  the function objects (``while_loop``, ``fori_loop``, ``scan``, ``cond``,
+  ``switch``): a function launched before with the same functions and
+  static parameters is answered as its first launch was -- by stock, or by
+  the entry it hit, with the arrays it read then -- whatever its closure
+  holds now (:class:`_Row`). A function nothing else holds (a lambda written
+  in the call) cannot be launched again, and gets no row. ``map`` and the
+  custom solves trace their functions afresh at every stock call, so every
+  launch of theirs is keyed afresh.
 
 Example::
 
@@ -29,11 +38,15 @@ Example::
 from __future__ import annotations
 
 import functools
+import sys
 import types
+import weakref
 
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
+from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
@@ -102,6 +115,123 @@ def _routable() -> bool:
   return _trace_state_clean() and not _DISABLE_JIT.value
 
 
+# -- identity first, per user function ------------------------------------------
+
+class _Row:
+  """What the first launch of a user's function decided, for its later
+  launches with the same functions and static parameters: ``code``, the
+  launcher's; ``parts``, its cells as :func:`_parts` holds them; ``pinned``,
+  ``[entry, key, leaves, calls]`` (the identity row of the entry it hit) or
+  None (stock answered). Holds the user's functions weakly; the leaves
+  while the function lives, as a jit's identity row does."""
+  __slots__ = ("code", "parts", "pinned")
+
+  def __init__(self, code, parts, pinned):
+    self.code, self.parts, self.pinned = code, parts, pinned
+
+  def answers(self, launcher) -> bool:
+    """Whether ``launcher`` launches what this row's first launch did: the
+    same code, the same function objects, equal static parameters."""
+    if launcher.__code__ is not self.code:
+      return False
+    for held, cell in zip(self.parts, launcher.__closure__):
+      if not _same(held, cell.cell_contents):
+        return False
+    return True
+
+
+def _hold(v):
+  """A launcher cell's content as a row holds it: a static parameter or
+  None as it is, a tuple (``switch``'s branches) item by item, anything
+  else weakly (raises TypeError where it cannot be)."""
+  if v is None or type(v) is values.Static:
+    return v
+  if type(v) is tuple or type(v) is list:
+    return (type(v), tuple([_hold(x) for x in v]))
+  return weakref.ref(v)
+
+
+def _same(held, v) -> bool:
+  if held is None:
+    return v is None
+  if type(held) is values.Static:
+    return type(v) is values.Static and held == v
+  if type(held) is tuple:
+    kind, items = held
+    return (type(v) is kind and len(v) == len(items)
+            and all(_same(h, x) for h, x in zip(items, v)))
+  return held() is v
+
+
+# weakref(user function) -> _Row; each reference's callback is the table's
+# own ``pop``, so a row goes the moment its function dies
+_rows: dict = cache.STORE.table("launchers.rows", cache.Store.TRACES)
+_getweakrefcount = weakref.getweakrefcount
+_getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
+
+
+def _answer_again(w, operands):
+  """The answer of a launch of a user's function launched before, as its
+  first launch decided; ``_AGAIN`` where it has no row for this launch."""
+  try:
+    row = _rows.get(weakref.ref(w._user_fun))
+  except TypeError:
+    return _AGAIN
+  if row is None or not row.answers(w._fun):
+    return _AGAIN
+  pinned = row.pinned
+  if pinned is None:
+    return w._fun(*operands)   # the stock call
+  return w._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
+                       pinned[identity.LEAVES], operands, {})
+
+
+_AGAIN = object()
+
+
+def _remember(w) -> None:
+  """Record what the launch by ``w`` decided as its user function's row."""
+  decided = w._row
+  if type(decided) is identity.PINNED:
+    pinned = decided
+  elif type(decided) is identity.OWNED:
+    pinned = None
+  else:   # no decision (an error, a disabled jit)
+    return
+  launcher = w._fun
+  try:
+    row = _Row(launcher.__code__,
+               tuple([_hold(c.cell_contents) for c in launcher.__closure__]),
+               pinned)
+    _rows[weakref.ref(w._user_fun, _rows.pop)] = row
+  except TypeError:   # a function that cannot be referenced weakly: no row
+    pass
+
+
+def _launch(w, operands, lone: int):
+  """Call the launcher wrapper ``w``: its user function's row first (if it
+  has one), else the launch, then the row recorded where something other
+  than this launch holds the function (more than ``lone`` references,
+  counted from here: it may be launched again)."""
+  user = w._user_fun
+  if _getweakrefcount(user):
+    out = _answer_again(w, operands)
+    if out is not _AGAIN:
+      return out
+  out = w(*operands)
+  if _getrefcount(user) > lone:
+    _remember(w)
+  return out
+
+
+#: References to a user function that a launch holds alone, counted in
+#: :func:`_launch`: the cached function's parameter (a call from Python
+#: moves the caller's reference there), the launcher's cell, the wrapper's
+#: ``_user_fun``, ``_launch``'s local and getrefcount's argument; one fewer
+#: for ``switch``, whose first branch its sequence holds for all three.
+_LONE = 5
+
+
 # Each launcher factory's inner function has one code object for the whole
 # process, so its closure (the user's functions and static parameters) is
 # the whole cache key. It calls stock through a module-level function of
@@ -123,7 +253,8 @@ def _while_launcher(cond_fun, body_fun):
 def while_loop(cond_fun, body_fun, init_val):
   if not _routable():
     return _stock_while_loop(cond_fun, body_fun, init_val)
-  return _wrap(_while_launcher(cond_fun, body_fun), body_fun)(init_val)
+  return _launch(_wrap(_while_launcher(cond_fun, body_fun), body_fun),
+                 (init_val,), _LONE)
 
 
 def _static_bound(bound):
@@ -161,10 +292,11 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
   # A Python int bound is a static cell (stock unrolls to a scan of known
   # length); an array bound is an operand, so new values never recompile.
-  return _wrap(
-      _fori_launcher(static_lower, static_upper, body_fun, unroll), body_fun)(
-          None if static_lower is not None else lower,
-          None if static_upper is not None else upper, init_val)
+  return _launch(
+      _wrap(_fori_launcher(static_lower, static_upper, body_fun, unroll),
+            body_fun),
+      (None if static_lower is not None else lower,
+       None if static_upper is not None else upper, init_val), _LONE)
 
 
 def _run_scan(params, f, init, xs):
@@ -187,8 +319,9 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
   if not _routable():
     return _stock_scan(f, init, xs, length=length, reverse=reverse,
                        unroll=unroll, _split_transpose=_split_transpose)
-  return _wrap(_scan_launcher(f, length, reverse, unroll, _split_transpose),
-               f)(init, xs)
+  return _launch(
+      _wrap(_scan_launcher(f, length, reverse, unroll, _split_transpose), f),
+      (init, xs), _LONE)
 
 
 def _run_map(params, f, xs):
@@ -229,7 +362,8 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_cond(pred, true_fun, false_fun, *operands)
     return _stock_cond(pred, true_fun, false_fun, *operands, operand=operand)
-  return _wrap(_cond_launcher(true_fun, false_fun), true_fun)(pred, *operands)
+  return _launch(_wrap(_cond_launcher(true_fun, false_fun), true_fun),
+                 (pred, *operands), _LONE)
 
 
 def _first(branches):
@@ -257,7 +391,8 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     return _stock_switch(index, branches, *operands, operand=operand)
   if len(branches) == 1:   # stock calls the branch itself, op by op
     return _stock_switch(index, branches, *operands)
-  return _wrap(_switch_launcher(branches), _first(branches))(index, *operands)
+  return _launch(_wrap(_switch_launcher(branches), _first(branches)),
+                 (index, *operands), _LONE - 1)
 
 
 # Custom solves trace their functions into jaxprs on every eager call and

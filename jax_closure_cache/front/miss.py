@@ -210,6 +210,7 @@ class MissStages:
         self._spec.options, self._spec.lift_numpy, len(args))
     started = time.perf_counter()
     donating = jit_options.donates(self._spec.options)
+    skipped = _skipped_writers()
     try:
       # .trace() fills JAX's _infer_params cache, so the call below compiles
       # without tracing again; the Traced object yields the captured consts.
@@ -251,7 +252,7 @@ class MissStages:
       return out
     # a miss is counted when stored or not stored (below): a failed trace
     # counts as a fallback alone
-    self._store(key, entry, a.leaves, args, kwargs, traced, cost)
+    self._store(key, entry, a.leaves, args, kwargs, traced, cost, skipped)
     return out
 
 
@@ -323,15 +324,19 @@ class MissStages:
 
 
   def _store(self, key, entry: entries.Entry, leaves, args, kwargs,
-            traced=None, cost: float | None = None) -> None:
+            traced=None, cost: float | None = None,
+            skipped: int | None = None) -> None:
     """Store ``entry`` under ``key`` (the state the trace started from) with
     fresh guards, or drop it.
 
     The closure is analysed again after tracing, for the guard roots. A
     trace that changed what the closure holds (a trace counter in a list)
-    is not stored: a hit would skip its write. ``traced`` is the miss
-    path's own trace; without it (a call that traced a new signature) the
-    entry is asked for it again, which JAX answers from its cache.
+    is not stored: a hit would skip its write; nor is one in which JAX's
+    own cache answered a function whose code wrote at trace time before
+    (``skipped``: the count of those before the trace), which a later
+    object of the key would run, as stock's trace would. ``traced`` is the
+    miss path's own trace; without it (a call that traced a new signature)
+    the entry is asked for it again, which JAX answers from its cache.
     """
     entries.entries.discard(key)
     if cost is not None:   # a miss, not a re-derivation after a retrace
@@ -344,6 +349,13 @@ class MissStages:
     if len(after.leaves) != len(leaves):
       events.not_stored(self._user(), "layout_changed",
                         "the trace changed how many arrays the closure holds")
+      return
+    if skipped is not None and _skipped_writers() != skipped:
+      events.not_stored(self._user(), "cached_trace_writer",
+                        "JAX's own cache answered a function of this trace "
+                        "whose trace writes state, so the write was skipped; "
+                        "a later object would make it, so every object "
+                        "traces")
       return
     if after.key != key[1]:
       # a trace-time write (a counter in a list, a cache filled lazily): a
@@ -400,6 +412,9 @@ class MissStages:
     if (after.key == key[1]   # the walk the trace took, unchanged by it
         and entries.shares_traces(self._spec.options)):
       trace_lookup.publish(self._fun, after, traced, args, kwargs)
+
+
+_skipped_writers = trace_lookup.closure_cache.skipped_writers
 
 
 #: The stages the generated hit (``generated.HIT``, ``CALL``) calls by name:

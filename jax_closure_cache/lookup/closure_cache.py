@@ -148,19 +148,43 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   _compat.monitoring_module.record_event("/jax/closure_cache/miss" if answer is None
                           else "/jax/closure_cache/hit")
   if answer is None:
-    watch = None if share is None else StateWatch(fun)
+    # every trace of a user's function is watched: a code whose trace
+    # wrote is remembered (JAX's cache of this object may answer its next
+    # trace without running it: ``note_cached_answer``)
+    watch = StateWatch(fun)
+    skipped = skipped_writers()
     answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
-    if share is not None:
-      # a write is not shared, nor its code's canonical object: one to
-      # what the watch sees, or to anything else the key covers (a class
-      # attribute a property's getter counts its reads in)
-      if watch.changes() or not unchanged_by_trace(fun, share[0]):
-        code = _code(fun)
-        if code is not None:
-          trace_writers.add(code)
-      else:
-        _share_answer(*share, answer)
+    # a write is not shared, nor its code's canonical object: one to what
+    # the watch sees, or to anything else the key covers (a class attribute
+    # a property's getter counts its reads in), or one an inner trace
+    # answered from JAX's cache skipped
+    if (watch.changes() or skipped_writers() != skipped
+        or share is not None and not unchanged_by_trace(fun, share[0])):
+      code = _code(fun)
+      if code is not None:
+        trace_writers.add(code)
+    elif share is not None:
+      _share_answer(*share, answer)
   return answer
+
+
+_skipped = threading.local()
+
+
+def skipped_writers() -> int:
+  """How many traces on this thread JAX's own cache answered for a
+  function whose code wrote at trace time before (a count to compare
+  before and after a trace: a trace that skipped one is not shared, since
+  a later function object of its key would run it, as stock's would)."""
+  return getattr(_skipped, "n", 0)
+
+
+def note_cached_answer(fun) -> None:
+  """JAX's cache answered a trace of ``fun`` without running it: counted
+  where its code is a trace writer."""
+  code = _code(fun)
+  if code is not None and code in trace_writers:
+    _skipped.n = getattr(_skipped, "n", 0) + 1
 
 
 def signature(in_avals, debug_info, ctx) -> tuple:

@@ -91,6 +91,7 @@ def unshared():
 
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
+  _calls.n = getattr(_calls, "n", 0) + 1
   if getattr(_unshared, "on", False):
     traced = _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
@@ -122,7 +123,16 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
   """``pe.trace_to_jaxpr`` with the closure-keyed lookup for a function it
   has not answered; ``clear_cache()`` of a jitted function (``evict_weakref``)
   and JAX's tests (``cache_clear``, ``cache_info``) reach both caches."""
-  return _cached(fun, in_avals, debug_info, *context_for_cache_key, **options)
+  before = getattr(_calls, "n", 0)
+  out = _cached(fun, in_avals, debug_info, *context_for_cache_key, **options)
+  if getattr(_calls, "n", 0) == before:   # JAX's cache of ``fun`` answered
+    closure_cache.note_cached_answer(fun)
+  return out
+
+
+# traces looked up on this thread (``_looked_up`` calls): unchanged across a
+# call of ``_cached``, its cache answered
+_calls = threading.local()
 
 
 def _evict_weakref(fun) -> None:
