@@ -458,3 +458,91 @@ def test_invalid_static_options_raise_at_jit_time_like_stock(options):
   with pytest.raises(ValueError) as ours:
     jcc.jit(f, **options)
   assert str(ours.value) == str(stock_error.value)
+
+
+def _nan_with(payload: int, sign: int = 0) -> float:
+  import struct
+  bits = (sign << 63) | 0x7ff8000000000000 | payload
+  return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def test_static_values_by_name_or_position_nans_and_unhashable_holders():
+  """Static values however they are passed (a ``static_argnames``
+  parameter by position, a ``static_argnums`` one by keyword, as stock
+  resolves them from the signature), NaNs of other payloads and signs, and
+  an unhashable static value that holds a function (stock's error, every
+  call), on fresh functions: as stock, run twice."""
+  nan = float("nan")
+
+  def run():
+    out = []
+    for s in (0.0, -0.0, 0.0, nan, -nan, _nan_with(2 << 40), nan):
+      w = jnp.float32(1.0)
+
+      def f(x, s):
+        return jnp.where(x > 0, x * w, s), jnp.float32(s) * w
+      for call in (lambda: jax.jit(f, static_argnames="s")(
+                       jnp.float32(0.0), s),
+                   lambda: jax.jit(f, static_argnums=1)(
+                       jnp.float32(0.0), s=s)):
+        out.append([np.asarray(r).tobytes() for r in call()])
+    g = jax.jit(lambda x, s: s[0](x), static_argnums=1)
+    for holder in ([lambda v: v * w], (lambda v: v * w, [1.0])):
+      try:
+        out.append(float(g(jnp.float32(1.0), holder)))
+      except Exception as e:
+        out.append(type(e).__name__)
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert want[-2:] == ["ValueError", "ValueError"]
+  assert run() == want
+  assert run() == want
+
+
+def test_one_object_keeps_stocks_equal_static_trace_and_clear_cache_retraces():
+  """One jitted object called with ``0.0`` and then, past the promotion
+  count, with ``-0.0`` keeps the ``0.0`` trace, as stock's own cache does
+  (with and without a function among the static arguments); and
+  ``clear_cache()`` after a closed-over list changed traces afresh, as
+  stock's does (plain and static-argument jitted functions)."""
+  import math
+  from jax_closure_cache.front import identity
+
+  def run():
+    out = []
+    for i in range(3):
+      w = jnp.float32(1.0)
+      cfg = [1.0]
+
+      def f(x, s):
+        return x * w + math.copysign(1.0, s) + cfg[0]
+      fn = lambda u: u * w
+      g = jax.jit(f, static_argnums=1)
+      h = jax.jit(lambda x, fn, s: fn(x) + math.copysign(1.0, s),
+                  static_argnums=(1, 2))
+      got = [float(g(jnp.float32(0.0), 0.0)), float(h(jnp.float32(0.0), fn, 0.0))]
+      for _ in range(identity.PROMOTE_AFTER_CALLS + 2):
+        a = float(g(jnp.float32(0.0), -0.0))
+        b = float(h(jnp.float32(0.0), fn, -0.0))
+      got += [a, b]
+      cfg[0] = 2.0
+      got.append(float(g(jnp.float32(0.0), 0.0)))
+      g.clear_cache()
+      got.append(float(g(jnp.float32(0.0), 0.0)))
+
+      def p(x):
+        return x * w + cfg[0]
+      jp = jax.jit(p)
+      got.append(float(jp(jnp.float32(0.0))))
+      cfg[0] = 3.0
+      got.append(float(jp(jnp.float32(0.0))))
+      jp.clear_cache()
+      got.append(float(jp(jnp.float32(0.0))))
+      out.append(got)
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert want[0] == [2.0, 1.0, 2.0, 1.0, 2.0, 3.0, 2.0, 2.0, 3.0]
+  assert run() == want
+  assert run() == want

@@ -113,6 +113,19 @@ def cache_size(jitted) -> int:
   return jitted._cache_size()
 
 
+def jit_static_arguments(jitted) -> tuple | None:
+  """``(static_argnums, static_argnames)`` of a stock jitted function as
+  its ``jit()`` resolved them against the function's signature (a static
+  name passed by position, a static number by keyword), or None where the
+  object does not say."""
+  info = getattr(jitted, "_jit_info", None)
+  nums = getattr(info, "static_argnums", None)
+  names = getattr(info, "static_argnames", None)
+  if nums is None or names is None:
+    return None
+  return tuple(nums), tuple(names)
+
+
 def live_executables() -> int:
   """Executables the default backend holds now (each keeps its code and
   buffers), for bounding what the cache keeps alive against stock."""

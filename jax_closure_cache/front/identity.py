@@ -89,4 +89,8 @@ def remember(table: dict, fun, row) -> None:
     pass
 
 
-
+def forget(table: dict, fun) -> None:
+  try:
+    table.pop(ref(fun), None)
+  except TypeError:   # not weakly referenceable, or unhashable: no row
+    pass

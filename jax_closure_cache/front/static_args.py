@@ -242,11 +242,13 @@ class _Layout:
   the bound call's options and options key per set of static positions."""
   __slots__ = ("argnums", "argnames", "inner_options", "bound", "positions")
 
-  def __init__(self, options: dict):
+  def __init__(self, options: dict, resolved: tuple | None = None):
     nums = options.get("static_argnums", ())
     names = options.get("static_argnames", ())
     self.argnums = (nums,) if isinstance(nums, int) else tuple(nums)
     self.argnames = (names,) if isinstance(names, str) else tuple(names)
+    if resolved is not None:   # as stock's jit() resolved them (see _layout)
+      self.argnums, self.argnames = resolved
     self.inner_options = {k: v for k, v in options.items()
                           if k not in ("static_argnums", "static_argnames")}
     self.bound: dict[tuple, tuple[dict, tuple]] = {}
@@ -275,12 +277,17 @@ _layouts: dict[tuple, _Layout] = cache.STORE.table("static_args.layouts",
                                                   cache.Store.FACTS)
 
 
-def _layout(spec) -> _Layout:
-  layout = _layouts.get(spec.key)
+def _layout(spec, resolved: tuple | None) -> _Layout:
+  """The layout of ``spec``'s options for a function whose stock ``jit()``
+  resolved its static arguments to ``resolved`` (``static_argnums``
+  gains the positions of ``static_argnames``, and ``static_argnames`` the
+  names of ``static_argnums``, from the function's signature)."""
+  key = (spec.key, resolved)
+  layout = _layouts.get(key)
   if layout is None:
     if len(_layouts) >= 1 << 12:
       _layouts.clear()
-    layout = _layouts[spec.key] = _Layout(spec.options)
+    layout = _layouts[key] = _Layout(spec.options, resolved)
   return layout
 
 
@@ -320,7 +327,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   good (no frame of ours per call, as for any long-lived jitted function).
   It holds the function as stock's own cache does.
   """
-  __slots__ = ("_owned", "_quick")
+  __slots__ = ("_owned", "_quick", "_resolved")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -333,7 +340,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     # Stock's own jitted object, made now: its argument validation raises
     # here, at jit() time, as stock's does (an unknown static_argnames, an
     # out-of-range static_argnums, static and donated names intersecting).
-    self.stock()
+    # Its static arguments, resolved against the function's signature.
+    self._resolved = _compat.jit_static_arguments(self.stock())
 
   def __call__(self, *args, **kwargs):
     owned = self._owned
@@ -351,7 +359,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
           and not identity.getweakrefcount(fun)
           and not _compat.DISABLE_JIT.value):
         return self._call_quick(quick, fun, args)
-    layout = _layout(self._spec)
+    layout = _layout(self._spec, self._resolved)
     positions = layout.positions_of(len(args))
     names = [k for k in layout.argnames if k in kwargs] if kwargs else []
     static_values = [args[i] for i in positions]
@@ -376,7 +384,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
         tuple(zip(positions, flags[:len(positions)])),
         tuple(zip(names, flags[len(positions):])), plain)
     stock = self.stock()
-    if params.ident_hash is None:   # an unhashable static value: stock's error
+    try:   # stock hashes every static value: an unhashable one is its error
+      hash(params)
+      hash(functions)
+    except Exception:
       return stock(*args, **kwargs)
     user = next((f for f in found if f is not None), None)
     if user is None or not callable(user):
@@ -409,12 +420,15 @@ class StaticArgsJitted(wrapper.ClosureJitted):
           self._owned = [positions[0], functions[0], 0]
         return stock(*args, **kwargs)
       state[identity.CALLS] += 1
-      if state[identity.CALLS] < identity.PROMOTE_AFTER_CALLS:
-        bound = self._make_bound(layout, positions, names, static_values,
-                            functions, params, user, stock)
-        return bound.resume(state, dynamic, dyn_kwargs)
-      table[ref] = (params, None)   # long-lived: stock's from now on
-      return stock(*args, **kwargs)
+      if state[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS and not plain:
+        # long-lived: stock's from now on (not with plain values: stock's
+        # object would trace a value equal under == to the first call's,
+        # which stock's own cache of the object answers with that trace)
+        table[ref] = (params, None)
+        return stock(*args, **kwargs)
+      bound = self._make_bound(layout, positions, names, static_values,
+                               functions, params, user, stock)
+      return bound.resume(state, dynamic, dyn_kwargs)
     if row is not None:
       # The same static function with other plain values: stock's own cache
       # answers, as it would (it reuses the trace of an earlier value equal
@@ -471,6 +485,16 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     return _Bound.made(binder, options, options_key,
                        self._spec.lift_numpy, user, stock,
                        (positions, names, static_values))
+
+  def clear_cache(self):
+    """Stock's ``clear_cache()``, and the rows of this wrapper's function
+    forgotten: its next calls decide afresh, reading what the static
+    functions' closures hold now, as stock's next trace does."""
+    wrapper.ClosureJitted.clear_cache(self)
+    self._owned = self._quick = None
+    table = self._table()
+    if table is not None:
+      table.clear()
 
   def _table(self) -> dict | None:
     """The identity rows of this wrapper's function under its options; None

@@ -310,7 +310,14 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     return self.stock().eval_shape(*args, **kwargs)
 
   def clear_cache(self):
+    """Stock's ``clear_cache()``: its next call traces again. A function
+    object pinned to a shared entry (identity first) is unpinned, so its
+    next call takes its key again and reads what its closure holds now."""
     self.stock().clear_cache()
+    row = self._row or identity.row_of(self._fun, self._spec.key)
+    if type(row) is identity.PINNED:
+      self._row = None
+      identity.forget(self._spec.table, self._fun)
 
   # -- the cached call --------------------------------------------------------
   def __call__(self, *args, **kwargs):

@@ -68,7 +68,7 @@ from jax_closure_cache.key.code_plan import (
 from jax_closure_cache.key.parts import (
     ATOMS, BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
-    TREE, TREEAUX, TREEDEF, Tag, Uncacheable)
+    TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -139,8 +139,8 @@ class Analysis(_key.Walk):
     part = self.foreign_array(v, t)
     if part is not None:
       return part
-    if t is complex:
-      return (complex, repr(v))
+    if t is complex:   # by its parts' bits (a repr prints every NaN as nan)
+      return (complex, (float_key(v.real), float_key(v.imag)))
     if t is set or t is frozenset:
       # its elements by exact type and bits, in the order a trace iterates
       # them (two equal sets may iterate differently)

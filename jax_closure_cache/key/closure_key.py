@@ -14,6 +14,7 @@ from collections.abc import Callable
 import dis
 import functools
 import hashlib
+import struct
 import types
 from typing import Any, NamedTuple
 import weakref
@@ -99,7 +100,7 @@ class IdPart(NamedTuple):
 class Atom(NamedTuple):
   """``(type, value)``: a value keyed by its exact type and its value, or
   what stands for it: an int, str, ... of ``ATOMS`` as it is; a float by
-  ``float_key`` (its ``hex()`` for 0.0, -0.0 and NaN); a NumPy scalar by
+  ``float_key`` (its ``hex()`` for 0.0 and -0.0, a NaN's bits); a NumPy scalar by
   its bytes (the package's walk adds sets, complex numbers, statics and
   hashable library values, ``closure.Analysis.other``)."""
   type: type
@@ -169,8 +170,13 @@ class Unkeyable(Exception):
     self.reason, self.detail = reason, detail
 
 
-def float_key(x: float):   # 0.0 is not -0.0, and NaN is NaN
-  return (float, x) if x == x and x != 0.0 else (float, x.hex())
+def float_key(x: float):   # 0.0 is not -0.0, and a NaN is its bits
+  if x == x:
+    return (float, x) if x != 0.0 else (float, x.hex())
+  return (float, _DOUBLE.pack(x))   # hex() prints every NaN as 'nan'
+
+
+_DOUBLE = struct.Struct("<d")
 
 
 class WrapperRule(NamedTuple):

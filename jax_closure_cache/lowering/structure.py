@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import operator
+import struct
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -318,13 +319,20 @@ def _negative_zero(c) -> bool:
   return _compat.holds_zero(c, negative_only=True)
 
 
+def _float_bits(x: float):   # hex() prints every NaN as 'nan'
+  return x.hex() if x == x else _DOUBLE.pack(x)
+
+
+_DOUBLE = struct.Struct("<d")
+
+
 def _atom(x) -> tuple:
   """An atom by its exact type and bits."""
   t = type(x)
   if t is float:
-    return (t, x.hex())
+    return (t, _float_bits(x))
   if t is complex:
-    return (t, x.real.hex(), x.imag.hex())
+    return (t, _float_bits(x.real), _float_bits(x.imag))
   if t is int or t is bool:
     return (t, x)
   a = np.asarray(x)
