@@ -45,7 +45,6 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache import cache
 from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
 from jax_closure_cache.front import inline
@@ -95,6 +94,40 @@ class _Launcher(wrapper.ClosureJitted):
   @staticmethod
   def _front_home():
     return _Launcher, _fronts
+
+  def answer_again(self, operands):
+    """The answer of a launch of a user's function launched before, as its
+    first launch decided (its row); ``_AGAIN`` where it has no row for
+    this launch."""
+    try:
+      row = _rows.get(weakref.ref(self._user_fun))
+    except TypeError:
+      return _AGAIN
+    if row is None or not row.answers(self._fun):
+      return _AGAIN
+    pinned = row.pinned
+    if pinned is None:
+      return self._fun(*operands)   # the stock call
+    return self._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
+                            pinned[identity.LEAVES], operands, {})
+
+  def remember(self) -> None:
+    """Record what this launch decided as its user function's row."""
+    decided = self._row
+    if type(decided) is identity.PINNED:
+      pinned = decided
+    elif type(decided) is identity.OWNED:
+      pinned = None
+    else:   # no decision (an error, a disabled jit)
+      return
+    launcher = self._fun
+    try:
+      row = _Row(launcher.__code__,
+                 tuple([_hold(c.cell_contents) for c in launcher.__closure__]),
+                 pinned)
+      _rows[weakref.ref(self._user_fun, _rows.pop)] = row
+    except TypeError:   # a function that cannot be referenced weakly: no row
+      pass
 
 
 _fronts = inline.client_fronts
@@ -163,49 +196,13 @@ def _same(held, v) -> bool:
   return held() is v
 
 
-# weakref(user function) -> _Row; each reference's callback is the table's
-# own ``pop``, so a row goes the moment its function dies
-_rows: dict = cache.STORE.table("launchers.rows", cache.Store.TRACES)
+# weakref(user function) -> _Row (the store's, in ``identity``)
+_rows = identity.launch_rows
 _getweakrefcount = weakref.getweakrefcount
 _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
 
 
-def _answer_again(w, operands):
-  """The answer of a launch of a user's function launched before, as its
-  first launch decided; ``_AGAIN`` where it has no row for this launch."""
-  try:
-    row = _rows.get(weakref.ref(w._user_fun))
-  except TypeError:
-    return _AGAIN
-  if row is None or not row.answers(w._fun):
-    return _AGAIN
-  pinned = row.pinned
-  if pinned is None:
-    return w._fun(*operands)   # the stock call
-  return w._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
-                       pinned[identity.LEAVES], operands, {})
-
-
 _AGAIN = object()
-
-
-def _remember(w) -> None:
-  """Record what the launch by ``w`` decided as its user function's row."""
-  decided = w._row
-  if type(decided) is identity.PINNED:
-    pinned = decided
-  elif type(decided) is identity.OWNED:
-    pinned = None
-  else:   # no decision (an error, a disabled jit)
-    return
-  launcher = w._fun
-  try:
-    row = _Row(launcher.__code__,
-               tuple([_hold(c.cell_contents) for c in launcher.__closure__]),
-               pinned)
-    _rows[weakref.ref(w._user_fun, _rows.pop)] = row
-  except TypeError:   # a function that cannot be referenced weakly: no row
-    pass
 
 
 def _launch(w, operands, lone: int):
@@ -215,12 +212,12 @@ def _launch(w, operands, lone: int):
   counted from here: it may be launched again)."""
   user = w._user_fun
   if _getweakrefcount(user):
-    out = _answer_again(w, operands)
+    out = w.answer_again(operands)
     if out is not _AGAIN:
       return out
   out = w(*operands)
   if _getrefcount(user) > lone:
-    _remember(w)
+    w.remember()
   return out
 
 

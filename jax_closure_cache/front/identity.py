@@ -51,6 +51,11 @@ ENTRY, KEY, LEAVES, CALLS = range(4)   # a pinned row's fields
 # and equals only itself). Tables are emptied, never replaced.
 tables: dict[tuple, dict] = cache.STORE.table(
     "identity.tables", cache.Store.TRACES, empty=lambda: clear_tables())
+# weakref(user function) -> eager control flow's row of it
+# (``control_flow/launchers._Row``); each reference's callback is the
+# table's own ``pop``, so a row goes the moment its function dies
+launch_rows: dict = cache.STORE.table("identity.launch_rows",
+                                      cache.Store.TRACES)
 ref = weakref.ref
 getweakrefcount = weakref.getweakrefcount
 # Without reference counts (not CPython), every hit records its row.
