@@ -546,3 +546,52 @@ def test_one_object_keeps_stocks_equal_static_trace_and_clear_cache_retraces():
   assert want[0] == [2.0, 1.0, 2.0, 1.0, 2.0, 3.0, 2.0, 2.0, 3.0]
   assert run() == want
   assert run() == want
+
+
+class _Tagged(int):
+  pass
+
+
+class _Signed(float):
+  pass
+
+
+class _Model:
+  def __init__(self, w):
+    self.w = w
+
+  def __call__(self, x, s):
+    import math
+    return x * self.w + math.copysign(1.0, s)
+
+
+def test_subclassed_values_and_callable_objects_with_static_values():
+  """A user subclass of ``float`` or ``int`` as a static value is keyed by
+  its exact bits (``-0.0`` apart), one carrying attributes of its own is
+  stock's, and a jitted callable object's static values are keyed exactly
+  too: fresh objects, as stock, run twice."""
+  import math
+
+  def tagged(v, scale):
+    t = _Tagged(v)
+    t.scale = scale
+    return t
+
+  def run():
+    out = []
+    for s in (_Signed(0.0), _Signed(-0.0), _Signed(0.0), tagged(1, 10),
+              tagged(1, 20), tagged(1, 10), -0.0, 0.0, -0.0):
+      w = jnp.float32(1.0)
+
+      def f(x, s):
+        return x * w + math.copysign(1.0, s) + getattr(s, "scale", 0)
+      out.append(float(jax.jit(f, static_argnums=1)(jnp.float32(0.0), s)))
+      if type(s) is float:
+        model = _Model(jnp.float32(1.0))
+        out.append(np.asarray(jax.jit(model, static_argnums=1)(
+            jnp.float32(0.0), s)).tobytes())
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert run() == want
+  assert run() == want

@@ -90,9 +90,11 @@ def _jit_with_options(fun, options: dict):
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
   if jit_options.has_static_arguments(options):
-    if isinstance(fun, (types.FunctionType, functools.partial,
-                        types.MethodType, _ClosureJitted)):
-      # Functions among the static arguments are keyed by closure key.
+    if (isinstance(fun, (types.FunctionType, functools.partial,
+                         types.MethodType, _ClosureJitted))
+        or closure.as_method(fun) is not None):
+      # Functions among the static arguments are keyed by closure key, and
+      # plain static values exactly (a callable object's too).
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy)
   if type(fun) is types.FunctionType and fun.__closure__ is None:

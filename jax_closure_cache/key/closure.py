@@ -42,6 +42,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import gc
 import types
@@ -69,6 +70,9 @@ from jax_closure_cache.key.parts import (
     ATOMS, BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
     TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
+
+# built-in value types a user class may subclass (``class Tagged(int)``)
+_VALUE_BASES = (bool, int, float, complex, str, bytes, tuple, frozenset)
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -196,9 +200,24 @@ class Analysis(_key.Walk):
       except TypeError:
         pass
       else:   # a user subclass (an Enum) with its class's namespace
-        return (t, v) if stable_module(t.__module__) else (
-            t, v, self.klass(t))
+        if stable_module(t.__module__):
+          return (t, v)
+        if not isinstance(v, enum.Enum):
+          base = next((b for b in _VALUE_BASES if isinstance(v, b)), None)
+          if base is not None:
+            return (t, self.value_subclass(v, t, base), self.klass(t))
+        return (t, v, self.klass(t))
     return self.state_object(v, t)
+
+  @staticmethod
+  def value_subclass(v, t, base):
+    """A user subclass of a built-in value type (``class Tagged(int)``):
+    its value as the base type's, by exact bits (``==`` takes ``0.0`` for
+    ``-0.0``); refused where the instance keeps state of its own."""
+    if getattr(v, "__dict__", None) or slot_members(t):
+      raise Uncacheable("user_equality", f"a {t.__name__} (a {base.__name__} "
+                        "subclass) keeps state of its own beside its value")
+    return trees.key_atom(base(v))
 
   @staticmethod
   def flatten_covers(v, t, treedef) -> bool:
