@@ -595,3 +595,34 @@ def test_subclassed_values_and_callable_objects_with_static_values():
   want = stock_off(run)
   assert run() == want
   assert run() == want
+
+
+class _Scale:
+  def __init__(self, w):
+    self.w = w
+
+  def __call__(self, x):
+    return x * self.w
+
+
+def test_static_options_given_as_none_name_no_static_argument():
+  """``static_argnums=None, static_argnames=None`` (as Flax passes them)
+  name no static argument, for a function and a callable object: results as
+  stock's, and fresh closures share one executable."""
+  def run():
+    out = []
+    for i in range(4):
+      w = jnp.float32(i)
+      f = lambda x: x * w
+      model = _Scale(w)
+      out.append(float(jax.jit(f, static_argnums=None, static_argnames=None)(
+          jnp.float32(2.0))))
+      out.append(float(jax.jit(model, static_argnums=None,
+                               static_argnames=None)(jnp.float32(2.0))))
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  warm(run)
+  with counting() as c:
+    assert run() == want
+  assert c["compiles"] == 0

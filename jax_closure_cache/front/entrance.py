@@ -89,7 +89,7 @@ def _jit_with_options(fun, options: dict):
     return _compat.STOCK_JIT(fun, **options)
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
-  if jit_options.has_static_arguments(options):
+  if jit_options.gives_static_arguments(options):
     if (isinstance(fun, (types.FunctionType, functools.partial,
                          types.MethodType, _ClosureJitted))
         or closure.as_method(fun) is not None):

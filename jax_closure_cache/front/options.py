@@ -50,6 +50,14 @@ def has_static_arguments(options: dict) -> bool:
   return "static_argnums" in options or "static_argnames" in options
 
 
+def gives_static_arguments(options: dict) -> bool:
+  """Whether the jit options name at least one static argument (``None``
+  and an empty sequence name none)."""
+  return any(not (v is None or isinstance(v, (tuple, list)) and not v)
+             for v in (options.get("static_argnums"),
+                       options.get("static_argnames")))
+
+
 #: Keywords that ``jit``, ``enable`` and ``enabled`` refuse with a reason.
 REMOVED_OPTIONS = types.MappingProxyType({
     "auto_dynamic": (

@@ -243,8 +243,10 @@ class _Layout:
   __slots__ = ("argnums", "argnames", "inner_options", "bound", "positions")
 
   def __init__(self, options: dict, resolved: tuple | None = None):
-    nums = options.get("static_argnums", ())
-    names = options.get("static_argnames", ())
+    nums = options.get("static_argnums")
+    names = options.get("static_argnames")
+    nums = () if nums is None else nums
+    names = () if names is None else names
     self.argnums = (nums,) if isinstance(nums, int) else tuple(nums)
     self.argnames = (names,) if isinstance(names, str) else tuple(names)
     if resolved is not None:   # as stock's jit() resolved them (see _layout)
