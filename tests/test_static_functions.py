@@ -626,3 +626,38 @@ def test_static_options_given_as_none_name_no_static_argument():
   with counting() as c:
     assert run() == want
   assert c["compiles"] == 0
+
+
+class _Shown(str):
+  def __str__(self):   # a display name: not the value
+    return "shown"
+
+
+class _Seven(int):
+  def __int__(self):
+    return 7
+
+
+def test_a_value_subclass_is_keyed_by_its_value_not_its_overrides():
+  """A user subclass of ``str`` or ``int`` whose ``__str__``/``__int__``
+  says something else than its value is keyed by the value (as the base
+  type's own methods read it): closed over and as a static argument."""
+  x = jnp.arange(3.0)
+
+  def run():
+    out = []
+    for a, n in (("relu", 2), ("tanh", 3), ("relu", 2), ("neg", 1)):
+      act, k = _Shown(a), _Seven(n)
+
+      def f(v):
+        y = (jnp.maximum(v - 1, 0) if act == "relu" else
+             jnp.tanh(v) if act == "tanh" else -v)
+        return y[:k].sum() * k
+      out.append(np.asarray(jax.jit(f)(x)).tolist())
+      out.append(np.asarray(jax.jit(lambda v, s: v * (s == "relu"),
+                                    static_argnums=1)(x, act)).tolist())
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert run() == want
+  assert run() == want

@@ -71,8 +71,15 @@ from jax_closure_cache.key.parts import (
     NOCHAIN, OBJ,
     TREE, TREEAUX, TREEDEF, Tag, Uncacheable, float_key)
 
-# built-in value types a user class may subclass (``class Tagged(int)``)
-_VALUE_BASES = (bool, int, float, complex, str, bytes, tuple, frozenset)
+# built-in value types a user class may subclass (``class Tagged(int)``),
+# each with how its own methods read an instance's value
+_VALUE_BASES = {
+    int: int.__int__, float: float.__float__,
+    complex: lambda v: complex(complex.real.__get__(v),
+                               complex.imag.__get__(v)),
+    str: str.__str__, bytes: lambda v: bytes.__getitem__(v, slice(None)),
+    tuple: lambda v: tuple(tuple.__iter__(v)),
+    frozenset: lambda v: frozenset(frozenset.__iter__(v))}
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
@@ -217,7 +224,9 @@ class Analysis(_key.Walk):
     if getattr(v, "__dict__", None) or slot_members(t):
       raise Uncacheable("user_equality", f"a {t.__name__} (a {base.__name__} "
                         "subclass) keeps state of its own beside its value")
-    return trees.key_atom(base(v))
+    # the value as the base type's own methods read it (a subclass's
+    # ``__str__``, ``__int__`` or ``__iter__`` may say something else)
+    return trees.key_atom(_VALUE_BASES[base](v))
 
   @staticmethod
   def flatten_covers(v, t, treedef) -> bool:
