@@ -282,11 +282,38 @@ def _fori_launcher(static_lower, static_upper, body_fun, unroll):
   return launch_fori_loop
 
 
+def _array_bounds(lower, upper):
+  """Both bounds as Python ints where one is a concrete jax array and stock
+  would specialize on them (``int()`` of each, its scan path: so the
+  launcher holds them as static cells, as stock traces each value):
+  integer scalars of one dtype; None for anything else, which stock
+  answers as it is (its dtype rules and errors)."""
+  types_ = set()
+  for b in (lower, upper):
+    if isinstance(b, _compat.ArrayImpl) and b.shape == ():
+      types_.add(b.dtype)
+    elif isinstance(b, np.integer) and not isinstance(b, bool):
+      types_.add(b.dtype)
+    else:
+      return None
+  if len(types_) != 1 or not np.issubdtype(types_.pop(), np.integer):
+    return None
+  return int(lower), int(upper)
+
+
 @functools.wraps(_stock_fori_loop)
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   if not _routable():
     return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
+  if ((static_lower is None or static_upper is None)
+      and (isinstance(lower, _compat.ArrayImpl)
+           or isinstance(upper, _compat.ArrayImpl))):
+    # concrete array bounds: stock specializes on their values
+    bounds = _array_bounds(lower, upper)
+    if bounds is None:
+      return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+    static_lower, static_upper = bounds
   # A Python int bound is a static cell (stock unrolls to a scan of known
   # length); an array bound is an operand, so new values never recompile.
   return _launch(
