@@ -443,8 +443,10 @@ def test_a_launch_keeps_a_row_only_for_a_function_held_elsewhere(kind):
           "cond": lambda c: c + 1.0, "switch": lambda c: c + 1.0,
           "custom_linear_solve": lambda v: v * 2.0,
           "custom_root": lambda c: c * 0.5}[kind]
+  # (the launch's other functions held too: a row goes with any of them)
+  other = (lambda c: c[0] < 2.0) if kind == "while_loop" else (lambda c: c)
   if kind == "while_loop":
-    jax.lax.while_loop(lambda c: c[0] < 2.0, held, x)
+    jax.lax.while_loop(other, held, x)
   elif kind == "fori_loop":
     jax.lax.fori_loop(0, 2, held, x)
   elif kind == "scan":
@@ -452,9 +454,10 @@ def test_a_launch_keeps_a_row_only_for_a_function_held_elsewhere(kind):
   elif kind == "map":
     jax.lax.map(held, x)
   elif kind == "cond":
-    jax.lax.cond(True, held, lambda c: c, x)
+    jax.lax.cond(True, held, other, x)
   elif kind == "switch":
-    jax.lax.switch(0, [held, lambda c: c], x)
+    branches = [held, other]
+    jax.lax.switch(0, branches, x)
   elif kind == "custom_linear_solve":
     jax.lax.custom_linear_solve(held, x, lambda m, b: b)
   else:
@@ -462,4 +465,31 @@ def test_a_launch_keeps_a_row_only_for_a_function_held_elsewhere(kind):
   rows = 0 if kind in ("map", "custom_linear_solve", "custom_root") else 1
   assert len(launchers._rows) == before + rows
   del held
+  branches = None
   assert len(launchers._rows) == before
+
+
+def test_a_launch_row_keeps_no_array_of_a_function_dropped_since():
+  """A row kept for a body the caller holds goes when any function of its
+  launch dies: an array closed over by a dropped ``cond`` false branch or
+  ``while_loop`` condition is freed, as without the cache."""
+  import gc
+  import weakref
+  jcc.enable()
+  x = jnp.ones(3)
+  for kind in ("cond", "while_loop"):
+    for _ in range(3):   # a shared entry from the second launch on
+      big = jnp.ones(3) * 2.0
+      alive = weakref.ref(big)
+
+      def held(v):
+        return v + 1.0
+      if kind == "cond":
+        other = lambda v, big=big: v * big
+        jax.lax.cond(True, held, other, x)
+      else:
+        other = lambda v, big=big: v[0] < big[0] + 5.0
+        jax.lax.while_loop(other, held, x)
+      del other, big
+      gc.collect()
+      assert alive() is None, kind

@@ -122,10 +122,13 @@ class _Launcher(wrapper.ClosureJitted):
       return
     launcher = self._fun
     try:
-      row = _Row(launcher.__code__,
-                 tuple([_hold(c.cell_contents) for c in launcher.__closure__]),
+      # the first of the row's functions to die drops it
+      key = weakref.ref(self._user_fun, _drop_row)
+      drop = lambda _, key=key: _rows.pop(key, None)
+      row = _Row(launcher.__code__, tuple([_hold(c.cell_contents, drop)
+                                           for c in launcher.__closure__]),
                  pinned)
-      _rows[weakref.ref(self._user_fun, _rows.pop)] = row
+      _rows[key] = row
     except TypeError:   # a function that cannot be referenced weakly: no row
       pass
 
@@ -173,15 +176,16 @@ class _Row:
     return True
 
 
-def _hold(v):
+def _hold(v, drop):
   """A launcher cell's content as a row holds it: a static parameter or
   None as it is, a tuple (``switch``'s branches) item by item, anything
-  else weakly (raises TypeError where it cannot be)."""
+  else weakly, its death calling ``drop`` (the row goes with any of its
+  functions: it holds their arrays); raises TypeError where it cannot be."""
   if v is None or type(v) is values.Static:
     return v
   if type(v) is tuple or type(v) is list:
-    return (type(v), tuple([_hold(x) for x in v]))
-  return weakref.ref(v)
+    return (type(v), tuple([_hold(x, drop) for x in v]))
+  return weakref.ref(v, drop)
 
 
 def _same(held, v) -> bool:
@@ -199,6 +203,11 @@ def _same(held, v) -> bool:
 # weakref(user function) -> _Row (the store's, in ``identity``)
 _rows = identity.launch_rows
 _getweakrefcount = weakref.getweakrefcount
+
+
+def _drop_row(key) -> None:
+  _rows.pop(key, None)
+
 _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
 
 
@@ -211,6 +220,10 @@ def _launch(w, operands, lone: int):
   than this launch holds the function (more than ``lone`` references,
   counted from here: it may be launched again)."""
   user = w._user_fun
+  if type(user) is not types.FunctionType:
+    # rows are for plain functions: a callable object's hash and == are
+    # its class's own, never run by the cache
+    return w(*operands)
   if _getweakrefcount(user):
     out = w.answer_again(operands)
     if out is not _AGAIN:
