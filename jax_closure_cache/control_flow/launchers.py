@@ -96,18 +96,20 @@ class _Launcher(wrapper.ClosureJitted):
     return _Launcher, _fronts
 
   def answer_again(self, operands):
-    """The answer of a launch of a user's function launched before, as its
-    first launch decided (its row); ``_AGAIN`` where it has no row for
-    this launch."""
-    try:
-      row = _rows.get(weakref.ref(self._user_fun))
-    except TypeError:
+    """The answer of a launch of a user's function launched before: as its
+    first launch decided where this launch is that one's again (its row),
+    else stock's (whose cache answers the function with its first trace,
+    whatever its closure holds now, beside the launch's other functions);
+    ``_AGAIN`` for a function not launched before."""
+    user = self._user_fun
+    if user not in _launched:
       return _AGAIN
+    row = _rows.get(weakref.ref(user))
     if row is None or not row.answers(self._fun):
-      return _AGAIN
+      return self._fun(*operands)   # the stock call
     pinned = row.pinned
     if pinned is None:
-      return self._fun(*operands)   # the stock call
+      return self._fun(*operands)
     return self._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
                             pinned[identity.LEAVES], operands, {})
 
@@ -129,6 +131,7 @@ class _Launcher(wrapper.ClosureJitted):
                                            for c in launcher.__closure__]),
                  pinned)
       _rows[key] = row
+      _launched.add(self._user_fun)
     except TypeError:   # a function that cannot be referenced weakly: no row
       pass
 
@@ -200,8 +203,11 @@ def _same(held, v) -> bool:
   return held() is v
 
 
-# weakref(user function) -> _Row (the store's, in ``identity``)
+# weakref(user function) -> _Row, and the user functions launched before
+# while held (a row goes with any of its launch's functions; this mark only
+# with the function itself): the store's, in ``identity``
 _rows = identity.launch_rows
+_launched = identity.launched
 _getweakrefcount = weakref.getweakrefcount
 
 

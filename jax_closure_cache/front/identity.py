@@ -56,6 +56,10 @@ tables: dict[tuple, dict] = cache.STORE.table(
 # table's own ``pop``, so a row goes the moment its function dies
 launch_rows: dict = cache.STORE.table("identity.launch_rows",
                                       cache.Store.TRACES)
+# the user functions eager control flow launched before while they were
+# held (weakly): a later launch of one is its row's or stock's
+launched: "weakref.WeakSet" = cache.STORE.table(
+    "identity.launched", cache.Store.TRACES, weakref.WeakSet)
 ref = weakref.ref
 getweakrefcount = weakref.getweakrefcount
 # Without reference counts (not CPython), every hit records its row.

@@ -114,6 +114,9 @@ _first = _STORE.table("closure_cache.first", cache.Store.TRACES,
 # hashes of keys met, oldest first: no trace stored before (emptied with
 # ``traces``)
 _met: dict = _STORE.table("closure_cache.met", cache.Store.TRACES)
+# function object -> the closure key its last looked-up trace read (weakly)
+_answered_keys = _STORE.table("closure_cache.answered_keys", cache.Store.TRACES,
+                              weakref.WeakKeyDictionary)
 # codes a trace of which wrote to state its function reaches (an attribute
 # of a global object set, a list appended to): no later object of one skips
 # its trace (the front's canonical objects ask)
@@ -172,18 +175,32 @@ _skipped = threading.local()
 
 
 def skipped_writers() -> int:
-  """How many traces on this thread JAX's own cache answered for a
-  function whose code wrote at trace time before (a count to compare
-  before and after a trace: a trace that skipped one is not shared, since
-  a later function object of its key would run it, as stock's would)."""
+  """How many traces on this thread JAX's own cache answered stale
+  (:func:`note_cached_answer`): a count to compare before and after a
+  trace, which is not shared or stored if it changed, since a later
+  function object of its key would trace afresh, as stock's would."""
   return getattr(_skipped, "n", 0)
 
 
 def note_cached_answer(fun) -> None:
-  """JAX's cache answered a trace of ``fun`` without running it: counted
-  where its code is a trace writer."""
+  """JAX's cache answered a trace of ``fun`` without running it (its
+  answer from the first trace of this object): counted where its code is a
+  trace writer, or where ``fun``'s closure key now is not the one that
+  trace read (a cell, list or global changed since), or is unknown: a
+  trace holding that answer is not what a later object of its key would
+  trace, as stock's would."""
   code = _code(fun)
-  if code is not None and code in trace_writers:
+  if code is None:
+    return
+  stale = code in trace_writers
+  if not stale and not (type(fun) is types.FunctionType
+                        and fun.__closure__ is None
+                        and closure_key.active_rules[0].stable(fun)):
+    try:
+      stale = _answered_keys.get(fun) != closure_key.closure_key(fun)[0]
+    except (closure_key.Unkeyable, TypeError):
+      stale = True
+  if stale:
     _skipped.n = getattr(_skipped, "n", 0) + 1
 
 
@@ -203,6 +220,10 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if found is None:
     return None, None
   key, leaves, anchors, shared = found
+  try:   # what this answer reads, for a later answer of JAX's own cache
+    _answered_keys[fun] = key[1]
+  except TypeError:
+    pass
   if not leaves:
     return (None, (key, leaves, anchors)) if shared is None else (
         shared.answer, None)
