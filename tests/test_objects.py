@@ -476,3 +476,34 @@ def test_an_object_whose_class_attribute_claims_dict_is_keyed_by_its_type():
   for i, scale in enumerate([2.0, 2.0, 2.0, 3.0, 2.0]):
     assert_like_stock(jax.jit(make(i, scale))(x), make(i, scale), x)
   assert jcc.stats()["hits"] >= 1
+
+
+class _DictConfig:
+  """A dict-backed config whose ``__getattr__`` raises ``KeyError`` for a
+  name it does not hold."""
+
+  def __init__(self, **values):
+    self.__dict__["_values"] = values
+    self.__dict__["asked"] = []
+
+  def __getattr__(self, name):
+    self.asked.append(name)
+    return self._values[name]
+
+
+def test_an_objects_getattr_runs_only_for_names_the_trace_reads():
+  """The key never probes a user object for names its code does not read
+  (a bound method's owner is read from method types only): a config whose
+  ``__getattr__`` raises ``KeyError`` works as with stock, and is asked
+  what stock's trace asks."""
+  def run():
+    out = []
+    for _ in range(4):
+      cfg = _DictConfig(scale=2.0)
+      out.append((np.asarray(jax.jit(lambda v: v * cfg.scale)(
+          jnp.ones(3))).tolist(), list(cfg.asked)))
+    return out
+  jcc.enable()
+  want = stock_off(run)
+  assert run() == want
+  assert run() == want

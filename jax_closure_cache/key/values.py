@@ -80,13 +80,19 @@ def _drawing_module(v) -> bool:
       name == m or name.startswith(m + ".") for m in DRAWING_MODULES)
 
 
+_BOUND_METHOD_TYPES = frozenset({
+    types.MethodType, types.BuiltinMethodType, types.MethodWrapperType})
+
+
 def drawn_from(v) -> bool:
   """Whether reading or calling ``v`` in a trace may give a new value each
   time (a random generator or a method of one, an iterator, a file, a
   function of a drawing module, such as a clock): stock reads it again for
   every closure it traces, so a key holding ``v`` would answer later
   closures with an earlier value."""
-  owner = getattr(v, "__self__", None)
+  # a bound method's owner (read from method types only: an object's own
+  # __getattr__ would run, and may raise, for a name stock never reads)
+  owner = v.__self__ if type(v) in _BOUND_METHOD_TYPES else None
   if (_draws(v) or _drawing_module(v)
       or (owner is not None and (_draws(owner) or _drawing_module(owner)))):
     return True
