@@ -525,3 +525,19 @@ def test_an_entry_is_never_stored_over_a_stale_answer_of_jaxs_own_cache():
   jcc.enable()
   assert run() == want
   assert run() == want
+
+
+def test_switch_branches_given_as_an_iterator_raise_stocks_error():
+  x = jnp.ones(2)
+  errors = []
+  for lax_module in (StockLax, cached_lax):
+    try:
+      lax_module.switch(0, (f for f in [lambda v: v, lambda v: -v]), x)
+    except Exception as e:
+      errors.append(type(e))
+  jcc.enable()
+  try:
+    jax.lax.switch(0, map(lambda f: f, [lambda v: v, lambda v: -v]), x)
+  except Exception as e:
+    errors.append(type(e))
+  assert len(errors) == 3 and len(set(errors)) == 1, errors

@@ -432,7 +432,9 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_switch(index, branches, *operands)
     return _stock_switch(index, branches, *operands, operand=operand)
-  if len(branches) == 1:   # stock calls the branch itself, op by op
+  if type(branches) not in (list, tuple) or len(branches) == 1:
+    # (a generator or map: stock's own error; one branch: stock calls it
+    # itself, op by op)
     return _stock_switch(index, branches, *operands)
   return _launch(_wrap(_switch_launcher(branches), _first(branches)),
                  (index, *operands), _LONE - 1)
