@@ -73,13 +73,13 @@ from jax_closure_cache.key.parts import (
 
 # built-in value types a user class may subclass (``class Tagged(int)``),
 # each with how its own methods read an instance's value
-_VALUE_BASES = {
+_VALUE_BASES = types.MappingProxyType({
     int: int.__int__, float: float.__float__,
     complex: lambda v: complex(complex.real.__get__(v),
                                complex.imag.__get__(v)),
     str: str.__str__, bytes: lambda v: bytes.__getitem__(v, slice(None)),
     tuple: lambda v: tuple(tuple.__iter__(v)),
-    frozenset: lambda v: frozenset(frozenset.__iter__(v))}
+    frozenset: lambda v: frozenset(frozenset.__iter__(v))})
 
 #: Plain objects are keyed by their attributes down to this many nested
 #: plain objects, and over at most this many attribute values in all; past
