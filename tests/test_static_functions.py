@@ -661,3 +661,25 @@ def test_a_value_subclass_is_keyed_by_its_value_not_its_overrides():
   want = stock_off(run)
   assert run() == want
   assert run() == want
+
+
+def test_one_object_with_equal_static_values_traces_once_and_counts_one():
+  """The same jitted object called with two static objects its class says
+  are equal traces once and counts one executable, as stock (JAX's own
+  ``test_static_args_equality``)."""
+  class A:
+    def __hash__(self):
+      return 1
+
+    def __eq__(self, other):
+      return isinstance(other, A)
+  side = []
+
+  def f(x, static_arg):
+    side.append(None)
+    return x * 100
+  jcc.enable()
+  f1 = jax.jit(f, static_argnums=(1,))
+  assert f1(1, A()) == 100 and len(side) == 1
+  assert f1(1, A()) == 100 and len(side) == 1
+  assert f1._cache_size() == 1

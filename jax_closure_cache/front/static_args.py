@@ -488,6 +488,20 @@ class StaticArgsJitted(wrapper.ClosureJitted):
                        self._spec.lift_numpy, user, stock,
                        (positions, names, static_values))
 
+  def _cache_size(self) -> int:
+    """Executables compiled for this function: stock's own object's, and
+    those of the shared entries its rows were answered by."""
+    n = _compat.cache_size(self.stock())
+    table = self._table()
+    seen = set()
+    for _, state in list(table.values()) if table else ():
+      if type(state) is identity.PINNED:
+        jitted = state[identity.ENTRY].jitted
+        if id(jitted) not in seen:
+          seen.add(id(jitted))
+          n += _compat.cache_size(jitted)
+    return n
+
   def clear_cache(self):
     """Stock's ``clear_cache()``, and the rows of this wrapper's function
     forgotten: its next calls decide afresh, reading what the static
