@@ -14,7 +14,6 @@ from collections.abc import Callable
 import dis
 import functools
 import hashlib
-import struct
 import types
 from typing import Any, NamedTuple
 import weakref
@@ -24,6 +23,7 @@ import numpy as np
 from jax import tree_util
 
 from jax_closure_cache import _compat
+from jax_closure_cache import atoms
 
 BUDGET = 4096      # values walked per key
 #: Top-level packages whose functions the walk takes as stable (keyed by
@@ -61,7 +61,7 @@ CYCLE = Marker("CYCLE")       # CyclePart: a function reached before
 ID = Marker("ID")             # IdPart: an anchor, by identity
 NUMPY = Marker("NUMPY")       # NumpyPart: a NumPy array, by its bytes
 WRAPPER = Marker("WRAPPER")   # WrapperPart: a registered wrapper
-ATOMS = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+ATOMS = atoms.ATOMS
 
 
 # The layouts of the parts above. A key holds plain tuples (cheaper to
@@ -170,13 +170,7 @@ class Unkeyable(Exception):
     self.reason, self.detail = reason, detail
 
 
-def float_key(x: float):   # 0.0 is not -0.0, and a NaN is its bits
-  if x == x:
-    return (float, x) if x != 0.0 else (float, x.hex())
-  return (float, _DOUBLE.pack(x))   # hex() prints every NaN as 'nan'
-
-
-_DOUBLE = struct.Struct("<d")
+float_key = atoms.float_key   # 0.0 is not -0.0, and a NaN is its bits
 
 
 class WrapperRule(NamedTuple):
@@ -221,6 +215,11 @@ def _is_stable(f, module=None) -> bool:   # library code: keyed by identity
   module = module or getattr(f, "__module__", None)
   return (isinstance(module, str) and module.partition(".")[0] in STABLE_PACKAGES
           and not module.startswith(_DRAWING))
+
+
+def _static_unkeyable(v):
+  raise Unkeyable("static_argument",
+                  f"a {type(v).__name__} as a static argument")
 
 
 class Walk:
@@ -277,21 +276,11 @@ class Walk:
   @staticmethod
   def static_key(v) -> Any:
     """A static argument's part of a trace's key, by exact type and bits
-    (``0.0`` is not ``-0.0``, ``1`` not ``1.0`` nor ``True``), tuples item
-    by item; anything else is Unkeyable: JAX's own cache of one function
+    (``atoms.exact_key``: ``0.0`` is not ``-0.0``, ``1`` not ``1.0`` nor
+    ``True``); anything else is Unkeyable: JAX's own cache of one function
     compares static arguments by ``==``, which cannot say that another
     function object's trace would be the same."""
-    t = type(v)
-    if t in ATOMS:
-      return (t, v)
-    if t is float:
-      return float_key(v)
-    if t is complex:
-      return (complex, float_key(v.real), float_key(v.imag))
-    if t is tuple:
-      return (tuple, tuple([Walk.static_key(x) for x in v]))
-    raise Unkeyable("static_argument",
-                    f"a {t.__name__} as a static argument")
+    return atoms.exact_key(v, _static_unkeyable)
 
   def module(self, v):
     if self.stable(v, v.__name__):

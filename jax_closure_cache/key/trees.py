@@ -18,11 +18,10 @@ from __future__ import annotations
 import collections
 import enum
 
-import numpy as np
-
 from jax_closure_cache import _compat
+from jax_closure_cache.atoms import exact_key
 from jax_closure_cache.key.code_plan import stable_module
-from jax_closure_cache.key.parts import ATOMS, Uncacheable, float_key
+from jax_closure_cache.key.parts import Uncacheable
 from jax_closure_cache.key.values import node_datas
 
 _DICTS = (dict, collections.defaultdict)
@@ -30,28 +29,17 @@ _SEQUENCES = (list, tuple)
 
 
 def key_atom(k):
-  """A dict key or set element by exact type and value bits: ``True``,
-  ``1`` and ``1.0`` differ, as ``0.0`` and ``-0.0`` do; a tuple of such
-  atoms is one too, as is a frozenset of them (unordered), a range or a
-  slice, and so is a value of jax, numpy or the standard library (a
-  device, a dtype) or an enum member (compared as jax, numpy, the standard
-  library or ``enum`` compare them). Anything else is refused: a
-  user class's ``==`` would decide."""
+  """A dict key or set element by exact type and value bits
+  (``atoms.exact_key``: ``True``, ``1`` and ``1.0`` differ, as ``0.0`` and
+  ``-0.0`` do), or a value of jax, numpy or the standard library (a device,
+  a dtype) or an enum member (compared as jax, numpy, the standard library
+  or ``enum`` compare them). Anything else is refused: a user class's
+  ``==`` would decide."""
+  return exact_key(k, _library_atom)
+
+
+def _library_atom(k):
   t = type(k)
-  if t in ATOMS:
-    return (t, k)
-  if t is float:
-    return float_key(k)
-  if t is complex:
-    return (complex, float_key(k.real), float_key(k.imag))
-  if t is tuple:
-    return (tuple, tuple([key_atom(x) for x in k]))
-  if isinstance(k, np.generic):   # np.float32(-0.0) == np.float32(0.0)
-    return (t, k.tobytes())
-  if t is frozenset:   # {1} == {True} == {1.0}: its elements' keys, unordered
-    return (t, frozenset([key_atom(x) for x in k]))
-  if t is range or t is slice:   # slice(0, 1) == slice(0, 1.0)
-    return (t, key_atom((k.start, k.stop, k.step)))
   if stable_module(getattr(t, "__module__", None)) or (
       isinstance(k, enum.Enum) and t.__eq__ is enum.Enum.__eq__
       and t.__hash__ is enum.Enum.__hash__):

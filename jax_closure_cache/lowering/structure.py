@@ -26,7 +26,6 @@ import dataclasses
 import enum
 import functools
 import operator
-import struct
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -34,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jax_closure_cache import cache
+from jax_closure_cache.atoms import float_key
 from jax_closure_cache._compat import lowering as _compat
 
 #: Constants of nested jaxprs up to this many elements are keyed by value.
@@ -319,20 +319,13 @@ def _negative_zero(c) -> bool:
   return _compat.holds_zero(c, negative_only=True)
 
 
-def _float_bits(x: float):   # hex() prints every NaN as 'nan'
-  return x.hex() if x == x else _DOUBLE.pack(x)
-
-
-_DOUBLE = struct.Struct("<d")
-
-
 def _atom(x) -> tuple:
   """An atom by its exact type and bits."""
   t = type(x)
   if t is float:
-    return (t, _float_bits(x))
+    return float_key(x)
   if t is complex:
-    return (t, _float_bits(x.real), _float_bits(x.imag))
+    return (t, float_key(x.real), float_key(x.imag))
   if t is int or t is bool:
     return (t, x)
   a = np.asarray(x)
