@@ -45,12 +45,27 @@ def helper_module_globals():
     setattr(helper_module, name, saved[name])
 
 
+#: A test that counts trace-time side effects (writes, log records,
+#: warnings, prints) of a hit: verify mode traces every hit as stock would,
+#: making those effects itself, so the test runs with it off (a hit that
+#: skipped an effect could not fail it otherwise).
+counts_side_effects = pytest.mark.counts_side_effects
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "counts_side_effects: runs with verify mode off (verify "
+      "would make a skipped trace-time effect itself)")
+
+
 @pytest.fixture(autouse=True)
-def fresh_cache():
+def fresh_cache(request):
   from jax_closure_cache import cache
   verify = cache.verifying()
   jcc.disable()
   jcc.clear()
+  if request.node.get_closest_marker("counts_side_effects"):
+    cache.set_verify(False)
   yield
   jcc.disable()
   jcc.clear()

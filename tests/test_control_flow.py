@@ -9,7 +9,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from jax_closure_cache import lax as cached_lax
-from conftest import counting, warm
+from conftest import counting, counts_side_effects, warm
 
 STOCK_LAX = {name: _compat.STOCK_CONTROL_FLOW[name] for name in
              ("while_loop", "fori_loop", "scan", "map", "cond", "switch")}
@@ -387,6 +387,7 @@ def _reused_body_program(route):
 
 @pytest.mark.parametrize("route", ["while_loop", "cond", "switch", "map",
                                    "scan", "fori_loop"])
+@counts_side_effects
 def test_a_body_launched_again_keeps_its_first_answer(route):
   """Identity first for eager control flow: a body object launched again
   after what it closes over changed is answered as its first launch was
@@ -499,6 +500,7 @@ def test_a_launch_row_keeps_no_array_of_a_function_dropped_since():
       assert alive() is None, kind
 
 
+@counts_side_effects
 def test_an_entry_is_never_stored_over_a_stale_answer_of_jaxs_own_cache():
   """A body launched once, whose closure then changed, is answered by
   JAX's own per-object cache with its first trace, in stock as here (a

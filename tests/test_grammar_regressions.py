@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
+from conftest import counts_side_effects
 
 X = jnp.array([0.3, -1.2, 2.0], jnp.float32)
 
@@ -96,6 +97,7 @@ def assert_like_stock(step, values, *, check_verify=True):
 # found it at 8583bd9, program 18; the package at 377d4de no longer shares
 # such traces, so this passes and is kept unmarked, as a regression test.)
 
+@counts_side_effects
 def test_callback_runs_this_steps_callback():
   def step(k):
     log = []   # a fresh log, closed over by this step's callback
@@ -296,6 +298,7 @@ def test_file_read_at_trace_time(tmp_path):
   assert_like_stock(step, [1.0, 2.0, 3.0])
 
 
+@counts_side_effects
 def test_print_at_trace_time(capsys):
   def step(v):
     out = jax.jit(lambda x: (print("tracing"), x * v)[1])(X)
@@ -843,6 +846,7 @@ def _logged(box, x):
 
 
 @pytest.mark.parametrize("form", ["fori", "jit", "scan"])
+@counts_side_effects
 def test_callback_of_a_fresh_object_reached_through_a_plain_object(form):
   # value-grammar seed 0, programs 18 and 24: a stored trace held the
   # callback of the object that traced it, and later objects of the same
@@ -935,6 +939,7 @@ def test_custom_rule_reading_a_closed_over_array_under_grad(rule):
 
 
 @pytest.mark.parametrize("where", ["fwd", "bwd"])
+@counts_side_effects
 def test_custom_vjp_rule_with_an_effect_of_its_own(where):
   # Found by an adversarial review (jax 0.10.2): a stored trace ran the
   # first object's fwd (its callback) or skipped a bwd's trace-time write.

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, assert_like_stock, counting, stock_off, warm
+from conftest import (
+    STOCK_JIT, assert_like_stock, counting, counts_side_effects, stock_off,
+    warm)
 
 
 class Holder:
@@ -97,6 +99,7 @@ def test_reassigned_attribute_is_never_the_old_result():
   assert_like_stock(jcc.jit(m.apply)(x), Model({"w": jnp.full(2, 5.0)}).apply, x)
 
 
+@counts_side_effects
 def test_a_trace_that_writes_to_self_writes_to_the_users_object():
   x = jnp.ones(2)
 
@@ -165,6 +168,7 @@ def test_explanation_names_the_attribute(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("container", ["dict", "list"])
+@counts_side_effects
 def test_a_trace_that_writes_to_a_closed_over_container_writes_to_the_users(
     container):
   """A dict or list holding a lifted array is rebuilt for the lifted trace;
@@ -245,6 +249,7 @@ def _bump(x):
   return x * _COUNTER.n
 
 
+@counts_side_effects
 def test_a_closure_free_function_whose_trace_writes_is_not_shared():
   """A closure-free function re-created per call whose trace sets an
   attribute of a global object: stock's trace of each new object makes the
@@ -319,6 +324,7 @@ def test_a_trace_that_changes_what_its_key_covers_is_never_shared(route):
                          ids=["closure", "global"])
 @pytest.mark.parametrize("route", ["jit", "fori_loop", "scan", "while_loop",
                                    "cond", "closure_convert"])
+@counts_side_effects
 def test_trace_time_writes_land_on_the_users_objects_on_every_route(
     route, via_global):
   """Stock traces each fresh function and its writes land on the user's
@@ -386,6 +392,7 @@ _VOCABULARY = {f"token{k}": k for k in range(20000)}
 
 @pytest.mark.parametrize("container", ["dict", "OrderedDict", "defaultdict"])
 @pytest.mark.parametrize("route", ["jit", "scan", "closure_convert"])
+@counts_side_effects
 def test_trace_time_writes_are_seen_past_a_large_global_and_in_dict_subclasses(
     route, container):
   """The watch walks the closure's own state before the globals the code
@@ -507,3 +514,129 @@ def test_an_objects_getattr_runs_only_for_names_the_trace_reads():
   want = stock_off(run)
   assert run() == want
   assert run() == want
+
+
+def _reads_digits(d):
+  def f(x):
+    return x + len(str(d))
+  return f
+
+
+def _reads_hour(t):
+  def f(x):
+    return x + t.hour
+  return f
+
+
+def _reads_a_key(d):
+  table = {d: 1}
+  def f(x):
+    return x + len(str(next(iter(table))))
+  return f
+
+
+def test_library_values_equal_under_eq_but_not_to_a_trace_are_distinct_keys():
+  import datetime
+  import decimal
+  import zoneinfo
+  utc, plus1 = datetime.timezone.utc, datetime.timezone(
+      datetime.timedelta(hours=1))
+  decimals = [decimal.Decimal(s) for s in ("1.0", "1.00", "-0", "0", "1.0")]
+  times = [datetime.datetime(2020, 1, 1, 5, tzinfo=utc),
+           datetime.datetime(2020, 1, 1, 6, tzinfo=plus1),
+           datetime.datetime(2020, 1, 1, 5, tzinfo=zoneinfo.ZoneInfo("UTC")),
+           datetime.time(5, tzinfo=utc), datetime.time(6, tzinfo=plus1),
+           datetime.datetime(2020, 1, 1, 5, tzinfo=utc)]
+
+  def run():
+    return ([jax.jit(_reads_digits(d))(0) for d in decimals]
+            + [jax.jit(_reads_hour(t))(0) for t in times]
+            + [jax.jit(_reads_a_key(d))(0) for d in decimals])
+
+  want = stock_off(run)
+  assert [int(w) for w in want[:4]] == [3, 4, 2, 1]   # the digits differ
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    assert [int(g) for g in got] == [int(w) for w in want]
+  with counting() as n:   # an exact repeat still hits
+    assert int(jax.jit(_reads_digits(decimal.Decimal("1.00")))(0)) == 4
+    assert int(jax.jit(_reads_hour(times[1]))(0)) == 6
+  assert n["traces"] == 0
+
+
+class _Zone(__import__("datetime").tzinfo):   # a user's zone: state of its own
+  def __init__(self, hours):
+    self.hours = hours
+
+  def utcoffset(self, dt):
+    return __import__("datetime").timedelta(hours=self.hours)
+
+
+def test_a_datetime_in_a_users_time_zone_is_not_keyed_by_its_equality():
+  import datetime
+  zone = _Zone(1)
+  t = datetime.datetime(2020, 1, 1, 5, tzinfo=zone)
+
+  def reads_offset(x):
+    return x + t.utcoffset().seconds // 3600
+
+  jcc.enable()
+  got = []
+  for hours in (1, 2, 3):
+    zone.hours = hours
+    got.append(int(jax.jit(_copy(reads_offset))(0)))   # a fresh object
+  assert got == [1, 2, 3]
+
+
+def _copy(f):
+  import types
+  return types.FunctionType(f.__code__, f.__globals__, f.__name__,
+                            f.__defaults__, f.__closure__)
+
+
+@pytest.mark.parametrize("kind", ["logging_module", "warnings_module"])
+@counts_side_effects
+def test_trace_time_log_records_and_warnings_are_made_on_every_trace(kind):
+  import warnings
+  records = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record.getMessage())
+
+  log = logging.getLogger("jcc_test_trace_time")
+  handler = Keep()
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+
+  def make(i):
+    w = jnp.ones(3) * i
+    if kind == "logging_module":
+      def f(x):
+        logging.getLogger("jcc_test_trace_time").info("tracing")
+        return x * w
+    else:
+      def f(x):
+        warnings.warn("tracing", stacklevel=1)
+        return x * w
+    return f
+
+  def run():
+    records.clear()
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      outs = [jax.jit(make(i))(jnp.ones(3)) for i in range(4)]
+    return outs, len(records) + len(caught)
+
+  try:
+    want, want_effects = stock_off(run)
+    assert want_effects == 4
+    jcc.enable()
+    for _ in range(2):
+      got, effects = run()
+      assert effects == want_effects
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+  finally:
+    log.removeHandler(handler)

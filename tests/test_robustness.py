@@ -16,7 +16,8 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat, cache
-from conftest import STOCK_JIT, needs_trace_lookup, stock_off
+from conftest import (
+    STOCK_JIT, counts_side_effects, needs_trace_lookup, stock_off)
 
 
 def _jvp_of_recreated_stock_jits(stock_jit, x, rounds):
@@ -331,6 +332,7 @@ def _writes_at_trace_time(jit, w, x):
 
 
 @needs_trace_lookup
+@counts_side_effects
 def test_the_trace_lookup_never_shares_a_trace_that_writes_state():
   """A function whose trace writes to what it reaches (JAX's own internal
   closures fill a cell their caller reads after the trace) is traced as

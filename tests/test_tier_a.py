@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import counting, same_as_stock, stock_off
+from conftest import (
+    counting, counts_side_effects, same_as_stock, stock_off)
 
 LOG = logging.getLogger("tier_a_test")
 
@@ -125,6 +126,7 @@ def test_int_and_bool_literals_stay_part_of_the_key():
     same_as_stock(run(k), stock_off(run, k))
 
 
+@counts_side_effects
 def test_runtime_callbacks_never_share_an_executable():
   """Each fresh callback is a parameter held by identity: every object logs
   to its own list, as stock's."""
@@ -621,6 +623,7 @@ def _callback_programs():
   return log, values
 
 
+@counts_side_effects
 def test_runtime_callbacks_never_share_by_equality_of_what_they_hold():
   """Tier A alone, in verify mode: an executable whose callback would run
   on another trace's objects is never shared (a callback's flat wrapper is

@@ -20,7 +20,7 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import STOCK_JIT, counting, stock_off
+from conftest import STOCK_JIT, counting, counts_side_effects, stock_off
 
 
 _stock = stock_off
@@ -342,6 +342,7 @@ class _Counter:
 
 
 @pytest.mark.parametrize("kind", sorted(_DRAWS))
+@counts_side_effects
 def test_library_state_drawn_from_at_trace_time_is_drawn_again(kind):
   """A fresh closure that draws from a NumPy or standard-library random
   generator or an iterator while it is traced: stock traces each closure,

@@ -53,6 +53,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import atoms
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.values import (
@@ -208,7 +209,10 @@ class Analysis(_key.Walk):
         pass
       else:   # a user subclass (an Enum) with its class's namespace
         if stable_module(t.__module__):
-          return (t, v)
+          try:
+            return atoms.library_value_key(v, t)
+          except atoms.Inexact as e:
+            raise Uncacheable("user_equality", str(e)) from None
         if not isinstance(v, enum.Enum):
           base = next((b for b in _VALUE_BASES if isinstance(v, b)), None)
           if base is not None:

@@ -19,7 +19,7 @@ import collections
 import enum
 
 from jax_closure_cache import _compat
-from jax_closure_cache.atoms import exact_key
+from jax_closure_cache.atoms import Inexact, exact_key, library_value_key
 from jax_closure_cache.key.code_plan import stable_module
 from jax_closure_cache.key.parts import Uncacheable
 from jax_closure_cache.key.values import node_datas
@@ -43,7 +43,10 @@ def _library_atom(k):
   if stable_module(getattr(t, "__module__", None)) or (
       isinstance(k, enum.Enum) and t.__eq__ is enum.Enum.__eq__
       and t.__hash__ is enum.Enum.__hash__):
-    return (t, k)   # jax's, numpy's, the standard library's equality
+    try:   # jax's, numpy's, the standard library's ==, or exact fields
+      return library_value_key(k, t)
+    except Inexact as e:
+      raise Uncacheable("user_equality", str(e)) from None
   raise Uncacheable("user_equality", f"a {t.__name__} as a dict key or set "
                     "element: only atoms are keyed there (by exact type and "
                     "bits), never by a class's own ==")

@@ -68,8 +68,15 @@ def _draws(v) -> bool:
       hasattr(t, "__next__") and not is_plain_type(t))
 
 
+#: Library modules whose functions a trace calls for their effect: a log
+#: record, a warning (stock makes it at every trace; a hit would not).
+EFFECT_MODULES = ("logging", "warnings", "_warnings")
+_UNKEYED_MODULES = DRAWING_MODULES + EFFECT_MODULES
+
+
 def _drawing_module(v) -> bool:
-  """A module of ``DRAWING_MODULES``, or a callable defined in one."""
+  """A module of ``DRAWING_MODULES`` or ``EFFECT_MODULES``, or a callable
+  defined in one."""
   if type(v) is types.ModuleType:
     name = v.__name__
   elif callable(v):
@@ -77,7 +84,7 @@ def _drawing_module(v) -> bool:
   else:
     return False
   return isinstance(name, str) and any(
-      name == m or name.startswith(m + ".") for m in DRAWING_MODULES)
+      name == m or name.startswith(m + ".") for m in _UNKEYED_MODULES)
 
 
 _BOUND_METHOD_TYPES = frozenset({
