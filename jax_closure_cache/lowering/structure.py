@@ -270,8 +270,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       params = tuple((k, ("hoisted", _nested(inner, named)) if k == "jaxpr"
                       else param_key(p, named)) for k, p in e.params.items())
     else:
-      params = tuple((k, param_key(p, named)) for k, p in e.params.items()
-                     if k not in ignored)
+      params = tuple([(k, param_key(p, named)) for k, p in e.params.items()
+                      if k not in ignored])
     invars = e.invars
     if top and any(type(v) is _Literal for v in invars):
       # lifted_operands' rule, written out: nested operands stay keyed
@@ -332,58 +332,158 @@ def _atom(x) -> tuple:
   return (t, a.dtype, a.shape, a.tobytes())
 
 
-_ATOMS = (int, float, bool, complex, str, bytes, type(None), type(Ellipsis))
-
-
 def param_key(p, named: bool = True, depth: int = 0) -> Any:
   """An equation parameter's key; ``named=False`` leaves out nested
   jaxprs' debug names (source, argument and result names), which no
   computation reads (verify mode compares without them). ``depth``: how
-  many functions and hijax objects of jax's the walk is inside."""
+  many functions and hijax objects of jax's the walk is inside.
+
+  The rule depends on the parameter's type alone (:func:`_rule_of`), read
+  once per type of the standard library's, numpy's and jax's."""
   t = type(p)
-  if t in _ATOMS:
-    return _atom(p) if t in (float, complex, int, bool) else (t, p)
-  if t is tuple or t is list or (isinstance(p, tuple) and hasattr(t, "_fields")
-                                 and _compat.defined_by_jax(t)):
-    # (a NamedTuple of jax's, custom_linear_solve's jaxprs: field by field)
-    return (t, tuple(param_key(x, named, depth) for x in p))
-  if t is dict:
-    return (t, tuple((param_key(k, named, depth), param_key(v, named, depth))
-                     for k, v in p.items()))
-  if t is frozenset or t is set:
-    # the members' own keys, unordered (a user's object by identity)
-    return (t, frozenset([param_key(x, named, depth) for x in p]))
-  if t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
-    jaxpr, consts = _compat.closed_parts(p)
-    return ("closed", _nested(jaxpr, named),
-            tuple(map(_nested_const, consts)))
-  if t is _compat.Jaxpr:
-    return ("jaxpr", _nested(p, named))
-  if isinstance(p, np.dtype):
-    return (np.dtype, p)
-  if isinstance(p, (np.ndarray, _compat.np_generic)):
-    return _nested_const(p)
-  if t is _compat.PyTreeDef:
-    return _treedef_key(p, named, depth)
-  if depth < _WALK_DEPTH:
-    if (t is types.FunctionType and _compat.jax_code(p.__code__)
-        and (depth or _evaluates_a_jaxpr(p))):
-      return _jax_function_key(p, named, depth + 1)
-    if (_compat.HI_PRIM is not None and isinstance(p, _compat.HI_PRIM)
-        and _compat.defined_by_jax(t)):
-      return _hi_prim_key(p, named, depth + 1)
-  if isinstance(p, enum.Enum) or isinstance(p, (types.FunctionType,
-                                                 types.MethodType,
-                                                 types.BuiltinFunctionType)):
-    return Identity(p)
-  if _compat.defined_by_jax(t) and dataclasses.is_dataclass(p):
-    # field by field, never by its __eq__ (which compares a field holding
-    # a user's callable, a pure_callback's, by the callable's)
-    return (t, tuple((f.name, param_key(getattr(p, f.name), named, depth))
-                     for f in dataclasses.fields(p)))
-  if _compat.defined_by_jax(t) and _hashable(p):
-    return (t, p)   # jax's own value types: shardings, dimension numbers
+  rule = _RULES.get(t)
+  if rule is None:
+    rule = _rule_of(t)
+  return rule(p, named, depth)
+
+
+def _float(p, named, depth):
+  return float_key(p)
+
+
+def _complex(p, named, depth):
+  return (complex, float_key(p.real), float_key(p.imag))
+
+
+def _as_is(p, named, depth):   # an int, a bool, a str, None: (type, value)
+  return (type(p), p)
+
+
+def _sequence(p, named, depth):
+  # (a NamedTuple of jax's, custom_linear_solve's jaxprs: field by field)
+  types_ = frozenset(map(type, p))
+  if types_ <= _PLAIN:   # (axes, strides, donated_invars: most of them)
+    return (type(p), tuple(map(type, p)), tuple(p))
+  return (type(p), tuple([param_key(x, named, depth) for x in p]))
+
+
+def _mapping(p, named, depth):
+  return (dict, tuple([(param_key(k, named, depth), param_key(v, named, depth))
+                       for k, v in p.items()]))
+
+
+def _set(p, named, depth):
+  # the members' own keys, unordered (a user's object by identity)
+  return (type(p), frozenset([param_key(x, named, depth) for x in p]))
+
+
+def _closed(p, named, depth):
+  jaxpr, consts = _compat.closed_parts(p)
+  return ("closed", _nested(jaxpr, named), tuple(map(_nested_const, consts)))
+
+
+def _open(p, named, depth):
+  return ("jaxpr", _nested(p, named))
+
+
+def _dtype(p, named, depth):
+  return (np.dtype, p)
+
+
+def _constant(p, named, depth):
+  return _nested_const(p)
+
+
+def _treedef(p, named, depth):
+  return _treedef_key(p, named, depth)
+
+
+def _function(p, named, depth):
+  if (depth < _WALK_DEPTH and _compat.jax_code(p.__code__)
+      and (depth or _evaluates_a_jaxpr(p))):
+    return _jax_function_key(p, named, depth + 1)
   return Identity(p)
+
+
+def _identity(p, named, depth):
+  return Identity(p)
+
+
+def _jax_dataclass(p, named, depth):
+  # field by field, never by its __eq__ (which compares a field holding a
+  # user's callable, a pure_callback's, by the callable's)
+  return (type(p), tuple((f.name, param_key(getattr(p, f.name), named, depth))
+                         for f in dataclasses.fields(p)))
+
+
+def _jax_value(p, named, depth):
+  # jax's own value types: shardings, dimension numbers
+  return (type(p), p) if _hashable(p) else Identity(p)
+
+
+def _hi_prim(p, named, depth):
+  if depth < _WALK_DEPTH:
+    return _hi_prim_key(p, named, depth + 1)
+  return _rule_past_walking(type(p))(p, named, depth)
+
+
+#: types whose values are compared as they are once their types are
+#: (``1``, ``True`` differ by type; ``==`` of these is exact)
+_PLAIN = frozenset({int, bool, str, bytes, type(None), type(Ellipsis)})
+
+
+def _rule_of(t: type):
+  """The rule of :func:`param_key` for values of type ``t``; kept for the
+  types of the standard library, numpy and jax (which live as long)."""
+  if t in _PLAIN:
+    rule = _as_is
+  elif t is float:
+    rule = _float
+  elif t is complex:
+    rule = _complex
+  elif t is tuple or t is list or (issubclass(t, tuple) and hasattr(
+      t, "_fields") and _compat.defined_by_jax(t)):
+    rule = _sequence
+  elif t is dict:
+    rule = _mapping
+  elif t is frozenset or t is set:
+    rule = _set
+  elif t is _compat.ClosedJaxpr:   # first: on 0.11 it is Jaxpr itself
+    rule = _closed
+  elif t is _compat.Jaxpr:
+    rule = _open
+  elif issubclass(t, np.dtype):
+    rule = _dtype
+  elif issubclass(t, (np.ndarray, _compat.np_generic)):
+    rule = _constant
+  elif t is _compat.PyTreeDef:
+    rule = _treedef
+  elif t is types.FunctionType:
+    rule = _function
+  elif (_compat.HI_PRIM is not None and issubclass(t, _compat.HI_PRIM)
+        and _compat.defined_by_jax(t)):
+    rule = _hi_prim
+  else:
+    rule = _rule_past_walking(t)
+  module = getattr(t, "__module__", None)
+  if (type(module) is str and module.partition(".")[0] in ("builtins", "numpy")
+      or _compat.defined_by_jax(t)):
+    _RULES[t] = rule
+  return rule
+
+
+def _rule_past_walking(t: type):
+  if issubclass(t, (enum.Enum, types.FunctionType, types.MethodType,
+                    types.BuiltinFunctionType)):
+    return _identity
+  if _compat.defined_by_jax(t):
+    return _jax_dataclass if dataclasses.is_dataclass(t) else _jax_value
+  return _identity
+
+
+#: :func:`_rule_of`'s answers for the standard library's, numpy's and
+#: jax's types
+_RULES = cache.STORE.table("structure.param_rules", cache.Store.FACTS, dict)
 
 
 #: how deep the walk goes into functions and hijax objects of jax's before
