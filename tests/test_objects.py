@@ -640,3 +640,43 @@ def test_trace_time_log_records_and_warnings_are_made_on_every_trace(kind):
         np.testing.assert_array_equal(g, w)
   finally:
     log.removeHandler(handler)
+
+
+APPENDED = []
+append_to_global = APPENDED.append
+
+
+@counts_side_effects
+@pytest.mark.parametrize("where", ["global", "cell"])
+def test_a_bound_method_of_a_container_called_at_trace_time_writes_every_trace(
+    where):
+  held = []
+  add = held.append
+
+  def make(i):
+    w = jnp.ones(2) * i
+    if where == "global":
+      def f(x):
+        append_to_global("traced")
+        return x * w
+    else:
+      def f(x):
+        add("traced")
+        return x * w
+    return f
+
+  log = APPENDED if where == "global" else held
+
+  def run():
+    del log[:]
+    outs = [jax.jit(make(i))(jnp.ones(2)) for i in range(4)]
+    return outs, list(log)
+
+  want, want_log = stock_off(run)
+  assert want_log == ["traced"] * 4
+  jcc.enable()
+  for _ in range(2):
+    got, got_log = run()
+    assert got_log == want_log
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)

@@ -163,6 +163,11 @@ class Analysis(_key.Walk):
       return self.partial(v)
     if t is types.MethodType:
       return (METHOD, self.value(v.__func__), self.value(v.__self__))
+    if (t is types.BuiltinMethodType or t is types.MethodWrapperType) and (
+        isinstance(v.__self__, _MUTABLE_OWNERS)):
+      raise Uncacheable("trace_effect", f"holds {v.__qualname__} of a "
+                        f"{type(v.__self__).__name__}: a trace calling it "
+                        "may write to it, a write a hit would skip")
     if t is weakref.ReferenceType:
       return self.weakref(v)
     if t is _PyTreeDef and node_data_function(v) is not None:
@@ -530,6 +535,11 @@ class Analysis(_key.Walk):
       self.in_object = saved
     return (CLASS, i, t, tuple(items))
 
+
+#: Containers whose bound built-in methods (``append = LOG.append``) are
+#: not keyed: the object the method writes to is not walked with it.
+_MUTABLE_OWNERS = (list, dict, set, bytearray, collections.deque,
+                   np.ndarray)
 
 #: Builtins by name (read as globals the module lacks) whose call is an
 #: effect or reads outside the process's values (``values.TRACE_EFFECTS``).

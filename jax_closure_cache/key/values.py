@@ -71,7 +71,8 @@ def _draws(v) -> bool:
 #: Library modules whose functions a trace calls for their effect: a log
 #: record, a warning (stock makes it at every trace; a hit would not).
 EFFECT_MODULES = ("logging", "warnings", "_warnings")
-_UNKEYED_MODULES = DRAWING_MODULES + EFFECT_MODULES
+_UNKEYED_MODULES = frozenset(DRAWING_MODULES + EFFECT_MODULES)
+_UNKEYED_PREFIXES = tuple(m + "." for m in _UNKEYED_MODULES)
 
 
 def _drawing_module(v) -> bool:
@@ -83,8 +84,8 @@ def _drawing_module(v) -> bool:
     name = getattr(v, "__module__", None)
   else:
     return False
-  return isinstance(name, str) and any(
-      name == m or name.startswith(m + ".") for m in _UNKEYED_MODULES)
+  return isinstance(name, str) and (
+      name in _UNKEYED_MODULES or name.startswith(_UNKEYED_PREFIXES))
 
 
 _BOUND_METHOD_TYPES = frozenset({
