@@ -680,3 +680,36 @@ def test_a_bound_method_of_a_container_called_at_trace_time_writes_every_trace(
     assert got_log == want_log
     for g, w in zip(got, want):
       np.testing.assert_array_equal(g, w)
+
+
+@counts_side_effects
+@pytest.mark.parametrize("who", ["itself", "a_helper"])
+def test_an_attribute_a_trace_sets_on_a_function_lands_on_the_users(who):
+  def make(i):
+    w = jnp.ones(2) * i
+
+    def helper(x):
+      return x * w
+
+    def f(x):
+      target = f if who == "itself" else helper
+      target.traced = getattr(target, "traced", 0) + 1
+      return helper(x)
+    return f, (f if who == "itself" else helper)
+
+  def run():
+    outs, marked = [], []
+    for i in range(4):
+      f, target = make(i)
+      outs.append(jax.jit(f)(jnp.ones(2)))
+      marked.append(getattr(target, "traced", None))
+    return outs, marked
+
+  want, want_marked = stock_off(run)
+  assert want_marked == [1, 1, 1, 1]
+  jcc.enable()
+  for _ in range(2):
+    got, marked = run()
+    assert marked == want_marked
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)

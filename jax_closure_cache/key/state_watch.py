@@ -1,6 +1,6 @@
 """What a function reaches that its trace may write: cells, lists, dicts and
-objects' ``__dict__`` (and a global-writing function's module globals),
-reached from the function within the closure key's budget.
+objects' and user functions' ``__dict__`` (and a global-writing function's
+module globals), reached from the function within the closure key's budget.
 
 Invariants: :class:`StateWatch` snapshots each place's contents when made;
 :meth:`StateWatch.check` undoes every change a trace made and raises
@@ -79,9 +79,9 @@ def _places(v) -> list:   # the mutable places v is: itself, its __dict__
     return [v]
   out = [v] if issubclass(t, (list, dict)) else []
   d = getattr(v, "__dict__", None)
-  if type(d) is dict and not isinstance(
-      v, (type, types.ModuleType, types.FunctionType)):
-    out.append(d)
+  if type(d) is dict and not isinstance(v, (type, types.ModuleType)) and (
+      t is not types.FunctionType or not _compat.library_code(v.__code__)):
+    out.append(d)   # a user function's too (``f.calls += 1`` in its trace)
   return out
 
 
