@@ -4,9 +4,11 @@ uses for a value it holds as it is.
 ``1``, ``1.0`` and ``True`` are three keys, as are ``0.0`` and ``-0.0``; a
 NaN is its bits; tuples item by item, frozensets element by element
 (unordered), ranges and slices by their three ends, a NumPy scalar by its
-type and bytes. Standard-library values whose ``==`` forgets what a
-trace may read (``Decimal('1.0') == Decimal('1.00')``; two aware datetimes
-equal in UTC) are keyed by their fields (:data:`LIBRARY_VALUES`). Anything
+type, dtype and bytes (:func:`dtype_key`: a datetime's unit, a record's
+fields). Standard-library values whose ``==`` forgets what a
+trace may read (two aware datetimes equal in UTC) are keyed by their
+fields, and a ``Decimal`` (whose arithmetic reads the thread's decimal
+context) is refused (:data:`LIBRARY_VALUES`). Anything
 else goes to the caller's ``other``: a key never
 asks a user class's ``==`` or ``hash``.
 
@@ -52,7 +54,7 @@ def exact_key(v, other: Callable[[Any], Any]) -> Any:
   if t is tuple:
     return (tuple, tuple([exact_key(x, other) for x in v]))
   if isinstance(v, np.generic):   # np.float32(-0.0) == np.float32(0.0)
-    return (t, v.tobytes())
+    return numpy_scalar_key(v)
   if t is frozenset:   # {1} == {True} == {1.0}: its elements' keys
     return (t, frozenset([exact_key(x, other) for x in v]))
   if t is range or t is slice:   # slice(0, 1) == slice(0, 1.0)
@@ -62,6 +64,27 @@ def exact_key(v, other: Callable[[Any], Any]) -> Any:
 
 class Inexact(Exception):
   """A library value holding what has no exact key (a user's tzinfo)."""
+
+
+def dtype_key(d: np.dtype) -> tuple:
+  """A NumPy dtype by all it says, where ``==`` says less: its scalar type,
+  byte order, kind and size with a datetime's unit (``d.str``), and a
+  record's fields, offsets and alignment (``d.descr``).
+
+  Raises:
+    Inexact: a dtype carrying metadata (``==`` ignores it; what it holds
+      is anyone's).
+  """
+  if d.metadata is not None:
+    raise Inexact("a NumPy dtype with metadata")
+  if d.names is None and d.subdtype is None:
+    return (d.type, d.str)
+  return (d.type, d.str, repr(d.descr), d.isalignedstruct)
+
+
+def numpy_scalar_key(v) -> tuple:
+  """A NumPy scalar by its type, :func:`dtype_key` and bytes."""
+  return (type(v), dtype_key(v.dtype), v.tobytes())
 
 
 def _zone(tz) -> Any:
@@ -88,21 +111,31 @@ def _time(v) -> tuple:
           _zone(v.tzinfo))
 
 
+def _decimal(v):
+  raise Inexact("a Decimal: its arithmetic reads the thread's decimal "
+                "context (its precision and rounding), which no key holds")
+
+
 #: Standard-library value types whose ``==`` is coarser than what a trace
-#: may read of them, each with the fields that say it all.
+#: may read of them, each with the fields that say it all (or refusing).
 LIBRARY_VALUES = types.MappingProxyType({
-    decimal.Decimal: decimal.Decimal.as_tuple,   # sign, digits, exponent
+    decimal.Decimal: _decimal,
     datetime.datetime: _datetime,
     datetime.time: _time,
 })
 
 
 def library_value_key(v, t) -> tuple:
-  """A standard-library value of type ``t`` by its fields where its ``==``
-  is coarser than them (:data:`LIBRARY_VALUES`), else by its own ``==``.
+  """A library value of type ``t`` by its fields where its ``==`` is
+  coarser than them (:data:`LIBRARY_VALUES`, a NumPy dtype), else by its
+  own ``==``.
 
   Raises:
     Inexact: a value whose fields hold what has no exact key.
   """
   fields = LIBRARY_VALUES.get(t)
-  return (t, v) if fields is None else (t, fields(v))
+  if fields is not None:
+    return (t, fields(v))
+  if isinstance(v, np.dtype):   # its unit, fields and metadata
+    return (t, dtype_key(v))
+  return (t, v)

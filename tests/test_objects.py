@@ -560,9 +560,10 @@ def test_library_values_equal_under_eq_but_not_to_a_trace_are_distinct_keys():
     got = run()
     assert [int(g) for g in got] == [int(w) for w in want]
   with counting() as n:   # an exact repeat still hits
-    assert int(jax.jit(_reads_digits(decimal.Decimal("1.00")))(0)) == 4
     assert int(jax.jit(_reads_hour(times[1]))(0)) == 6
   assert n["traces"] == 0
+  # a Decimal's arithmetic reads the thread's context: never keyed
+  assert jcc.stats()["fallback_reasons"].get("user_equality", 0) > 0
 
 
 class _Zone(__import__("datetime").tzinfo):   # a user's zone: state of its own
@@ -713,3 +714,128 @@ def test_an_attribute_a_trace_sets_on_a_function_lands_on_the_users(who):
     assert marked == want_marked
     for g, w in zip(got, want):
       np.testing.assert_array_equal(g, w)
+
+
+def _scaled_by(v):
+  def f(x):
+    return x * float(v)
+  return f
+
+
+def _reads_layout(a):
+  def f(x):
+    return x + jnp.asarray(a.ravel(order="K")[:2]) + (
+        0.0 if a.flags.writeable else 100.0)
+  return f
+
+
+def _reads_metadata(d):
+  def f(x):
+    return x * (d.metadata or {}).get("scale", 1.0)
+  return f
+
+
+def test_numpy_values_are_keyed_by_all_a_trace_can_read_of_them():
+  import decimal
+  # two records of equal bytes, one field each: a float32 and an int32
+  record_a = np.array([(2.0,)], dtype=[("a", "f4")])[0]
+  record_b = np.frombuffer(record_a.tobytes(), dtype=[("b", "i4")])[0]
+  m = np.arange(6.0).reshape(2, 3)
+  frozen = m.copy()
+  frozen.flags.writeable = False
+
+  def run():
+    out = []
+    for v in (np.timedelta64(1, "s"), np.timedelta64(1, "ms"),
+              np.timedelta64(1, "s"), np.datetime64(1, "D").astype("m8[D]")):
+      out.append(jax.jit(_scaled_by(v / np.timedelta64(1, "s")))(1.0))
+      out.append(jax.jit(lambda x, v=v: x * float(v / np.timedelta64(1, "s")))(
+          1.0))
+    for r in (record_a, record_b, record_a):
+      out.append(jax.jit(lambda x, r=r: x * float(r[0]))(1.0))
+    for a in (m.copy(), m.copy(), np.asfortranarray(m), frozen):
+      out.append(jax.jit(_reads_layout(a))(jnp.zeros(2)))
+    for d in (np.dtype("f4"), np.dtype("f4"),
+              np.dtype("f4", metadata={"scale": 3.0})):
+      out.append(jax.jit(_reads_metadata(d))(jnp.ones(2)))
+    with decimal.localcontext() as ctx:
+      for prec in (28, 28, 2):
+        ctx.prec = prec
+        third = decimal.Decimal(2)
+        out.append(jax.jit(lambda x, t=third: x * float(t / 3))(1.0))
+    return out
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+      np.testing.assert_array_equal(g, w, err_msg=str(i))
+
+
+class _Mode(__import__("enum").Enum):
+  A = 1
+
+
+def test_an_enum_members_own_attributes_are_read_afresh():
+  def make():
+    w = jnp.ones(2)
+    m = _Mode.A
+
+    def f(x):
+      return x * w * m.scale
+    return f
+
+  def g(x, m):
+    return x * m.scale
+
+  def run():
+    out = []
+    for scale in (1.0, 1.0, 5.0, 5.0, 2.0):
+      _Mode.A.scale = scale
+      out.append(jax.jit(make())(jnp.ones(2)))
+      out.append(jax.jit(_copy(g), static_argnums=1)(jnp.ones(2), _Mode.A))
+    return out
+
+  try:
+    want = stock_off(run)
+    jcc.enable()
+    for _ in range(2):
+      for g_, w in zip(run(), want):
+        np.testing.assert_array_equal(g_, w)
+  finally:
+    del _Mode.A.scale
+
+
+@counts_side_effects
+def test_printing_through_library_functions_and_builtins_is_never_skipped(
+    capsys):
+  import builtins
+  import pprint
+
+  def make(i, how):
+    w = jnp.ones(2) * i
+    def f(x):
+      if how == "pprint":
+        pprint.pprint("tracing")
+      elif how == "np.info":
+        np.info(np.add)
+      else:
+        getattr(builtins, "print")("tracing")
+      return x * w
+    return f
+
+  def run():
+    counts = []
+    for how in ("pprint", "np.info", "builtins"):
+      for i in range(4):
+        jax.jit(make(i, how))(jnp.ones(2))
+        counts.append(len(capsys.readouterr().out))
+    return counts
+
+  want = stock_off(run)
+  assert all(want)
+  jcc.enable()
+  for _ in range(2):
+    assert run() == want

@@ -365,6 +365,25 @@ def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
     return unknown
 
 
+def holds_nan(c) -> bool:
+  """Whether a constant (an array or a Python number) of a floating or
+  complex type holds a NaN: XLA folds a baked NaN (``max(x, nan)``) to
+  a NaN of another sign than it computes with an argument. Never an
+  error (False where the values cannot be read)."""
+  if type(c) in (float, complex):
+    return c != c
+  dtype = getattr(c, "dtype", None)
+  if dtype is None or not inexact_dtype(dtype):
+    return False
+  try:
+    a = np.asarray(c)
+    if a.dtype.kind not in "fc":   # bfloat16, float8: as float32
+      a = a.astype(np.float32)
+    return bool(np.isnan(a).any())
+  except Exception:
+    return False
+
+
 def scan_groups(params) -> tuple[int, int] | None:
   """How many of a ``scan``'s operands are constants and how many its
   carry (the rest are scanned): ``num_consts``/``num_carry`` on jax 0.10,

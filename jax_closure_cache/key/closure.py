@@ -41,6 +41,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import collections
 import enum
 import functools
@@ -141,6 +142,9 @@ class Analysis(_key.Walk):
     return self.lift(v)
 
   def module(self, v):
+    if v is builtins:   # ``getattr(builtins, "print")``: by computed name
+      raise Uncacheable("trace_effect", "reads the builtins module, whose "
+                        "print, open and input a trace may call")
     return v   # what code reads of it is keyed by its attribute chains
 
   def other(self, v, t):
@@ -222,6 +226,11 @@ class Analysis(_key.Walk):
           base = next((b for b in _VALUE_BASES if isinstance(v, b)), None)
           if base is not None:
             return (t, self.value_subclass(v, t, base), self.klass(t))
+        elif not trees.enum_member_has_state(v):
+          return (t, v, self.klass(t))
+        else:   # ``Mode.A.scale = 5.0``: state its == does not compare
+          raise Uncacheable("user_equality", f"{t.__name__} member "
+                            f"{v.name} has attributes of its own")
         return (t, v, self.klass(t))
     return self.state_object(v, t)
 
@@ -299,7 +308,7 @@ class Analysis(_key.Walk):
         return self.lift(v)
       return self.numpy(v)
     if isinstance(v, np.generic):
-      return (t, v.tobytes())
+      return self.numpy_scalar(v)
     return None
 
   def numpy(self, v):

@@ -146,11 +146,13 @@ class PartialPart(NamedTuple):
 
 
 class NumpyPart(NamedTuple):
-  """``(NUMPY, dtype, shape, digest)``: a NumPy array baked by its bytes."""
+  """``(NUMPY, dtype, shape, digest, layout)``: a NumPy array baked by its
+  bytes."""
   tag: Marker           # NUMPY
   dtype: Any
   shape: tuple
   digest: bytes         # blake2b of its bytes, 16 bytes
+  layout: tuple         # (atoms.dtype_key, strides, writeable)
 
 
 class WrapperPart(NamedTuple):
@@ -280,7 +282,10 @@ class Walk:
     ``True``); anything else is Unkeyable: JAX's own cache of one function
     compares static arguments by ``==``, which cannot say that another
     function object's trace would be the same."""
-    return atoms.exact_key(v, _static_unkeyable)
+    try:
+      return atoms.exact_key(v, _static_unkeyable)
+    except atoms.Inexact as e:
+      raise Unkeyable("static_argument", str(e)) from None
 
   def module(self, v):
     if self.stable(v, v.__name__):
@@ -298,7 +303,7 @@ class Walk:
     if isinstance(v, np.ndarray):
       return self.numpy(v)
     if isinstance(v, np.generic):
-      return (t, v.tobytes())
+      return self.numpy_scalar(v)
     rule = WRAPPERS.get(t)
     if rule is not None:
       return self.wrapper(v, t, rule)
@@ -321,9 +326,22 @@ class Walk:
   def numpy(v):
     if v.dtype.hasobject:
       raise Unkeyable("unhashable", "a numpy array of dtype object")
+    try:
+      dtype = atoms.dtype_key(v.dtype)
+    except atoms.Inexact as e:
+      raise Unkeyable("unhashable", str(e)) from None
     digest = hashlib.blake2b(np.ascontiguousarray(v).tobytes(),
                              digest_size=16).digest()
-    return (NUMPY, v.dtype, v.shape, digest)
+    # (a trace may read its memory order or flags: ``ravel(order="K")``)
+    return (NUMPY, v.dtype, v.shape, digest,
+            (dtype, v.strides, v.flags.writeable))
+
+  @staticmethod
+  def numpy_scalar(v):
+    try:
+      return atoms.numpy_scalar_key(v)
+    except atoms.Inexact as e:
+      raise Unkeyable("unhashable", str(e)) from None
 
   def wrapper(self, v, t, rule):
     static, inner = rule.split(v)

@@ -35,18 +35,32 @@ def key_atom(k):
   a dtype) or an enum member (compared as jax, numpy, the standard library
   or ``enum`` compare them). Anything else is refused: a user class's
   ``==`` would decide."""
-  return exact_key(k, _library_atom)
+  try:
+    return exact_key(k, _library_atom)
+  except Inexact as e:
+    raise Uncacheable("user_equality", str(e)) from None
+
+
+#: What an Enum member's own ``__dict__`` holds for ``enum`` itself
+_ENUM_OWN = frozenset({"_value_", "_name_", "__objclass__", "_sort_order_",
+                       "__init__"})
+
+
+def enum_member_has_state(v) -> bool:
+  """Whether Enum member ``v`` holds attributes of its own (``Mode.A.scale
+  = 5.0``, or set by its class's ``__init__``): state its ``==`` (identity)
+  does not compare."""
+  return not _ENUM_OWN.issuperset(getattr(v, "__dict__", ()))
 
 
 def _library_atom(k):
   t = type(k)
   if stable_module(getattr(t, "__module__", None)) or (
       isinstance(k, enum.Enum) and t.__eq__ is enum.Enum.__eq__
-      and t.__hash__ is enum.Enum.__hash__):
-    try:   # jax's, numpy's, the standard library's ==, or exact fields
-      return library_value_key(k, t)
-    except Inexact as e:
-      raise Uncacheable("user_equality", str(e)) from None
+      and t.__hash__ is enum.Enum.__hash__
+      and not enum_member_has_state(k)):
+    # jax's, numpy's, the standard library's ==, or their exact fields
+    return library_value_key(k, t)
   raise Uncacheable("user_equality", f"a {t.__name__} as a dict key or set "
                     "element: only atoms are keyed there (by exact type and "
                     "bits), never by a class's own ==")

@@ -57,7 +57,7 @@ LIVE_STATE_FUNCTIONS = frozenset({
 #: Builtins a trace calls for what they do or read outside the process's
 #: values: a file's contents, the terminal, a debugger. Stock calls them on
 #: every trace; a hit that skips the trace would not.
-TRACE_EFFECTS = frozenset({print, open, input, breakpoint, io.open})
+TRACE_EFFECTS = frozenset({print, open, input, breakpoint, io.open, np.info})
 
 
 def _draws(v) -> bool:
@@ -69,8 +69,11 @@ def _draws(v) -> bool:
 
 
 #: Library modules whose functions a trace calls for their effect: a log
-#: record, a warning (stock makes it at every trace; a hit would not).
-EFFECT_MODULES = ("logging", "warnings", "_warnings")
+#: record, a warning, printed text (stock makes it at every trace; a hit
+#: would not); or whose answers read thread state no key holds (the
+#: decimal context).
+EFFECT_MODULES = ("logging", "warnings", "_warnings", "pprint", "decimal",
+                  "_decimal", "_pydecimal")
 _UNKEYED_MODULES = frozenset(DRAWING_MODULES + EFFECT_MODULES)
 _UNKEYED_PREFIXES = tuple(m + "." for m in _UNKEYED_MODULES)
 

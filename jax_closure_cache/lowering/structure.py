@@ -149,6 +149,9 @@ def _refusal(c) -> str | None:
   if _compat.all_zero(c):
     # XLA folds x + c to x for a baked c of zeros, keeping x's -0.0
     return "a constant of zeros (XLA folds x + 0 in stock's module)"
+  if _compat.holds_nan(c):
+    # XLA folds max(x, nan) with a baked NaN to a NaN of another sign
+    return "a constant holding a NaN (XLA folds it in stock's module)"
   if (t is _compat.ArrayImpl or t is np.ndarray
       or isinstance(c, _compat.np_generic)
       or t in (int, float, bool, complex)
@@ -194,11 +197,12 @@ def hoists(e) -> bool:
 
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
-  an argument: a floating-point or complex scalar, not a zero (an
+  an argument: a floating-point or complex scalar, not a zero nor a NaN
+  (XLA folds those otherwise than it computes with an argument; an
   equation's operand also at a position :func:`keyed_operands` does not
   name: :func:`lifted_operands`)."""
   return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
-          and not _zero(v.val))
+          and not _zero(v.val) and not _compat.holds_nan(v.val))
 
 
 #: Operands (by primitive, their positions) whose literal stays in the key,
