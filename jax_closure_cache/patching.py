@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -77,6 +78,9 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
       points.append((owner, name, trace_lookup.REPLACEMENTS[name]))
   points += _tier_a_points()
   points += prebuilt_points()
+  # a warning a trace issues is an effect a hit would skip
+  for name, replacement in trace_lookup.closure_cache.WARNING_REPLACEMENTS.items():
+    points.append((warnings, name, replacement))
   # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable

@@ -1,6 +1,7 @@
 """Shared fixtures: every test starts with an empty cache and stock jax.jit."""
 
 import contextlib
+import warnings
 
 import jax
 import numpy as np
@@ -14,6 +15,7 @@ import jax_closure_cache as jcc
 from jax_closure_cache import _compat  # noqa: E402
 STOCK_JIT = _compat.STOCK_JIT
 STOCK_WHILE_LOOP = _compat.STOCK_CONTROL_FLOW["while_loop"]
+from jax_closure_cache.lookup.closure_cache import WARNING_REPLACEMENTS  # noqa: E402
 # Layer two (the closure key inside JAX's trace lookup) runs only where the
 # installed jax has the seams it is written against (0.10.2); elsewhere the
 # front runs alone and layer two's tests are skipped, each saying why.
@@ -72,6 +74,7 @@ def fresh_cache(request):
   cache.set_verify(verify)
   assert jax.jit is STOCK_JIT
   assert jax.lax.while_loop is STOCK_WHILE_LOOP
+  assert warnings.warn is not WARNING_REPLACEMENTS["warn"]
 
 
 @contextlib.contextmanager

@@ -839,3 +839,52 @@ def test_printing_through_library_functions_and_builtins_is_never_skipped(
   jcc.enable()
   for _ in range(2):
     assert run() == want
+
+
+def _warns_in_a_helper():
+  import warnings
+  warnings.warn("from a helper", UserWarning, stacklevel=2)
+
+
+@counts_side_effects
+@pytest.mark.parametrize("route", ["jit", "scan"])
+def test_warnings_a_trace_issues_are_issued_at_every_trace_where_they_point(
+    route):
+  import warnings
+
+  def make(i):
+    w = jnp.ones(2) * i
+
+    def f(x):
+      _warns_in_a_helper()   # attributed to this line, as stock's
+      y = x.astype(jnp.float64)   # JAX's own warning (x64 off)
+      np.log(np.float64(0.0))   # NumPy's RuntimeWarning, from C
+      return y * w
+    return f
+
+  def call(f):
+    if route == "jit":
+      return jax.jit(f)(jnp.ones(2))
+    return jax.lax.scan(lambda c, _: (f(c), None), jnp.ones(2), None,
+                        length=2)[0]
+
+  def run():
+    shown = []
+    with warnings.catch_warnings(record=True) as once:
+      warnings.simplefilter("default")   # each location once
+      outs = [call(make(i)) for i in range(3)]
+    shown.append([(str(w.message)[:20], w.filename, w.lineno) for w in once])
+    with warnings.catch_warnings(record=True) as every:
+      warnings.simplefilter("always")
+      outs += [call(make(i)) for i in range(4)]
+    shown.append([(str(w.message)[:20], w.filename, w.lineno) for w in every])
+    return outs, shown
+
+  want, want_shown = stock_off(run)
+  assert len(want_shown[1]) == 12   # three warnings at every trace
+  jcc.enable()
+  for _ in range(2):
+    got, shown = run()
+    assert shown == want_shown
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import functools
 import threading
 import types
+import warnings
 import weakref
 
 from jax_closure_cache import _compat
@@ -202,6 +203,48 @@ def note_cached_answer(fun) -> None:
       stale = True
   if stale:
     _skipped.n = getattr(_skipped, "n", 0) + 1
+
+
+def note_trace_effect() -> None:
+  """An effect no watch sees was made on this thread (a warning issued,
+  :data:`WARNING_REPLACEMENTS`): a trace during which one was made is
+  neither shared nor stored, and its code is a trace writer, as for a
+  stale answer (:func:`skipped_writers`), since stock makes it again at
+  every trace of a new function object."""
+  _skipped.n = getattr(_skipped, "n", 0) + 1
+
+
+_WARN = warnings.warn
+_WARN_EXPLICIT = warnings.warn_explicit
+_SHOW = getattr(warnings, "_showwarnmsg", None)
+
+
+def _warn(message, category=None, stacklevel=1, source=None, **kwargs):
+  note_trace_effect()
+  # (one level more: this frame is not the caller's)
+  return _WARN(message, category, stacklevel + 1, source, **kwargs)
+
+
+def _warn_explicit(*args, **kwargs):
+  note_trace_effect()
+  return _WARN_EXPLICIT(*args, **kwargs)
+
+
+def _show(message):   # a warning issued in C (NumPy's), as it is shown
+  note_trace_effect()
+  return _SHOW(message)
+
+
+_warn.__doc__ = _WARN.__doc__
+_warn_explicit.__doc__ = _WARN_EXPLICIT.__doc__
+
+#: ``warnings``' functions replaced while the closure key is on, each
+#: counting (:func:`note_trace_effect`) and calling the original: a
+#: warning a trace issues (JAX's own, or the user's through a library) is
+#: an effect stock makes at every trace, whatever the filters say now.
+WARNING_REPLACEMENTS = types.MappingProxyType({
+    "warn": _warn, "warn_explicit": _warn_explicit,
+    **({"_showwarnmsg": _show} if _SHOW is not None else {})})
 
 
 def signature(in_avals, debug_info, ctx) -> tuple:
