@@ -96,6 +96,27 @@ def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
   np.testing.assert_array_equal(out, STOCK_JIT(mk(w))(x))
 
 
+def test_a_function_wrapped_anew_for_each_call_stays_on_its_entry(
+    monkeypatch):
+  """``jax.jit(f)(x)`` in a loop over one long-lived ``f``: no wrapper lives
+  to keep stock's object, whose path for a new wrapper costs several times
+  the entry's, so ``f`` is never promoted (no compile however many calls),
+  and every answer is stock's."""
+  monkeypatch.setattr(identity, "PROMOTE_AFTER_CALLS", 5)
+  x = jnp.arange(3.0)
+  w = jnp.full(3, 2.0)
+  mk = lambda w: (lambda v: v * w + 1.0)
+  for _ in range(2):
+    jcc.jit(mk(w))(x)   # stock's object, then the shared entry
+  f = mk(w)
+  jcc.jit(f)(x)
+  with counting() as c:
+    for _ in range(20):
+      out = jcc.jit(f)(x)
+  assert c["compiles"] == 0 and c["traces"] == 0
+  np.testing.assert_array_equal(out, STOCK_JIT(mk(w))(x))
+
+
 def test_long_lived_wrapper_calls_stocks_object_directly():
   """After its first call a stock-owned wrapper calls stock's jitted object
   itself (``__call__`` is stock's object), so no Python frame of the cache

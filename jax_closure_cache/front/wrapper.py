@@ -360,7 +360,18 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
   _call_entry = generated.call_entry_function(_HIT_ENV)
 
   def _call_again(self, row, args, kwargs):
-    """A later call of this wrapper: its function object is long-lived."""
+    """A later call of this wrapper: it and its function are long-lived.
+
+    Each call with the entry passes the leaves as arguments, about a
+    microsecond per array more than stock's baked executable: the more
+    arrays, the sooner a long-lived wrapper is worth stock's compile.
+    Counted here only: a function wrapped anew for each call (``jax.jit(
+    f)(x)`` in a loop) keeps no stock object alive, and stock's path for a
+    new wrapper costs several times the entry's."""
+    if type(row) is not _OWNED:
+      row[identity.CALLS] += len(row[identity.LEAVES]) or 1
+      if row[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS:
+        row = self._promote(row)
     if type(row) is _OWNED:
       owned = self._stock_of(row)
       self._go_direct(owned)
@@ -404,13 +415,6 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
 
   def _call_row(self, row, args, kwargs):
     """A function object called before: as its first call decided."""
-    if type(row) is not _OWNED:
-      # Each call with the entry passes the leaves as arguments, about a
-      # microsecond per array more than stock's baked executable: the more
-      # arrays, the sooner a long-lived object is worth stock's compile.
-      row[identity.CALLS] += len(row[identity.LEAVES]) or 1
-      if row[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS:
-        row = self._promote(row)
     if type(row) is _OWNED:
       return self._stock_of(row)(*args, **kwargs)
     if _DISABLE_JIT.value:
