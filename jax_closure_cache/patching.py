@@ -62,7 +62,7 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   from jax_closure_cache.control_flow import launchers
   from jax_closure_cache.front import convert
   from jax_closure_cache.lookup import trace_lookup
-  points = [(jax, "jit", entrance.jit)]
+  points = [(jax, "jit", entrance.jit), (jax, "eval_shape", entrance.eval_shape)]
   for owner in _compat.CONTROL_FLOW_OWNERS:
     for name, replacement in launchers.CACHED.items():
       if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:

@@ -683,3 +683,43 @@ def test_one_object_with_equal_static_values_traces_once_and_counts_one():
   assert f1(1, A()) == 100 and len(side) == 1
   assert f1(1, A()) == 100 and len(side) == 1
   assert f1._cache_size() == 1
+
+
+def test_eval_shape_and_keyword_order_of_a_wrapper_with_static_arguments():
+  """``jax.eval_shape`` of a jitted function with static arguments answers
+  by its ``trace``, as stock's does for its own (it traced the wrapper
+  with the static values as tracers); static keywords reach a function
+  taking ``**kwargs`` in stock's order (sorted by name)."""
+  def run():
+    out = []
+    for i in range(3):
+      w = jnp.ones(2) * i
+      seen = []
+
+      def g(x, n):
+        return x * w * n
+
+      def h(x, **kw):
+        seen.append(list(kw))
+        return x * w * kw["c"]
+      j = jax.jit(g, static_argnums=1)
+      out.append(jax.eval_shape(j, jnp.ones(2), 2))
+      out.append(j.eval_shape(jnp.ones(2), 3))
+      out.append(jax.eval_shape(jax.jit(lambda x: x * w), jnp.ones(2)))
+      out.append(jax.jit(h, static_argnames=("z", "c"))(
+          jnp.ones(2), z=2, y=jnp.ones(1), c=3, a=jnp.ones(1)))
+      out.append(seen)
+    return out
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    assert [g for g in got if type(g) is list] == [
+        w for w in want if type(w) is list]
+    for g, w in zip(got, want):
+      assert type(g) is type(w)
+      if type(w) is jax.ShapeDtypeStruct:
+        assert g == w
+      elif type(w) is not list:
+        np.testing.assert_array_equal(g, w)

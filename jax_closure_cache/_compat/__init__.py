@@ -56,6 +56,9 @@ def jax_carries_pull_requests() -> bool:
 
 #: ``jax.jit`` as JAX defines it, whatever the patch registry has installed.
 STOCK_JIT = _api.jit
+#: ``jax.eval_shape`` as JAX defines it (it answers its own jitted objects
+#: by their ``trace``, recognised by their C type).
+STOCK_EVAL_SHAPE = _api.eval_shape
 
 #: Every tracer type derives from this (the public ``jax.core.Tracer``).
 Tracer = _core.Tracer

@@ -124,6 +124,8 @@ def _binder(fun, functions, shape, plain):
       full.insert(i, next(values) if is_function else next(plain_values))
     for name, is_function in names:
       kwargs[name] = next(values) if is_function else next(plain_values)
+    if names:   # in stock's order: its flat tree's, sorted by name
+      kwargs = dict(sorted(kwargs.items()))
     return fun(*full, **kwargs)
   return call_with_static_arguments
 
@@ -140,6 +142,8 @@ def _binder_of_one(fun, function, shape, plain):
       full.insert(i, function if is_function else next(plain_values))
     for name, is_function in names:
       kwargs[name] = function if is_function else next(plain_values)
+    if names:   # in stock's order: its flat tree's, sorted by name
+      kwargs = dict(sorted(kwargs.items()))
     return fun(*full, **kwargs)
   return call_with_static_function
 
