@@ -78,11 +78,10 @@ class _Launcher(wrapper.ClosureJitted):
     code's front class where one is filed (a generated ``__call__``, made
     without ``__init__``, as ``jit``'s hot case makes a front's wrapper),
     else of this class."""
-    front = _fronts.get(launcher.__code__)
-    if front is None:
+    w = wrapper.of_front(_fronts, launcher,
+                         _user_fun=user if callable(user) else launcher)
+    if w is None:
       return cls(launcher, user, jit_options.lift_numpy_default())
-    w = _fill(_new_wrapper(front), launcher)
-    w._user_fun = user if callable(user) else launcher
     return w
 
   def _user(self):
@@ -137,8 +136,6 @@ class _Launcher(wrapper.ClosureJitted):
 
 
 _fronts = inline.client_fronts
-_fill = wrapper.fill
-_new_wrapper = object.__new__
 
 
 #: ``_wrap(launcher, user)``: the cached wrapper of ``launcher``

@@ -169,16 +169,13 @@ class _Bound(wrapper.ClosureJitted):
     options, which a front's are when they are the defaults' (the jitted
     function's only options were its static arguments), else of this
     class."""
-    front = (_fronts.get(binder.__code__)
-             if not options_key and lift_numpy == _hot_spec[0].lift_numpy
-             else None)
-    if front is None:
+    w = (wrapper.of_front(_fronts, binder, _user_fun=user,
+                          _outer_stock=outer_stock, _static_args=static_args)
+         if not options_key and lift_numpy == _hot_spec[0].lift_numpy
+         else None)
+    if w is None:
       return cls(binder, options, options_key, lift_numpy, user, outer_stock,
                  static_args)
-    w = _fill(_new_wrapper(front), binder)
-    w._user_fun = user
-    w._outer_stock = outer_stock
-    w._static_args = static_args
     return w
 
   @staticmethod
@@ -236,8 +233,6 @@ class _Bound(wrapper.ClosureJitted):
 
 
 _fronts = inline.client_fronts
-_fill = wrapper.fill
-_new_wrapper = object.__new__
 _hot_spec = jit_options.hot_spec_cell()
 
 
