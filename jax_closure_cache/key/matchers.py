@@ -20,7 +20,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value)
 from jax_closure_cache.key.parts import (
-    ALIAS, ATOMS, BUILTIN_NODES, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
+    ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
     PARTIAL, TREE, TREEAUX, AliasPart, Atom, CyclePart, FnPart, LibAttrPart,
     NodePart, PartialPart, Tag, TreeAuxPart, TreePart, float_key, tree_part)
 

@@ -22,7 +22,7 @@ from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
 from jax_closure_cache.key.parts import (
-    BUILTIN_NODES, CLASS, COPY, METHOD, OBJ, TREEAUX, TREEDEF, MethodPart,
+    BUILTIN_NODES, CLASS, COPY, METHOD, TREEAUX, TREEDEF, MethodPart,
     NodePart, ObjPart, TreeAuxPart, TreeDefPart, tree_part)
 
 _key = closure_key
