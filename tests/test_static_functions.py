@@ -723,3 +723,45 @@ def test_eval_shape_and_keyword_order_of_a_wrapper_with_static_arguments():
         assert g == w
       elif type(w) is not list:
         np.testing.assert_array_equal(g, w)
+
+
+def test_a_function_jitted_anew_for_each_call_with_a_static_function(
+    monkeypatch):
+  """``jax.jit(g, static_argnums=1)(x, h)`` in a loop over long-lived ``g``
+  and ``h``: stock makes a new jitted object each call; the cache makes no
+  stock object per call and never promotes the row (no wrapper lives to
+  keep stock's object), so nothing compiles past the first calls, and
+  every answer is stock's. A wrapper kept and called keeps its promotion."""
+  from jax_closure_cache.front import identity
+  monkeypatch.setattr(identity, "PROMOTE_AFTER_CALLS", 5)
+  w = jnp.arange(3.0)
+
+  def make(w):
+    def g(x, f):
+      return f(x) * w
+    return g
+
+  def h(v):
+    return v * v + 1.0
+
+  x = jnp.ones(3)
+  want = STOCK_JIT(make(w), static_argnums=1)(x, h)
+  jcc.enable()
+  for _ in range(2):
+    jax.jit(make(w), static_argnums=1)(x, h)   # stock's, then the entry's
+  g = make(w)
+  jax.jit(g, static_argnums=1)(x, h)
+  with counting() as c:
+    for _ in range(20):
+      out = jax.jit(g, static_argnums=1)(x, h)
+  assert c["compiles"] == 0 and c["traces"] == 0, c
+  np.testing.assert_array_equal(out, want)
+  kept = jax.jit(g, static_argnums=1)
+  with counting() as c:
+    for _ in range(20):
+      out = kept(x, h)
+  assert c["compiles"] == 1, c   # promoted: stock's own executable, once
+  np.testing.assert_array_equal(out, want)
+  for _ in range(2):   # stock's validation, on every wrapper
+    with pytest.raises(ValueError):
+      jax.jit(g, static_argnums=1, donate_argnums=1)

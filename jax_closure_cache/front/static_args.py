@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -151,7 +152,9 @@ def _binder_of_one(fun, function, shape, plain):
 class _Bound(wrapper.ClosureJitted):
   """The binder of one call; its stock form is the user's stock jitted
   function called with the static arguments back in place, and its user
-  (whose code decides first-object-is-stock's) the static function."""
+  (whose code decides first-object-is-stock's) the static function.
+  ``outer_stock``: a callable giving that stock jitted function (made on
+  first need)."""
   __slots__ = ("_user_fun", "_outer_stock", "_static_args")
 
   def __init__(self, binder, options: dict, options_key: tuple,
@@ -201,7 +204,7 @@ class _Bound(wrapper.ClosureJitted):
     """The user's jitted function as stock's trace names it: its name,
     source line and signature without the static arguments (the jaxpr's
     debug info, the HLO module's name)."""
-    fun = self._outer_stock
+    fun = self._outer_stock()
     fun = getattr(fun, "__wrapped__", fun)
     positions, names, _ = self._static_args
     try:
@@ -227,7 +230,7 @@ class _Bound(wrapper.ClosureJitted):
         full.insert(i, next(it))
       for name in names:
         kwargs[name] = next(it)
-      return outer(*full, **kwargs)
+      return outer()(*full, **kwargs)
     self._stock = stock_call
     return stock_call
 
@@ -314,6 +317,36 @@ _tables: dict[tuple, dict] = cache.STORE.table(
     "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
 
 
+def _resolved(w) -> tuple | None:
+  """The static arguments of ``w``'s function and options, as stock's
+  ``jit()`` resolves them against the function's signature. Stock's own
+  jitted object is made for the first wrapper of a function and options:
+  its argument validation raises then, at ``jit()`` time, as stock's does
+  (an unknown static_argnames, an out-of-range static_argnums, static and
+  donated names intersecting). A later wrapper of them (``jax.jit(f,
+  static_argnums=1)(x, g)`` in a loop) reads the answer kept, beside the
+  function, while it lives: making stock's object costs as much as
+  stock's whole call of a new wrapper."""
+  fun, options_key = w._fun, w._spec.key
+  try:
+    known = _resolutions.get(fun)
+  except TypeError:   # unhashable: no weak key
+    known = None
+  if known is not None and options_key in known:
+    return known[options_key]
+  resolved = _compat.jit_static_arguments(w.stock())
+  try:
+    _resolutions.setdefault(fun, {})[options_key] = resolved
+  except TypeError:   # not weakly referable, or unhashable
+    pass
+  return resolved
+
+
+# function -> {options key: its resolved static arguments}, weakly
+_resolutions = cache.STORE.table("static_args.resolutions", cache.Store.CALLS,
+                                 weakref.WeakKeyDictionary)
+
+
 # The row of a wrapper's function called with plain static values only
 _PLAIN = "plain static values"
 
@@ -328,7 +361,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   good (no frame of ours per call, as for any long-lived jitted function).
   It holds the function as stock's own cache does.
   """
-  __slots__ = ("_owned", "_quick", "_resolved")
+  __slots__ = ("_owned", "_quick", "_resolved", "_calls")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -338,11 +371,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     # closure: a later such call skips the search for functions among the
     # static values and the identity lookup (``_call_quick``)
     self._quick = None
-    # Stock's own jitted object, made now: its argument validation raises
-    # here, at jit() time, as stock's does (an unknown static_argnames, an
-    # out-of-range static_argnums, static and donated names intersecting).
-    # Its static arguments, resolved against the function's signature.
-    self._resolved = _compat.jit_static_arguments(self.stock())
+    self._resolved = _resolved(self)
+    self._calls = 0   # of this wrapper with a static function's row
 
   def __call__(self, *args, **kwargs):
     owned = self._owned
@@ -384,12 +414,13 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     params = values.Static(
         tuple(zip(positions, flags[:len(positions)])),
         tuple(zip(names, flags[len(positions):])), plain)
-    stock = self.stock()
+    # (stock's jitted object is made only where a path calls it: making it
+    # costs as much as stock's whole call of a new wrapper)
     try:   # stock hashes every static value: an unhashable one is its error
       hash(params)
       hash(functions)
     except Exception:
-      return stock(*args, **kwargs)
+      return self.stock()(*args, **kwargs)
     user = next((f for f in found if f is not None), None)
     if user is None or not callable(user):
       # plain values only, or a jaxpr: the user's function is the one
@@ -413,28 +444,33 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     seen, state = row if row is not None else (None, None)
     if row is not None and state is None and not functions:
       # the wrapper's function is stock's: so is every call of it
+      stock = self.stock()
       self._go_direct(stock)
       return stock(*args, **kwargs)
     if row is not None and seen == params:
       if state is None:
         if not names and len(positions) == 1:
           self._owned = [positions[0], functions[0], 0]
-        return stock(*args, **kwargs)
-      state[identity.CALLS] += 1
-      if state[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS and not plain:
+        return self.stock()(*args, **kwargs)
+      # This wrapper's own calls only: a jitted function made anew for each
+      # call (``jax.jit(f, static_argnums=1)(x, g)`` in a loop) keeps no
+      # stock object alive, and stock's path for a new one costs twice the
+      # entry's.
+      self._calls += 1
+      if self._calls >= identity.PROMOTE_AFTER_CALLS and not plain:
         # long-lived: stock's from now on (not with plain values: stock's
         # object would trace a value equal under == to the first call's,
         # which stock's own cache of the object answers with that trace)
         table[ref] = (params, None)
-        return stock(*args, **kwargs)
+        return self.stock()(*args, **kwargs)
       bound = self._make_bound(layout, positions, names, static_values,
-                               functions, params, user, stock)
+                               functions, params, user, self.stock)
       return bound.resume(state, dynamic, dyn_kwargs)
     if row is not None:
       # The same static function with other plain values: stock's own cache
       # answers, as it would (it reuses the trace of an earlier value equal
       # under ==, where a shared entry would trace this one's).
-      return stock(*args, **kwargs)
+      return self.stock()(*args, **kwargs)
     out = self._first_call(layout, positions, names, static_values,
                            functions, params, user, dynamic, dyn_kwargs,
                            table if single else None, ref)
@@ -465,14 +501,14 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     binder's call, whose decision is recorded as the function's row in
     ``table`` under ``ref`` (None: no row is kept)."""
     bound = self._make_bound(layout, positions, names, static_values,
-                             functions, params, user, self.stock())
+                             functions, params, user, self.stock)
     out = bound(*dynamic, **dyn_kwargs)
     if table is not None:
       table[ref] = (params, bound.decided())
     return out
 
   def _make_bound(self, layout, positions, names, static_values, functions,
-                  params, user, stock) -> _Bound:
+                  params, user, outer_stock) -> _Bound:
     options, options_key = layout.bound_options(tuple(positions))
     positions_of, names_of, plain = params.value
     # the binder's key walks the plain values themselves (``_binder``);
@@ -484,7 +520,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
               if len(functions) == 1 else
               _binder(self._fun, functions, shape, plain))
     return _Bound.made(binder, options, options_key,
-                       self._spec.lift_numpy, user, stock,
+                       self._spec.lift_numpy, user, outer_stock,
                        (positions, names, static_values))
 
   def _cache_size(self) -> int:
