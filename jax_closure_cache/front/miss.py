@@ -214,7 +214,7 @@ class MissStages:
     try:
       # .trace() fills JAX's _infer_params cache, so the call below compiles
       # without tracing again; the Traced object yields the captured consts.
-      with entries.calling(entry, self._fun, a), \
+      with entries.calling(entry, self._fun, a), _watching(), \
            _compile_warnings(donating) as warned:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
         baked = self._baked_operand(traced)
@@ -415,6 +415,7 @@ class MissStages:
 
 
 _skipped_writers = trace_lookup.closure_cache.skipped_writers
+_watching = trace_lookup.closure_cache.watching
 
 
 #: The stages the generated hit (``generated.HIT``, ``CALL``) calls by name:

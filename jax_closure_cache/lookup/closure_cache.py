@@ -12,6 +12,7 @@ hold the objects whose ids are in a key weakly (:func:`hold_weakly`).
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable
 import functools
 import threading
@@ -157,7 +158,8 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     # trace without running it: ``note_cached_answer``)
     watch = StateWatch(fun)
     skipped = skipped_writers()
-    answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
+    with watching():
+      answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
     # a write is not shared, nor its code's canonical object: one to what
     # the watch sees, or to anything else the key covers (a class attribute
     # a property's getter counts its reads in), or one an inner trace
@@ -183,13 +185,29 @@ def skipped_writers() -> int:
   return getattr(_skipped, "n", 0)
 
 
+@contextlib.contextmanager
+def watching():
+  """A trace whose :func:`skipped_writers` count is compared: JAX's cache
+  answers inside it are checked (:func:`note_cached_answer`); those
+  outside any (an eager loop's long-lived body, launched again) cost
+  nothing."""
+  _skipped.watching = getattr(_skipped, "watching", 0) + 1
+  try:
+    yield
+  finally:
+    _skipped.watching -= 1
+
+
 def note_cached_answer(fun) -> None:
   """JAX's cache answered a trace of ``fun`` without running it (its
   answer from the first trace of this object): counted where its code is a
   trace writer, or where ``fun``'s closure key now is not the one that
   trace read (a cell, list or global changed since), or is unknown: a
   trace holding that answer is not what a later object of its key would
-  trace, as stock's would."""
+  trace, as stock's would. Only inside a trace being watched
+  (:func:`watching`)."""
+  if not getattr(_skipped, "watching", 0):
+    return
   code = _code(fun)
   if code is None:
     return
