@@ -8,12 +8,13 @@ import gc
 import os
 import weakref
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting
+from conftest import STOCK_JIT, counting, stock_off
 
 from jax_closure_cache.front import identity  # noqa: E402
 
@@ -165,3 +166,37 @@ def test_rows_keep_nothing_alive():
   gc.collect()
   assert all(r() is None for r in refs)
   assert all(not t for t in identity.tables.values())
+
+
+def test_a_stock_owned_function_wrapped_anew_reads_what_jit_parsed_again():
+  """A long-lived function stock traced (its code's first object), wrapped
+  anew for each call: stock's jitted objects are made from the options
+  ``jit()`` parsed the first time, until what parsing read changes (its
+  defaults, its name): every answer, debug name and error is stock's."""
+  w = jnp.arange(3.0)
+
+  def make(w):
+    def f(x, scale=2.0):
+      return x * w * scale
+    return f
+
+  def run():
+    f = make(w)
+    outs = [jax.jit(f)(jnp.ones(3)) for _ in range(3)]
+    f.__defaults__ = (5.0,)
+    outs += [jax.jit(f)(jnp.ones(3)) for _ in range(2)]
+    f.__name__ = "renamed"
+    traced = jax.jit(f).trace(jnp.ones(3))
+    outs.append(traced.jaxpr.jaxpr.debug_info.func_name)
+    with pytest.raises(TypeError) as e:
+      jax.jit(f)(jnp.ones(3), 1.0, 2.0)
+    outs.append(str(e.value))
+    return outs
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    assert got[-2:] == want[-2:]
+    for g, w_ in zip(got[:-2], want[:-2]):
+      np.testing.assert_array_equal(g, w_)

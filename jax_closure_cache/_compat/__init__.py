@@ -116,6 +116,27 @@ def cache_size(jitted) -> int:
   return jitted._cache_size()
 
 
+from jax._src import pjit as _pjit_module   # noqa: E402
+
+_CPP_PJIT = getattr(_pjit_module, "_cpp_pjit", None)
+
+
+def jit_info(jitted):
+  """The options a stock jitted object was made with, as ``jit()`` parsed
+  and validated them against its function (``_jit_info``), or None."""
+  return getattr(jitted, "_jit_info", None)
+
+
+def jit_with_info(fun, info):
+  """Stock's jitted object of ``fun`` made from ``info``, the parsed
+  options of an earlier one of the same function and options: what
+  ``jax.jit`` would make (its last step, ``pjit._cpp_pjit``), without
+  parsing the signature again; None where JAX has no such step."""
+  if _CPP_PJIT is None or info is None:
+    return None
+  return _CPP_PJIT(fun, info)
+
+
 def jit_static_arguments(jitted) -> tuple | None:
   """``(static_argnums, static_argnames)`` of a stock jitted function as
   its ``jit()`` resolved them against the function's signature (a static

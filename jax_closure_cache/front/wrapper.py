@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import operator
 import types
+import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -55,6 +56,7 @@ _DISABLE_JIT = _compat.DISABLE_JIT
 _OWNED = identity.OWNED
 _ref = identity.ref
 _getweakrefcount = identity.getweakrefcount
+_FunctionType = types.FunctionType
 _quick = inline.quick
 code_of = miss.code_of
 
@@ -264,7 +266,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     """Stock ``jax.jit`` of the user's own function (made once)."""
     s = self._stock
     if s is None:
-      s = self._stock = _compat.STOCK_JIT(self._fun, **self._spec.options)
+      s = self._stock = stock_jit(self._fun, self._spec)
     return s
 
   def lower(self, *args, **kwargs):
@@ -521,6 +523,49 @@ def _code_of(fun):
   if type(fun) is functools.partial and type(fun.func) is types.FunctionType:
     return fun.func.__code__
   return None
+
+
+def stock_jit(fun, spec):
+  """Stock ``jax.jit(fun, **spec.options)``. For a plain function wrapped
+  anew for each call (``jax.jit(f)(x)`` in a loop over a long-lived
+  ``f``), the options ``jit()`` parsed for it the first time are kept
+  beside it while it lives, and later objects are made from them as
+  ``jit()`` makes its own (``_compat.jit_with_info``): parsing them reads
+  the function's signature, three quarters of stock's cost of a new
+  jitted object. Not where ``jit()`` warns (``device``, ``backend``), nor
+  once what parsing read of the function was replaced (``_parsed_from``)."""
+  options = spec.options
+  reuse = (type(fun) is _FunctionType and options.get("device") is None
+           and options.get("backend") is None)
+  if reuse:
+    known = _jit_infos.get(fun)
+    if known is not None:
+      found = known.get(spec.key)
+      if found is not None and all(map(operator.is_, found[1],
+                                       _parsed_from(fun))):
+        made = _compat.jit_with_info(fun, found[0])
+        if made is not None:
+          return made
+  made = _compat.STOCK_JIT(fun, **options)
+  if reuse:
+    info = _compat.jit_info(made)
+    if info is not None:
+      _jit_infos.setdefault(fun, {})[spec.key] = (info, _parsed_from(fun))
+  return made
+
+
+def _parsed_from(fun) -> tuple:
+  """What ``jit()``'s parsing reads of a function: its code, defaults,
+  name, and the ``__wrapped__`` and ``__signature__`` it may carry."""
+  own = fun.__dict__
+  return (fun.__code__, fun.__defaults__, fun.__kwdefaults__, fun.__name__,
+          own.get("__wrapped__"), own.get("__signature__"))
+
+
+# function -> {options key: (the options jit() parsed for it, what that
+# read of it)}, weakly: nothing of the function's but what it holds itself
+_jit_infos = cache.STORE.table("wrapper.jit_infos", cache.Store.CALLS,
+                               weakref.WeakKeyDictionary)
 
 
 def fill(w, fun, code_and_spec=None):
