@@ -208,11 +208,14 @@ def enable(*, lift_numpy: bool | None = None, verify: bool | None = None,
 
 
 def disable() -> None:
-  """Put back every original that ``enable()`` replaced, in reverse order."""
+  """Put back every original that ``enable()`` replaced, in reverse order,
+  where its replacement is still there (one installed since, the user's,
+  is theirs to keep)."""
   with _lock:
     while _applied:
       p = _applied.pop()
-      setattr(p.owner, p.name, p.original)
+      if getattr(p.owner, p.name, None) is p.replacement:
+        setattr(p.owner, p.name, p.original)
 
 
 def enabled(*, lift_numpy: bool | None = None, verify: bool | None = None,

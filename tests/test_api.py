@@ -1,6 +1,7 @@
 """jit's drop-in surface: options, decorator forms, AOT methods, transforms."""
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting
+from conftest import STOCK_JIT, counting, stock_off
 
 
 def make(w):
@@ -195,3 +196,31 @@ def test_stats_count_a_hit_that_traced_again():
   out = make(w3)(x3)   # same key, new shapes: a hit that traces again
   np.testing.assert_array_equal(out, jnp.ones(3))
   assert jcc.stats()["retraces"] == 1 and jcc.stats()["hits"] == 1
+
+
+def test_jit_without_a_function_and_with_none_is_stocks():
+  """``jax.jit()`` is a decorator (a function, as stock's); ``jax.jit(None)``
+  raises stock's TypeError; ``device=`` (deprecated) warns as stock's does,
+  once per jitted object, at the user's line."""
+  import warnings
+
+  def run():
+    out = [type(jax.jit()).__name__,
+           float(jax.jit(static_argnums=())(lambda v: v + 1.0)(1.0))]
+    for bad in (lambda: jax.jit(None), lambda: jax.jit(None)(lambda v: v)):
+      with pytest.raises(TypeError) as e:
+        bad()
+      out.append(str(e.value))
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for i in range(3):
+        w = jnp.ones(2) * i
+        jax.jit(lambda v: v * w, device=jax.devices()[0])(jnp.ones(2))
+    out.append([(c.category.__name__, os.path.basename(c.filename))
+                for c in caught])
+    return out
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    assert run() == want

@@ -4,6 +4,7 @@ and answered by stock, whose trace writes to the user's object. Results and
 side effects are compared with stock jax.jit on a fresh function object."""
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -888,3 +889,46 @@ def test_warnings_a_trace_issues_are_issued_at_every_trace_where_they_point(
     assert shown == want_shown
     for g, w in zip(got, want):
       np.testing.assert_array_equal(g, w)
+
+
+def _warns_at_level(level):
+  import warnings
+  warnings.warn("at a level", UserWarning, level)
+
+
+def test_warnings_issued_while_enabled_point_and_fail_as_stocks():
+  """While the closure key is on, ``warnings.warn`` counts a warning a
+  trace issues; a warning still names the frame stock's names (stack level
+  0, 1 and 2; JAX's own stack levels past the package's frames), an
+  argument error is stock's, and ``disable()`` leaves a ``warnings.warn``
+  the user installed meanwhile in place."""
+  import warnings
+
+  def run():
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for level in (0, 1, 2, -3):
+        _warns_at_level(level)
+      for i in range(3):   # JAX's own, from inside its trace (x64 off)
+        w = jnp.ones(2) * i
+        jax.jit(lambda v: v.astype(jnp.float64) * w)(jnp.ones(2))
+    out.append([(os.path.basename(c.filename), c.lineno) for c in caught])
+    for bad in ((), ("m", UserWarning, "a"), ("m", UserWarning, 1, None, 5)):
+      with pytest.raises(TypeError) as e:
+        warnings.warn(*bad)
+      out.append(str(e.value))
+    return out
+
+  stock_warn = warnings.warn
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    assert run() == want
+  mine = lambda *a, **k: None
+  try:
+    warnings.warn = mine
+    jcc.disable()
+    assert warnings.warn is mine
+  finally:
+    warnings.warn = stock_warn

@@ -38,7 +38,19 @@ _fronts = inline.fronts
 _hot_spec = jit_options.hot_spec_cell()
 
 
-def jit(fun: Callable | None = None, /, **options) -> Any:
+class _NotSpecified:
+  """``jit()`` without a function: a decorator (``jit(None)`` is stock's
+  error, as ``jax.jit(None)`` is)."""
+  __slots__ = ()
+
+  def __repr__(self):
+    return "NotSpecified()"
+
+
+_NOT_SPECIFIED = _NotSpecified()
+
+
+def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
   """Closure-aware drop-in for ``jax.jit``.
 
   Takes every keyword of ``jax.jit`` plus ``lift_numpy`` (default: the value
@@ -73,10 +85,13 @@ def _jit_with_options(fun, options: dict):
   """``jit`` past the hot case: options, static arguments, closure-free
   functions, opaque callables, then a ``ClosureJitted``."""
   lift_numpy = options.pop("lift_numpy", None)
-  if fun is None:
+  if fun is _NOT_SPECIFIED:
     # stock's keyword-only signature rejects a wrong name at once
     jit_options.check_option_names(options)
-    return functools.partial(jit, lift_numpy=lift_numpy, **options)
+
+    def decorator(fun):
+      return jit(fun, lift_numpy=lift_numpy, **options)
+    return decorator
   if lift_numpy is None:
     lift_numpy = jit_options.lift_numpy_default()
   try:
@@ -89,6 +104,9 @@ def _jit_with_options(fun, options: dict):
     return _compat.STOCK_JIT(fun, **options)
   if not callable(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
+  if options.get("device") is not None or options.get("backend") is not None:
+    # deprecated: stock's jit() warns of them once per object, as made here
+    return _compat.STOCK_JIT(fun, **options)
   if jit_options.gives_static_arguments(options):
     if (isinstance(fun, (types.FunctionType, functools.partial,
                          types.MethodType, _ClosureJitted))

@@ -15,6 +15,8 @@ import collections
 import contextlib
 from collections.abc import Callable
 import functools
+import os
+import sys
 import threading
 import types
 import warnings
@@ -237,10 +239,36 @@ _WARN_EXPLICIT = warnings.warn_explicit
 _SHOW = getattr(warnings, "_showwarnmsg", None)
 
 
-def _warn(message, category=None, stacklevel=1, source=None, **kwargs):
+def _warn(*args, **kwargs):
   note_trace_effect()
-  # (one level more: this frame is not the caller's)
-  return _WARN(message, category, stacklevel + 1, source, **kwargs)
+  # the same arguments, so the same errors; a stack level counted as stock
+  # counts it, past this frame and the package's own
+  if len(args) >= 3:
+    if isinstance(args[2], int):
+      args = (*args[:2], _external_level(args[2]), *args[3:])
+  else:
+    level = kwargs.get("stacklevel", 1)
+    if isinstance(level, int):
+      kwargs["stacklevel"] = _external_level(level)
+  return _WARN(*args, **kwargs)
+
+
+def _external_level(level: int) -> int:
+  """The stack level for ``warnings.warn`` called from :func:`_warn` that
+  names the frame ``level`` would name without the package: its caller
+  for 1 (or less), then up, not counting the package's own frames (its
+  replacements of JAX's functions, interposed between JAX's)."""
+  frame = sys._getframe(2)   # the caller of ``warnings.warn``
+  steps, seen = 0, 1
+  while seen < level and frame is not None:
+    frame = frame.f_back
+    steps += 1
+    if frame is None or not frame.f_code.co_filename.startswith(_PACKAGE):
+      seen += 1
+  return steps + 2   # this frame, then the caller's
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _warn_explicit(*args, **kwargs):
@@ -248,9 +276,9 @@ def _warn_explicit(*args, **kwargs):
   return _WARN_EXPLICIT(*args, **kwargs)
 
 
-def _show(message):   # a warning issued in C (NumPy's), as it is shown
+def _show(*args, **kwargs):   # a warning issued in C (NumPy's), as shown
   note_trace_effect()
-  return _SHOW(message)
+  return _SHOW(*args, **kwargs)
 
 
 _warn.__doc__ = _WARN.__doc__
