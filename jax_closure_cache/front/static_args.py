@@ -317,31 +317,6 @@ _tables: dict[tuple, dict] = cache.STORE.table(
     "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
 
 
-def _resolved(w) -> tuple | None:
-  """The static arguments of ``w``'s function and options, as stock's
-  ``jit()`` resolves them against the function's signature. Stock's own
-  jitted object is made for the first wrapper of a function and options:
-  its argument validation raises then, at ``jit()`` time, as stock's does
-  (an unknown static_argnames, an out-of-range static_argnums, static and
-  donated names intersecting). A later wrapper of them (``jax.jit(f,
-  static_argnums=1)(x, g)`` in a loop) reads the answer kept, beside the
-  function, while it lives: making stock's object costs as much as
-  stock's whole call of a new wrapper."""
-  fun, options_key = w._fun, w._spec.key
-  try:
-    known = _resolutions.get(fun)
-  except TypeError:   # unhashable: no weak key
-    known = None
-  if known is not None and options_key in known:
-    return known[options_key]
-  resolved = _compat.jit_static_arguments(w.stock())
-  try:
-    _resolutions.setdefault(fun, {})[options_key] = resolved
-  except TypeError:   # not weakly referable, or unhashable
-    pass
-  return resolved
-
-
 # function -> {options key: its resolved static arguments}, weakly
 _resolutions = cache.STORE.table("static_args.resolutions", cache.Store.CALLS,
                                  weakref.WeakKeyDictionary)
@@ -371,8 +346,32 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     # closure: a later such call skips the search for functions among the
     # static values and the identity lookup (``_call_quick``)
     self._quick = None
-    self._resolved = _resolved(self)
+    self._resolved = self._resolve()
     self._calls = 0   # of this wrapper with a static function's row
+
+  def _resolve(self) -> tuple | None:
+    """The static arguments of this wrapper's function and options, as
+    stock's ``jit()`` resolves them against the function's signature. Stock's own
+    jitted object is made for the first wrapper of a function and options:
+    its argument validation raises then, at ``jit()`` time, as stock's does
+    (an unknown static_argnames, an out-of-range static_argnums, static and
+    donated names intersecting). A later wrapper of them (``jax.jit(f,
+    static_argnums=1)(x, g)`` in a loop) reads the answer kept, beside the
+    function, while it lives: making stock's object costs as much as
+    stock's whole call of a new wrapper."""
+    fun, options_key = self._fun, self._spec.key
+    try:
+      known = _resolutions.get(fun)
+    except TypeError:   # unhashable: no weak key
+      known = None
+    if known is not None and options_key in known:
+      return known[options_key]
+    resolved = _compat.jit_static_arguments(self.stock())
+    try:
+      _resolutions.setdefault(fun, {})[options_key] = resolved
+    except TypeError:   # not weakly referable, or unhashable
+      pass
+    return resolved
 
   def __call__(self, *args, **kwargs):
     owned = self._owned
