@@ -224,3 +224,33 @@ def test_jit_without_a_function_and_with_none_is_stocks():
   jcc.enable()
   for _ in range(2):
     assert run() == want
+
+
+def test_a_renamed_function_and_inexact_options_get_stocks_jitted_object():
+  """``jax.jit(f)`` of a closure-free function renamed since its code's
+  object was made shows the new name (its module's name too); options
+  equal under ``==`` but not to stock's ``jit()`` (``(1.0,)`` for
+  ``(1,)``) raise stock's error, whatever was made before."""
+  def run():
+    def f(a):
+      """doc1"""
+      return a * 2.0
+    out = [float(jax.jit(f)(1.0))]
+    f.__name__, f.__qualname__, f.__doc__ = "renamed", "Q.renamed", "doc2"
+    f.marker = "mine"
+    j = jax.jit(f)
+    out += [j.__name__, j.__qualname__, j.__doc__, getattr(j, "marker", None),
+            j.lower(1.0).as_text().split("\n")[0].split()[1]]
+
+    def g(x, n):
+      return x * n
+    out.append(float(jax.jit(g, static_argnums=1)(1.0, 2)))
+    with pytest.raises(TypeError) as e:
+      jax.jit(g, static_argnums=(1.0,))(1.0, 2)
+    out.append(str(e.value))
+    return out
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    assert run() == want

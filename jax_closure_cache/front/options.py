@@ -17,6 +17,7 @@ from __future__ import annotations
 import types
 from typing import NamedTuple
 
+from jax_closure_cache import atoms
 from jax_closure_cache import cache
 from jax_closure_cache import settings
 from jax_closure_cache.front import identity
@@ -88,13 +89,24 @@ def check_option_names(options: dict) -> None:
 
 def options_key(options: dict) -> tuple:
   """Options as a hashable key; ``1`` and ``(1,)`` (or ``"n"`` and
-  ``("n",)``) select the same arguments, so they give the same key."""
+  ``("n",)``) select the same arguments, so they give the same key. Atoms
+  by exact type and bits (``atoms.exact_key``): ``(1.0,)``, which stock's
+  ``jit()`` rejects, is not ``(1,)``."""
   check_option_names(options)
-  key = tuple(sorted(
-      (k, (v,) if k in ARG_SELECTORS and isinstance(v, (int, str)) else _freeze(v))
-      for k, v in options.items()))
+  try:
+    key = tuple(sorted(
+        (k, atoms.exact_key(
+            (v,) if k in ARG_SELECTORS and isinstance(v, (int, str))
+            else _freeze(v), _as_itself))
+        for k, v in options.items()))
+  except atoms.Inexact as e:   # (a NumPy scalar with dtype metadata)
+    raise TypeError(str(e)) from None
   hash(key)   # TypeError here means the options cannot key a cache
   return key
+
+
+def _as_itself(v):   # jax's shardings, devices, specs: by their own ==
+  return v
 
 
 def shift(argnums):
