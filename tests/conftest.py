@@ -140,6 +140,21 @@ def same_as_stock(got, want, rtol: float = 0.0, where: str = ""):
       np.testing.assert_array_equal(g, w, err_msg=where)
 
 
+def replay_like_stock(run):
+  """``run()`` (arrays, effects) with the cache off, then twice on: each
+  cached run's effects are stock's and its arrays stock's, value for value
+  (the second finds the first's entries). Returns stock's effects."""
+  want, want_effects = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    got, effects = run()
+    assert effects == want_effects
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)
+  return want_effects
+
+
 def stock_off(run, *args):
   """``run(*args)`` with the cache off (stock jit on fresh objects)."""
   was = jcc.is_enabled()

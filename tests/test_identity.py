@@ -78,13 +78,20 @@ def test_new_signature_after_cell_change_retraces_with_current_values():
   np.testing.assert_array_equal(mine(x2), theirs(x2))   # 2.0: the old one
 
 
-def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
+def _an_entry_met_twice(monkeypatch):
+  """Promotion after 5 calls; a closure's code whose key has an entry:
+  its first object stock's, its second the shared entry's."""
   monkeypatch.setattr(identity, "PROMOTE_AFTER_CALLS", 5)
   x = jnp.arange(3.0)
   w = jnp.full(3, 2.0)
   mk = lambda w: (lambda v: v * w + 1.0)
   for _ in range(2):
-    jcc.jit(mk(w))(x)   # stock's object, then the shared entry
+    jcc.jit(mk(w))(x)
+  return mk, w, x
+
+
+def test_long_lived_object_is_promoted_to_stocks_own_executable(monkeypatch):
+  mk, w, x = _an_entry_met_twice(monkeypatch)
   f = jcc.jit(mk(w))
   with counting() as c:
     for _ in range(4):
@@ -103,12 +110,7 @@ def test_a_function_wrapped_anew_for_each_call_stays_on_its_entry(
   to keep stock's object, whose path for a new wrapper costs several times
   the entry's, so ``f`` is never promoted (no compile however many calls),
   and every answer is stock's."""
-  monkeypatch.setattr(identity, "PROMOTE_AFTER_CALLS", 5)
-  x = jnp.arange(3.0)
-  w = jnp.full(3, 2.0)
-  mk = lambda w: (lambda v: v * w + 1.0)
-  for _ in range(2):
-    jcc.jit(mk(w))(x)   # stock's object, then the shared entry
+  mk, w, x = _an_entry_met_twice(monkeypatch)
   f = mk(w)
   jcc.jit(f)(x)
   with counting() as c:

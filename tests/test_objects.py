@@ -13,8 +13,8 @@ import pytest
 
 import jax_closure_cache as jcc
 from conftest import (
-    STOCK_JIT, assert_like_stock, counting, counts_side_effects, stock_off,
-    warm)
+    STOCK_JIT, assert_like_stock, counting, counts_side_effects,
+    replay_like_stock, stock_off, warm)
 
 
 class Holder:
@@ -674,14 +674,7 @@ def test_a_bound_method_of_a_container_called_at_trace_time_writes_every_trace(
     outs = [jax.jit(make(i))(jnp.ones(2)) for i in range(4)]
     return outs, list(log)
 
-  want, want_log = stock_off(run)
-  assert want_log == ["traced"] * 4
-  jcc.enable()
-  for _ in range(2):
-    got, got_log = run()
-    assert got_log == want_log
-    for g, w in zip(got, want):
-      np.testing.assert_array_equal(g, w)
+  assert replay_like_stock(run) == ["traced"] * 4
 
 
 @counts_side_effects
@@ -707,14 +700,7 @@ def test_an_attribute_a_trace_sets_on_a_function_lands_on_the_users(who):
       marked.append(getattr(target, "traced", None))
     return outs, marked
 
-  want, want_marked = stock_off(run)
-  assert want_marked == [1, 1, 1, 1]
-  jcc.enable()
-  for _ in range(2):
-    got, marked = run()
-    assert marked == want_marked
-    for g, w in zip(got, want):
-      np.testing.assert_array_equal(g, w)
+  assert replay_like_stock(run) == [1, 1, 1, 1]
 
 
 def _scaled_by(v):
@@ -881,14 +867,8 @@ def test_warnings_a_trace_issues_are_issued_at_every_trace_where_they_point(
     shown.append([(str(w.message)[:20], w.filename, w.lineno) for w in every])
     return outs, shown
 
-  want, want_shown = stock_off(run)
-  assert len(want_shown[1]) == 12   # three warnings at every trace
-  jcc.enable()
-  for _ in range(2):
-    got, shown = run()
-    assert shown == want_shown
-    for g, w in zip(got, want):
-      np.testing.assert_array_equal(g, w)
+  shown = replay_like_stock(run)
+  assert len(shown[1]) == 12   # three warnings at every trace
 
 
 def _warns_at_level(level):

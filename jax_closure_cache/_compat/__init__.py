@@ -142,7 +142,11 @@ def jit_static_arguments(jitted) -> tuple | None:
   its ``jit()`` resolved them against the function's signature (a static
   name passed by position, a static number by keyword), or None where the
   object does not say."""
-  info = getattr(jitted, "_jit_info", None)
+  return jit_static_arguments_of(jit_info(jitted))
+
+
+def jit_static_arguments_of(info) -> tuple | None:
+  """:func:`jit_static_arguments` of the parsed options ``info``."""
   nums = getattr(info, "static_argnums", None)
   names = getattr(info, "static_argnames", None)
   if nums is None or names is None:

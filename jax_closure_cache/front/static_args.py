@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import inspect
 import types
-import weakref
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -317,10 +316,6 @@ _tables: dict[tuple, dict] = cache.STORE.table(
     "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
 
 
-# function -> {options key: its resolved static arguments}, weakly
-_resolutions = cache.STORE.table("static_args.resolutions", cache.Store.CALLS,
-                                 weakref.WeakKeyDictionary)
-
 
 # The row of a wrapper's function called with plain static values only
 _PLAIN = "plain static values"
@@ -351,27 +346,18 @@ class StaticArgsJitted(wrapper.ClosureJitted):
 
   def _resolve(self) -> tuple | None:
     """The static arguments of this wrapper's function and options, as
-    stock's ``jit()`` resolves them against the function's signature. Stock's own
-    jitted object is made for the first wrapper of a function and options:
-    its argument validation raises then, at ``jit()`` time, as stock's does
-    (an unknown static_argnames, an out-of-range static_argnums, static and
-    donated names intersecting). A later wrapper of them (``jax.jit(f,
-    static_argnums=1)(x, g)`` in a loop) reads the answer kept, beside the
-    function, while it lives: making stock's object costs as much as
-    stock's whole call of a new wrapper."""
-    fun, options_key = self._fun, self._spec.key
-    try:
-      known = _resolutions.get(fun)
-    except TypeError:   # unhashable: no weak key
-      known = None
-    if known is not None and options_key in known:
-      return known[options_key]
-    resolved = _compat.jit_static_arguments(self.stock())
-    try:
-      _resolutions.setdefault(fun, {})[options_key] = resolved
-    except TypeError:   # not weakly referable, or unhashable
-      pass
-    return resolved
+    stock's ``jit()`` resolves them against the function's signature.
+    Stock's own jitted object is made for the first wrapper of a function
+    and options: its argument validation raises then, at ``jit()`` time,
+    as stock's does (an unknown static_argnames, an out-of-range
+    static_argnums, static and donated names intersecting). A later
+    wrapper of them (``jax.jit(f, static_argnums=1)(x, g)`` in a loop)
+    reads what that one parsed (``wrapper.parsed_options``): making
+    stock's object costs as much as stock's whole call of a new wrapper."""
+    info = wrapper.parsed_options(self._fun, self._spec)
+    if info is None:
+      return _compat.jit_static_arguments(self.stock())
+    return _compat.jit_static_arguments_of(info)
 
   def __call__(self, *args, **kwargs):
     owned = self._owned

@@ -529,29 +529,41 @@ def stock_jit(fun, spec):
   """Stock ``jax.jit(fun, **spec.options)``. For a plain function wrapped
   anew for each call (``jax.jit(f)(x)`` in a loop over a long-lived
   ``f``), the options ``jit()`` parsed for it the first time are kept
-  beside it while it lives, and later objects are made from them as
-  ``jit()`` makes its own (``_compat.jit_with_info``): parsing them reads
-  the function's signature, three quarters of stock's cost of a new
-  jitted object. Not where ``jit()`` warns (``device``, ``backend``), nor
-  once what parsing read of the function was replaced (``_parsed_from``)."""
-  options = spec.options
-  reuse = (type(fun) is _FunctionType and options.get("device") is None
-           and options.get("backend") is None)
-  if reuse:
-    known = _jit_infos.get(fun)
-    if known is not None:
-      found = known.get(spec.key)
-      if found is not None and all(map(operator.is_, found[1],
-                                       _parsed_from(fun))):
-        made = _compat.jit_with_info(fun, found[0])
-        if made is not None:
-          return made
-  made = _compat.STOCK_JIT(fun, **options)
-  if reuse:
+  beside it while it lives (:func:`parsed_options`), and later objects are
+  made from them as ``jit()`` makes its own (``_compat.jit_with_info``):
+  parsing them reads the function's signature, three quarters of stock's
+  cost of a new jitted object. Not where ``jit()`` warns (``device``,
+  ``backend``), nor once what parsing read of the function was replaced
+  (``_parsed_from``)."""
+  info = parsed_options(fun, spec)
+  if info is not None:
+    made = _compat.jit_with_info(fun, info)
+    if made is not None:
+      return made
+  made = _compat.STOCK_JIT(fun, **spec.options)
+  if _reusable(fun, spec.options):
     info = _compat.jit_info(made)
     if info is not None:
       _jit_infos.setdefault(fun, {})[spec.key] = (info, _parsed_from(fun))
   return made
+
+
+def parsed_options(fun, spec):
+  """The options ``jit()`` parsed for ``fun`` with ``spec``'s, kept from
+  an earlier stock object of them (:func:`stock_jit`) while what parsing
+  read of the function is unchanged; None where none is kept."""
+  if not _reusable(fun, spec.options):
+    return None
+  known = _jit_infos.get(fun)
+  found = None if known is None else known.get(spec.key)
+  if found is None or not all(map(operator.is_, found[1], _parsed_from(fun))):
+    return None
+  return found[0]
+
+
+def _reusable(fun, options) -> bool:
+  return (type(fun) is _FunctionType and options.get("device") is None
+          and options.get("backend") is None)
 
 
 def _parsed_from(fun) -> tuple:
