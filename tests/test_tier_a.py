@@ -263,6 +263,11 @@ def test_explanations_name_the_first_structural_difference(monkeypatch,
   text = caplog.text
   assert "met <lambda>'s structure for the first time" in text
   assert "it differs from the last one at the inputs" in text
+  caplog.clear()
+  jax.jit(lambda x: jnp.cos(x) * m.w.sum())(jnp.ones(4))
+  # (the earlier structure's primitive, named as itself)
+  assert "differs from the last one at equation 0 (sin): its primitive" in (
+      caplog.text)
 
 
 def test_the_equation_context_is_part_of_the_structure():

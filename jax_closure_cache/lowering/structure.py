@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import operator
 import types
 import weakref
@@ -202,7 +203,22 @@ def lifted_literal(v) -> bool:
   equation's operand also at a position :func:`keyed_operands` does not
   name: :func:`lifted_operands`)."""
   return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
-          and not _zero(v.val) and not _compat.holds_nan(v.val))
+          and _liftable_value(v.val))
+
+
+def _liftable_value(x) -> bool:
+  """Whether a floating or complex literal's value is neither a zero (of
+  either sign) nor a NaN: :func:`_zero` and ``holds_nan`` read on a Python
+  number where the value is a scalar (a literal nearly always is), as
+  making arrays for them costs ten times more."""
+  if isinstance(x, (float, complex)):   # jax's TypedFloat too
+    s = x
+  else:
+    a = np.asarray(x)
+    s = a.item() if a.shape == () else None
+  if isinstance(s, (float, complex)):
+    return bool(s) and s == s
+  return not _zero(x) and not _compat.holds_nan(x)
 
 
 #: Operands (by primitive, their positions) whose literal stays in the key,
@@ -243,7 +259,12 @@ _NUMBERS = frozenset({int, float, complex})
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
                     hoisted: list | None = None, named: bool = True) -> tuple:
+  # (written for speed: tier A reads every traced jaxpr, at a cost that is
+  # a tenth of its trace; each equation's outputs are numbered on
+  # definition, in order, so their numbers are implied by their position
+  # and are not keyed)
   names: dict = {}
+  number = itertools.count()
   top = literals is not None
 
   def name(v):   # a variable by first use; a literal by type and bits
@@ -251,7 +272,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       return ("lit", v.aval, _atom(v.val))
     n = names.get(v)
     if n is None:
-      n = names[v] = len(names)
+      n = names[v] = next(number)
     return n
 
   def lift(v):   # a lifted literal: an argument of the shared lowering
@@ -266,7 +287,6 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
   eqns = []
   for e in jaxpr.eqns:
     primitive = e.primitive.name
-    ignored = NOT_LOWERED.get(primitive, ())
     if top and primitive in _JITS and hoists(e):
       # its constants become arguments: not keyed
       inner, consts = _compat.closed_parts(e.params["jaxpr"])
@@ -274,23 +294,29 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       params = tuple((k, ("hoisted", _nested(inner, named)) if k == "jaxpr"
                       else param_key(p, named)) for k, p in e.params.items())
     else:
-      params = tuple([(k, param_key(p, named)) for k, p in e.params.items()
-                      if k not in ignored])
+      ignored = NOT_LOWERED.get(primitive, ())
+      params = tuple([(k, (t, p) if (t := type(p)) in _PLAIN
+                       else param_key(p, named))
+                      for k, p in e.params.items() if k not in ignored])
     invars = e.invars
-    if top and any(type(v) is _Literal for v in invars):
-      # lifted_operands' rule, written out: nested operands stay keyed
+    if _Literal not in map(type, invars):
+      operands = tuple(map(names.get, invars))
+      if None in operands:   # (a variable used before its definition)
+        operands = tuple(map(name, invars))
+    elif top:   # lifted_operands' rule, written out
       operands = tuple(lift(v) if lifted else name(v)
                        for v, lifted in zip(invars, lifted_operands(e)))
     else:
       operands = tuple(map(name, invars))
+    outvars = e.outvars
+    names.update(zip(outvars, number))
     eqns.append((
-        Identity(e.primitive),
-        Identity(e.ctx),   # interned: threefry_partitionable, compute_on, ...
+        _by_identity(e.primitive),
+        _by_identity(e.ctx),   # interned: threefry_partitionable, compute_on
         params,
         operands,
-        tuple(map(_aval, e.outvars)),
-        tuple(map(name, e.outvars)),
-        _effects(e.effects)))
+        tuple(map(_aval, outvars)),
+        _effects(e.effects) if e.effects else ()))
   outs = tuple(lift(v) if top and lifted_literal(v) else name(v)
                for v in jaxpr.outvars)
   dbg = jaxpr.debug_info
@@ -298,6 +324,21 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
           None if dbg is None or not named else (
               dbg.func_src_info, _names(dbg.arg_names),
               _names(dbg.result_paths)))
+
+
+def _by_identity(obj):
+  """``obj`` itself where its class compares and hashes by identity
+  (object's own ``__eq__`` and ``__hash__``: a primitive, an equation's
+  context), as :class:`Identity` would but without making one; else an
+  :class:`Identity`."""
+  t = type(obj)
+  if t.__eq__ is _OBJECT_EQ and t.__hash__ is _OBJECT_HASH:
+    return obj
+  return Identity(obj)
+
+
+_OBJECT_EQ = object.__eq__
+_OBJECT_HASH = object.__hash__
 
 
 _Literal = _compat.Literal
@@ -677,7 +718,8 @@ def first_difference(a: tuple, b: tuple) -> str:
                   "its context" if e[1] != f[1] else
                   "its parameters" if e[2] != f[2] else
                   "its operands" if e[3] != f[3] else "its outputs")
-          return f"equation {i} ({e[0].obj}): {what}"
+          prim = e[0].obj if type(e[0]) is Identity else e[0]
+          return f"equation {i} ({prim}): {what}"
       return f"the number of equations ({len(x)} against {len(y)})"
     return names[part] if part < len(names) else "its options"
   return "its options (shardings, layouts, names)"
