@@ -70,17 +70,19 @@ def _draws(v) -> bool:
 
 #: Library modules whose functions a trace calls for their effect: a log
 #: record, a warning, printed text (stock makes it at every trace; a hit
-#: would not); or whose answers read thread state no key holds (the
-#: decimal context).
-EFFECT_MODULES = ("logging", "warnings", "_warnings", "pprint", "decimal",
-                  "_decimal", "_pydecimal")
-_UNKEYED_MODULES = frozenset(DRAWING_MODULES + EFFECT_MODULES)
+#: would not).
+EFFECT_MODULES = ("logging", "warnings", "_warnings", "pprint")
+#: Library modules whose answers read the calling thread's state, which no
+#: key holds: the decimal context (precision, rounding, traps).
+THREAD_STATE_MODULES = ("decimal", "_decimal", "_pydecimal")
+_UNKEYED_MODULES = frozenset(DRAWING_MODULES + EFFECT_MODULES
+                             + THREAD_STATE_MODULES)
 _UNKEYED_PREFIXES = tuple(m + "." for m in _UNKEYED_MODULES)
 
 
 def _drawing_module(v) -> bool:
-  """A module of ``DRAWING_MODULES`` or ``EFFECT_MODULES``, or a callable
-  defined in one."""
+  """A module of ``DRAWING_MODULES``, ``EFFECT_MODULES`` or
+  ``THREAD_STATE_MODULES``, or a callable defined in one."""
   if type(v) is types.ModuleType:
     name = v.__name__
   elif callable(v):
