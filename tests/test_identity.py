@@ -5,6 +5,7 @@ retrace after the closure changes and give the twin's fresh answer instead
 of its stale one."""
 
 import gc
+import inspect
 import os
 import weakref
 
@@ -168,6 +169,64 @@ def test_rows_keep_nothing_alive():
   gc.collect()
   assert all(r() is None for r in refs)
   assert all(not t for t in identity.tables.values())
+
+
+def test_bare_functions_of_one_code_share_what_jit_parsed_and_nothing_else():
+  """Fresh functions of one code that fall back to stock's jitted object
+  (their closure holds a random generator, which the key refuses) share
+  the options ``jit()`` parsed for the first: a bare function's signature
+  and source are its code's. One renamed, or with annotations or
+  defaults, is parsed afresh: names, results and errors are stock's."""
+  from jax_closure_cache import _compat
+  rng = np.random.default_rng(0)
+  w = jnp.arange(3.0)
+
+  def make(kind):
+    if kind == "annotated":
+      def f(x: jax.Array):
+        _ = rng   # a closure the key refuses
+        return x * w
+    elif kind == "default":
+      def f(x, s=3.0):
+        _ = rng   # a closure the key refuses
+        return x * w * s
+    else:
+      def f(x):
+        _ = rng   # a closure the key refuses
+        return x * w
+      if kind == "renamed":
+        f.__name__ = "renamed"
+    return f
+
+  kinds = ["bare", "bare", "renamed", "bare", "annotated", "default", "bare"]
+
+  def run():
+    outs = []
+    for kind in kinds:
+      f = make(kind)
+      outs.append(jax.jit(f)(jnp.ones(3)))
+      outs.append(jax.jit(make(kind)).trace(jnp.ones(3)).jaxpr.jaxpr
+                  .debug_info.func_name)
+      outs.append(str(inspect.signature(jax.jit(make(kind)))))
+      with pytest.raises(TypeError) as e:
+        jax.jit(make(kind))(jnp.ones(3), 1.0, 2.0)
+      outs.append(str(e.value))
+    return outs
+
+  want = stock_off(run)
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    for g, w_ in zip(got, want):
+      if isinstance(w_, str):
+        assert g == w_
+      else:
+        np.testing.assert_array_equal(g, w_)
+  infos = {kind: [_compat.jit_info(jax.jit(make(kind)).stock())
+                  for _ in range(2)] for kind in set(kinds)}
+  assert infos["bare"][0] is infos["bare"][1]
+  for kind in ("renamed", "annotated", "default"):
+    assert infos[kind][0] is not infos["bare"][0], kind
 
 
 def test_a_stock_owned_function_wrapped_anew_reads_what_jit_parsed_again():

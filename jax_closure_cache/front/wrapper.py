@@ -534,7 +534,12 @@ def stock_jit(fun, spec):
   parsing them reads the function's signature, three quarters of stock's
   cost of a new jitted object. Not where ``jit()`` warns (``device``,
   ``backend``), nor once what parsing read of the function was replaced
-  (``_parsed_from``)."""
+  (``_parsed_from``).
+
+  A bare function (no defaults, annotations or attributes: a nested
+  ``def`` or a lambda, made afresh for each call) is parsed once per code
+  and name: its signature and source information are its code's
+  (``_bare``)."""
   info = parsed_options(fun, spec)
   if info is not None:
     made = _compat.jit_with_info(fun, info)
@@ -545,6 +550,9 @@ def stock_jit(fun, spec):
     info = _compat.jit_info(made)
     if info is not None:
       _jit_infos.setdefault(fun, {})[spec.key] = (info, _parsed_from(fun))
+      if _bare(fun):
+        _code_infos.setdefault(fun.__code__, {})[spec.key] = (info,
+                                                              fun.__name__)
   return made
 
 
@@ -556,9 +564,24 @@ def parsed_options(fun, spec):
     return None
   known = _jit_infos.get(fun)
   found = None if known is None else known.get(spec.key)
-  if found is None or not all(map(operator.is_, found[1], _parsed_from(fun))):
-    return None
-  return found[0]
+  if found is not None and all(map(operator.is_, found[1], _parsed_from(fun))):
+    return found[0]
+  if _bare(fun):
+    known = _code_infos.get(fun.__code__)
+    found = None if known is None else known.get(spec.key)
+    if found is not None and found[1] is fun.__name__:
+      return found[0]
+  return None
+
+
+def _bare(fun) -> bool:
+  """Whether all that ``jit()``'s parsing reads of a plain function is its
+  code and name (``inspect.signature`` reads the code, defaults, keyword
+  defaults and annotations, and a ``__wrapped__``, ``__signature__`` or
+  partial method among its attributes; the source information, the code
+  and name): no defaults, no annotations, no attributes."""
+  return (fun.__defaults__ is None and fun.__kwdefaults__ is None
+          and not fun.__dict__ and not fun.__annotations__)
 
 
 def _reusable(fun, options) -> bool:
@@ -578,6 +601,11 @@ def _parsed_from(fun) -> tuple:
 # read of it)}, weakly: nothing of the function's but what it holds itself
 _jit_infos = cache.STORE.table("wrapper.jit_infos", cache.Store.CALLS,
                                weakref.WeakKeyDictionary)
+# code -> {options key: (the options jit() parsed for a bare function of
+# it, its name)}, weakly: they hold the code's parameter names and location,
+# and the options (which the specs' table holds too)
+_code_infos = cache.STORE.table("wrapper.code_infos", cache.Store.CALLS,
+                                weakref.WeakKeyDictionary)
 
 
 def fill(w, fun, code_and_spec=None):
