@@ -306,6 +306,26 @@ def inexact_dtype(dtype) -> bool:
     return False
 
 
+_LARGEST_FINITE = types.MappingProxyType({
+    np.dtype(t): float(np.finfo(t).max)
+    for t in (np.float32, np.float64, np.complex64, np.complex128)})
+
+
+def largest_finite(dtype) -> float:
+  """The largest finite value of a floating (or complex: of its parts)
+  dtype, JAX's own (bfloat16, float8) included."""
+  found = _LARGEST_FINITE.get(dtype)
+  if found is None:
+    found = float(_dtypes.finfo(dtype).max)
+  return found
+
+
+def captured_constants_warn_bytes() -> int:
+  """``jax_captured_constants_warn_bytes``: from how many bytes of a
+  jaxpr's constants JAX's lowering warns of them (-1: never)."""
+  return _config.captured_constants_warn_bytes.value
+
+
 def holds_zero(c, negative_only: bool = False,
                inexact_only: bool = True) -> bool:
   """Whether a constant holds a zero: of a floating or complex type (of

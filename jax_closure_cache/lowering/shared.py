@@ -223,6 +223,7 @@ def _for_call(jaxpr, call: CallLowering):
   if reason is None:
     try:
       s = structure.of(jaxpr)
+      reason = _warned_constants(jaxpr, s)
     except structure.NotShared as e:
       reason = str(e)
     except Exception as e:   # never an error where stock has none
@@ -247,6 +248,23 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
     reason = structure.constant_refusal(c)
     if reason is not None:
       return reason
+  return None
+
+
+def _warned_constants(jaxpr, s: structure.Structure) -> str | None:
+  """Why JAX's lowering of ``jaxpr`` warns of its captured constants (from
+  ``jax_captured_constants_warn_bytes`` on, at every lowering, which a
+  shared lowering's hit skips), or None: its constants, or a nested jit's,
+  reach that many bytes, or the setting is below what a nested jaxpr's
+  constants keyed by value may hold."""
+  warn = _compat.captured_constants_warn_bytes()
+  if warn < 0:
+    return None
+  if warn <= structure.NESTED_CONST_ELEMENTS * 16 or sum(
+      getattr(c, "nbytes", 0)
+      for c in (*_compat.closed_parts(jaxpr)[1], *s.hoisted)) >= warn:
+    return (f"jax_captured_constants_warn_bytes is {warn}: JAX's lowering "
+            "warns of its captured constants every time")
   return None
 
 
@@ -348,11 +366,13 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
     return v
 
   hoisted_vars: list = []
+  runtime = set(open_jaxpr.invars)
 
   def equation(e):
-    if any(type(v) is _compat.Literal for v in e.invars):
+    live = structure.reads_runtime(runtime, e)
+    if live and any(type(v) is _compat.Literal for v in e.invars):
       e = e.replace(invars=list(map(operand, e.invars,
-                                    structure.lifted_operands(e))))
+                                    structure.lifted_operands(e, live))))
     if structure.hoists(e):   # a nested jit's constants: its first operands
       inner, _ = _compat.closed_parts(e.params["jaxpr"])
       _, params = structure.constants_as_inputs(e)

@@ -198,27 +198,41 @@ def hoists(e) -> bool:
 
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
-  an argument: a floating-point or complex scalar, not a zero nor a NaN
-  (XLA folds those otherwise than it computes with an argument; an
-  equation's operand also at a position :func:`keyed_operands` does not
-  name: :func:`lifted_operands`)."""
-  return (type(v) is _compat.Literal and v.aval.dtype.kind in "fc"
-          and _liftable_value(v.val))
+  an argument: a floating-point or complex scalar whose value, as its
+  dtype holds it, is neither a zero nor a NaN (XLA folds those otherwise
+  than it computes with an argument; ``1e-50`` is a float32 zero). As an
+  equation's operand also: at a position :func:`keyed_operands` does not
+  name, of an equation that reads a runtime value (:func:`lifted_operands`)."""
+  if type(v) is not _compat.Literal or v.aval.dtype.kind not in "fc":
+    return False
+  _check_literal(v)
+  return _liftable_value(v.val, v.aval.dtype)
 
 
-def _liftable_value(x) -> bool:
-  """Whether a floating or complex literal's value is neither a zero (of
-  either sign) nor a NaN: :func:`_zero` and ``holds_nan`` read on a Python
-  number where the value is a scalar (a literal nearly always is), as
-  making arrays for them costs ten times more."""
-  if isinstance(x, (float, complex)):   # jax's TypedFloat too
-    s = x
-  else:
-    a = np.asarray(x)
-    s = a.item() if a.shape == () else None
-  if isinstance(s, (float, complex)):
-    return bool(s) and s == s
-  return not _zero(x) and not _compat.holds_nan(x)
+def _liftable_value(x, dtype) -> bool:
+  """Whether a floating or complex scalar literal, as ``dtype`` holds it,
+  is neither a zero (of either sign) nor a NaN: read on a Python number
+  (a literal nearly always is one), as making arrays for :func:`_zero`
+  and ``holds_nan`` costs ten times more. A literal its dtype cannot
+  hold is refused by :func:`_check_literal` first."""
+  if isinstance(x, (float, complex)) or np.ndim(x) == 0:
+    s = np.asarray(x, dtype).item()
+    if isinstance(s, (float, complex)):
+      return bool(s) and s == s
+    x = s
+  return not _zero(np.asarray(x, dtype)) and not _compat.holds_nan(x)
+
+
+def _check_literal(v) -> None:
+  """Raises :class:`NotShared` for a Python number its floating dtype
+  cannot hold (``1e300`` as float32): JAX's lowering warns of the overflow
+  each time it lowers it, which a shared lowering would not."""
+  x = v.val
+  if isinstance(x, (float, complex)) and v.aval.dtype.kind in "fc":
+    big = _compat.largest_finite(v.aval.dtype)
+    if any(abs(p) > big and p - p == 0 for p in (x.real, x.imag)):
+      raise NotShared("a literal its dtype cannot hold (JAX's lowering warns "
+                      "of its overflow every time)")
 
 
 #: Operands (by primitive, their positions) whose literal stays in the key,
@@ -233,15 +247,35 @@ def keyed_operands(e) -> frozenset:
   return KEYED_OPERANDS.get(e.primitive.name, frozenset())
 
 
-def lifted_operands(e) -> tuple:
+def lifted_operands(e, live: bool) -> tuple:
   """For each operand of a top-level equation, whether a shared lowering
   takes it as an argument: a :func:`lifted_literal` at a position
-  :func:`keyed_operands` does not name. The one rule the structural key
-  (:func:`_open_structure`) and the lowering (``shared._lower_lifted``)
-  both follow."""
+  :func:`keyed_operands` does not name, of an equation that reads a
+  runtime value (``live``, :func:`reads_runtime`: one on constants and
+  literals alone is folded by XLA in stock's module, where its result's
+  sign of zero, subnormals and NaN bits are the compiler's, not the
+  runtime's). The one rule the structural key (:func:`_open_structure`)
+  and the lowering (``shared._lower_lifted``) both follow."""
+  if not live:
+    return (False,) * len(e.invars)
   keyed = keyed_operands(e)
   return tuple(lifted_literal(v) and i not in keyed
                for i, v in enumerate(e.invars))
+
+
+def reads_runtime(runtime: set, e) -> bool:
+  """Whether the top-level equation ``e`` reads a runtime value: one of
+  ``runtime`` (the jaxpr's inputs and what was computed from them, which
+  it extends by ``e``'s outputs if so). Constants and literals alone are
+  not: stock bakes them."""
+  invars = e.invars
+  if _Literal in map(type, invars):
+    live = any(type(v) is not _Literal and v in runtime for v in invars)
+  else:
+    live = not runtime.isdisjoint(invars)
+  if live:
+    runtime.update(e.outvars)
+  return live
 
 
 def _zero(x) -> bool:
@@ -269,13 +303,14 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
 
   def name(v):   # a variable by first use; a literal by type and bits
     if type(v) is _Literal:
+      _check_literal(v)
       return ("lit", v.aval, _atom(v.val))
     n = names.get(v)
     if n is None:
       n = names[v] = next(number)
     return n
 
-  def lift(v):   # a lifted literal: an argument of the shared lowering
+  def lift(v):   # a lifted literal (checked): an argument of the shared lowering
     literals.append(np.asarray(v.val, v.aval.dtype))
     bits.append(_atom(v.val))
     return ("arg", v.aval)
@@ -285,6 +320,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
              tuple(map(name, jaxpr.invars)),
              tuple(map(_aval, jaxpr.invars)))
   eqns = []
+  runtime = set(jaxpr.invars) if top else None
   for e in jaxpr.eqns:
     primitive = e.primitive.name
     if top and primitive in _JITS and hoists(e):
@@ -299,13 +335,14 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
                        else param_key(p, named))
                       for k, p in e.params.items() if k not in ignored])
     invars = e.invars
+    live = top and reads_runtime(runtime, e)
     if _Literal not in map(type, invars):
       operands = tuple(map(names.get, invars))
       if None in operands:   # (a variable used before its definition)
         operands = tuple(map(name, invars))
-    elif top:   # lifted_operands' rule, written out
+    elif live:
       operands = tuple(lift(v) if lifted else name(v)
-                       for v, lifted in zip(invars, lifted_operands(e)))
+                       for v, lifted in zip(invars, lifted_operands(e, True)))
     else:
       operands = tuple(map(name, invars))
     outvars = e.outvars
