@@ -7,9 +7,11 @@ logger, too large to key by its attributes), so every call traces as
 stock does; only lowering and compiling are shared.
 """
 
+import contextlib
 import logging
 import os
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -665,3 +667,112 @@ def test_runtime_callbacks_never_share_by_equality_of_what_they_hold():
   assert got == [want, want]
   assert _AlwaysEqualCallback.eq_calls == 0
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def _bits(tree):
+  """Each leaf's dtype, weak type and bit pattern (a -0.0 and a NaN's sign
+  and payload included)."""
+  return [(x.dtype, x.weak_type, np.asarray(x).tobytes())
+          for x in jax.tree_util.tree_leaves(tree)]
+
+
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_literals_are_read_as_their_dtype_holds_them_and_folded_as_stock(
+    closure_key):
+  """A float literal is passed as an argument only where XLA would not
+  fold it in stock's module: not one its dtype holds as a zero (``1e-50``
+  in float32: stock's ``x + 0`` keeps a -0.0), nor one read by an equation
+  on literals and constants alone (stock folds ``log(1.0)``, ``c - inf``,
+  ``6.0 % 3.0`` at compile time: the sign of a zero and a NaN's bits are
+  the compiler's)."""
+  def make(c):
+    def f(x):
+      return (jax.lax.add(x, c), jax.lax.add(x.astype(jnp.complex64), c * 1j),
+              x + jnp.log(c), jnp.float32(c) - jnp.inf, x + jnp.float32(c) % c,
+              x + (jnp.float32(c) - jnp.float32(c)), jnp.log(-jnp.float32(c)))
+    return f
+
+  def run():
+    z = jnp.float32(-0.0)
+    return [_bits(jax.jit(make(c))(z)) for c in (2.0, 3.0, 1e-50, 1.0, 1.0)]
+
+  want = stock_off(run)
+  jcc.enable(closure_key=closure_key, verify=False)
+  for _ in range(2):
+    assert run() == want
+
+
+@counts_side_effects
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_a_literal_its_dtype_cannot_hold_warns_as_stock_at_every_call(
+    closure_key):
+  """``1e300`` as a float32 literal: JAX's lowering warns of its overflow
+  at every lowering; such a jaxpr is not shared (and the package makes no
+  warning of its own)."""
+  def make(c):
+    return lambda x: jax.lax.add(x, c)
+
+  def run():
+    with warnings.catch_warnings(record=True) as rec:
+      warnings.simplefilter("always")
+      outs = [jax.jit(make(c))(jnp.float32(1.0)) for c in (1e300, 2e300, 1e300)]
+    return [str(o) for o in outs], [(w.category, os.path.basename(w.filename))
+                                   for w in rec]
+
+  want = stock_off(run)
+  assert want[1]   # stock warns
+  jcc.enable(closure_key=closure_key)
+  for _ in range(2):
+    assert run() == want
+
+
+@counts_side_effects
+@pytest.mark.parametrize("closure_key", [False, True])
+@pytest.mark.parametrize("where", ["numpy global", "numpy cell", "jax cell"])
+def test_captured_constants_are_warned_of_at_every_call_as_stock(closure_key,
+                                                                 where):
+  """With ``jax_captured_constants_warn_bytes`` below a function's
+  closed-over arrays, stock's lowering of each new function object warns
+  of them: neither tier shares what would skip that warning (tier A's
+  lowering, the closure key's entry, its trace lookup, a closure-free
+  function's shared object)."""
+  arrays = {"numpy": np.ones(1000, np.float32),
+            "jax": jnp.ones(1000, jnp.float32) * 2}
+  kind = where.split()[0]
+
+  def make():
+    w = arrays[kind]
+    if where == "numpy global":
+      return lambda x: x + _WARNED_GLOBAL
+    return lambda x: x + w
+
+  def run():
+    with warnings.catch_warnings(record=True) as rec:
+      warnings.simplefilter("always")
+      outs = [jax.jit(make())(jnp.float32(i)) for i in range(3)]
+    return ([np.asarray(o) for o in outs],
+            [str(w.message)[:60] for w in rec if "constant" in str(w.message)])
+
+  with jax.captured_constants_warn_bytes(1000) if hasattr(
+      jax, "captured_constants_warn_bytes") else _warn_bytes(1000):
+    want = stock_off(run)
+    assert len(want[1]) == 3
+    jcc.enable(closure_key=closure_key)
+    for _ in range(2):
+      got = run()
+      assert got[1] == want[1]
+      for g, w in zip(got[0], want[0]):
+        np.testing.assert_array_equal(g, w)
+
+
+_WARNED_GLOBAL = np.ones(1000, np.float32)
+
+
+@contextlib.contextmanager
+def _warn_bytes(n):
+  saved = jax.config.jax_captured_constants_warn_bytes
+  jax.config.update("jax_captured_constants_warn_bytes", n)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_captured_constants_warn_bytes", saved)

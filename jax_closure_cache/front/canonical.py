@@ -17,6 +17,7 @@ import types
 import weakref
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import cache
 from jax_closure_cache import diagnostics
 from jax_closure_cache import events
@@ -26,6 +27,7 @@ from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import parts as key_parts
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
 from jax_closure_cache.lookup import closure_cache
@@ -112,6 +114,10 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   # or an array a shared object would keep alive.
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
+    return None
+  warn = _lowering.captured_constants_warn_bytes()
+  if 0 <= warn <= key_parts.baked_numpy_bytes(a.key):
+    # stock's lowering of each new object warns of its captured constants
     return None
   key = (full_options_key, a.key)
   try:

@@ -219,19 +219,21 @@ class MissStages:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
         baked = self._baked_operand(traced)
         folds = self._folds_zero(traced, a.leaves)
+        captured = self._captured_constants(traced, a.leaves)
         if baked is not None:
           out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
                                                  kwargs)
-        elif folds is None:
+        elif folds is None and captured is None:
           out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception as e:
       return self._retry_stock(key, args, kwargs, e)
-    if folds is not None:
-      # stock answers (its module bakes the closed-over arrays), and this
-      # key's later objects are traced as stock traces them
-      entries.stock_answered.put(key,
-                                 entries.StockAnswered("folds_zero", folds))
-      return self._fallback("folds_zero", args, kwargs, folds)
+    for reason, detail in (("folds_zero", folds),
+                           ("captured_constants", captured)):
+      if detail is not None and baked is None:
+        # stock answers (its module bakes the closed-over arrays), and this
+        # key's later objects are traced as stock traces them
+        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+        return self._fallback(reason, args, kwargs, detail)
     if baked is not None:
       entry.record = events.miss(self._user(), code_of(self._user()), key,
                                  time.perf_counter() - started)
@@ -287,14 +289,34 @@ class MissStages:
     except Exception:   # store() reports it
       traced = None
     if traced is not None:
-      for reason, detail in (("operand_zero", self._baked_operand(traced)),
-                             ("folds_zero", self._folds_zero(traced, leaves))):
+      for reason, detail in (
+          ("operand_zero", self._baked_operand(traced)),
+          ("folds_zero", self._folds_zero(traced, leaves)),
+          ("captured_constants", self._captured_constants(traced, leaves))):
         if detail is not None:
           entries.entries.discard(key)
           entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
           return self._fallback(reason, args, kwargs, detail)
     self._store(key, entry, leaves, args, kwargs, traced)
     return out
+
+
+  def _captured_constants(self, traced, leaves) -> str | None:
+    """Why stock's own lowering of this call warns of the constants its
+    trace captures (the closed-over arrays, lifted here, and the baked
+    ones: JAX warns from ``jax_captured_constants_warn_bytes`` on, at every
+    lowering, which a stored entry's hit skips), or None."""
+    warn = _lowering.captured_constants_warn_bytes()
+    if warn < 0:
+      return None
+    total = sum(getattr(x, "nbytes", 0) for x in (
+        *_compat.jax.tree_util.tree_leaves(leaves),
+        *_compat.captured_constants(traced)))
+    if total < warn:
+      return None
+    return (f"its closed-over arrays ({total} bytes) reach "
+            f"jax_captured_constants_warn_bytes ({warn}): stock's lowering "
+            "warns of them at every call, which a shared entry's would not")
 
 
   def _folds_zero(self, traced, leaves) -> str | None:

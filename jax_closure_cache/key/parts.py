@@ -15,6 +15,8 @@ leaves the process); ``ATOMS`` are the types keyed by value as they are.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, NamedTuple
 
 from jax_closure_cache.key import closure_key
@@ -150,3 +152,20 @@ BUILTIN_NODES = frozenset({dict, list, tuple, type(None)})
 float_key = _key.float_key
 #: A NumPy array's key: dtype, shape and a digest of its bytes.
 numpy_key = _key.Walk.numpy
+
+
+def baked_numpy_bytes(key) -> int:
+  """The bytes of the NumPy arrays a key holds baked (``NUMPY`` parts,
+  anywhere in it): the constants a trace of what it covers captures."""
+  total, todo = 0, [key]
+  while todo:
+    k = todo.pop()
+    if type(k) is tuple:
+      if k and k[0] is NUMPY:
+        n = NumpyPart._make(k)
+        total += n.dtype.itemsize * math.prod(n.shape)
+      else:
+        todo.extend(k)
+    elif type(k) is frozenset:
+      todo.extend(k)
+  return total
