@@ -335,12 +335,13 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
                        else param_key(p, named))
                       for k, p in e.params.items() if k not in ignored])
     invars = e.invars
-    live = top and reads_runtime(runtime, e)
     if _Literal not in map(type, invars):
       operands = tuple(map(names.get, invars))
       if None in operands:   # (a variable used before its definition)
         operands = tuple(map(name, invars))
-    elif live:
+      if top and not runtime.isdisjoint(invars):   # reads_runtime, inline
+        runtime.update(e.outvars)
+    elif top and reads_runtime(runtime, e):
       operands = tuple(lift(v) if lifted else name(v)
                        for v, lifted in zip(invars, lifted_operands(e, True)))
     else:
