@@ -333,13 +333,9 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"
-  # a cell ``plain`` the user's code does not have: a static-argument
-  # binder's (``front/static_args``), holding the jitted function's static
-  # arguments
   advice = ("Pass that value as an argument, or make it a jax array so it "
             "is lifted instead of baked into each trace.")
-  if (culprits and culprits[0].startswith("cell 'plain'")
-      and "plain" not in getattr(code, "co_freevars", ("plain",))):
+  if culprits and key_names.is_binders_static_values(culprits[0], code):
     what = f"its static arguments keep changing ({examples}, ...)"
     advice = ("Each distinct static value is a trace of its own, as with "
               "stock; pass a value that changes as a dynamic argument.")

@@ -124,6 +124,28 @@ def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(storms):
   assert found[0].lineno == make.__code__.co_firstlineno + 1
 
 
+def test_a_storm_of_changing_static_arguments_names_them(storms):
+  """A re-created function whose static argument changes every call: the
+  values sit in the binder's cell (``key/names.BINDER_VALUES_CELL``), and
+  the message names them as the static arguments, not as that cell."""
+  from jax_closure_cache.front import static_args
+  from jax_closure_cache.key import names
+  for binder in (static_args._binder, static_args._binder_of_one):
+    inner = next(c for c in binder.__code__.co_consts
+                 if hasattr(c, "co_freevars"))
+    assert names.BINDER_VALUES_CELL in inner.co_freevars
+
+  def make():
+    def f(x, n):
+      return x * n
+    return f
+  for i in range(8):
+    jcc.jit(make(), static_argnums=1)(jnp.ones(2), i)
+  text = storms()[0].getMessage()
+  assert "its static arguments keep changing" in text, text
+  assert f"cell {names.BINDER_VALUES_CELL!r}" not in text, text
+
+
 def test_storm_guard_counts_per_user_function_not_per_launcher(storms):
   """Twelve different loop bodies, each compiled once, are no storm, although
   they share the launcher's code."""

@@ -106,11 +106,12 @@ def _function_in(v, depth: int = _NESTING):
   return found
 
 
-def _binder(fun, functions, shape, plain):
+def _binder(fun, functions, shape, static_values):
   """``fun`` with its static arguments bound: ``functions`` (walked by the
   key), ``shape``, a Static of (positions, names, ()) saying which is a
-  function, and ``plain``, the other static values (None for none), a
-  tuple the key walks
+  function, and ``static_values``, the other static values (None for
+  none; the cell ``key/names.BINDER_VALUES_CELL`` names), a tuple the key
+  walks
   as it walks any closed-over value (atoms by exact type and bits, objects
   by their state: never by a user's ``==``, which stock's own cache of one
   jitted function uses, but which cannot say that a fresh function's trace
@@ -118,7 +119,7 @@ def _binder(fun, functions, shape, plain):
   def call_with_static_arguments(*args, **kwargs):
     positions, names, _ = shape.value
     values = iter(functions)
-    plain_values = iter(plain or ())
+    plain_values = iter(static_values or ())
     full = list(args)
     for i, is_function in positions:
       full.insert(i, next(values) if is_function else next(plain_values))
@@ -130,13 +131,13 @@ def _binder(fun, functions, shape, plain):
   return call_with_static_arguments
 
 
-def _binder_of_one(fun, function, shape, plain):
+def _binder_of_one(fun, function, shape, static_values):
   """:func:`_binder` for one function among the static arguments, held in
   its own cell: the key walks it directly, and its matcher checks it with
   no pytree of functions to flatten."""
   def call_with_static_function(*args, **kwargs):
     positions, names, _ = shape.value
-    plain_values = iter(plain or ())
+    plain_values = iter(static_values or ())
     full = list(args)
     for i, is_function in positions:
       full.insert(i, function if is_function else next(plain_values))

@@ -24,6 +24,21 @@ from jax_closure_cache.key import values
 from jax_closure_cache.key import parts as key_parts
 
 
+#: The cell in which a static-argument binder (``front/static_args``) holds
+#: the jitted function's static values other than functions: a part of it,
+#: met in a code that has no such cell of its own, is the function's static
+#: arguments (:func:`is_binders_static_values`).
+BINDER_VALUES_CELL = "static_values"
+
+
+def is_binders_static_values(part_name: str, user_code) -> bool:
+  """Whether a named part (:func:`named_parts`) is a static-argument
+  binder's static values, not a cell of the user's code ``user_code``."""
+  return (part_name.startswith(f"cell {BINDER_VALUES_CELL!r}")
+          and BINDER_VALUES_CELL not in getattr(user_code, "co_freevars",
+                                                (BINDER_VALUES_CELL,)))
+
+
 def function_names(code) -> tuple[list[str], list[str]]:
   """Parameter names that have defaults, and the globals the code reads."""
   n_args = code.co_argcount
