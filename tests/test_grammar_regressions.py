@@ -967,3 +967,57 @@ def test_custom_vjp_rule_with_an_effect_of_its_own(where):
     jax.effects_barrier()
     return out, list(log)
   assert_like_stock(step, [1.0, 1.0, 1.0])
+
+
+class _Counter:
+  """An object a callback writes to, holding a jax array the trace reads."""
+
+  def __init__(self, w):
+    self.w, self.n = w, 0
+
+
+@pytest.mark.parametrize("form", ["jit", "scan", "jit-in-scan"])
+@counts_side_effects
+def test_a_callback_over_a_closed_over_array_runs_over_the_users_values(form):
+  """A callback made inside the function over a closed-over jax array
+  (``pure_callback`` reading it, ``debug.callback`` and ``io_callback``
+  writing to the closed-over object): the callback is the trace's own
+  object, so a lifted trace's would read a tracer (a runtime error) and
+  write to the rebuilt copy. Such a trace is never run nor kept: each
+  object's callback reads its own array and writes to its own object."""
+  from jax.experimental import io_callback
+
+  def run():
+    outs, counts = [], []
+    for i in range(4):
+      o = _Counter(jnp.asarray(float(i)))
+
+      def f(x):
+        y = jax.pure_callback(lambda v: np.asarray(v) + np.asarray(o.w),
+                              jax.ShapeDtypeStruct((), jnp.float32), x)
+        jax.debug.callback(lambda: setattr(o, "n", o.n + 1))
+        io_callback(lambda: setattr(o, "n", o.n + 10), None, ordered=True)
+        return y * o.w
+
+      if form == "jit":
+        out = jax.jit(f)(jnp.float32(1.0))
+      elif form == "scan":
+        out = jax.lax.scan(lambda c, _: (c + f(c), None), jnp.float32(1.0),
+                           None, length=2)[0]
+      else:
+        out = jax.lax.scan(lambda c, _: (c + jax.jit(f)(c), None),
+                           jnp.float32(1.0), None, length=2)[0]
+      jax.effects_barrier()
+      outs.append(np.asarray(out))
+      counts.append(o.n)
+    return outs, counts
+
+  jcc.disable()
+  want = run()
+  for kwargs in ({}, {"verify": True}):
+    jcc.enable(**kwargs)
+    for _ in range(2):
+      got = run()
+      assert got[1] == want[1]
+      for g, w in zip(got[0], want[0]):
+        np.testing.assert_array_equal(g, w)

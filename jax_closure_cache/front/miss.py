@@ -217,17 +217,21 @@ class MissStages:
       with entries.calling(entry, self._fun, a), _watching(), \
            _compile_warnings(donating) as warned:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-        baked = self._baked_operand(traced)
+        called = self._runtime_callable(traced)
+        baked = None if called else self._baked_operand(traced)
         folds = self._folds_zero(traced, a.leaves)
         captured = self._captured_constants(traced, a.leaves)
-        if baked is not None:
+        if called is not None:
+          pass   # never run: its callback would read the lifted trace's values
+        elif baked is not None:
           out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
                                                  kwargs)
         elif folds is None and captured is None:
           out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception as e:
       return self._retry_stock(key, args, kwargs, e)
-    for reason, detail in (("folds_zero", folds),
+    for reason, detail in (("runtime_callable", called),
+                           ("folds_zero", folds),
                            ("captured_constants", captured)):
       if detail is not None and baked is None:
         # stock answers (its module bakes the closed-over arrays), and this
@@ -290,6 +294,7 @@ class MissStages:
       traced = None
     if traced is not None:
       for reason, detail in (
+          ("runtime_callable", self._runtime_callable(traced)),
           ("operand_zero", self._baked_operand(traced)),
           ("folds_zero", self._folds_zero(traced, leaves)),
           ("captured_constants", self._captured_constants(traced, leaves))):
@@ -299,6 +304,20 @@ class MissStages:
           return self._fallback(reason, args, kwargs, detail)
     self._store(key, entry, leaves, args, kwargs, traced)
     return out
+
+
+  def _runtime_callable(self, traced) -> str | None:
+    """Why the lifted trace must not run nor be kept: its jaxpr calls a
+    Python function of the trace's own when it runs (a callback), which
+    was made over the lifted trace's values (a closed-over array is a
+    tracer there) and this object's state (a write would land on the
+    rebuilt copy); or None."""
+    called = _lowering.runtime_callable(traced.jaxpr)
+    if called is None:
+      return None
+    return (f"its {called} calls a function of its own trace when it runs "
+            "(over the closure's own values and state): stock traces every "
+            "object")
 
 
   def _captured_constants(self, traced, leaves) -> str | None:

@@ -377,8 +377,15 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     # remembered, so the key's functions trace as usual
     _put(key, _Shared(failed=f"{type(e).__name__}: {e}"[:200]), anchors)
     return None
+  called = _lowering.runtime_callable(shared.jaxpr)
+  if called is not None:
+    # its callback was made over the lifted trace's values (a closed-over
+    # array is a tracer there) and the rebuilt closure's state: never run,
+    # and the key's functions trace as usual
+    _put(key, _Shared(failed=f"its {called} calls a function of the "
+                             "trace's own when it runs"), anchors)
+    return None
   if (_covers(shared.consts, leaves, anchors)
-      and _lowering.runtime_callable(shared.jaxpr) is None
       and not _warned_of(shared.consts, leaves)
       and (checked_after or unchanged_by_trace(fun, key))):
     _put(key, shared, anchors)
