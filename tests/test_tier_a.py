@@ -776,3 +776,27 @@ def _warn_bytes(n):
     yield
   finally:
     jax.config.update("jax_captured_constants_warn_bytes", saved)
+
+
+def test_outputs_keep_the_sharding_stock_names_on_a_one_device_mesh():
+  """pjit names an output's sharding after the first argument's mesh
+  sharding it is equivalent to (``P('x')`` on a one-device mesh, where a
+  replicated one is equivalent too); a shared lowering's first arguments
+  are its constants and changed literals, so tier A does not share where
+  an argument or output has a mesh sharding: the spec is stock's."""
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+  mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+  x = jax.device_put(jnp.ones(4), NamedSharding(mesh, PartitionSpec("x")))
+
+  def run():
+    outs = []
+    for v in (1.0, 2.0, 3.0):
+      w = jnp.full(4, v)
+      outs.append(jax.jit(lambda a: a * v)(x))
+      outs.append(jax.jit(lambda a: a * w)(x))
+    return [(o.sharding, np.asarray(o).tobytes()) for o in outs]
+
+  want = stock_off(run)
+  jcc.enable(closure_key=False)
+  for _ in range(2):
+    assert run() == want

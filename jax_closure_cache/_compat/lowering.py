@@ -295,6 +295,7 @@ def _holds_callable(p, depth: int) -> bool:
 
 
 from jax._src import dtypes as _dtypes   # noqa: E402
+import jax.sharding as _jax_sharding   # noqa: E402
 
 
 def inexact_dtype(dtype) -> bool:
@@ -309,6 +310,10 @@ def inexact_dtype(dtype) -> bool:
 _LARGEST_FINITE = types.MappingProxyType({
     np.dtype(t): float(np.finfo(t).max)
     for t in (np.float32, np.float64, np.complex64, np.complex128)})
+
+
+#: A sharding over a mesh (its outputs' shardings are named after it).
+NamedSharding = _jax_sharding.NamedSharding
 
 
 def largest_finite(dtype) -> float:

@@ -223,7 +223,8 @@ def _for_call(jaxpr, call: CallLowering):
   if reason is None:
     try:
       s = structure.of(jaxpr)
-      reason = _warned_constants(jaxpr, s)
+      reason = (_warned_constants(jaxpr, s)
+                or _leading_arguments_name_outputs(jaxpr, s, call))
     except structure.NotShared as e:
       reason = str(e)
     except Exception as e:   # never an error where stock has none
@@ -265,6 +266,25 @@ def _warned_constants(jaxpr, s: structure.Structure) -> str | None:
       for c in (*_compat.closed_parts(jaxpr)[1], *s.hoisted)) >= warn:
     return (f"jax_captured_constants_warn_bytes is {warn}: JAX's lowering "
             "warns of its captured constants every time")
+  return None
+
+
+def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
+                                    call: CallLowering) -> str | None:
+  """Why a shared lowering's leading arguments (constants and literals
+  passed first) would change how pjit names its outputs' shardings, or
+  None. pjit names an output's sharding after the first argument's mesh
+  sharding it finds (the argument's own where equivalent: ``P('x')`` on a
+  one-device mesh, where a replicated one is too), which a leading
+  argument would be: not shared where any argument or output has a mesh
+  sharding."""
+  if not (s.literals or s.hoisted or _compat.closed_parts(jaxpr)[1]):
+    return None
+  if any(isinstance(x, _compat.NamedSharding)
+         for x in (*call.in_shardings, *call.out_shardings)):
+    return ("a mesh sharding among its arguments or outputs: pjit names the "
+            "outputs' shardings after the first argument's, which a constant "
+            "passed first would be")
   return None
 
 
