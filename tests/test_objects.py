@@ -912,3 +912,30 @@ def test_warnings_issued_while_enabled_point_and_fail_as_stocks():
     assert warnings.warn is mine
   finally:
     warnings.warn = stock_warn
+
+
+@counts_side_effects
+def test_under_debug_nans_each_call_reports_as_stocks_does(capfd):
+  """With ``jax_debug_nans`` on, JAX re-runs a computation that gave a NaN
+  op by op, reporting as it goes, then raises: a re-created function's
+  calls are stock's (a lifted entry's failure and stock's retry reported
+  twice), with stock's lines and errors."""
+  a = jnp.ones(2)
+
+  def run():
+    errors = []
+    for _ in range(3):
+      try:
+        jax.jit(lambda x: jnp.log(x) * a)(-1.0)
+      except FloatingPointError as e:
+        errors.append(type(e).__name__)
+    return errors, capfd.readouterr()
+
+  with jax.debug_nans(True):
+    want_errors, want_out = stock_off(run)
+    assert want_errors and "nan" in (want_out.out + want_out.err).lower()
+    jcc.enable()
+    for _ in range(2):
+      errors, out = run()
+      assert errors == want_errors
+      assert (out.out, out.err) == (want_out.out, want_out.err)

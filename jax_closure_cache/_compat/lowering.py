@@ -325,6 +325,12 @@ def largest_finite(dtype) -> float:
   return found
 
 
+def checks_nans_or_infs() -> bool:
+  """Whether ``jax_debug_nans`` or ``jax_debug_infs`` is on: a computation
+  that gives one is re-run by JAX op by op, which reports as it goes."""
+  return bool(_config.debug_nans.value or _config.debug_infs.value)
+
+
 def captured_constants_warn_bytes() -> int:
   """``jax_captured_constants_warn_bytes``: from how many bytes of a
   jaxpr's constants JAX's lowering warns of them (-1: never)."""

@@ -192,6 +192,12 @@ class MissStages:
     answered = entries.stock_answered.get(key)
     if answered is not None:
       return self._fallback(answered.reason, args, kwargs, answered.detail)
+    if _lowering.checks_nans_or_infs():
+      # JAX re-runs a computation that gave a NaN op by op, reporting as it
+      # goes; a lifted entry's failure and stock's retry would report twice
+      return self._fallback("debug_nans", args, kwargs,
+          "jax_debug_nans or jax_debug_infs is on: JAX re-runs a computation "
+          "that gives one op by op, and stock's own function reports it")
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
     if baked is not None:
       # An array kept by identity (committed to a device, or inside an
