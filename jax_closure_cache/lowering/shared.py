@@ -274,17 +274,19 @@ def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
   """Why a shared lowering's leading arguments (constants and literals
   passed first) would change how pjit names its outputs' shardings, or
   None. pjit names an output's sharding after the first argument's mesh
-  sharding it finds (the argument's own where equivalent: ``P('x')`` on a
-  one-device mesh, where a replicated one is too), which a leading
-  argument would be: not shared where any argument or output has a mesh
+  sharding it finds: the argument's own sharding where equivalent, else
+  one read from the compiled placement. A leading argument would be that
+  first one, and on a mesh with an axis of size one (where ``P('x')`` and
+  a replicated placement are the same) the read spec differs from the
+  argument's: not shared where an argument or output has such a mesh
   sharding."""
   if not (s.literals or s.hoisted or _compat.closed_parts(jaxpr)[1]):
     return None
-  if any(isinstance(x, _compat.NamedSharding)
+  if any(isinstance(x, _compat.NamedSharding) and 1 in x.mesh.axis_sizes
          for x in (*call.in_shardings, *call.out_shardings)):
-    return ("a mesh sharding among its arguments or outputs: pjit names the "
-            "outputs' shardings after the first argument's, which a constant "
-            "passed first would be")
+    return ("a mesh sharding over an axis of size one among its arguments or "
+            "outputs: pjit names the outputs' shardings after the first "
+            "argument's, which a constant passed first would be")
   return None
 
 
