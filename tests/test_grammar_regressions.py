@@ -21,6 +21,7 @@ test without a mark reproduced a class the package has since fixed.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import functools
 import types
@@ -1021,3 +1022,100 @@ def test_a_callback_over_a_closed_over_array_runs_over_the_users_values(form):
       assert got[1] == want[1]
       for g, w in zip(got[0], want[0]):
         np.testing.assert_array_equal(g, w)
+
+
+@dataclasses.dataclass
+class _Meta:
+  w: jax.Array
+  scale: object
+
+
+jax.tree_util.register_dataclass(_Meta, data_fields=["w"],
+                                 meta_fields=["scale"])
+
+
+class _NamedOnly:
+  """Equal to any other of the same name: a user's lying ``__eq__``."""
+
+  def __init__(self, name, k):
+    self.name, self.k = name, k
+
+  def __eq__(self, other):
+    return isinstance(other, _NamedOnly) and other.name == self.name
+
+  def __hash__(self):
+    return hash(self.name)
+
+
+@pytest.mark.parametrize("form", ["closure", "closure-free", "scan", "cond"])
+def test_an_arguments_pytree_node_data_is_never_compared_by_its_eq(form):
+  """A re-created function called with a pytree whose node data JAX's
+  caches compare by ``==`` (a dataclass meta field holding ``1`` then
+  ``1.0``, an object whose ``__eq__`` compares a name): a shared entry's
+  cache, the trace lookup's, or a closure-free code's shared stock object
+  would answer the later call from the earlier one's trace (int32 for
+  float32, a stale value). Such calls are stock's."""
+  def run():
+    outs = []
+    for s in (1, 1.0, _NamedOnly("a", 2.0), _NamedOnly("a", 3.0), 1, 1.0):
+      c = jnp.ones(2)
+      m = _Meta(jnp.ones(2, jnp.int32), s)
+
+      def f(m):
+        k = m.scale.k if isinstance(m.scale, _NamedOnly) else m.scale
+        return m.w * k * c
+
+      def g(m):   # closes over nothing
+        return m.w * (m.scale.k if isinstance(m.scale, _NamedOnly)
+                      else m.scale)
+      if form == "closure":
+        out = jax.jit(f)(m)
+      elif form == "closure-free":
+        out = jax.jit(g)(m)
+      elif form == "scan":
+        out = jax.lax.scan(lambda m, _: (m, f(m)), m, None, length=1)[1]
+      else:
+        out = jax.lax.cond(True, f, lambda m: -f(m), m)
+      outs.append((out.dtype, out.weak_type, np.asarray(out).tobytes()))
+    return outs
+
+  jcc.disable()
+  want = run()
+  for kwargs in ({}, {"verify": True}):
+    jcc.enable(**kwargs)
+    for _ in range(2):
+      assert run() == want
+
+
+def test_a_scan_carrys_node_data_is_not_kept_alive():
+  """A scan carry's static part (an object holding a large array) is not
+  kept by a shared launcher's cache once the user drops it."""
+  import gc
+  import weakref
+
+  class Cfg:
+    def __init__(self):
+      self.k, self.blob = 2.0, np.ones(1000)
+
+  @jax.tree_util.register_pytree_node_class
+  class Box:
+    def __init__(self, w, meta):
+      self.w, self.meta = w, meta
+
+    def tree_flatten(self):
+      return (self.w,), self.meta
+
+    @classmethod
+    def tree_unflatten(cls, meta, children):
+      return cls(children[0], meta)
+
+  def step():
+    c = Cfg()
+    jax.lax.scan(lambda b, _: (b, b.w * b.meta.k), Box(jnp.ones(2), c), None,
+                 length=2)
+    return weakref.ref(c)
+
+  jcc.enable()
+  refs = [step() for _ in range(6)]
+  gc.collect()
+  assert sum(r() is not None for r in refs) == 0

@@ -153,6 +153,12 @@ class UnknownStatics(Exception):
   """``in_avals`` holds parts :func:`static_values` does not know."""
 
 
+def tree_of(in_avals):
+  """The treedef of a trace's ``in_avals`` (the flat tree pjit passes
+  ``pe.trace_to_jaxpr``), or None where it has none."""
+  return getattr(in_avals, "tree", None)
+
+
 def static_values(in_avals) -> list:
   """The static argument values inside a trace's ``in_avals`` (the flat
   tree pjit passes ``pe.trace_to_jaxpr``), in order; raises

@@ -61,7 +61,8 @@ def _known(fun, full_options_key):
     owned = row()
     if owned is not None:
       return owned
-  if fun.__code__ in _trace_writers:
+  if (fun.__code__ in _trace_writers
+      or fun.__code__ in closure_cache.conflated_codes):
     return None
   for q in inline.canonical_quick.get(fun.__code__, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
@@ -100,7 +101,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   if known is not None:
     return known
   code = fun.__code__
-  if code in _trace_writers:
+  if code in _trace_writers or code in closure_cache.conflated_codes:
     # a trace of this code wrote to state it reaches (a global object's
     # attribute): a shared object's later calls would skip that write,
     # where each new object's stock trace makes it

@@ -26,6 +26,7 @@ from jax_closure_cache.lowering import folding
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
+from jax_closure_cache.key import trees as key_trees
 from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
@@ -192,6 +193,12 @@ class MissStages:
     answered = entries.stock_answered.get(key)
     if answered is not None:
       return self._fallback(answered.reason, args, kwargs, answered.detail)
+    conflated = key_trees.conflated_node_data(
+        _compat.jax.tree_util.tree_structure((args, kwargs)))
+    if conflated is not None:
+      # the entry's jitted function would answer a later call whose
+      # pytree JAX's cache finds equal from this one's trace
+      return self._fallback("argument_node_data", args, kwargs, conflated)
     if _lowering.checks_nans_or_infs():
       # JAX re-runs a computation that gave a NaN op by op, reporting as it
       # goes; a lifted entry's failure and stock's retry would report twice
@@ -300,6 +307,8 @@ class MissStages:
       traced = None
     if traced is not None:
       for reason, detail in (
+          ("argument_node_data", key_trees.conflated_node_data(
+              _compat.jax.tree_util.tree_structure((args, kwargs)))),
           ("runtime_callable", self._runtime_callable(traced)),
           ("operand_zero", self._baked_operand(traced)),
           ("folds_zero", self._folds_zero(traced, leaves)),

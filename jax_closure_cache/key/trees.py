@@ -171,3 +171,30 @@ def covers_state(v) -> bool:
       return False
     held[id(x)] -= 1
   return True
+
+
+def conflated_node_data(treedef) -> str | None:
+  """Why JAX's own ``==`` of ``treedef`` (a call's arguments', which a
+  shared jitted function's cache compares) could take one call's pytree
+  for another's that traces otherwise, or None. A node's data is compared
+  by its ``==``: a custom node's auxiliary data (``1`` and ``1.0``, an
+  object whose ``__eq__`` compares a name, one changed in place since) and
+  a dict's keys may be equal and differ to the trace. Only data of strings
+  alone (a dict's keys, field names) is exact."""
+  todo = [treedef]
+  while todo:
+    node = todo.pop()
+    data = node.node_data()
+    if data is not None and not _exact_node_data(data[1]):
+      return (f"an argument's {getattr(data[0], '__name__', 'pytree')} node "
+              "holds data JAX's cache compares by ==")
+    todo.extend(node.children())
+  return None
+
+
+def _exact_node_data(aux) -> bool:
+  if aux is None or type(aux) is str:
+    return True
+  if type(aux) is tuple or type(aux) is list:
+    return all(map(_exact_node_data, aux))
+  return False

@@ -28,6 +28,7 @@ from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache._compat import trace as _trace
 from jax_closure_cache._compat.trace import flat_trees as ft
 from jax_closure_cache.key import closure_key
+from jax_closure_cache.key import trees
 from jax_closure_cache.key import state_watch
 
 
@@ -126,6 +127,12 @@ _answered_keys = _STORE.table("closure_cache.answered_keys", cache.Store.TRACES,
 # its trace (the front's canonical objects ask)
 trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.trace_writers", cache.Store.TRACES, weakref.WeakSet)
+#: Codes traced with arguments whose pytree node data JAX's caches compare
+#: by ``==`` (``trees.conflated_node_data``): no shared stock object of
+#: theirs is handed out, as its cache would answer one call from another's
+#: trace.
+conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
 
 
 def is_shared(closed_jaxpr: _trace.ClosedJaxpr) -> bool:
@@ -148,7 +155,11 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   try:
     sig = signature(in_avals, debug_info, context_for_cache_key)
-  except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError):
+  except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError) as e:
+    if getattr(e, "reason", None) == "argument_node_data":
+      code = _code(fun)
+      if code is not None:
+        conflated_codes.add(code)
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
@@ -300,6 +311,10 @@ def signature(in_avals, debug_info, ctx) -> tuple:
   Unkeyable), the debug info, pjit's context and the trace context."""
   statics = tuple(map(closure_key.active_rules[0].static_key,
                       _trace.static_values(in_avals)))
+  tree = _trace.tree_of(in_avals)
+  conflated = None if tree is None else trees.conflated_node_data(tree)
+  if conflated is not None:   # the flat tree's own comparison is ``==``
+    raise closure_key.Unkeyable("argument_node_data", conflated)
   return (in_avals, statics, debug_info, ctx, _trace.trace_context())
 
 

@@ -147,17 +147,16 @@ def linen_global_step():
 
 
 def test_linen_train_state_fresh_apply_fn_fresh_jit_closure():
-  # Call 1 is stock's own; call 2 is tier B's miss, which compiles the
-  # shared *lifted* entry (tier A meets that lowering for the first time:
-  # stock's compile, remembered weakly); call 3 hits tier B's key but
-  # retraces (the TrainState's static part holds the new apply_fn), and
-  # tier A hands it the lowering of call 2, alive in the entry, as it is
-  # (no constants to pass). From call 3: no compile.
+  # The TrainState's static part holds a fresh apply_fn each call, which
+  # JAX's caches compare by ``==``: the closure key leaves such a call to
+  # stock (``argument_node_data``; its entry's cache would answer a call
+  # whose static part reads otherwise from an earlier one's trace), and
+  # tier A shares the executable after stock's trace. From call 3: no
+  # compile.
   stock, runs, s = check_against_stock(linen_fresh_closure)
-  assert compiles(runs[0]) == [1, 1] + [0] * (STEPS - 2), runs[0]
-  assert s["hits"] == 2 * STEPS - 2 and s["retraces"] == 2 * STEPS - 2, s
+  assert set(s["fallback_reasons"]) == {"argument_node_data"}, s
   assert all(t >= 1 for t in traces(runs[0]) + traces(runs[1]))
-  assert s["tier_a"]["compiles"] == 0, s
+  assert_tier_a_answers(s)
   assert compiles(runs[1]) == [0] * STEPS
 
 
