@@ -155,6 +155,18 @@ def replay_like_stock(run):
   return want_effects
 
 
+def replay_in_both_modes(run):
+  """``run()`` (comparable results) with the cache off, then twice with it
+  on, verify mode off and on: each cached run's results are stock's."""
+  jcc.disable()
+  want = run()
+  for verify in (False, True):
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want
+  return want
+
+
 def stock_off(run, *args):
   """``run(*args)`` with the cache off (stock jit on fresh objects)."""
   was = jcc.is_enabled()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, stock_off
+from conftest import STOCK_JIT, counting, replay_like_stock, stock_off
 
 from jax_closure_cache.front import identity  # noqa: E402
 
@@ -201,27 +201,19 @@ def test_bare_functions_of_one_code_share_what_jit_parsed_and_nothing_else():
   kinds = ["bare", "bare", "renamed", "bare", "annotated", "default", "bare"]
 
   def run():
-    outs = []
+    arrays, names = [], []
     for kind in kinds:
       f = make(kind)
-      outs.append(jax.jit(f)(jnp.ones(3)))
-      outs.append(jax.jit(make(kind)).trace(jnp.ones(3)).jaxpr.jaxpr
-                  .debug_info.func_name)
-      outs.append(str(inspect.signature(jax.jit(make(kind)))))
+      arrays.append(jax.jit(f)(jnp.ones(3)))
+      names.append(jax.jit(make(kind)).trace(jnp.ones(3)).jaxpr.jaxpr
+                   .debug_info.func_name)
+      names.append(str(inspect.signature(jax.jit(make(kind)))))
       with pytest.raises(TypeError) as e:
         jax.jit(make(kind))(jnp.ones(3), 1.0, 2.0)
-      outs.append(str(e.value))
-    return outs
+      names.append(str(e.value))
+    return arrays, names
 
-  want = stock_off(run)
-  jcc.enable()
-  for _ in range(2):
-    got = run()
-    for g, w_ in zip(got, want):
-      if isinstance(w_, str):
-        assert g == w_
-      else:
-        np.testing.assert_array_equal(g, w_)
+  replay_like_stock(run)
   infos = {kind: [_compat.jit_info(jax.jit(make(kind)).stock())
                   for _ in range(2)] for kind in set(kinds)}
   assert infos["bare"][0] is infos["bare"][1]
