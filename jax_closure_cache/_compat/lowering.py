@@ -295,7 +295,6 @@ def _holds_callable(p, depth: int) -> bool:
 
 
 from jax._src import dtypes as _dtypes   # noqa: E402
-import jax.sharding as _jax_sharding   # noqa: E402
 
 
 def inexact_dtype(dtype) -> bool:
@@ -310,10 +309,6 @@ def inexact_dtype(dtype) -> bool:
 _LARGEST_FINITE = types.MappingProxyType({
     np.dtype(t): float(np.finfo(t).max)
     for t in (np.float32, np.float64, np.complex64, np.complex128)})
-
-
-#: A sharding over a mesh (its outputs' shardings are named after it).
-NamedSharding = _jax_sharding.NamedSharding
 
 
 def largest_finite(dtype) -> float:
@@ -331,10 +326,22 @@ def checks_nans_or_infs() -> bool:
   return bool(_config.debug_nans.value or _config.debug_infs.value)
 
 
-def captured_constants_warn_bytes() -> int:
-  """``jax_captured_constants_warn_bytes``: from how many bytes of a
-  jaxpr's constants JAX's lowering warns of them (-1: never)."""
-  return _config.captured_constants_warn_bytes.value
+def captured_constants_warning(arrays=(), nbytes: int = 0) -> str | None:
+  """Why stock's lowering of a trace capturing ``arrays`` (any values;
+  those without ``nbytes`` count 0) plus ``nbytes`` more bytes warns of its
+  captured constants, or None. JAX warns from
+  ``jax_captured_constants_warn_bytes`` on (-1: never), at every lowering,
+  which a shared lowering's hit skips: every route that shares one asks
+  this, and shares none that it answers."""
+  warn = _config.captured_constants_warn_bytes.value
+  if warn < 0:
+    return None
+  total = nbytes + sum(getattr(x, "nbytes", 0) for x in arrays)
+  if total < warn:
+    return None
+  return (f"its captured constants ({total} bytes) reach "
+          f"jax_captured_constants_warn_bytes ({warn}): stock's lowering "
+          "warns of them at every call, which a shared one would not")
 
 
 def holds_zero(c, negative_only: bool = False,

@@ -116,8 +116,8 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
     return None
-  warn = _lowering.captured_constants_warn_bytes()
-  if 0 <= warn <= key_parts.baked_numpy_bytes(a.key):
+  if _lowering.captured_constants_warning(
+      nbytes=key_parts.baked_numpy_bytes(a.key)) is not None:
     # stock's lowering of each new object warns of its captured constants
     return None
   key = (full_options_key, a.key)

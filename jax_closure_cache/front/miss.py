@@ -338,19 +338,10 @@ class MissStages:
   def _captured_constants(self, traced, leaves) -> str | None:
     """Why stock's own lowering of this call warns of the constants its
     trace captures (the closed-over arrays, lifted here, and the baked
-    ones: JAX warns from ``jax_captured_constants_warn_bytes`` on, at every
-    lowering, which a stored entry's hit skips), or None."""
-    warn = _lowering.captured_constants_warn_bytes()
-    if warn < 0:
-      return None
-    total = sum(getattr(x, "nbytes", 0) for x in (
+    ones), which a stored entry's hit would not, or None."""
+    return _lowering.captured_constants_warning((
         *_compat.jax.tree_util.tree_leaves(leaves),
         *_compat.captured_constants(traced)))
-    if total < warn:
-      return None
-    return (f"its closed-over arrays ({total} bytes) reach "
-            f"jax_captured_constants_warn_bytes ({warn}): stock's lowering "
-            "warns of them at every call, which a shared entry's would not")
 
 
   def _folds_zero(self, traced, leaves) -> str | None:

@@ -401,20 +401,10 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                              "trace's own when it runs"), anchors)
     return None
   if (_covers(shared.consts, leaves, anchors)
-      and not _warned_of(shared.consts, leaves)
+      and _lowering.captured_constants_warning((*shared.consts, *leaves)) is None
       and (checked_after or unchanged_by_trace(fun, key))):
     _put(key, shared, anchors)
   return shared
-
-
-def _warned_of(consts, leaves) -> bool:
-  """Whether stock's lowering of a trace capturing ``consts`` and the
-  closed-over ``leaves`` warns of its captured constants (from
-  ``jax_captured_constants_warn_bytes`` on, at every lowering: a shared
-  trace is lowered once)."""
-  warn = _lowering.captured_constants_warn_bytes()
-  return warn >= 0 and sum(getattr(c, "nbytes", 0)
-                           for c in (*consts, *leaves)) >= warn
 
 
 def unchanged_by_trace(fun, key) -> bool:
@@ -468,7 +458,7 @@ def _share_answer(key, leaves, anchors, answer) -> None:
   closed, _ = answer
   # not one holding an array (kept by identity): it would outlive its function
   if (_covers(closed.consts, leaves, anchors)
-      and not _warned_of(closed.consts, leaves)
+      and _lowering.captured_constants_warning((*closed.consts, *leaves)) is None
       and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)
       # a callback's function is this trace's object (its log, its state)
       and _lowering.runtime_callable(closed) is None):

@@ -42,6 +42,7 @@ import types
 import weakref
 from typing import NamedTuple
 
+from jax.sharding import NamedSharding
 
 from jax_closure_cache import cache
 from jax_closure_cache import settings
@@ -253,20 +254,12 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
 
 
 def _warned_constants(jaxpr, s: structure.Structure) -> str | None:
-  """Why JAX's lowering of ``jaxpr`` warns of its captured constants (from
-  ``jax_captured_constants_warn_bytes`` on, at every lowering, which a
-  shared lowering's hit skips), or None: its constants, or a nested jit's,
-  reach that many bytes, or the setting is below what a nested jaxpr's
-  constants keyed by value may hold."""
-  warn = _compat.captured_constants_warn_bytes()
-  if warn < 0:
-    return None
-  if warn <= structure.NESTED_CONST_ELEMENTS * 16 or sum(
-      getattr(c, "nbytes", 0)
-      for c in (*_compat.closed_parts(jaxpr)[1], *s.hoisted)) >= warn:
-    return (f"jax_captured_constants_warn_bytes is {warn}: JAX's lowering "
-            "warns of its captured constants every time")
-  return None
+  """Why JAX's lowering of ``jaxpr`` warns of its captured constants: they
+  reach ``jax_captured_constants_warn_bytes`` (counting a nested jaxpr's
+  constants, keyed by value, as the most they may hold), or None."""
+  return _compat.captured_constants_warning(
+      (*_compat.closed_parts(jaxpr)[1], *s.hoisted),
+      nbytes=structure.NESTED_CONST_ELEMENTS * 16)
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
@@ -282,7 +275,7 @@ def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
   sharding."""
   if not (s.literals or s.hoisted or _compat.closed_parts(jaxpr)[1]):
     return None
-  if any(isinstance(x, _compat.NamedSharding) and 1 in x.mesh.axis_sizes
+  if any(isinstance(x, NamedSharding) and 1 in x.mesh.axis_sizes
          for x in (*call.in_shardings, *call.out_shardings)):
     return ("a mesh sharding over an axis of size one among its arguments or "
             "outputs: pjit names the outputs' shardings after the first "
