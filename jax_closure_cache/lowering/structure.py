@@ -263,13 +263,16 @@ def lifted_operands(e, live: bool) -> tuple:
                for i, v in enumerate(e.invars))
 
 
-def reads_runtime(runtime: set, e) -> bool:
+def reads_runtime(runtime: set, e, literal: bool | None = None) -> bool:
   """Whether the top-level equation ``e`` reads a runtime value: one of
   ``runtime`` (the jaxpr's inputs and what was computed from them, which
   it extends by ``e``'s outputs if so). Constants and literals alone are
-  not: stock bakes them."""
+  not: stock bakes them. ``literal``: whether an operand is a literal,
+  where the caller knows."""
   invars = e.invars
-  if _Literal in map(type, invars):
+  if literal is None:
+    literal = _Literal in map(type, invars)
+  if literal:
     live = any(type(v) is not _Literal and v in runtime for v in invars)
   else:
     live = not runtime.isdisjoint(invars)
@@ -335,13 +338,13 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
                        else param_key(p, named))
                       for k, p in e.params.items() if k not in ignored])
     invars = e.invars
-    if _Literal not in map(type, invars):
+    literal = _Literal in map(type, invars)
+    live = top and reads_runtime(runtime, e, literal)
+    if not literal:
       operands = tuple(map(names.get, invars))
       if None in operands:   # (a variable used before its definition)
         operands = tuple(map(name, invars))
-      if top and not runtime.isdisjoint(invars):   # reads_runtime, inline
-        runtime.update(e.outvars)
-    elif top and reads_runtime(runtime, e):
+    elif live:
       operands = tuple(lift(v) if lifted else name(v)
                        for v, lifted in zip(invars, lifted_operands(e, True)))
     else:
