@@ -26,6 +26,7 @@ from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
+from jax_closure_cache.front import wrapper
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import parts as key_parts
 from jax_closure_cache.key import rebuild
@@ -82,7 +83,7 @@ def canonical_jitted(fun: types.FunctionType, options: dict,
   or does not wear ``fun``'s face (in verify mode, another object's is
   seen through ``verify.CheckedCanonical``, which checks each call)."""
   jitted = _canonical_jitted(fun, options, options_key, lift_numpy)
-  if jitted is not None and not _wears(jitted, fun):
+  if jitted is not None and not wrapper.Face.of(fun).shown_by(jitted):
     return None   # a renamed function: the jit wrapper gives stock's own
   if (jitted is not None and cache.verifying()
       and getattr(jitted, "__wrapped__", fun) is not fun):
@@ -150,25 +151,6 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   identity.remember(identity.table(full_options_key), fun,
                           identity.ref(found.jitted))
   return found.jitted
-
-
-def _wears(jitted, fun) -> bool:
-  """Whether stock's ``jitted`` shows what ``jax.jit(fun)`` made now would
-  show of ``fun`` (``functools.wraps`` copies it when the object is made):
-  its name, qualified name, module and documentation, and each of its own
-  attributes (the same objects). A function renamed or given attributes
-  since its code's object was made is not answered by that object."""
-  try:
-    if (jitted.__name__ != fun.__name__
-        or jitted.__qualname__ != fun.__qualname__
-        or jitted.__module__ != fun.__module__
-        or (jitted.__doc__ or "") != (fun.__doc__ or "")):   # jax's wraps:
-      # a function without documentation gives its object ""
-      return False
-    own = jitted.__dict__
-    return all(k in own and own[k] is v for k, v in fun.__dict__.items())
-  except Exception:   # an attribute a wrapper does not show: not the face
-    return False
 
 
 def _copy_function(f: types.FunctionType) -> types.FunctionType:

@@ -36,6 +36,7 @@ import functools
 import operator
 import types
 import weakref
+from typing import NamedTuple
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -533,13 +534,12 @@ def stock_jit(fun, spec):
   made from them as ``jit()`` makes its own (``_compat.jit_with_info``):
   parsing them reads the function's signature, three quarters of stock's
   cost of a new jitted object. Not where ``jit()`` warns (``device``,
-  ``backend``), nor once what parsing read of the function was replaced
-  (``_parsed_from``).
+  ``backend``), nor once the function's :class:`Face` changed.
 
   A bare function (no defaults, annotations or attributes: a nested
   ``def`` or a lambda, made afresh for each call) is parsed once per code
   and name: its signature and source information are its code's
-  (``_bare``)."""
+  (``Face.bare``)."""
   info = parsed_options(fun, spec)
   if info is not None:
     made = _compat.jit_with_info(fun, info)
@@ -549,10 +549,10 @@ def stock_jit(fun, spec):
   if _reusable(fun, spec.options):
     info = _compat.jit_info(made)
     if info is not None:
-      _jit_infos.setdefault(fun, {})[spec.key] = (info, _parsed_from(fun))
-      if _bare(fun):
-        _code_infos.setdefault(fun.__code__, {})[spec.key] = (info,
-                                                              fun.__name__)
+      face = Face.of(fun)
+      _jit_infos.setdefault(fun, {})[spec.key] = (info, face)
+      if face.bare:
+        _code_infos.setdefault(face.code, {})[spec.key] = (info, face.name)
   return made
 
 
@@ -562,39 +562,77 @@ def parsed_options(fun, spec):
   read of the function is unchanged; None where none is kept."""
   if not _reusable(fun, spec.options):
     return None
+  face = Face.of(fun)
   known = _jit_infos.get(fun)
   found = None if known is None else known.get(spec.key)
-  if found is not None and all(map(operator.is_, found[1], _parsed_from(fun))):
+  if found is not None and found[1].same(face):
     return found[0]
-  if _bare(fun):
-    known = _code_infos.get(fun.__code__)
+  if face.bare:
+    known = _code_infos.get(face.code)
     found = None if known is None else known.get(spec.key)
-    if found is not None and found[1] is fun.__name__:
+    if found is not None and found[1] is face.name:
       return found[0]
   return None
 
 
-def _bare(fun) -> bool:
-  """Whether all that ``jit()``'s parsing reads of a plain function is its
-  code and name (``inspect.signature`` reads the code, defaults, keyword
-  defaults and annotations, and a ``__wrapped__``, ``__signature__`` or
-  partial method among its attributes; the source information, the code
-  and name): no defaults, no annotations, no attributes."""
-  return (fun.__defaults__ is None and fun.__kwdefaults__ is None
-          and not fun.__dict__ and not fun.__annotations__)
+class Face(NamedTuple):
+  """What ``jax.jit`` reads of a plain function, read once: the one place
+  that says it. Its parse of the options reads the code, defaults,
+  keyword defaults, annotations and name, and a ``__wrapped__`` or
+  ``__signature__`` among its attributes (``inspect.signature``, the
+  source information); the object it makes shows the name, qualified
+  name, module, documentation and every attribute (``functools.wraps``)."""
+  code: types.CodeType
+  defaults: tuple | None
+  kwdefaults: dict | None
+  annotations: dict
+  name: str
+  qualname: str
+  module: str | None
+  doc: str | None
+  attributes: tuple   # (name, value) pairs, in order
+
+  @classmethod
+  def of(cls, fun) -> Face:
+    return cls(fun.__code__, fun.__defaults__, fun.__kwdefaults__,
+               fun.__annotations__, fun.__name__, fun.__qualname__,
+               fun.__module__, fun.__doc__, tuple(fun.__dict__.items()))
+
+  @property
+  def bare(self) -> bool:
+    """Whether all that parsing reads is the code and name (a nested
+    ``def`` or a lambda made afresh for each call): no defaults,
+    annotations or attributes."""
+    return (self.defaults is None and self.kwdefaults is None
+            and not self.annotations and not self.attributes)
+
+  def same(self, other: Face) -> bool:
+    """Whether ``other`` is this face, part for part the same objects (a
+    function renamed, given attributes or new defaults since is not)."""
+    return (all(map(operator.is_, self[:-1], other[:-1]))
+            and len(self.attributes) == len(other.attributes)
+            and all(a[0] == b[0] and a[1] is b[1]
+                    for a, b in zip(self.attributes, other.attributes)))
+
+  def shown_by(self, jitted) -> bool:
+    """Whether the stock object ``jitted`` shows this face as
+    ``jax.jit(fun)`` made now would: its name, qualified name, module and
+    documentation, and each attribute (the same objects)."""
+    try:
+      if (jitted.__name__ != self.name or jitted.__qualname__ != self.qualname
+          or jitted.__module__ != self.module
+          # JAX's wraps gives a function without documentation ""
+          or (jitted.__doc__ or "") != (self.doc or "")):
+        return False
+      own = jitted.__dict__
+      return all(k in own and own[k] is v for k, v in self.attributes)
+    except Exception:   # an attribute a wrapper does not show: not the face
+      return False
 
 
 def _reusable(fun, options) -> bool:
   return (type(fun) is _FunctionType and options.get("device") is None
           and options.get("backend") is None)
-
-
-def _parsed_from(fun) -> tuple:
-  """What ``jit()``'s parsing reads of a function: its code, defaults,
-  name, and the ``__wrapped__`` and ``__signature__`` it may carry."""
-  own = fun.__dict__
-  return (fun.__code__, fun.__defaults__, fun.__kwdefaults__, fun.__name__,
-          own.get("__wrapped__"), own.get("__signature__"))
 
 
 # function -> {options key: (the options jit() parsed for it, what that
