@@ -70,7 +70,10 @@ class _Launcher(wrapper.ClosureJitted):
 
   def __init__(self, launcher, user, lift_numpy: bool):
     super().__init__(launcher, {}, (), lift_numpy)
-    self._user_fun = user if callable(user) else launcher
+    self._set_user(user)
+
+  def _set_user(self, user):   # the one place this class's slot is set
+    self._user_fun = user if callable(user) else self._fun
 
   @classmethod
   def made(cls, launcher, user) -> "_Launcher":
@@ -78,10 +81,10 @@ class _Launcher(wrapper.ClosureJitted):
     code's front class where one is filed (a generated ``__call__``, made
     without ``__init__``, as ``jit``'s hot case makes a front's wrapper),
     else of this class."""
-    w = wrapper.of_front(_fronts, launcher,
-                         _user_fun=user if callable(user) else launcher)
+    w = wrapper.of_front(_fronts, launcher)
     if w is None:
       return cls(launcher, user, jit_options.lift_numpy_default())
+    w._set_user(user)
     return w
 
   def _user(self):

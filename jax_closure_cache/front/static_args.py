@@ -160,6 +160,10 @@ class _Bound(wrapper.ClosureJitted):
   def __init__(self, binder, options: dict, options_key: tuple,
                lift_numpy: bool, user, outer_stock, static_args):
     super().__init__(binder, options, options_key, lift_numpy)
+    self._bind(user, outer_stock, static_args)
+
+  def _bind(self, user, outer_stock, static_args):
+    # the one place this class's slots are set
     self._user_fun = user
     self._outer_stock = outer_stock
     self._static_args = static_args   # (positions, names, values)
@@ -172,13 +176,13 @@ class _Bound(wrapper.ClosureJitted):
     options, which a front's are when they are the defaults' (the jitted
     function's only options were its static arguments), else of this
     class."""
-    w = (wrapper.of_front(_fronts, binder, _user_fun=user,
-                          _outer_stock=outer_stock, _static_args=static_args)
+    w = (wrapper.of_front(_fronts, binder)
          if not options_key and lift_numpy == _hot_spec[0].lift_numpy
          else None)
     if w is None:
       return cls(binder, options, options_key, lift_numpy, user, outer_stock,
                  static_args)
+    w._bind(user, outer_stock, static_args)
     return w
 
   @staticmethod

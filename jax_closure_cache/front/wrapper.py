@@ -666,18 +666,15 @@ def fill(w, fun, code_and_spec=None):
   return w
 
 
-def of_front(fronts: dict, fun, **attributes):
+def of_front(fronts: dict, fun):
   """The wrapper of ``fun`` made of its code's front class in ``fronts``
   (a generated ``__call__``, without ``__init__``, as ``jit``'s hot case
-  makes one), with the client's ``attributes`` set; None where its code
-  has no front class there. The launchers' and binders' one way in."""
+  makes one), its own slots left for its class to set; None where its
+  code has no front class there. The launchers' and binders' one way in."""
   front = fronts.get(fun.__code__)
   if front is None:
     return None
-  w = fill(object.__new__(front), fun)
-  for name, value in attributes.items():
-    setattr(w, name, value)
-  return w
+  return fill(object.__new__(front), fun)
 
 
 #: The slot descriptors ``fill`` sets, in the order the C entrance takes
