@@ -81,6 +81,10 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   # a warning a trace issues is an effect a hit would skip
   for name, replacement in trace_lookup.closure_cache.WARNING_REPLACEMENTS.items():
     points.append((warnings, name, replacement))
+  # a lifted trace's questions of its lifted arrays' concreteness, which
+  # stock's trace answers from their values (key/state_watch.asked)
+  points += _compat.trace.concreteness_patch_points(
+      trace_lookup.closure_cache.state_watch.asked)
   # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable

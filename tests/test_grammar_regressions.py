@@ -1106,3 +1106,70 @@ def test_a_scan_carrys_node_data_is_not_kept_alive():
   refs = [step() for _ in range(6)]
   gc.collect()
   assert sum(r() is not None for r in refs) == 0
+
+
+def _is_positive(v):   # a library-style check of a concrete value only
+  if not isinstance(v, jax.core.Tracer) and float(v) <= 0:
+    raise ValueError(f"must be positive, got {v}")
+  return v
+
+
+@pytest.mark.parametrize("form", ["power", "fori-bound", "tracer-test",
+                                  "inner-jit", "derived"])
+def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
+    form):
+  """Stock's trace sees a closed-over jax array as a concrete value, a
+  lifted trace as a tracer: where JAX asks which (``jnp.power``'s
+  ``integer_pow`` for a concrete exponent, ``fori_loop``'s ``scan`` for
+  concrete bounds, under ``jit``, eager control flow, ``vmap`` and a jit
+  nested in the function, of the array or a value computed from it at
+  trace time under ``ensure_compile_time_eval``) or
+  the user's code tests ``isinstance(v, jax.core.Tracer)``, the two traces
+  differ (other bits, a ``ValueError`` under ``grad``, a check skipped).
+  Such a code is traced as stock traces it (tier A may share)."""
+  from jax import lax
+  x = jnp.linspace(-3.3, 7.7, 8, dtype=jnp.float32)
+
+  def outcome(thunk):
+    try:
+      out = thunk()
+      return ("ok", str(out.dtype), np.asarray(out).tobytes())
+    except Exception as e:   # stock's exception, type and message
+      return (type(e).__name__, str(e)[:80])
+
+  def run():
+    outs = []
+    for i in range(3):
+      n = jnp.int32(7)
+      m = jnp.int32(3)
+      t = jnp.float32(-1.0 if i == 1 else 2.0)
+      if form == "power":
+        outs += [outcome(lambda: jax.jit(lambda c: jnp.power(c, n))(x)),
+                 outcome(lambda: lax.fori_loop(
+                     0, 1, lambda j, c: jnp.power(c, n), x)),
+                 outcome(lambda: lax.scan(
+                     lambda c, _: (jnp.power(c, n), None), x, None,
+                     length=1)[0]),
+                 outcome(lambda: jax.jit(jax.vmap(
+                     lambda c: jnp.power(c, n)))(x))]
+      elif form == "fori-bound":
+        def h(x):
+          return lax.fori_loop(0, m, lambda j, c: c * 1.5 + j, x).sum()
+        outs.append(outcome(lambda: jax.grad(jax.jit(h))(x)))
+      elif form == "tracer-test":
+        outs.append(outcome(lambda: jax.jit(lambda c: c / _is_positive(t))(x)))
+      elif form == "inner-jit":
+        outs.append(outcome(lambda: jax.jit(
+            lambda c: jax.jit(lambda d: jnp.power(d, n))(c) + 1.0)(x)))
+      else:
+        k = jnp.int32(8)
+
+        def g(c):   # the exponent, 7, computed at trace time: concrete in stock
+          with jax.ensure_compile_time_eval():
+            e = k - 1
+          return jnp.power(c, e) * 2.0
+        outs.append(outcome(lambda: jax.jit(g)(x)))
+    return outs
+
+  replay_in_both_modes(run)
+  assert jcc.stats()["verify_mismatches"] == 0

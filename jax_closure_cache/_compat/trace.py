@@ -278,3 +278,126 @@ def run_traced_eagerly(traced, args, kwargs):
   args_flat = jax.tree_util.tree_leaves((args, kwargs))
   out_flat = _core.jaxpr_as_fun(traced.jaxpr)(*args_flat)
   return jax.tree_util.tree_unflatten(traced.out_tree, out_flat)
+
+
+# -- what a trace asks of a value that a closed-over array answers by value --
+#
+# A closed-over array is concrete in stock's trace and a tracer in a lifted
+# one. JAX asks a value whether it is concrete (``core.is_concrete``,
+# ``core.to_concrete_value``, ``concrete_or_error`` and the tracer's own
+# ``__bool__``/``__int__``/``__index__``, all through ``to_concrete_value``),
+# and raises one of the conversion errors below where a tracer is asked for
+# its value (``float()``, ``np.asarray()``); stock's concrete array answers
+# both from its value, so a trace that asks may take another path (an
+# ``integer_pow`` of a concrete exponent, a ``scan`` for concrete loop
+# bounds, a check that raises) in stock's. ``concreteness_patch_points``
+# reports each such question to ``asked(tracer)``.
+
+#: The errors JAX raises where a tracer is asked for its value; each
+#: takes the tracer first.
+VALUE_ERRORS = tuple(
+    cls for cls in (getattr(jax.errors, n, None) for n in (
+        "ConcretizationTypeError", "TracerArrayConversionError",
+        "TracerIntegerConversionError", "TracerBoolConversionError"))
+    if isinstance(cls, type) and "__init__" in vars(cls))
+
+
+def _harmless_askers() -> frozenset:
+  """The code of JAX's functions that ask only a value already known to be
+  a tracer (``isinstance(x, Tracer) and is_concrete(x)``) and do with a
+  concrete array what they do with a non-concrete tracer (return it, or an
+  equal array): stock never asks there, and the answer changes nothing."""
+  from jax._src.lax import lax as _lax
+  from jax._src.numpy import array_constructors as _constructors
+  found = set()
+  for owner, name in ((_lax, "_convert_element_type"), (_constructors, "array")):
+    code = getattr(getattr(owner, name, None), "__code__", None)
+    if code is not None:
+      found.add(code)
+  return frozenset(found)
+
+
+_HARMLESS_ASKERS = _harmless_askers()
+_ASKING = frozenset({"to_concrete_value", "is_concrete", "concrete_or_error"})
+
+
+def _asked_by_harmless(frame) -> bool:
+  # the first frame outside JAX's asking functions is the question's site
+  while frame is not None and frame.f_code.co_name in _ASKING:
+    frame = frame.f_back
+  return frame is not None and frame.f_code in _HARMLESS_ASKERS
+
+
+def concreteness_patch_points(asked) -> list:
+  """``(owner, name, replacement)`` for JAX's concreteness questions:
+  ``to_concrete_value`` of the trace's own tracers (where their class
+  finds it) and the ``__init__`` of each of ``VALUE_ERRORS``; each reports
+  the tracer asked to ``asked(tracer)`` before doing what it did."""
+  import sys
+  points = []
+  tracer_cls = _pe.DynamicJaxprTracer
+  owner = next((c for c in tracer_cls.__mro__
+                if "to_concrete_value" in vars(c)), None)
+  if owner is not None:
+    original = vars(owner)["to_concrete_value"]
+    getframe = sys._getframe
+
+    def to_concrete_value(self):
+      if type(self) is tracer_cls and not _asked_by_harmless(getframe(1)):
+        asked(self)
+      return original(self)
+    points.append((owner, "to_concrete_value", to_concrete_value))
+  for cls in VALUE_ERRORS:
+    points.append((cls, "__init__", _reporting_init(cls.__init__, asked)))
+  return points
+
+
+def _reporting_init(original, asked):
+  def __init__(self, tracer, *args, **kwargs):
+    asked(tracer)
+    original(self, tracer, *args, **kwargs)
+  __init__.__wrapped__ = original
+  return __init__
+
+
+def computed_from(tracer, sources: set, memo: dict) -> bool:
+  """Whether ``tracer`` (any JAX tracer) is one of the tracers whose ids
+  are ``sources``, or was computed from one in this trace or an enclosing
+  one: followed through the equations that made it (``parent``), an inner
+  trace's constant to the outer value it stands for, and a JVP tracer to
+  its primal. ``memo``: ids already answered, per trace."""
+  todo, seen = [tracer], []
+  found = False
+  while todo:
+    t = todo.pop()
+    i = id(t)
+    if i in sources:
+      found = True
+      break
+    if i in memo:
+      if memo[i]:
+        found = True
+        break
+      continue
+    memo[i] = False
+    seen.append(i)
+    primal = getattr(t, "primal", None)
+    if primal is not None and isinstance(primal, _core.Tracer):
+      todo.append(primal)
+      continue
+    if not isinstance(t, _pe.DynamicJaxprTracer):
+      continue
+    parent = getattr(t, "parent", None)
+    if parent is not None:
+      todo.extend(getattr(parent, "in_tracers", ()))
+      continue
+    try:   # a constant of an inner trace: the outer value it stands for
+      outer = t._trace.frame.constvar_to_val.get(t.val)
+    except (AttributeError, TypeError):
+      outer = None
+    if isinstance(outer, _core.Tracer):
+      todo.append(outer)
+  if found:
+    for i in seen:
+      memo[i] = True
+  return found

@@ -143,7 +143,7 @@ def _trace(fun, a, key, example_args):
     # user's, raises (stock's trace writes to the user's objects)
     new = rebuild.rebuild(holder[0], a.key, leaves)
     return trace_lookup.closure_cache.StateWatch.run_lifted(
-        holder[0], new, lambda: new(*args))
+        holder[0], new, lambda: new(*args), leaves)
   trace_lookup.own_code(lifted.__code__)
 
   try:

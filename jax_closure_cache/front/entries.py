@@ -305,7 +305,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
         return out
     new = rebuild.rebuild(current, a.key, leaves)
     return trace_lookup.closure_cache.StateWatch.run_lifted(
-        current, new, lambda: new(*args, **kwargs))
+        current, new, lambda: new(*args, **kwargs), leaves)
 
   trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__

@@ -137,6 +137,14 @@ class MissStages:
     entries.entries.discard(key)
     code = code_of(self._user())
     leak = entries.tracer_leak(error)
+    if isinstance(leak, trace_lookup.closure_cache.state_watch.LiftedValueAsked):
+      if code is not None:
+        entries.unliftable.add(code)
+      events.fallback(
+          self._user(), code, "asks_lifted_value",
+          f"{leak}; this code is traced as stock traces it from now on "
+          "(tier A shares its executable)")
+      return out
     if leak is not None:
       if code is not None:
         entries.unliftable.add(code)

@@ -114,7 +114,7 @@ class Analysis(_key.Walk):
   code that writes its cells or globals (``cells``, ``reads``), and a
   budget of functions (``enter``)."""
   __slots__ = ("key", "roots", "lift_numpy", "in_object", "nesting",
-               "budget_values", "depth", "custom_rules")
+               "budget_values", "depth", "custom_rules", "tracer_class")
 
   def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True):
     super().__init__()
@@ -124,6 +124,7 @@ class Analysis(_key.Walk):
     self.in_object = not lift_arrays
     self.nesting = 0   # plain objects being walked, one inside another
     self.custom_rules: list = []   # (class, items) of custom_jvp/custom_vjp
+    self.tracer_class = None   # a tracer class the code reads (``finish``)
 
   stable = staticmethod(lambda f, module=None: is_stable(f))
   # a static argument as a dict key is keyed: atoms by exact type and bits,
@@ -188,6 +189,7 @@ class Analysis(_key.Walk):
     if t is type or isinstance(v, type):
       # a user class by its namespace (a trace may instantiate it and call
       # its methods); jax's, numpy's, the standard library's by identity
+      self.note_tracer_class(v)
       k = self.klass(v)
       if k is not v or t is type:
         return k
@@ -449,6 +451,7 @@ class Analysis(_key.Walk):
       if obj is NOCHAIN or obj is MISSING:
         return obj
       if _library_object(obj):
+        self.note_tracer_class(obj)
         return (LIBATTR, obj)   # checked by identity: a replacement is seen
     if obj is MISSING:
       return obj
@@ -499,12 +502,24 @@ class Analysis(_key.Walk):
       self.custom_rules.append((t, items))   # checked by :meth:`finish`
     return (COPY if copyable else OBJ, i, t, items, self.klass(t))
 
+  def note_tracer_class(self, v) -> None:
+    if isinstance(v, type) and issubclass(v, _compat.Tracer):
+      self.tracer_class = v
+
   def finish(self, key) -> None:
-    """Refuse a key whose custom differentiation rule (a ``custom_jvp``'s
-    ``jvp``, a ``custom_vjp``'s ``fwd`` and ``bwd``) reaches a lifted
-    array: JAX keeps the rule in the trace and runs it when it
-    differentiates the trace, so a rule rebuilt for the lifted trace would
-    run then with that trace's tracers."""
+    """Refuse a key that lifts an array where its code reads a tracer class
+    (``isinstance(w, jax.core.Tracer)``: a lifted array is a tracer, stock's
+    closed-over array is not, and no trace shows the test), and a key whose
+    custom differentiation rule (a ``custom_jvp``'s ``jvp``, a
+    ``custom_vjp``'s ``fwd`` and ``bwd``) reaches a lifted array: JAX keeps
+    the rule in the trace and runs it when it differentiates the trace, so
+    a rule rebuilt for the lifted trace would run then with that trace's
+    tracers."""
+    if self.tracer_class is not None and self.leaves:
+      raise Uncacheable(
+          "tests_tracers", f"its code reads {self.tracer_class.__name__}, "
+          "a class a lifted array is an instance of and stock's closed-over "
+          "array is not")
     if not self.custom_rules:
       return
     r = _RuleReach(())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 import functools
+import threading
 import types
 from typing import Any
 import weakref
@@ -26,6 +27,61 @@ from jax_closure_cache.key import closure_key
 
 class TracerLeak(Exception):
   """A lifted trace stored a traced value in the user's own state."""
+
+
+class LiftedValueAsked(TracerLeak):
+  """A lifted trace asked a value computed from a lifted array whether it
+  is concrete, or for its value: stock's trace, where the closed-over
+  array is concrete, answers from its value, and may take another path
+  (``_compat.trace.concreteness_patch_points``)."""
+
+
+class ValueQuestions:
+  """The concreteness questions one lifted trace asks of what it computes
+  from its lifted arrays (``sources``: their tracers' ids): the first is
+  kept in ``asked``. Active for the thread while :meth:`run` runs."""
+  __slots__ = ("sources", "memo", "asked")
+
+  def __init__(self, leaves):
+    self.sources = {id(x) for x in _compat.jax.tree_util.tree_leaves(leaves)
+                    if isinstance(x, _compat.Tracer)}
+    self.memo: dict = {}
+    self.asked: str | None = None
+
+  @classmethod
+  def run(cls, leaves, call: Callable[[], Any]) -> Any:
+    """``call()``, then :class:`LiftedValueAsked` if it asked a question of
+    a lifted array (nested lifted traces each watch their own)."""
+    watch = cls(leaves)
+    if not watch.sources:
+      return call()
+    outer = getattr(_active, "watches", ())
+    _active.watches = (*outer, watch)   # a tuple, replaced: never shared
+    try:
+      out = call()
+    finally:
+      _active.watches = outer
+    if watch.asked is not None:
+      raise LiftedValueAsked(watch.asked)
+    return out
+
+
+_active = threading.local()   # .watches: this thread's active ValueQuestions
+
+
+def asked(tracer) -> None:
+  """JAX asked ``tracer`` whether it is concrete, or for its value (the
+  report of ``_compat.trace.concreteness_patch_points``): noted by every
+  active watch whose lifted arrays it was computed from."""
+  for watch in getattr(_active, "watches", ()):
+    if watch.asked is None and _compat.trace.computed_from(
+        tracer, watch.sources, watch.memo):
+      aval = getattr(tracer, "aval", None)
+      watch.asked = (
+          "the trace asked whether a value computed from a closed-over "
+          f"array ({aval.str_short() if aval is not None else '?'}) is "
+          "concrete, or for its value, which stock's trace answers from "
+          "the array's value")
 
 
 def _reached(v, with_globals: bool) -> list:   # what a trace may reach
@@ -175,28 +231,33 @@ class StateWatch:
     return out
 
   @classmethod
-  def run_lifted(cls, fun, rebuilt, call: Callable[[], Any]) -> Any:
+  def run_lifted(cls, fun, rebuilt, call: Callable[[], Any],
+                 leaves=()) -> Any:
     """``call()``, a trace of ``rebuilt`` (``fun`` rebuilt with tracers in
-    its lifted positions) that may write to the user's own objects, as
-    stock's trace of ``fun`` would: :meth:`run`, raising
+    its lifted positions, ``leaves``) that may write to the user's own
+    objects, as stock's trace of ``fun`` would: :meth:`run`, raising
     :class:`TracerLeak` if it wrote to the rebuild's copy of one (stock's
-    trace writes to the user's). The front's and ``closure_convert``'s
-    lifted traces."""
+    trace writes to the user's), :class:`LiftedValueAsked` if it asked
+    whether a lifted array is concrete (:class:`ValueQuestions`). The
+    front's and ``closure_convert``'s lifted traces."""
     def trace():
       copies = cls.of_copies(rebuilt, fun)
-      out = call()
+      out = ValueQuestions.run(leaves, call)
       copies.check_unwritten()
       return out
     return cls.run(fun, trace)
 
   @classmethod
-  def run_unwritten(cls, fun, rebuilt, call: Callable[[], Any]) -> Any:
-    """``call()``, a trace of ``rebuilt`` whose jaxpr every later function
-    of the key gets without tracing: :meth:`run`, raising
-    :class:`TracerLeak` (what it wrote undone) if it wrote to anything
-    ``fun`` or ``rebuilt`` reaches. The trace lookup's shared traces."""
+  def run_unwritten(cls, fun, rebuilt, call: Callable[[], Any],
+                    leaves=()) -> Any:
+    """``call()``, a trace of ``rebuilt`` (lifted ``leaves``) whose jaxpr
+    every later function of the key gets without tracing: :meth:`run`,
+    raising :class:`TracerLeak` (what it wrote undone) if it wrote to
+    anything ``fun`` or ``rebuilt`` reaches, :class:`LiftedValueAsked` if
+    it asked whether a lifted array is concrete. The trace lookup's shared
+    traces."""
     watches = cls(rebuilt), cls(fun)
-    out = cls.run(fun, call)
+    out = cls.run(fun, lambda: ValueQuestions.run(leaves, call))
     if any(w.changes() for w in watches):
       for w in watches:
         w.restore()

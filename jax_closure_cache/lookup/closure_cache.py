@@ -436,7 +436,8 @@ def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
     # a trace that writes what it reaches (a cell its caller reads after)
     # is traced as usual, every time, its writes once
     new = closure_key.rebuild(fun, key, leaves, rules)
-    return StateWatch.run_unwritten(fun, new, lambda: new(*args, **kwargs))
+    return StateWatch.run_unwritten(fun, new, lambda: new(*args, **kwargs),
+                                    leaves)
   own_codes.add(lifted.__code__)
   args, kwargs = in_avals.unpack()
   lifted_in = ft.pack(((ft.flatten(list(leaf_avals)), *args.unpack()), kwargs))
