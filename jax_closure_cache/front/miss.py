@@ -111,6 +111,9 @@ class MissStages:
     if verify.check_hit(f, key, entry, leaves, args, kwargs,
                         self._spec.options):
       return result
+    code = code_of(self._user())
+    if code is not None:   # its later objects are stock's, never stored again
+      entries.unliftable.add(code)
     self._own()
     with trace_lookup.unshared():
       return self.stock()(*args, **kwargs)
