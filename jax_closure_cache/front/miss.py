@@ -20,6 +20,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
+from jax_closure_cache.front import identity
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.lowering import folding
@@ -80,7 +81,7 @@ class MissStages:
   #: ``_spec`` (its options' ``JitSpec``; a slot, or a front's class
   #: attribute). Names, not annotations: a class annotation would show in
   #: the wrapper's ``__annotations__``, which must be the user's, as stock's.
-  _WRAPPER_SLOTS = ("_fun", "_spec")
+  _WRAPPER_SLOTS = ("_fun", "_spec", "_row")
   #: whether stock takes the trace's constants as operands (a launcher)
   _constants_are_operands = False
 
@@ -134,7 +135,15 @@ class MissStages:
 
   def _retry_stock(self, key, args, kwargs, error=None):
     """Answer with stock's outcome; remember the code if only lifting
-    failed."""
+    failed. Not where the call failed because an array this function
+    object read at its first call was deleted (or donated) since: stock's
+    executable of it holds its own copy, and a trace now would read the
+    state as it is now (a rebound global), so the error stands."""
+    row = self._row
+    if (error is not None and type(row) is identity.PINNED and any(
+        getattr(x, "is_deleted", lambda: False)()
+        for x in _compat.jax.tree_util.tree_leaves(row[identity.LEAVES]))):
+      raise error
     self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
     entries.entries.discard(key)
