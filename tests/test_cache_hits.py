@@ -498,3 +498,50 @@ def test_a_function_reading_patched_lax_hits_through_its_matcher(monkeypatch):
                                     STOCK_JIT(make(w))(x))
     assert jcc.stats()["hits"] - hits == 3
     assert len(compiled) == before   # no new matcher: the old one matched
+
+
+def test_a_local_of_its_own_that_a_nested_function_captures_is_not_a_cell_write():
+  """A function assigning a local of its own that a nested function reads
+  (``scale = 0.5`` beside ``tree_map(lambda p, g: p - scale * g, ...)``,
+  or a nested ``nonlocal`` of that local) writes a cell made afresh by each
+  call, never its closure: it is keyed and hits, with stock's results. A
+  ``nonlocal`` write to a closed-over variable stays refused."""
+  from conftest import replay_like_stock
+  grads = {"a": jnp.ones(3), "b": jnp.ones(2)}
+
+  def run():
+    outs = []
+    for i in range(4):
+      params = {"a": jnp.ones(3) * i, "b": jnp.ones(2)}
+
+      def sgd(g):
+        scale = 0.5   # its own local, captured below
+
+        def bump():
+          nonlocal scale
+          scale = scale * 2.0
+        bump()
+        return jax.tree_util.tree_map(lambda p, d: p - scale * d, params, g)
+      out = jax.jit(sgd)(grads)
+      outs += [np.asarray(out["a"]), np.asarray(out["b"])]
+    return outs, []
+
+  replay_like_stock(run)
+  s = jcc.stats()
+  assert s["hits"] >= 4, s
+  assert "writes_cells" not in s["fallback_reasons"], s
+
+  count = [0]
+
+  def outer():
+    n = 0
+
+    def f(x):
+      nonlocal n   # the closure's own variable: stock's trace bumps it
+      n += 1
+      count[0] = n
+      return x * 2.0
+    return f
+  for _ in range(3):
+    jax.jit(outer())(jnp.ones(2))
+  assert jcc.stats()["fallback_reasons"].get("writes_cells", 0) >= 1

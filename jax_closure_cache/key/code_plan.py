@@ -36,7 +36,9 @@ class CodePlan(NamedTuple):
   global_names: tuple[str, ...]
   writes_globals: bool
   chains: tuple = ()
-  # free variables the code (or its nested code) assigns: ``nonlocal n``
+  # free variables of the code that it (or code it nests) assigns:
+  # ``nonlocal n`` of a closed-over ``n`` (a local of its own that a nested
+  # function captures is a fresh cell each call, never the closure's)
   written_cells: frozenset = frozenset()
 
 
@@ -59,11 +61,12 @@ def code_plan(code: types.CodeType) -> CodePlan:
     pass
   names: dict[str, None] = {}
   chains: dict[tuple, None] = {}
-  written: set = set()
+  written: dict = {}   # code -> the cell names it assigns itself
   writes = False
   pending = [code]
   while pending:
     co = pending.pop()
+    written[co] = set()
     chain = None   # (kind, name, [attributes]) being read right now
     for ins in dis.get_instructions(co):
       op = ins.opname
@@ -84,15 +87,28 @@ def code_plan(code: types.CodeType) -> CodePlan:
       if op in _GLOBAL_WRITES:
         writes = True
       elif op in _CELL_WRITES:
-        written.add(ins.argval)
+        written[co].add(ins.argval)
     if chain is not None and chain[2]:
       chains[(chain[0], chain[1], tuple(chain[2]))] = None
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
-  plan = CodePlan(tuple(names), writes, tuple(chains), frozenset(written))
+  plan = CodePlan(tuple(names), writes, tuple(chains),
+                  frozenset(_free_writes(code, written)))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan
   return plan
+
+
+def _free_writes(co: types.CodeType, written: dict) -> set:
+  """The free variables of ``co`` that it or code it nests assigns: a name
+  assigned in nested code reaches ``co``'s free variable only through
+  free variables of each code between (a cell of the nested code's own, or
+  of ``co``'s, is made afresh by each call)."""
+  found = {n for n in written.get(co, ()) if n in co.co_freevars}
+  for c in co.co_consts:
+    if isinstance(c, types.CodeType):
+      found |= {n for n in _free_writes(c, written) if n in co.co_freevars}
+  return found
 
 
 def is_module_level(fun: types.FunctionType) -> bool:
