@@ -1115,7 +1115,8 @@ def _is_positive(v):   # a library-style check of a concrete value only
 
 
 @pytest.mark.parametrize("form", ["power", "fori-bound", "tracer-test",
-                                  "inner-jit", "derived"])
+                                  "inner-jit", "derived", "device-get",
+                                  "has-sharding", "formatted"])
 def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
     form):
   """Stock's trace sees a closed-over jax array as a concrete value, a
@@ -1125,7 +1126,9 @@ def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
   nested in the function, of the array or a value computed from it at
   trace time under ``ensure_compile_time_eval``) or
   the user's code tests ``isinstance(v, jax.core.Tracer)``, the two traces
-  differ (other bits, a ``ValueError`` under ``grad``, a check skipped).
+  differ (other bits, a ``ValueError`` under ``grad``, a check skipped);
+  likewise where the user's code asks what a tracer lacks (``jax.device_get``
+  gives stock a NumPy array, ``hasattr(w, "sharding")``, ``f"{w}"``).
   Such a code is traced as stock traces it (tier A may share)."""
   from jax import lax
   x = jnp.linspace(-3.3, 7.7, 8, dtype=jnp.float32)
@@ -1161,7 +1164,7 @@ def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
       elif form == "inner-jit":
         outs.append(outcome(lambda: jax.jit(
             lambda c: jax.jit(lambda d: jnp.power(d, n))(c) + 1.0)(x)))
-      else:
+      elif form == "derived":
         k = jnp.int32(8)
 
         def g(c):   # the exponent, 7, computed at trace time: concrete in stock
@@ -1169,7 +1172,37 @@ def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
             e = k - 1
           return jnp.power(c, e) * 2.0
         outs.append(outcome(lambda: jax.jit(g)(x)))
+      elif form == "device-get":
+        s16 = jnp.asarray(0.5)   # weakly typed: stock's NumPy copy is not
+        outs.append(outcome(lambda: jax.jit(
+            lambda c: c.astype(jnp.float16) + jax.device_get(s16))(x)))
+      elif form == "has-sharding":
+        outs.append(outcome(lambda: jax.jit(
+            lambda c: c + n if hasattr(n, "sharding") else c - n)(x)))
+      else:
+        outs.append(outcome(lambda: jax.jit(
+            lambda c: c * len(f"{n}"))(x)))
     return outs
 
   replay_in_both_modes(run)
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_a_float_exponent_closed_over_is_lifted_as_stock_takes_pow_for_it():
+  """``jnp.power`` asks whether its exponent is concrete, and takes
+  ``integer_pow`` only for a concrete integer scalar: a closed-over float
+  exponent takes ``pow`` in stock's trace too, so the key lifts it (and
+  hits), with stock's bits."""
+  from conftest import replay_like_stock
+  x = jnp.linspace(0.5, 3.5, 8, dtype=jnp.float32)
+
+  def run():
+    outs = []
+    for i in range(4):
+      gamma = jnp.float32(1.5 + i)
+      outs.append(np.asarray(jax.jit(lambda c: c ** gamma)(x)))
+    return outs, []
+
+  replay_like_stock(run)
+  assert jcc.stats()["hits"] >= 4
+  assert "asks_lifted_value" not in jcc.stats()["fallback_reasons"]

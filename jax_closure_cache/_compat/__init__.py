@@ -463,6 +463,16 @@ def library_code(code) -> bool:
   return code.co_filename.startswith(_LIBRARY_ROOTS)
 
 
+_OWN_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))) + _os.sep
+
+
+def library_or_own_code(code) -> bool:
+  """:func:`library_code`, or this package's own (its explanations and
+  checks read what the user's code reads, never for the user)."""
+  filename = code.co_filename
+  return filename.startswith(_LIBRARY_ROOTS) or filename.startswith(_OWN_ROOT)
+
+
 # -- JAX's memoized conversion of NumPy arrays -----------------------------------
 #
 # ``dtypes.canonicalize_value`` converts a NumPy array to its canonical dtype

@@ -12,6 +12,7 @@ installed only where it is empty.
 from __future__ import annotations
 
 import jax
+import numpy as _np
 from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as _core
@@ -302,54 +303,119 @@ VALUE_ERRORS = tuple(
     if isinstance(cls, type) and "__init__" in vars(cls))
 
 
-def _harmless_askers() -> frozenset:
-  """The code of JAX's functions that ask only a value already known to be
-  a tracer (``isinstance(x, Tracer) and is_concrete(x)``) and do with a
-  concrete array what they do with a non-concrete tracer (return it, or an
-  equal array): stock never asks there, and the answer changes nothing."""
+def _harmless_askers() -> dict:
+  """The code of JAX's functions whose question changes nothing for some
+  values, each with the test of the value asked (None: any value):
+  ``lax._convert_element_type`` and ``jnp.array`` ask only a value already
+  known to be a tracer (``isinstance(x, Tracer) and is_concrete(x)``) and
+  do with a concrete array what they do with a non-concrete tracer;
+  ``jnp.power`` asks of its exponent, and takes ``integer_pow`` only for a
+  concrete integer scalar (a float or an array takes ``pow`` either way)."""
   from jax._src.lax import lax as _lax
   from jax._src.numpy import array_constructors as _constructors
-  found = set()
-  for owner, name in ((_lax, "_convert_element_type"), (_constructors, "array")):
+  from jax._src.numpy import ufuncs as _ufuncs
+
+  def not_an_integer_scalar(tracer) -> bool:
+    aval = tracer.aval
+    return bool(aval.shape) or _np.issubdtype(aval.dtype, _np.inexact)
+  found = {}
+  for owner, name, test in ((_lax, "_convert_element_type", None),
+                            (_constructors, "array", None),
+                            (_ufuncs, "power", not_an_integer_scalar)):
     code = getattr(getattr(owner, name, None), "__code__", None)
     if code is not None:
-      found.add(code)
-  return frozenset(found)
+      found[code] = test
+  return found
 
 
 _HARMLESS_ASKERS = _harmless_askers()
 _ASKING = frozenset({"to_concrete_value", "is_concrete", "concrete_or_error"})
 
 
-def _asked_by_harmless(frame) -> bool:
+def _asked_harmlessly(frame, tracer) -> bool:
   # the first frame outside JAX's asking functions is the question's site
   while frame is not None and frame.f_code.co_name in _ASKING:
     frame = frame.f_back
-  return frame is not None and frame.f_code in _HARMLESS_ASKERS
+  if frame is None or frame.f_code not in _HARMLESS_ASKERS:
+    return False
+  test = _HARMLESS_ASKERS[frame.f_code]
+  return test is None or test(tracer)
 
 
-def concreteness_patch_points(asked) -> list:
-  """``(owner, name, replacement)`` for JAX's concreteness questions:
-  ``to_concrete_value`` of the trace's own tracers (where their class
-  finds it) and the ``__init__`` of each of ``VALUE_ERRORS``; each reports
-  the tracer asked to ``asked(tracer)`` before doing what it did."""
+def concreteness_patch_points(asked, library_code) -> list:
+  """``(owner, name, replacement)`` for JAX's concreteness questions, each
+  reporting the tracer asked to ``asked(tracer)`` before doing what it did:
+  ``to_concrete_value`` of the trace's own tracers (where their class finds
+  it); the ``__init__`` of each of ``VALUE_ERRORS``; ``jax.device_get``
+  (a tracer comes back as it is, a concrete array as a NumPy array); and,
+  asked from code that is not ``library_code(code)`` (the user's), what a
+  tracer lacks that a concrete array has: ``sharding``, ``device``, an
+  attribute JAX's tracer does not find, its ``repr`` (``str`` and
+  f-strings too)."""
   import sys
+  getframe = sys._getframe
   points = []
   tracer_cls = _pe.DynamicJaxprTracer
   owner = next((c for c in tracer_cls.__mro__
                 if "to_concrete_value" in vars(c)), None)
   if owner is not None:
     original = vars(owner)["to_concrete_value"]
-    getframe = sys._getframe
 
     def to_concrete_value(self):
-      if type(self) is tracer_cls and not _asked_by_harmless(getframe(1)):
+      if type(self) is tracer_cls and not _asked_harmlessly(getframe(1), self):
         asked(self)
       return original(self)
     points.append((owner, "to_concrete_value", to_concrete_value))
   for cls in VALUE_ERRORS:
     points.append((cls, "__init__", _reporting_init(cls.__init__, asked)))
+
+  def by_user() -> bool:   # the caller of the caller: the question's site
+    return not library_code(getframe(2).f_code)
+
+  stock_device_get = jax.device_get
+
+  def device_get(x):
+    for leaf in jax.tree_util.tree_leaves(x):
+      if isinstance(leaf, _core.Tracer):
+        asked(leaf)
+    return stock_device_get(x)
+  device_get.__wrapped__ = stock_device_get
+  for module in (jax, _inspect.getmodule(stock_device_get)):
+    if getattr(module, "device_get", None) is stock_device_get:
+      points.append((module, "device_get", device_get))
+
+  base = _core.Tracer
+  for name in ("sharding", "device"):
+    prop = vars(base).get(name)
+    if isinstance(prop, property):
+      points.append((base, name, property(_reporting_get(prop.fget, asked,
+                                                         by_user))))
+  stock_getattr = vars(base).get("__getattr__")
+  if stock_getattr is not None:
+    def __getattr__(self, name):
+      try:
+        return stock_getattr(self, name)
+      except AttributeError:
+        if by_user():
+          asked(self)
+        raise
+    points.append((base, "__getattr__", __getattr__))
+  stock_repr = vars(base).get("__repr__")
+  if stock_repr is not None:
+    def __repr__(self):
+      if by_user():
+        asked(self)
+      return stock_repr(self)
+    points.append((base, "__repr__", __repr__))
   return points
+
+
+def _reporting_get(fget, asked, by_user):
+  def get(self):
+    if by_user():
+      asked(self)
+    return fget(self)
+  return get
 
 
 def _reporting_init(original, asked):
