@@ -135,14 +135,13 @@ class MissStages:
 
   def _retry_stock(self, key, args, kwargs, error=None):
     """Answer with stock's outcome; remember the code if only lifting
-    failed. Not where the call failed because an array this function
-    object read at its first call was deleted (or donated) since: stock's
-    executable of it holds its own copy, and a trace now would read the
-    state as it is now (a rebound global), so the error stands."""
-    row = self._row
-    if (error is not None and type(row) is identity.PINNED and any(
-        getattr(x, "is_deleted", lambda: False)()
-        for x in _compat.jax.tree_util.tree_leaves(row[identity.LEAVES]))):
+    failed. Not where this function object ran its entry's executable
+    for a signature it had run before (no new trace) and that failed on
+    an array it read at its first call, deleted (or donated) since:
+    stock's executable of it holds its own copy of it, and a trace now
+    would read the state as it is now (a rebound global), so JAX's error
+    stands."""
+    if self._ran_on_deleted_array(error):
       raise error
     self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
@@ -171,6 +170,19 @@ class MissStages:
     events.fallback(self._user(), code, "trace_error",
                     "tracing with lifted arrays failed where stock did not")
     return out
+
+
+  def _ran_on_deleted_array(self, error) -> bool:
+    row = self._row
+    if (error is None or type(row) is not identity.PINNED
+        or entries.tracer_leak(error) is not None
+        or "deleted" not in str(error)):
+      return False
+    entry = row[identity.ENTRY]
+    if entry.traces != entry.checked:   # a new signature: stock traces too
+      return False
+    return any(getattr(x, "is_deleted", lambda: False)()
+               for x in _compat.jax.tree_util.tree_leaves(row[identity.LEAVES]))
 
 
   def _miss(self, key, a, args, kwargs):
