@@ -253,3 +253,25 @@ def test_a_stock_owned_function_wrapped_anew_reads_what_jit_parsed_again():
     assert got[-2:] == want[-2:]
     for g, w_ in zip(got[:-2], want[:-2]):
       np.testing.assert_array_equal(g, w_)
+
+
+def test_a_function_holding_itself_in_an_attribute_is_not_kept_alive():
+  """What the parse cache keeps beside a function (``wrapper.Face.parsed``)
+  holds none of its other attributes: a function that refers to itself
+  through one (a registry's back reference) dies with its last user."""
+  import gc
+  import weakref
+  jcc.enable()
+
+  def make():
+    def f(x):
+      return x + 1.0
+    f.me = f
+    return f
+  f = make()
+  jax.jit(f)(jnp.ones(2))
+  jax.jit(f)(jnp.ones(2))   # a second object: the parse kept is read
+  dead = weakref.ref(f)
+  del f
+  gc.collect()
+  assert dead() is None

@@ -534,7 +534,8 @@ def stock_jit(fun, spec):
   made from them as ``jit()`` makes its own (``_compat.jit_with_info``):
   parsing them reads the function's signature, three quarters of stock's
   cost of a new jitted object. Not where ``jit()`` warns (``device``,
-  ``backend``), nor once the function's :class:`Face` changed.
+  ``backend``), nor once what it parsed of the function changed
+  (:attr:`Face.parsed`).
 
   A bare function (no defaults, annotations or attributes: a nested
   ``def`` or a lambda, made afresh for each call) is parsed once per code
@@ -550,7 +551,7 @@ def stock_jit(fun, spec):
     info = _compat.jit_info(made)
     if info is not None:
       face = Face.of(fun)
-      _jit_infos.setdefault(fun, {})[spec.key] = (info, face)
+      _jit_infos.setdefault(fun, {})[spec.key] = (info, face.parsed)
       if face.bare:
         _code_infos.setdefault(face.code, {})[spec.key] = (info, face.name)
   return made
@@ -565,7 +566,7 @@ def parsed_options(fun, spec):
   face = Face.of(fun)
   known = _jit_infos.get(fun)
   found = None if known is None else known.get(spec.key)
-  if found is not None and found[1].same(face):
+  if found is not None and all(map(operator.is_, found[1], face.parsed)):
     return found[0]
   if face.bare:
     known = _code_infos.get(face.code)
@@ -606,13 +607,15 @@ class Face(NamedTuple):
     return (self.defaults is None and self.kwdefaults is None
             and not self.annotations and not self.attributes)
 
-  def same(self, other: Face) -> bool:
-    """Whether ``other`` is this face, part for part the same objects (a
-    function renamed, given attributes or new defaults since is not)."""
-    return (all(map(operator.is_, self[:-1], other[:-1]))
-            and len(self.attributes) == len(other.attributes)
-            and all(a[0] == b[0] and a[1] is b[1]
-                    for a, b in zip(self.attributes, other.attributes)))
+  @property
+  def parsed(self) -> tuple:
+    """What ``jit()``'s parse reads of the function, the objects themselves
+    (kept beside its parse, and compared part for part by identity: a
+    function renamed or given new defaults since is not the same); not its
+    other attributes, one of which may hold the function itself."""
+    own = dict(self.attributes)
+    return (self.code, self.defaults, self.kwdefaults, self.annotations,
+            self.name, own.get("__wrapped__"), own.get("__signature__"))
 
   def shown_by(self, jitted) -> bool:
     """Whether the stock object ``jitted`` shows this face as
