@@ -83,9 +83,9 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
     points.append((warnings, name, replacement))
   # a lifted trace's questions of its lifted arrays' concreteness, which
   # stock's trace answers from their values (key/state_watch.asked)
+  watch = trace_lookup.closure_cache.state_watch
   points += _compat.trace.concreteness_patch_points(
-      trace_lookup.closure_cache.state_watch.asked,
-      _compat.library_or_own_code)
+      watch.asked, watch.watching, _compat.library_or_own_code)
   # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable

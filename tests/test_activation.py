@@ -7,9 +7,11 @@ import sysconfig
 import threading
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import jax_closure_cache as jcc
+from jax_closure_cache import _compat
 from conftest import ROUTING_PROBE, STOCK_JIT
 
 
@@ -21,6 +23,50 @@ def test_enable_disable_restore_exact_original():
   jcc.disable()
   jcc.disable()
   assert jax.jit is STOCK_JIT and not jcc.is_enabled()
+
+
+def test_disable_leaves_jaxs_tracer_and_error_classes_as_they_were():
+  """The concreteness watch patches JAX's tracer class, its jaxpr tracer
+  and its conversion errors: ``disable()`` puts back each class's own
+  namespace exactly, and defines nothing on a class that only inherited
+  it."""
+  from jax._src import core
+  from jax._src.interpreters import partial_eval as pe
+  classes = [core.Tracer, pe.DynamicJaxprTracer,
+             *_compat.trace.VALUE_ERRORS]
+  before = [dict(vars(c)) for c in classes]
+  device_get = jax.device_get
+  jcc.enable()
+  assert any(dict(vars(c)) != b for c, b in zip(classes, before))
+  jcc.disable()
+  for c, b in zip(classes, before):
+    now = dict(vars(c))
+    assert now.keys() == b.keys(), c
+    assert all(now[k] is b[k] for k in b), c
+  assert jax.device_get is device_get
+
+
+def test_outside_a_lifted_trace_tracers_answer_as_stocks():
+  """With the cache on and no lifted trace running, a tracer's answers to
+  what it lacks (``hasattr(t, "sharding")``, a missing attribute, its
+  ``repr``, ``jax.device_get``) are stock's, and nothing is reported."""
+  def probe(x):
+    found = (hasattr(x, "sharding"), hasattr(x, "device"),
+             hasattr(x, "no_such_attribute"), repr(x),
+             jax.device_get(x) is x)
+    seen.append(found)
+    return x * 2.0
+  seen = []
+  jcc.disable()
+  STOCK_JIT(probe)(jnp.ones(2))
+  jcc.enable()
+  jax.jit(probe)(jnp.ones(2, jnp.int32))   # each call traces: a new signature
+  STOCK_JIT(probe)(jnp.ones(3))
+  assert len(seen) == 3, seen
+  for found in seen[1:]:
+    assert found[:3] == seen[0][:3] and found[4] == seen[0][4], seen
+    assert found[3].split("(")[0] == seen[0][3].split("(")[0], seen
+  assert "asks_lifted_value" not in jcc.stats()["fallback_reasons"]
 
 
 def test_enabled_restores_previous_state_even_nested():

@@ -342,16 +342,17 @@ def _asked_harmlessly(frame, tracer) -> bool:
   return test is None or test(tracer)
 
 
-def concreteness_patch_points(asked, library_code) -> list:
+def concreteness_patch_points(asked, watching, library_code) -> list:
   """``(owner, name, replacement)`` for JAX's concreteness questions, each
-  reporting the tracer asked to ``asked(tracer)`` before doing what it did:
-  ``to_concrete_value`` of the trace's own tracers (where their class finds
-  it); the ``__init__`` of each of ``VALUE_ERRORS``; ``jax.device_get``
-  (a tracer comes back as it is, a concrete array as a NumPy array); and,
-  asked from code that is not ``library_code(code)`` (the user's), what a
-  tracer lacks that a concrete array has: ``sharding``, ``device``, an
-  attribute JAX's tracer does not find, its ``repr`` (``str`` and
-  f-strings too)."""
+  reporting the tracer asked to ``asked(tracer)`` while ``watching()``,
+  before doing what it did: ``to_concrete_value`` of the trace's own
+  tracers (where their class finds it); the ``__init__`` of each of
+  ``VALUE_ERRORS``; and, asked from code that is not ``library_code(code)``
+  (the user's), what a tracer lacks that a concrete array has:
+  ``sharding``, ``device``, an attribute JAX's tracer does not find, its
+  ``repr`` (``str`` and f-strings too). ``jax.device_get`` asks each leaf
+  for ``copy_to_host_async`` (a tracer comes back as it is, a concrete
+  array as a NumPy array): reported too, under any name it is called by."""
   import sys
   getframe = sys._getframe
   points = []
@@ -362,7 +363,8 @@ def concreteness_patch_points(asked, library_code) -> list:
     original = vars(owner)["to_concrete_value"]
 
     def to_concrete_value(self):
-      if type(self) is tracer_cls and not _asked_harmlessly(getframe(1), self):
+      if (watching() and type(self) is tracer_cls
+          and not _asked_harmlessly(getframe(1), self)):
         asked(self)
       return original(self)
     points.append((owner, "to_concrete_value", to_concrete_value))
@@ -372,47 +374,39 @@ def concreteness_patch_points(asked, library_code) -> list:
   def by_user() -> bool:   # the caller of the caller: the question's site
     return not library_code(getframe(2).f_code)
 
-  stock_device_get = jax.device_get
-
-  def device_get(x):
-    for leaf in jax.tree_util.tree_leaves(x):
-      if isinstance(leaf, _core.Tracer):
-        asked(leaf)
-    return stock_device_get(x)
-  device_get.__wrapped__ = stock_device_get
-  for module in (jax, _inspect.getmodule(stock_device_get)):
-    if getattr(module, "device_get", None) is stock_device_get:
-      points.append((module, "device_get", device_get))
-
   base = _core.Tracer
   for name in ("sharding", "device"):
     prop = vars(base).get(name)
     if isinstance(prop, property):
-      points.append((base, name, property(_reporting_get(prop.fget, asked,
-                                                         by_user))))
+      points.append((base, name, property(
+          _reporting_get(prop.fget, asked, watching, by_user),
+          doc=prop.__doc__)))
   stock_getattr = vars(base).get("__getattr__")
+  device_get_code = getattr(jax.device_get, "__code__", None)
   if stock_getattr is not None:
     def __getattr__(self, name):
       try:
         return stock_getattr(self, name)
       except AttributeError:
-        if by_user():
+        if watching() and (by_user() or (
+            name == "copy_to_host_async"
+            and getframe(1).f_code is device_get_code)):
           asked(self)
         raise
     points.append((base, "__getattr__", __getattr__))
   stock_repr = vars(base).get("__repr__")
   if stock_repr is not None:
     def __repr__(self):
-      if by_user():
+      if watching() and by_user():
         asked(self)
       return stock_repr(self)
     points.append((base, "__repr__", __repr__))
   return points
 
 
-def _reporting_get(fget, asked, by_user):
+def _reporting_get(fget, asked, watching, by_user):
   def get(self):
-    if by_user():
+    if watching() and by_user():
       asked(self)
     return fget(self)
   return get
@@ -431,7 +425,9 @@ def computed_from(tracer, sources: set, memo: dict) -> bool:
   are ``sources``, or was computed from one in this trace or an enclosing
   one: followed through the equations that made it (``parent``), an inner
   trace's constant to the outer value it stands for, and a JVP tracer to
-  its primal. ``memo``: ids already answered, per trace."""
+  its primal. ``memo``: id -> (tracer, answer) of the tracers already
+  answered, each kept alive with its answer (an id is never reused while
+  the memo lives)."""
   todo, seen = [tracer], []
   found = False
   while todo:
@@ -440,30 +436,31 @@ def computed_from(tracer, sources: set, memo: dict) -> bool:
     if i in sources:
       found = True
       break
-    if i in memo:
-      if memo[i]:
+    known = memo.get(i)
+    if known is not None and known[0] is t:
+      if known[1]:
         found = True
         break
       continue
-    memo[i] = False
-    seen.append(i)
-    primal = getattr(t, "primal", None)
-    if primal is not None and isinstance(primal, _core.Tracer):
-      todo.append(primal)
+    memo[i] = (t, False)
+    seen.append(t)
+    if isinstance(t, _pe.DynamicJaxprTracer):
+      parent = t.parent
+      if parent is not None:
+        todo.extend(getattr(parent, "in_tracers", ()))
+        continue
+      try:   # a constant of an inner trace: the outer value it stands for
+        outer = t._trace.frame.constvar_to_val.get(t.val)
+      except (AttributeError, TypeError):
+        outer = None
+      if isinstance(outer, _core.Tracer):
+        todo.append(outer)
       continue
-    if not isinstance(t, _pe.DynamicJaxprTracer):
-      continue
-    parent = getattr(t, "parent", None)
-    if parent is not None:
-      todo.extend(getattr(parent, "in_tracers", ()))
-      continue
-    try:   # a constant of an inner trace: the outer value it stands for
-      outer = t._trace.frame.constvar_to_val.get(t.val)
-    except (AttributeError, TypeError):
-      outer = None
-    if isinstance(outer, _core.Tracer):
-      todo.append(outer)
+    if any("primal" in getattr(c, "__slots__", ()) for c in type(t).__mro__):
+      primal = t.primal   # a JVP or linearize tracer's (never __getattr__)
+      if isinstance(primal, _core.Tracer):
+        todo.append(primal)
   if found:
-    for i in seen:
-      memo[i] = True
+    for t in seen:
+      memo[id(t)] = (t, True)
   return found

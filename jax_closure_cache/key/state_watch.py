@@ -45,7 +45,7 @@ class ValueQuestions:
   def __init__(self, leaves):
     self.sources = {id(x) for x in _compat.jax.tree_util.tree_leaves(leaves)
                     if isinstance(x, _compat.Tracer)}
-    self.memo: dict = {}
+    self.memo: dict = {}   # id -> (tracer, answer): computed_from's
     self.asked: str | None = None
 
   @classmethod
@@ -67,6 +67,12 @@ class ValueQuestions:
 
 
 _active = threading.local()   # .watches: this thread's active ValueQuestions
+
+
+def watching() -> bool:
+  """Whether a lifted trace runs in this thread (JAX's questions are
+  reported only then)."""
+  return bool(getattr(_active, "watches", ()))
 
 
 def asked(tracer) -> None:
