@@ -149,26 +149,20 @@ class MissStages:
     code = code_of(self._user())
     leak = entries.tracer_leak(error)
     if isinstance(leak, trace_lookup.closure_cache.state_watch.LiftedValueAsked):
-      if code is not None:
-        entries.unliftable.add(code)
-      events.fallback(
-          self._user(), code, "asks_lifted_value",
+      reason, detail = "asks_lifted_value", (
           f"{leak}; this code is traced as stock traces it from now on "
           "(tier A shares its executable)")
-      return out
-    if leak is not None:
-      if code is not None:
-        entries.unliftable.add(code)
-      events.fallback(
-          self._user(), code, "tracer_leak",
+    elif leak is not None:
+      reason, detail = "tracer_leak", (
           f"{leak} (a value built at trace time, written where stock's trace "
           "writes to the user's state); what it overwrote was put back, and "
           "this code is traced as stock traces it from now on")
-      return out
+    else:
+      reason, detail = ("trace_error", "tracing with lifted arrays failed "
+                        "where stock did not")
     if code is not None:
       entries.unliftable.add(code)
-    events.fallback(self._user(), code, "trace_error",
-                    "tracing with lifted arrays failed where stock did not")
+    events.fallback(self._user(), code, reason, detail)
     return out
 
 
