@@ -38,12 +38,14 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.front import entries
+from jax_closure_cache.front import generated
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
@@ -131,6 +133,17 @@ def _binder(fun, functions, shape, static_values):
   return call_with_static_arguments
 
 
+def _binder_at(fun, function, position):
+  """:func:`_binder` for the commonest call: one function, at positional
+  index ``position``, the only static argument. Its code reads no global
+  and no shape, so its key and its matcher are the user's function, the
+  function's own parts and ``position`` (an int, keyed by type and
+  value)."""
+  def call_with_static_function_at(*args, **kwargs):
+    return fun(*args[:position], function, *args[position:], **kwargs)
+  return call_with_static_function_at
+
+
 def _binder_of_one(fun, function, shape, static_values):
   """:func:`_binder` for one function among the static arguments, held in
   its own cell: the key walks it directly, and its matcher checks it with
@@ -176,7 +189,7 @@ class _Bound(wrapper.ClosureJitted):
     options, which a front's are when they are the defaults' (the jitted
     function's only options were its static arguments), else of this
     class."""
-    w = (wrapper.of_front(_fronts, binder)
+    w = (_front_of(binder)
          if not options_key and lift_numpy == _hot_spec[0].lift_numpy
          else None)
     if w is None:
@@ -241,6 +254,11 @@ class _Bound(wrapper.ClosureJitted):
 
 _fronts = inline.client_fronts
 _hot_spec = jit_options.hot_spec_cell()
+# ``wrapper.of_front(_fronts, binder)``: a binder's front wrapper, made in C
+# where the extension is built (``generated.entrance``), else None-or-made
+# by ``of_front`` itself
+_front_of = generated.entrance(functools.partial(wrapper.of_front, _fronts),
+                               _fronts, _Bound, wrapper.FILLED_SLOTS)
 
 
 class _Layout:
@@ -322,6 +340,14 @@ _tables: dict[tuple, dict] = cache.STORE.table(
 
 
 
+# References to a static function passed inline (``apply(lambda v: ...,
+# x)``) that ``_call_quick`` counts once its binder is gone, on CPython 3.11
+# and 3.12 alike: the caller's operand and the arguments tuple it makes,
+# the tuple ``*args`` binds, ``__call__``'s and ``_call_quick``'s names for
+# it, getrefcount's argument. With none more, nothing can pass it again, and
+# it needs no row (tests/test_static_functions.py: a held one gets its row).
+_QUICK_LONE = 6
+
 # The row of a wrapper's function called with plain static values only
 _PLAIN = "plain static values"
 
@@ -341,10 +367,11 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._owned = None
-    # ``(n, position, layout, params)`` of the last call with n positional
-    # arguments whose one static argument, at ``position``, was a fresh
-    # closure: a later such call skips the search for functions among the
-    # static values and the identity lookup (``_call_quick``)
+    # ``(n, position, params, options, options_key)`` of the last call
+    # with n positional arguments whose one static argument, at
+    # ``position``, was a fresh closure (the bound call's options with it):
+    # a later such call skips the search for functions among the static
+    # values and the identity lookup (``_call_quick``)
     self._quick = None
     self._resolved = self._resolve()
     self._calls = 0   # of this wrapper with a static function's row
@@ -468,7 +495,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       if (not names and not plain and len(positions) == 1
           and type(user) is types.FunctionType
           and user.__closure__ is not None):
-        self._quick = (len(args), positions[0], layout, params)
+        self._quick = (len(args), positions[0], params,
+                       *layout.bound_options(tuple(positions)))
     return out
 
   def _call_quick(self, quick, fun, args):
@@ -476,14 +504,20 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     function ``fun`` is a closure nothing refers to weakly, so no identity
     row can name it: its first call, decided as the general path decides
     one (the same binder, options and parameters, its row recorded)."""
-    _, position, layout, params = quick
-    table = self._table()
-    if table is None:   # this wrapper's function keeps no rows
-      return self._call_bound(layout, args, {}, (position,), [], [fun],
-                              [fun])
-    return self._first_call(layout, (position,), [], [fun], (fun,), params,
-                            fun, (*args[:position], *args[position + 1:]),
-                            {}, table, identity.ref(fun, table.pop))
+    _, position, params, options, options_key = quick
+    bound = _Bound.made(_binder_at(self._fun, fun, position), options,
+                        options_key, self._spec.lift_numpy, fun, self.stock,
+                        ((position,), (), (fun,)))
+    out = bound(*args[:position], *args[position + 1:])
+    decided = bound.decided()
+    del bound   # and the binder, which holds ``fun``
+    if identity.getrefcount(fun) > _QUICK_LONE:
+      # Held elsewhere (by the caller, or by stock's cache where stock
+      # answered): it may be passed again, and is then answered as now.
+      table = self._table()
+      if table is not None:
+        table[identity.ref(fun, table.pop)] = (params, decided)
+    return out
 
   def _first_call(self, layout, positions, names, static_values, functions,
                   params, user, dynamic, dyn_kwargs, table, ref):
@@ -506,9 +540,12 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     # an empty tuple would cost a pytree check)
     shape = params if not plain else values.Static(positions_of, names_of, ())
     plain = plain or None
-    binder = (_binder_of_one(self._fun, functions[0], shape, plain)
-              if len(functions) == 1 else
-              _binder(self._fun, functions, shape, plain))
+    if len(functions) != 1:
+      binder = _binder(self._fun, functions, shape, plain)
+    elif plain is None and not names_of and len(positions_of) == 1:
+      binder = _binder_at(self._fun, functions[0], positions_of[0][0])
+    else:
+      binder = _binder_of_one(self._fun, functions[0], shape, plain)
     return _Bound.made(binder, options, options_key,
                        self._spec.lift_numpy, user, outer_stock,
                        (positions, names, static_values))

@@ -207,6 +207,13 @@ def is_stable(fun: types.FunctionType) -> bool:
   return stable_module(fun.__module__) or own_module_level(fun)
 
 
+def may_be_stable(module: str) -> bool:
+  """Whether some function whose ``__module__`` is ``module`` is stable
+  (:func:`is_stable`): every function of a stable module, and this
+  package's module-level ones."""
+  return stable_module(module) or module.partition(".")[0] == PACKAGE
+
+
 def own_module_level(fun: types.FunctionType) -> bool:
   """Whether ``fun`` is a module-level function of this package, keyed by
   identity like jax's: its ``jit`` stands in for ``jax.jit`` (a user

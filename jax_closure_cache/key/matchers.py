@@ -18,7 +18,7 @@ from jax_closure_cache.key.values import Static, drawn_from, kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.code_plan import (
-    chain_read, code_plan, is_stable, library_value)
+    chain_read, code_plan, is_stable, library_value, may_be_stable)
 from jax_closure_cache.key.parts import (
     ALIAS, ATOMS, CYCLE, FN, LIBATTR, LIFTED, MISSING, NOCHAIN,
     PARTIAL, TREE, TREEAUX, AliasPart, Atom, CyclePart, FnPart, LibAttrPart,
@@ -352,8 +352,16 @@ class _MatchSource:
                    f"or {f}.__kwdefaults__ is not None{no_defaults}"
                    f"{attributes}")
       # analyse keys a function of jax, numpy or the standard library by
-      # identity instead
-      self.miss_if(f"{f}.__closure__ is None and is_stable({f})")
+      # identity instead. Whether one is depends on its ``__module__`` (and,
+      # for this package's, its qualified name): one still of its globals'
+      # ``__name__``, where no function of that module is stable, is not,
+      # and is told so without the call.
+      module = g.get("__name__") if g is not None else None
+      if type(module) is str and not may_be_stable(module):
+        self.miss_if(f"{f}.__closure__ is None and {f}.__module__ is not "
+                     f"{self.bind(module)} and is_stable({f})")
+      else:
+        self.miss_if(f"{f}.__closure__ is None and is_stable({f})")
     if fn.defaults is not None:
       add(f"    {f}_d = {f}.__defaults__")
       self.miss_if(f"{f}_d is None or len({f}_d) != {len(fn.defaults)}")
