@@ -77,8 +77,14 @@ setup(
     # The fast front's entrance in C (jax_closure_cache/front/_entrance.c): optional,
     # so a machine without a compiler installs the pure-Python front, which
     # behaves the same and is about 0.15 us slower per re-created closure.
+    # The dicts' version tags (jax_closure_cache/key/_versions.c), with which
+    # a generated matcher skips the checks of a library's globals while its
+    # module dict is unchanged: optional too (CPython 3.11 to 3.13).
     ext_modules=[Extension("jax_closure_cache.front._entrance",
                            ["jax_closure_cache/front/_entrance.c"],
+                           optional=True),
+                 Extension("jax_closure_cache.key._versions",
+                           ["jax_closure_cache/key/_versions.c"],
                            optional=True)],
     cmdclass={"build_py": BuildPyWithStartupHook},
     entry_points={

@@ -545,3 +545,47 @@ def test_a_local_of_its_own_that_a_nested_function_captures_is_not_a_cell_write(
   for _ in range(3):
     jax.jit(outer())(jnp.ones(2))
   assert jcc.stats()["fallback_reasons"].get("writes_cells", 0) >= 1
+
+
+
+def _shifter():
+  return lambda v: v + 1.0   # fresh, of one code, holding nothing
+
+
+def _functions_user(g1, g2, a):
+  def f(x):
+    if g1 is g2:   # one object held twice traces otherwise
+      return g1(x @ a)
+    return g1(x @ a) + g2(x)
+  return f
+
+
+def _arrays_user(a, b):
+  def f(x):
+    if a is b:   # likewise one array held twice
+      return x @ a - 1.0
+    return x @ a + x @ b
+  return f
+
+
+def test_the_hit_tells_one_object_held_twice_from_two():
+  """Two functions of one code, then one function held twice; two arrays,
+  then one array held twice (other keys: the second place is a
+  back-reference), each after hits of the distinct ones: stock's answer
+  every time."""
+  x = jnp.ones((3, 3))
+  for i in range(4):   # stock's object, the entry, hits
+    a, b = jnp.eye(3) * (i + 1), jnp.eye(3) * (i + 2)
+    g1, g2 = _shifter(), _shifter()
+    assert_like_stock(jcc.jit(_functions_user(g1, g2, a))(x),
+                      _functions_user(g1, g2, a), x)
+    assert_like_stock(jcc.jit(_arrays_user(a, b))(x), _arrays_user(a, b), x)
+  for i in range(3):
+    a, b = jnp.eye(3) * (i + 1), jnp.eye(3) * (i + 2)
+    g1, g2 = _shifter(), _shifter()
+    for args in ((g1, g1, a), (g1, g2, a), (g2, g2, b)):
+      assert_like_stock(jcc.jit(_functions_user(*args))(x),
+                        _functions_user(*args), x)
+    for args in ((a, a), (a, b), (b, b)):
+      assert_like_stock(jcc.jit(_arrays_user(*args))(x), _arrays_user(*args),
+                        x)

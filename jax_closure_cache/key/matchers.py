@@ -10,6 +10,7 @@ source. It plays the part torch.compile's guards play.
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache.key.values import Static, drawn_from, kept_by_identity
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
+from jax_closure_cache.key import versions
 from jax_closure_cache.key.code_plan import (
     chain_read, code_plan, is_stable, library_value, may_be_stable)
 from jax_closure_cache.key.parts import (
@@ -54,10 +56,11 @@ class _MatchSource:
                 "own_attributes": own_attributes,
                 "kept_by_identity": kept_by_identity,
                 "drawn_from": drawn_from, "Static": Static,
-                "ALL_LIFTED": _ALL_LIFTED}
+                "ALL_LIFTED": _ALL_LIFTED, "version": versions.version}
     self.self_referenced = False   # the key refers back to its top function
     self.lines: list[str] = []
     self.functions: list[str] = []   # variables holding walked functions
+    self.function_codes: list = []   # and their code objects
     self.by_index: dict[int, str] = {}   # memo index -> that variable
     # leaf index -> the expression holding that lifted array (what an
     # ``(ALIAS, i)`` part is checked against by identity)
@@ -95,9 +98,13 @@ class _MatchSource:
                 if len(appends) > 1 or any(line.startswith("    out.extend(")
                                            for line in appends) else [])
     if all(line.startswith("    out.append(") for line in appends):
-      leaves = ", ".join(line[len("    out.append("):-1] for line in appends)
+      names = [line[len("    out.append("):-1] for line in appends]
+      if 1 < len(names) <= _PAIRWISE:   # fewer pairs than a set costs
+        pairs = " or ".join(f"{a} is {b}"
+                            for a, b in itertools.combinations(names, 2))
+        distinct = [f"    if {pairs}: {miss}"]
       return [line for line in lines if line not in appends] + [
-          f"    out = [{leaves}]", *distinct]
+          f"    out = [{', '.join(names)}]", *distinct]
     return ["    out = []", *lines, *distinct]
 
   def literal(self, value) -> str:
@@ -303,6 +310,7 @@ class _MatchSource:
     attribute chains."""
     fn = FnPart._make(part)
     self.functions.append(f)
+    self.function_codes.append(fn.code)
     self.by_index[fn.index] = f
     get = self._function_itself(f, fn)
     for i, p in enumerate(fn.cells):
@@ -310,14 +318,50 @@ class _MatchSource:
     for i, p in enumerate(fn.defaults or ()):
       self.check(f"{f}_d[{i}]", p)
     known = fn.globals_id in self.globals_by_id   # compared by identity
+    unchanged = []   # (name, condition): skipped while the dict is
     for name, p in zip(code_plan(fn.code).global_names, fn.globals):
       if known:
         prior = self.read_globals.get((fn.globals_id, name), _UNREAD)
         if _same_read(prior, p):
           continue
         self.read_globals[(fn.globals_id, name)] = p
+        condition = self._same_object(f"{get}({name!r}, MISSING)", p)
+        if condition is not None and versions.version is not None:
+          unchanged.append(condition)
+          continue
       self.check(f"{get}({name!r}, MISSING)", p)
+    self._unchanged(self.globals_by_id[fn.globals_id] if known else None,
+                    unchanged)
     self._chains(f, fn)
+
+  def _same_object(self, expr: str, part) -> str | None:
+    """For a part whose check holds again whenever ``expr`` is the same
+    object as when it held (an object by identity, a library attribute, an
+    immutable atom), the condition that it does not; else None."""
+    if type(part) is not tuple:
+      return f"{expr} is not {self.bind(part)}"
+    if part[0] is LIBATTR:
+      return f"{expr} is not {self.bind(LibAttrPart._make(part).obj)}"
+    if part[0] is float:
+      return (f"type(w := {expr}) is not float or float_key(w) != "
+              f"{self.bind(part)}")
+    if part[0] in _IMMUTABLE_ATOMS and len(part) == 2:
+      atom = Atom._make(part)
+      return (f"type(w := {expr}) is not {self.bind(atom.type)} or w != "
+              f"{self.bind(atom.value)}")
+    return None
+
+  def _unchanged(self, g, conditions: list[str]) -> None:
+    """The checks ``conditions`` of globals read from dict ``g``, made only
+    when ``g``'s version tag is not one at which they all held (the last
+    such, kept in a cell of this matcher's own)."""
+    if not conditions:
+      return
+    seen = self.bind([None])   # the version at which they last held
+    tag = f"v{len(self.lines)}"
+    self.lines.append(f"    {tag} = version({self.bind(g)})")
+    self.miss_if(f"{tag} != {seen}[0] and ({' or '.join(conditions)})")
+    self.lines.append(f"    {seen}[0] = {tag}")
 
   def _function_itself(self, f: str, fn) -> str:
     """Checks that ``f`` is a function of the part's code, globals dict and
@@ -339,7 +383,10 @@ class _MatchSource:
     # top function only through a reference to itself (reading ``__dict__``
     # makes a dict, about 0.3 us on the hit path, so it is skipped there
     # otherwise).
-    attributes = (f" or {f}.__dict__ and own_attributes({f})"
+    # (A library's ``functools.wraps`` leaves ``__wrapped__`` alone: told
+    # without the call.)
+    attributes = (f" or ({f}_a := {f}.__dict__) and (len({f}_a) != 1 or "
+                  f"'__wrapped__' not in {f}_a) and own_attributes({f})"
                   if fn.index != 0 or self.self_referenced else "")
     if fn.index == 0:
       # The top function: callers look the matcher up by the code of a
@@ -371,12 +418,16 @@ class _MatchSource:
 
   def _library_read(self, f: str, fn, chain) -> str:
     """The expression reading a library chain (``library_value``): for a
-    global module, which the checks above compared by identity, its
-    attributes read straight off the bound module (an absent one raises:
-    no match), with no call on the hit path."""
+    module in a global or a cell, which the checks above compared by
+    identity, its attributes read straight off the bound module (an absent
+    one raises: no match), with no call on the hit path."""
     kind, name, attributes = chain
     names = code_plan(fn.code).global_names
-    base = fn.globals[names.index(name)] if kind == "global" else None
+    freevars = fn.code.co_freevars
+    # a global's or a cell's part: the module itself where it is one,
+    # which the checks of the globals and cells compared by identity
+    base = (fn.globals[names.index(name)] if kind == "global" else
+            fn.cells[freevars.index(name)] if name in freevars else None)
     if type(base) is _ModuleType:
       followed = _modules_along(base, attributes)
       if followed:
@@ -407,6 +458,10 @@ class _MatchSource:
 
 
 _UNREAD = object()
+# Up to this many lifted leaves are told apart pairwise (``a is b or ...``)
+_PAIRWISE = 3
+# atoms whose object, while a dict holds it, keeps its type and value
+_IMMUTABLE_ATOMS = frozenset({str, bytes, int, bool, complex, type(None)})
 _READ_ATOMS = ATOMS | {float}   # (float parts are ``float_key``'s)
 
 
@@ -509,9 +564,17 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
     src.function("f", key)
   else:
     src.check("f", key)
-  if len(src.functions) > 1:
-    ids = ", ".join(f"id({f})" for f in src.functions)
-    src.miss_if(f"len({{{ids}}}) != {len(src.functions)}")
+  # Walked functions are distinct objects (a second occurrence is a
+  # ``CYCLE`` part). Each one's code is checked by identity (the top
+  # function's by the callers' lookup), so only those of one code can be
+  # one object.
+  by_code: dict[int, list[str]] = {}
+  for f, code in zip(src.functions, src.function_codes):
+    by_code.setdefault(id(code), []).append(f)
+  for same in by_code.values():
+    if len(same) > 1:
+      ids = ", ".join(f"id({f})" for f in same)
+      src.miss_if(f"len({{{ids}}}) != {len(same)}")
   src.name = top.__code__.co_name
   src.globals_by_id = {}   # what is compared is bound in env; hold no more
   return src

@@ -1,0 +1,125 @@
+"""A generated matcher skips the checks of a dict's globals while the
+dict's version tag is one at which they held (``key/versions.py``), and
+makes every check again once the dict changes: a replaced, removed or
+re-added global of a module a walked function reads is seen at the next
+call, as stock's next trace sees it. Without version tags (no extension)
+the matchers make every check every call. Each case against stock on
+fresh function objects.
+"""
+
+import types
+
+import jax.numpy as jnp
+import pytest
+
+import jax_closure_cache as jcc
+from jax_closure_cache.key import closure, matchers, versions
+from conftest import STOCK_JIT, assert_like_stock, stock_off
+
+
+def _outcome(call):
+  try:
+    return call()
+  except Exception as e:   # stock's exception is the answer to compare
+    return type(e)
+
+
+def _like_stock(module, w, x):
+  """The cache's call of a fresh function, against stock's of another:
+  the same values, or the same exception type."""
+  want = stock_off(lambda: _outcome(lambda: STOCK_JIT(_make(module, w))(x)))
+  got = _outcome(lambda: jcc.jit(_make(module, w))(x))
+  if isinstance(want, type):
+    assert got is want
+  else:
+    assert not isinstance(got, type), got
+    assert_like_stock(got, _make(module, w), x)
+
+
+def _module_with_helper():
+  """A module whose closures' helper reads two globals (a float and an
+  int): the closures' own globals dict, which their matchers hold."""
+  module = types.ModuleType("dict_versions_helpers")
+  exec("SCALE = 2.0\nOFFSET = 1\n"
+       "def helper(v):\n  return v * SCALE + OFFSET\n"
+       "def make(w):\n  def f(x):\n    return helper(x @ w)\n  return f\n",
+       module.__dict__)
+  return module
+
+
+def _make(module, w):
+  return module.make(w)
+
+
+def _calls(module):
+  x = jnp.ones((3, 3))
+  for i in range(3):   # stock's object, the entry, a hit
+    w = jnp.eye(3) * (i + 1.0)
+    assert_like_stock(jcc.jit(_make(module, w))(x), _make(module, w), x)
+  return x
+
+
+@pytest.mark.parametrize("change", ["replaced", "removed", "re-added",
+                                    "same object again", "other global"])
+def test_a_changed_global_is_seen_after_hits(change):
+  module = _module_with_helper()
+  x = _calls(module)
+  w = jnp.eye(3)
+  if change == "replaced":
+    module.SCALE = 3.0
+  elif change == "removed":   # stock's trace raises NameError
+    del module.SCALE
+  elif change == "re-added":
+    del module.SCALE
+    module.SCALE = 2.0
+  elif change == "same object again":
+    module.SCALE = module.SCALE
+  else:   # a global the helper does not read: the checks hold again
+    module.unrelated = 1
+  for _ in range(2):
+    _like_stock(module, w, x)
+  module.OFFSET = 3   # and once more, after those calls
+  _like_stock(module, w, x)
+
+
+def test_tags_move_with_every_change_here():
+  """On this interpreter, where the extension is built, the tags are in
+  use (``.ci/run`` requires it there)."""
+  if versions.version is None:
+    pytest.skip("dict version tags not built here")
+  assert versions._tags_move(versions.version)
+  d = {"a": 1}
+  tag = versions.version(d)
+  assert versions.version(d) == tag   # unchanged, the same tag
+  d["a"] = 1.0
+  assert versions.version(d) != tag
+  with pytest.raises(TypeError):
+    versions.version(types.MappingProxyType(d))
+
+
+def test_without_tags_every_check_is_made(monkeypatch):
+  """Without tags (``version`` None) a matcher made then reads none and
+  still sees a changed global."""
+  monkeypatch.setattr(versions, "version", None)
+  module = _module_with_helper()
+  f = _make(module, jnp.eye(3))
+  src = matchers.match_source(f, closure.analyse(f).key)
+  assert src is not None
+  assert not any("version(" in line for line in src.block())
+  x = _calls(module)
+  module.SCALE = 5.0
+  for _ in range(2):
+    _like_stock(module, jnp.eye(3), x)
+
+
+def test_a_matcher_reads_each_module_dicts_tag_once():
+  """With tags, the helper's two globals are one tag read, not two
+  lookups."""
+  if versions.version is None:
+    pytest.skip("dict version tags not built here")
+  module = _module_with_helper()
+  f = _make(module, jnp.eye(3))
+  lines = matchers.match_source(f, closure.analyse(f).key).block()
+  assert sum("version(" in line for line in lines) == 1
+  assert not any("'SCALE'" in line and "version(" not in line
+                 and " != " not in line for line in lines)
