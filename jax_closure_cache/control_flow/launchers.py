@@ -45,6 +45,7 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.front import generated
 from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
 from jax_closure_cache.front import inline
@@ -81,7 +82,7 @@ class _Launcher(wrapper.ClosureJitted):
     code's front class where one is filed (a generated ``__call__``, made
     without ``__init__``, as ``jit``'s hot case makes a front's wrapper),
     else of this class."""
-    w = wrapper.of_front(_fronts, launcher)
+    w = _front_of(launcher)
     if w is None:
       return cls(launcher, user, jit_options.lift_numpy_default())
     w._set_user(user)
@@ -139,6 +140,10 @@ class _Launcher(wrapper.ClosureJitted):
 
 
 _fronts = inline.client_fronts
+# ``wrapper.of_front(_fronts, launcher)``, made in C where the extension is
+# built (``generated.entrance``)
+_front_of = generated.entrance(functools.partial(wrapper.of_front, _fronts),
+                               _fronts, _Launcher, wrapper.FILLED_SLOTS)
 
 
 #: ``_wrap(launcher, user)``: the cached wrapper of ``launcher``
@@ -283,7 +288,7 @@ def _static_bound(bound):
 
 # A launcher's static parameters (loop bounds, ``length``, ``unroll``...) are
 # keyed by value and exact types and never made dynamic.
-_Static = values.Static
+_Static = values.Static.of
 
 
 def _run_fori_loop(params, lower, upper, body_fun, init_val):

@@ -355,6 +355,9 @@ class _MatchSource:
     """The checks ``conditions`` of globals read from dict ``g``, made only
     when ``g``'s version tag is not one at which they all held (the last
     such, kept in a cell of this matcher's own)."""
+    if len(conditions) == 1:   # one lookup costs what the tag's read does
+      self.miss_if(conditions[0])
+      return
     if not conditions:
       return
     seen = self.bind([None])   # the version at which they last held

@@ -248,6 +248,26 @@ class Static:
   def __repr__(self):
     return f"Static{self.value!r}"
 
+  @staticmethod
+  def of(*value) -> "Static":
+    """``Static(*value)``, made once for values that are all Python ints,
+    bools and None (whose ``==`` is exact within one type): a Static is
+    immutable, and a launcher makes one per call."""
+    typed = tuple([(type(v), v) for v in value])
+    if not all(t in _MEMO_TYPES for t, _ in typed):
+      return Static(*value)
+    found = _statics.get(typed)
+    if found is None:
+      if len(_statics) >= 1024:
+        _statics.clear()
+      found = _statics[typed] = Static(*value)
+    return found
+
+
+# (each value's type and value) -> their Static (``Static.of``)
+_statics: dict = cache.STORE.table("values.statics", cache.Store.FACTS)
+_MEMO_TYPES = frozenset({int, bool, type(None)})
+
 
 # -- callable wrappers that the walk sees through ---------------------------
 
