@@ -503,7 +503,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     """:meth:`_call_bound` for a call shaped as ``quick`` whose static
     function ``fun`` is a closure nothing refers to weakly, so no identity
     row can name it: its first call, decided as the general path decides
-    one (the same binder, options and parameters, its row recorded)."""
+    one (the same binder, options and parameters), its row recorded where
+    something else holds ``fun`` after the call."""
     _, position, params, options, options_key = quick
     bound = _Bound.made(_binder_at(self._fun, fun, position), options,
                         options_key, self._spec.lift_numpy, fun, self.stock,
