@@ -247,6 +247,49 @@ def test_a_held_closure_after_fresh_ones_keeps_its_first_answer():
     assert [r() for r in refs] == ([f, twin] if weakly_referenced else [])
 
 
+_OFFSET = 2.0
+
+
+def _offset_by(c):
+  return lambda v: v * c + _OFFSET
+
+
+def test_a_closure_held_however_it_is_passed_keeps_its_first_answer():
+  """After fresh closures have taught the wrapper the call's shape, a
+  closure held by the caller in a ``functools.partial`` of the jitted
+  function, in a tuple passed as ``*t`` (the call's own arguments tuple),
+  or in a local passed through ``__call__``, then passed again after a
+  global it reads changed, is answered from its first call, as stock's
+  cache of static functions by identity answers it."""
+  global _OFFSET
+
+  def run():
+    global _OFFSET
+    _OFFSET = 2.0
+    apply = jax.jit(_apply, static_argnums=0)
+    for _ in range(4):   # fresh closures: the shape is learnt, then hits
+      apply(_offset_by(1.0), x)
+    held = functools.partial(apply, _offset_by(1.0))
+    t = (_offset_by(1.0), x)
+    g = _offset_by(1.0)
+    calls = (lambda: held(x), lambda: apply(*t),
+             lambda: apply.__call__(g, x))
+    out = [np.asarray(c()) for c in calls]
+    _OFFSET = 5.0
+    return out + [np.asarray(c()) for c in calls]
+
+  try:
+    want = stock_off(run)
+    for verify in (False, True):
+      jcc.enable(verify=verify)
+      got = run()
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+  finally:
+    _OFFSET = 2.0
+    jcc.enable()
+
+
 def _with_cache_off(call):
   """``call()`` with the cache off (stock JAX), then on again."""
   jcc.disable()

@@ -340,14 +340,6 @@ _tables: dict[tuple, dict] = cache.STORE.table(
 
 
 
-# References to a static function passed inline (``apply(lambda v: ...,
-# x)``) that ``_call_quick`` counts once its binder is gone, on CPython 3.11
-# and 3.12 alike: the caller's operand and the arguments tuple it makes,
-# the tuple ``*args`` binds, ``__call__``'s and ``_call_quick``'s names for
-# it, getrefcount's argument. With none more, nothing can pass it again, and
-# it needs no row (tests/test_static_functions.py: a held one gets its row).
-_QUICK_LONE = 6
-
 # The row of a wrapper's function called with plain static values only
 _PLAIN = "plain static values"
 
@@ -362,7 +354,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   good (no frame of ours per call, as for any long-lived jitted function).
   It holds the function as stock's own cache does.
   """
-  __slots__ = ("_owned", "_quick", "_resolved", "_calls")
+  __slots__ = ("_owned", "_quick", "_resolved", "_calls", "_rows")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -375,6 +367,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     self._quick = None
     self._resolved = self._resolve()
     self._calls = 0   # of this wrapper with a static function's row
+    self._rows = None   # the identity rows' table, once looked up
 
   def _resolve(self) -> tuple | None:
     """The static arguments of this wrapper's function and options, as
@@ -503,21 +496,18 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     """:meth:`_call_bound` for a call shaped as ``quick`` whose static
     function ``fun`` is a closure nothing refers to weakly, so no identity
     row can name it: its first call, decided as the general path decides
-    one (the same binder, options and parameters), its row recorded where
-    something else holds ``fun`` after the call."""
+    one (the same binder, options and parameters, its row recorded)."""
     _, position, params, options, options_key = quick
     bound = _Bound.made(_binder_at(self._fun, fun, position), options,
                         options_key, self._spec.lift_numpy, fun, self.stock,
                         ((position,), (), (fun,)))
     out = bound(*args[:position], *args[position + 1:])
-    decided = bound.decided()
-    del bound   # and the binder, which holds ``fun``
-    if identity.getrefcount(fun) > _QUICK_LONE:
-      # Held elsewhere (by the caller, or by stock's cache where stock
-      # answered): it may be passed again, and is then answered as now.
-      table = self._table()
-      if table is not None:
-        table[identity.ref(fun, table.pop)] = (params, decided)
+    # Its row, whether or not anything else holds ``fun`` now: a count of
+    # references cannot tell (``J(*t)`` passes the caller's tuple as the
+    # call's own, ``J.__call__(g, x)`` makes none).
+    table = self._table()
+    if table is not None:
+      table[identity.ref(fun, table.pop)] = (params, bound.decided())
     return out
 
   def _first_call(self, layout, positions, names, static_values, functions,
@@ -577,7 +567,12 @@ class StaticArgsJitted(wrapper.ClosureJitted):
 
   def _table(self) -> dict | None:
     """The identity rows of this wrapper's function under its options; None
-    if that function cannot be weakly referenced (then no rows are kept)."""
+    if that function cannot be weakly referenced (then no rows are kept).
+    Kept by the wrapper once looked up: the table lives while the function
+    does (its entry goes when the function dies), and is emptied in place,
+    never replaced (``_clear``)."""
+    if self._rows is not None:
+      return self._rows
     by_user = _tables.get(self._spec.key)
     if by_user is None:
       by_user = _tables[self._spec.key] = {}
@@ -587,12 +582,15 @@ class StaticArgsJitted(wrapper.ClosureJitted):
         table = by_user[identity.ref(self._fun, by_user.pop)] = {}
     except TypeError:
       return None
+    self._rows = table
     return table
 
 
 def _clear() -> None:
-  for table in _tables.values():
-    table.clear()
+  # the rows go; each function's table stays, emptied (wrappers keep it)
+  for by_user in _tables.values():
+    for table in list(by_user.values()):
+      table.clear()
 
 
 values.register_wrapper(StaticArgsJitted, *wrapper.WALK_RULE,
