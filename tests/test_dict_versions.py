@@ -123,3 +123,25 @@ def test_a_matcher_reads_each_module_dicts_tag_once():
   assert sum("version(" in line for line in lines) == 1
   assert not any("'SCALE'" in line and "version(" not in line
                  and " != " not in line for line in lines)
+
+
+def test_a_global_array_beside_other_globals_is_lifted_on_the_fast_path():
+  """A lifted array read from a global is a leaf, never a check skipped by
+  the tag: functions reading it beside other globals of one module hit
+  through the generated front, with the array passed as it is now."""
+  from jax_closure_cache import cache
+  module = types.ModuleType("dict_versions_arrays")
+  exec("SCALE = 2.0\nOFFSET = 1\n"
+       "def make(w):\n  def f(x):\n    return (x @ w) * SCALE + OFFSET + W\n"
+       "  return f\n", module.__dict__)
+  module.W = jnp.ones(3)
+  x = jnp.ones((3, 3))
+  for i in range(3):   # stock's object, the entry, a hit
+    w = jnp.eye(3) * (i + 1.0)
+    assert_like_stock(jcc.jit(module.make(w))(x), module.make(w), x)
+  before = cache.STORE.record_hits()
+  for i in range(3):
+    module.W = jnp.full(3, float(i))   # a new array: the same key
+    w = jnp.eye(3) * (i + 1.0)
+    assert_like_stock(jcc.jit(module.make(w))(x), module.make(w), x)
+  assert cache.STORE.record_hits() - before == 3

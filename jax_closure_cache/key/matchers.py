@@ -338,6 +338,8 @@ class _MatchSource:
     """For a part whose check holds again whenever ``expr`` is the same
     object as when it held (an object by identity, a library attribute, an
     immutable atom), the condition that it does not; else None."""
+    if isinstance(part, Tag) and part is not MISSING:
+      return None   # a lifted array (appended to the leaves), ...
     if type(part) is not tuple:
       return f"{expr} is not {self.bind(part)}"
     if part[0] is LIBATTR:
