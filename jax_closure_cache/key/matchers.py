@@ -73,6 +73,9 @@ class _MatchSource:
     # above compared that global with (a second function of the same module
     # reading the same name is not checked again: ``function``)
     self.read_globals: dict[tuple[int, str], Any] = {}
+    # id -> (globals dict, conditions): checks of its globals skipped while
+    # its version tag holds (``function``; written by ``tagged_checks``)
+    self.unchanged: dict[int, tuple[dict, list[str]]] = {}
 
   def miss_if(self, condition: str) -> None:
     """A check at the block's own level: ``condition`` holds for a
@@ -318,23 +321,26 @@ class _MatchSource:
     for i, p in enumerate(fn.defaults or ()):
       self.check(f"{f}_d[{i}]", p)
     known = fn.globals_id in self.globals_by_id   # compared by identity
-    unchanged = []   # (name, condition): skipped while the dict is
+    unchanged = []   # conditions skipped while the dict's tag holds
     for name, p in zip(code_plan(fn.code).global_names, fn.globals):
       if known:
         prior = self.read_globals.get((fn.globals_id, name), _UNREAD)
         if _same_read(prior, p):
           continue
         self.read_globals[(fn.globals_id, name)] = p
-        condition = self._same_object(f"{get}({name!r}, MISSING)", p)
-        if condition is not None and versions.version is not None:
+        condition = self._changed_if(f"{get}({name!r}, MISSING)", p)
+        if (condition is not None and versions.version is not None
+            and type(self.globals_by_id[fn.globals_id]) is dict):
+          # (a dict's subclass has no tag to read)
           unchanged.append(condition)
           continue
       self.check(f"{get}({name!r}, MISSING)", p)
-    self._unchanged(self.globals_by_id[fn.globals_id] if known else None,
-                    unchanged)
+    if unchanged:   # (only a dict compared by identity has any)
+      g = self.globals_by_id[fn.globals_id]
+      self.unchanged.setdefault(id(g), (g, []))[1].extend(unchanged)
     self._chains(f, fn)
 
-  def _same_object(self, expr: str, part) -> str | None:
+  def _changed_if(self, expr: str, part) -> str | None:
     """For a part whose check holds again whenever ``expr`` is the same
     object as when it held (an object by identity, a library attribute, an
     immutable atom), the condition that it does not; else None."""
@@ -353,14 +359,20 @@ class _MatchSource:
               f"{self.bind(atom.value)}")
     return None
 
+  def tagged_checks(self) -> None:
+    """The checks of globals put aside by :meth:`function`, one group per
+    dict (whatever the functions that read it), after the others: they
+    append no leaf and guard no other check, so their place is free."""
+    for g, conditions in self.unchanged.values():
+      self._unchanged(g, conditions)
+    self.unchanged = {}
+
   def _unchanged(self, g, conditions: list[str]) -> None:
     """The checks ``conditions`` of globals read from dict ``g``, made only
     when ``g``'s version tag is not one at which they all held (the last
     such, kept in a cell of this matcher's own)."""
     if len(conditions) == 1:   # one lookup costs what the tag's read does
       self.miss_if(conditions[0])
-      return
-    if not conditions:
       return
     seen = self.bind([None])   # the version at which they last held
     tag = f"v{len(self.lines)}"
@@ -427,12 +439,9 @@ class _MatchSource:
     identity, its attributes read straight off the bound module (an absent
     one raises: no match), with no call on the hit path."""
     kind, name, attributes = chain
-    names = code_plan(fn.code).global_names
-    freevars = fn.code.co_freevars
-    # a global's or a cell's part: the module itself where it is one,
-    # which the checks of the globals and cells compared by identity
-    base = (fn.globals[names.index(name)] if kind == "global" else
-            fn.cells[freevars.index(name)] if name in freevars else None)
+    # the module itself where the base's part is one, which the checks of
+    # the globals and cells compared by identity
+    base = _base_part(fn, kind, name)
     if type(base) is _ModuleType:
       followed = _modules_along(base, attributes)
       if followed:
@@ -441,17 +450,13 @@ class _MatchSource:
 
   def _chains(self, f: str, fn) -> None:
     """Checks of the values the function's attribute chains reach."""
-    code = fn.code
-    names = code_plan(code).global_names
-    for chain, p in zip(code_plan(code).chains, fn.chains):
+    for chain, p in zip(code_plan(fn.code).chains, fn.chains):
       kind, name, _ = chain
       if p is NOCHAIN:
         # The base is checked above: by identity when it is a module or a
         # class (then whether it is one of the user's is settled), or by its
         # own key otherwise (then it is not a namespace either).
-        base = (fn.globals[names.index(name)] if kind == "global" else
-                fn.cells[code.co_freevars.index(name)]
-                if name in code.co_freevars else None)
+        base = _base_part(fn, kind, name)
         if base is not None and not isinstance(base, Tag) and (
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
           continue
@@ -460,6 +465,15 @@ class _MatchSource:
                      f"{self.bind(LibAttrPart._make(p).obj)}")
         continue
       self.check(f"chain_read({f}, *{self.bind(chain)})", p)
+
+
+def _base_part(fn, kind: str, name: str):
+  """The part a function's key holds for an attribute chain's base: its
+  global's or its cell's; None for a cell the code does not close over."""
+  if kind == "global":
+    return fn.globals[code_plan(fn.code).global_names.index(name)]
+  freevars = fn.code.co_freevars
+  return fn.cells[freevars.index(name)] if name in freevars else None
 
 
 _UNREAD = object()
@@ -569,6 +583,7 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
     src.function("f", key)
   else:
     src.check("f", key)
+  src.tagged_checks()
   # Walked functions are distinct objects (a second occurrence is a
   # ``CYCLE`` part). Each one's code is checked by identity (the top
   # function's by the callers' lookup), so only those of one code can be
