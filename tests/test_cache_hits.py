@@ -589,3 +589,29 @@ def test_the_hit_tells_one_object_held_twice_from_two():
     for args in ((a, a), (a, b), (b, b)):
       assert_like_stock(jcc.jit(_arrays_user(*args))(x), _arrays_user(*args),
                         x)
+
+
+def _three_arrays_user(a, b, c):
+  def f(x):
+    if b is c:
+      return x @ a - 1.0
+    if a is c:
+      return x @ b - 2.0
+    return x @ a + x @ b + x @ c
+  return f
+
+
+def test_three_lifted_arrays_told_apart_pair_by_pair():
+  """Three arrays, then the second and third one array, then the first and
+  third, each after hits of three distinct ones (the pairwise checks)."""
+  x = jnp.ones((3, 3))
+  fresh = lambda i: [jnp.eye(3) * (i + k) for k in (1, 2, 3)]   # noqa: E731
+  for i in range(4):
+    a, b, c = fresh(i)
+    assert_like_stock(jcc.jit(_three_arrays_user(a, b, c))(x),
+                      _three_arrays_user(a, b, c), x)
+  for i in range(2):
+    a, b, c = fresh(i)
+    for args in ((a, b, b), (a, b, a), (a, b, c)):
+      assert_like_stock(jcc.jit(_three_arrays_user(*args))(x),
+                        _three_arrays_user(*args), x)

@@ -596,3 +596,18 @@ def test_explanations_name_a_wrapper_by_its_registered_label():
     assert names.render(cells["user"])[0].startswith("_UserJitted(")
   finally:
     values.unregister_wrapper(_UserJitted)
+
+
+def test_static_of_is_one_object_per_exact_value_and_keys_as_static():
+  """``Static.of`` (a launcher's parameters) is one object per tuple of
+  exact types and values of ints, bools and None, equal to a ``Static`` of
+  the same values; ``1``, ``True`` and ``1.0`` are three keys."""
+  from jax_closure_cache.key.values import Static
+  assert Static.of(0, 16, None) is Static.of(0, 16, None)
+  ones = [Static.of(1), Static.of(True), Static.of(1.0)]
+  assert len({s.ident for s in ones}) == 3
+  assert ones[0] is not ones[1]
+  for value in ((1,), (True,), (1.0,), (0, 16, None), (np.int32(3), 2)):
+    assert Static.of(*value) == Static(*value)
+    assert Static.of(*value).ident == Static(*value).ident
+  assert Static.of(np.int32(3)) is not Static.of(np.int32(3))   # not kept

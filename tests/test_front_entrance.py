@@ -173,3 +173,34 @@ def test_the_hit_and_the_slow_paths_call_share_one_text():
     assert str(got.value) == str(want.value)
     with pytest.raises(TypeError):
       jcc.jit(make(2.0))(bad)   # a first call's hit, a new signature
+
+
+def test_launchers_and_binders_get_the_wrapper_of_front_makes():
+  """Eager control flow's launchers and static arguments' binders get their
+  front wrapper from the entrance in C: the wrapper Python's ``of_front``
+  makes, slot for slot, and theirs set after as before."""
+  from jax_closure_cache.control_flow import launchers
+  from jax_closure_cache.front import static_args
+  jcc.enable()   # eager control flow through the launchers
+  init = jnp.ones(3)
+  apply = jcc.jit(lambda f, v: f(v), static_argnums=0)
+  for i in range(3):   # their codes get front classes
+    w = jnp.eye(3) * (i + 1.0)
+    jax.lax.fori_loop(0, 4, lambda k, v: v @ w + k, init)
+    apply(lambda v: v @ w, init)
+  w = jnp.eye(3)
+  body = lambda k, v: v @ w + k   # noqa: E731
+  made = [(launchers._front_of,
+           launchers._fori_launcher(0, 4, body, None)),
+          (static_args._front_of,
+           static_args._binder_at(apply._fun, lambda v: v @ w, 0))]
+  for front_of, fun in made:
+    assert type(front_of) is _front.Entrance   # the C path, built here
+    assert fun.__code__ in inline.client_fronts
+    by_c = front_of(fun)
+    by_py = wrapper.of_front(inline.client_fronts, fun)
+    assert type(by_c) is type(by_py) and type(by_c).__base__ is not CJ
+    assert [by_c._fun, by_c._stock, by_c._row] == [fun, None, None]
+    assert [by_py._fun, by_py._stock, by_py._row] == [fun, None, None]
+  w_launch = launchers._Launcher.made(made[0][1], body)
+  assert w_launch._user_fun is body and w_launch._fun is made[0][1]

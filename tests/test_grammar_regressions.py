@@ -319,6 +319,26 @@ def test_library_function_replaced_between_calls():
   assert_like_stock(step, [None, 2.0, 3.0, None])
 
 
+def _tanh_through_a_cell(w):
+  import jax.numpy as np_   # a module in a cell of the closure below
+  return lambda x: np_.tanh(x @ w) + 1.0
+
+
+def test_library_function_replaced_through_a_module_held_in_a_cell():
+  """The module a closure holds in a cell is read as one held in a global:
+  its attribute is compared on every hit, so a replacement is seen."""
+  original = jnp.tanh
+  w = jnp.eye(3) * 0.5
+
+  def step(scale):
+    jnp.tanh = original if scale is None else (lambda a: a * scale)
+    try:
+      return jax.jit(_tanh_through_a_cell(w))(X)
+    finally:
+      jnp.tanh = original
+  assert_like_stock(step, [None, None, 2.0, 3.0, None])
+
+
 def test_pytree_state_outside_flatten_in_a_nested_node():
   @jax.tree_util.register_pytree_node_class
   class Holder:

@@ -290,6 +290,37 @@ def test_a_closure_held_however_it_is_passed_keeps_its_first_answer():
     jcc.enable()
 
 
+def test_a_held_closures_row_goes_with_every_clear():
+  """A long-lived wrapper keeps its rows' table: every clear empties that
+  very table, so a held closure passed again after ``jax.clear_caches()``,
+  ``jcc.clear()`` or a release of the traces is answered from a new trace,
+  as stock's cleared cache answers it."""
+  from jax_closure_cache import cache
+  global _OFFSET
+
+  def run(clear):
+    global _OFFSET
+    _OFFSET = 2.0
+    apply = jax.jit(_apply, static_argnums=0)
+    for _ in range(4):   # fresh closures: the shape is learnt, then hits
+      apply(_offset_by(1.0), x)
+    g = _offset_by(1.0)
+    out = [np.asarray(apply(g, x)), np.asarray(apply(g, x))]
+    _OFFSET = 5.0
+    clear()
+    return out + [np.asarray(apply(g, x))]
+
+  try:
+    want = stock_off(lambda: run(jax.clear_caches))
+    for clear in (jax.clear_caches, jcc.clear, cache.STORE.release_traces):
+      jcc.enable()
+      got = run(clear)
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+  finally:
+    _OFFSET = 2.0
+
+
 def _with_cache_off(call):
   """``call()`` with the cache off (stock JAX), then on again."""
   jcc.disable()

@@ -16,9 +16,12 @@ function::
 whose cells are the user's function, the function-valued static arguments
 (walked like any closure: their arrays are lifted) and a
 :class:`~jax_closure_cache.key.values.Static` of the other static values (keyed
-by value, as stock keys them). That closure goes through the cache like any
-re-created closure, so a fresh function with an equal key hits one shared
-executable.
+by value, as stock keys them). The commonest call, one function at one
+position and no other static value, binds through
+``call_with_static_function_at``, whose cells are the user's function, the
+static function and the position (an int), and which reads no global. That
+closure goes through the cache like any re-created closure, so a fresh
+function with an equal key hits one shared executable.
 
 Invariants:
 * Identity first, per static function object: the first object of a code is

@@ -4,8 +4,8 @@ A generated matcher (key/matchers.py) compares every global a walked
 function of a library reads with the object the key holds: about forty
 dict lookups on the hit of ``jax.jit(jax.grad(loss))``. CPython tags each
 dict with a version that changes on every change to it (PEP 509:
-``ma_version_tag``, a process-wide counter, so a value is never seen on
-two states of one dict). Where the checks of one dict passed at a version,
+``ma_version_tag``, taken from a counter of the interpreter's, so a value
+is never seen on two states of one dict). Where the checks of one dict passed at a version,
 they pass again while the dict still has it, and the matcher skips them.
 
 ``version(d)`` returns the tag of the dict ``d`` as an int. The module is

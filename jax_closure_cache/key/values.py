@@ -265,7 +265,7 @@ class Static:
 
 
 # (each value's type and value) -> their Static (``Static.of``)
-_statics: dict = cache.STORE.table("values.statics", cache.Store.FACTS)
+_statics: dict = cache.STORE.table("values.statics", cache.Store.CALLS)
 _MEMO_TYPES = frozenset({int, bool, type(None)})
 
 
