@@ -45,7 +45,6 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
-from jax_closure_cache.front import generated
 from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
 from jax_closure_cache.front import inline
@@ -140,10 +139,7 @@ class _Launcher(wrapper.ClosureJitted):
 
 
 _fronts = inline.client_fronts
-# ``wrapper.of_front(_fronts, launcher)``, made in C where the extension is
-# built (``generated.entrance``)
-_front_of = generated.entrance(functools.partial(wrapper.of_front, _fronts),
-                               _fronts, _Launcher, wrapper.FILLED_SLOTS)
+_front_of = wrapper.front_maker(_fronts, _Launcher)
 
 
 #: ``_wrap(launcher, user)``: the cached wrapper of ``launcher``

@@ -41,14 +41,12 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
 import inspect
 import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.front import entries
-from jax_closure_cache.front import generated
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
@@ -257,11 +255,7 @@ class _Bound(wrapper.ClosureJitted):
 
 _fronts = inline.client_fronts
 _hot_spec = jit_options.hot_spec_cell()
-# ``wrapper.of_front(_fronts, binder)``: a binder's front wrapper, made in C
-# where the extension is built (``generated.entrance``), else None-or-made
-# by ``of_front`` itself
-_front_of = generated.entrance(functools.partial(wrapper.of_front, _fronts),
-                               _fronts, _Bound, wrapper.FILLED_SLOTS)
+_front_of = wrapper.front_maker(_fronts, _Bound)
 
 
 class _Layout:
@@ -484,8 +478,9 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       # answers, as it would (it reuses the trace of an earlier value equal
       # under ==, where a shared entry would trace this one's).
       return self.stock()(*args, **kwargs)
-    out = self._first_call(layout, positions, names, static_values,
-                           functions, params, user, dynamic, dyn_kwargs,
+    bound = self._make_bound(layout, positions, names, static_values,
+                             functions, params, user, self.stock)
+    out = self._first_call(bound, dynamic, dyn_kwargs, params,
                            table if single else None, ref)
     if single:
       if (not names and not plain and len(positions) == 1
@@ -504,22 +499,19 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     bound = _Bound.made(_binder_at(self._fun, fun, position), options,
                         options_key, self._spec.lift_numpy, fun, self.stock,
                         ((position,), (), (fun,)))
-    out = bound(*args[:position], *args[position + 1:])
     # Its row, whether or not anything else holds ``fun`` now: a count of
     # references cannot tell (``J(*t)`` passes the caller's tuple as the
     # call's own, ``J.__call__(g, x)`` makes none).
     table = self._table()
-    if table is not None:
-      table[identity.ref(fun, table.pop)] = (params, bound.decided())
-    return out
+    return self._first_call(
+        bound, (*args[:position], *args[position + 1:]), {}, params, table,
+        None if table is None else identity.ref(fun, table.pop))
 
-  def _first_call(self, layout, positions, names, static_values, functions,
-                  params, user, dynamic, dyn_kwargs, table, ref):
-    """The first call of a static function under this wrapper: a new
-    binder's call, whose decision is recorded as the function's row in
-    ``table`` under ``ref`` (None: no row is kept)."""
-    bound = self._make_bound(layout, positions, names, static_values,
-                             functions, params, user, self.stock)
+  @staticmethod
+  def _first_call(bound, dynamic, dyn_kwargs, params, table, ref):
+    """The first call of a static function under this wrapper: its binder's
+    wrapper ``bound`` called, its decision recorded as the function's row in
+    ``table`` under ``ref`` (``table`` None: no row is kept)."""
     out = bound(*dynamic, **dyn_kwargs)
     if table is not None:
       table[ref] = (params, bound.decided())

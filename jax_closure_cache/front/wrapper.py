@@ -673,7 +673,8 @@ def of_front(fronts: dict, fun):
   """The wrapper of ``fun`` made of its code's front class in ``fronts``
   (a generated ``__call__``, without ``__init__``, as ``jit``'s hot case
   makes one), its own slots left for its class to set; None where its
-  code has no front class there. The launchers' and binders' one way in."""
+  code has no front class there. The launchers' and binders' one way in,
+  through :func:`front_maker`."""
   front = fronts.get(fun.__code__)
   if front is None:
     return None
@@ -683,6 +684,15 @@ def of_front(fronts: dict, fun):
 #: The slot descriptors ``fill`` sets, in the order the C entrance takes
 #: them (``generated.entrance``).
 FILLED_SLOTS = (ClosureJitted._fun, ClosureJitted._stock, ClosureJitted._row)
+
+
+def front_maker(fronts: dict, base: type):
+  """``lambda fun: of_front(fronts, fun)`` for a client whose front classes
+  are subclasses of ``base``, made in C where the extension is built
+  (``generated.entrance``): a launcher's or a binder's wrapper per call
+  without a Python frame."""
+  return generated.entrance(functools.partial(of_front, fronts), fronts,
+                            base, FILLED_SLOTS)
 
 
 # -- the wrapper as a walkable value (a jitted function in a closure) --------

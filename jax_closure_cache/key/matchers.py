@@ -59,8 +59,8 @@ class _MatchSource:
                 "ALL_LIFTED": _ALL_LIFTED, "version": versions.version}
     self.self_referenced = False   # the key refers back to its top function
     self.lines: list[str] = []
-    self.functions: list[str] = []   # variables holding walked functions
-    self.function_codes: list = []   # and their code objects
+    # (variable, code object) of each walked function
+    self.functions: list[tuple[str, Any]] = []
     self.by_index: dict[int, str] = {}   # memo index -> that variable
     # leaf index -> the expression holding that lifted array (what an
     # ``(ALIAS, i)`` part is checked against by identity)
@@ -154,23 +154,29 @@ class _MatchSource:
       self.tree(v, tree_part(part))
     elif type(part) is tuple and part[0] is TREEAUX:
       self.tree_aux(v, TreeAuxPart._make(part))
-    elif type(part) is tuple and part[0] is LIBATTR:   # by identity
-      self.miss_if(f"{v} is not {self.bind(LibAttrPart._make(part).obj)}")
-    elif type(part) is tuple and part[0] is float:
-      self.miss_if(f"type({v}) is not float or float_key({v}) != "
-                   f"{self.bind(part)}")
-    elif type(part) is tuple and part[0] is Static:
+    else:
+      self.miss_if(self._value_condition(v, v, part))
+
+  def _value_condition(self, first: str, again: str, part) -> str:
+    """The condition that a value compared by itself (by identity, a
+    library attribute, a float key, a ``Static``, an atom) does not key to
+    ``part``: ``first`` reads the value, ``again`` reads it after that."""
+    if type(part) is not tuple:
+      return f"{first} is not {self.bind(part)}"
+    if part[0] is LIBATTR:   # by identity
+      return f"{first} is not {self.bind(LibAttrPart._make(part).obj)}"
+    if part[0] is float:
+      return (f"type({first}) is not float or float_key({again}) != "
+              f"{self.bind(part)}")
+    if part[0] is Static:
       # what Static's == compares (the hashes first: a value's own == may
       # say equal where its hash differs), without its Python-level call
-      self.miss_if(f"type({v}) is not Static or {v}.ident_hash != "
-                   f"{self.bind(part[1].ident_hash)} or {v}.ident != "
-                   f"{self.bind(part[1].ident)}")
-    elif type(part) is tuple:   # an Atom (match_plan.simple_part)
-      atom = Atom._make(part)
-      self.miss_if(f"type({v}) is not {self.bind(atom.type)} or {v} != "
-                   f"{self.bind(atom.value)}")
-    else:
-      self.miss_if(f"{v} is not {self.bind(part)}")
+      return (f"type({first}) is not Static or {again}.ident_hash != "
+              f"{self.bind(part[1].ident_hash)} or {again}.ident != "
+              f"{self.bind(part[1].ident)}")
+    atom = Atom._make(part)   # an Atom (match_plan.simple_part)
+    return (f"type({first}) is not {self.bind(atom.type)} or {again} != "
+            f"{self.bind(atom.value)}")
 
   def tree(self, v: str, t: TreePart) -> None:
     """Checks of the pytree in variable ``v`` against a ``TREE`` part."""
@@ -312,8 +318,7 @@ class _MatchSource:
     the walk's order: what the function is, cells, defaults, read globals,
     attribute chains."""
     fn = FnPart._make(part)
-    self.functions.append(f)
-    self.function_codes.append(fn.code)
+    self.functions.append((f, fn.code))
     self.by_index[fn.index] = f
     get = self._function_itself(f, fn)
     for i, p in enumerate(fn.cells):
@@ -346,18 +351,11 @@ class _MatchSource:
     immutable atom), the condition that it does not; else None."""
     if isinstance(part, Tag) and part is not MISSING:
       return None   # a lifted array (appended to the leaves), ...
-    if type(part) is not tuple:
-      return f"{expr} is not {self.bind(part)}"
-    if part[0] is LIBATTR:
-      return f"{expr} is not {self.bind(LibAttrPart._make(part).obj)}"
-    if part[0] is float:
-      return (f"type(w := {expr}) is not float or float_key(w) != "
-              f"{self.bind(part)}")
-    if part[0] in _IMMUTABLE_ATOMS and len(part) == 2:
-      atom = Atom._make(part)
-      return (f"type(w := {expr}) is not {self.bind(atom.type)} or w != "
-              f"{self.bind(atom.value)}")
-    return None
+    if type(part) is tuple and not (
+        part[0] is LIBATTR or part[0] is float
+        or part[0] in _IMMUTABLE_ATOMS and len(part) == 2):
+      return None   # a walked value, or one that may change in place
+    return self._value_condition(f"(w := {expr})", "w", part)
 
   def tagged_checks(self) -> None:
     """The checks of globals put aside by :meth:`function`, one group per
@@ -589,7 +587,7 @@ def match_source(fun, key, prefix: str = "K") -> _MatchSource | None:
   # function's by the callers' lookup), so only those of one code can be
   # one object.
   by_code: dict[int, list[str]] = {}
-  for f, code in zip(src.functions, src.function_codes):
+  for f, code in src.functions:
     by_code.setdefault(id(code), []).append(f)
   for same in by_code.values():
     if len(same) > 1:
