@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from typing import Any, Callable, NamedTuple
 
 from jax_closure_cache import settings
@@ -136,6 +137,34 @@ class LRUStore:
     finally:
       self._lock.release()
     del removed   # freed outside the lock
+
+  def hold(self, key, entry: Entry, anchors, keep=None) -> list | str:
+    """What ``entry``, stored under ``key``, keeps of ``anchors`` (the
+    objects whose ids ``key`` holds): weak references whose death drops
+    the entry (:meth:`discard_entry`), so no id in a stored key is reused
+    and the store never extends an object's life; a globals dict, and
+    what ``keep(anchor)`` allows, held as they are.
+
+    Returns the list, or a string saying which anchor cannot be held
+    weakly (then the entry must not be stored). The callers store the
+    entry (:meth:`put`) once it holds the list."""
+    entry_ref = weakref.ref(entry)
+
+    def drop(_, store=self):
+      # (the collector may run this while the store's lock is held:
+      # ``discard_entry`` never blocks)
+      store.discard_entry(key, entry_ref())
+
+    held = []
+    for a in anchors:
+      try:
+        held.append(a if type(a) is dict else weakref.ref(a, drop))
+      except TypeError:
+        if keep is None or not keep(a):
+          return (f"a {type(a).__name__} kept by identity cannot be weakly "
+                  "referenced, so storing it would keep it alive")
+        held.append(a)
+    return held
 
   def _drain(self) -> None:
     pending, self._pending = self._pending, []

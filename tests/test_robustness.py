@@ -74,6 +74,9 @@ def _store_then_clear(put, clear, timeout=20):
 
 @needs_trace_lookup
 def test_clearing_the_trace_store_frees_nothing_under_its_lock():
+  """The shared traces are a bounded table of the store: an anchor it holds
+  (``LRUStore.hold``) whose last reference a stored trace holds dies while
+  the store is cleared, or evicts past its capacity, without a deadlock."""
   from jax_closure_cache.lookup import trace_lookup
   store = trace_lookup.closure_cache.traces
   _Shared = trace_lookup.closure_cache._Shared
@@ -81,20 +84,18 @@ def test_clearing_the_trace_store_frees_nothing_under_its_lock():
   def put():
     a = _Anchor()
     shared = _Shared(consts=(a,))
-    ref = weakref.ref(shared)
-    shared.anchors = [weakref.ref(
-        a, lambda _, k=("anchor test",): store.discard(k, ref()))]
+    shared.anchors = store.hold(("anchor test",), shared, [a])
     store.put(("anchor test",), shared)
 
-  assert _store_then_clear(put, store.cache_clear), "cache_clear deadlocked"
+  assert _store_then_clear(put, store.clear), "clear deadlocked"
   # eviction past capacity frees outside the lock too
-  saved = store.capacity
-  store.capacity = 1
+  saved = jcc.capacity()
+  jcc.set_capacity(1)
   try:
     assert _store_then_clear(put, lambda: store.put(("other",), _Shared()))
   finally:
-    store.capacity = saved
-    store.cache_clear()
+    jcc.set_capacity(saved)
+    store.clear()
 
 
 def test_clearing_an_entry_store_frees_nothing_under_its_lock():
@@ -112,6 +113,43 @@ def test_clearing_an_entry_store_frees_nothing_under_its_lock():
 
   assert _store_then_clear(put, store.clear), "clear deadlocked"
   assert _store_then_clear(put, lambda: store.discard("k"))
+
+
+def test_a_store_holds_a_keys_objects_weakly_or_refuses():
+  """``LRUStore.hold``, every store's one weak hold: an anchor's death drops
+  its entry (and only that entry); a globals dict and what ``keep`` allows
+  are held as they are; anything else that cannot be weakly referenced is
+  refused with the reason (storing would keep it alive)."""
+  import gc
+  store = cache.LRUStore("hold test")
+
+  class _Held(cache.Entry):
+    __slots__ = ("anchors",)
+
+  a, b = _Anchor(), _Anchor()
+  first, second = _Held(), _Held()
+  first.anchors = store.hold("first", first, [a, globals()])
+  second.anchors = store.hold("second", second, [b])
+  assert first.anchors[1] is globals()
+  store.put("first", first)
+  store.put("second", second)
+  del a
+  gc.collect()
+  assert store.get("first") is None and store.get("second") is second
+  stored_again, c = _Held(), _Anchor()   # the key stored again: the old
+  stored_again.anchors = store.hold("second", stored_again, [c])   # entry's
+  store.put("second", stored_again)   # anchor's death spares the new one
+  del b, second
+  gc.collect()
+  assert store.get("second") is stored_again
+  del c
+  gc.collect()
+  assert store.get("second") is None
+  number = 12345678901234567890   # an int: no weak reference
+  refused = store.hold("k", _Held(), [number])
+  assert isinstance(refused, str) and "int" in refused
+  assert "keep it alive" in refused
+  assert store.hold("k", _Held(), [number], keep=lambda x: True) == [number]
 
 
 _CLEAR_AND_EXIT = """
@@ -379,13 +417,14 @@ def test_a_collection_under_a_store_lock_never_deadlocks():
 
   saved = gc.get_threshold()
   try:
-    assert _store_then_clear(run, cc.traces.cache_clear, timeout=120), \
+    assert _store_then_clear(run, cc.traces.clear, timeout=120), \
         "deadlocked"
   finally:
     gc.set_threshold(*saved)
     gc.enable()
+  gc.collect()   # every anchor dead: each drop done or deferred
   assert cc.traces.get(("no such key",)) is None   # drains what was deferred
-  assert not cc.traces.pending
+  assert not [k for k in cc.traces.keys() if k[0] == "gc test"]
 
 
 def _closes_over_library_values(x, i):
@@ -489,22 +528,30 @@ def test_stores_are_bounded_by_the_bytes_their_entries_keep_alive():
 
 
 @needs_trace_lookup
-def test_the_trace_store_is_bounded_by_the_bytes_of_its_constants(
-    monkeypatch):
+def test_the_trace_store_is_bounded_by_the_bytes_of_its_constants():
+  """The shared traces are a bounded table of the store, as the entries
+  are: ``set_max_bytes`` bounds them too."""
   from jax_closure_cache.lookup import trace_lookup
   cc = trace_lookup.closure_cache
   from jax_closure_cache import _compat
-  monkeypatch.setattr(cc, "MAX_BYTES", 3 * 4096)
+  assert cache.STORE.owns(cc.traces) and cc.traces in cache.STORE.bounded_tables()
+  cc.traces.clear()
+  saved = jcc.max_bytes()
+  jcc.set_max_bytes(3 * 4096)
   arr = np.zeros(1024, np.float32)   # 4 KiB, in a nested jit's jaxpr
   closed = jax.make_jaxpr(lambda x: jax.jit(lambda y: y + arr)(x))(
       jnp.zeros(1024))
   assert _compat.constants_nbytes(closed) == arr.nbytes
-  for i in range(6):
-    cc.traces.put(("bytes test", i), cc._Shared(
-        answer=(closed, None), nbytes=_compat.constants_nbytes(closed)))
-  kept = [k for k in cc.traces.cache_keys() if k[0] == "bytes test"]
-  assert kept == [("bytes test", i) for i in (3, 4, 5)]
-  cc.traces.cache_clear()
+  try:
+    for i in range(6):
+      cc.traces.put(("bytes test", i), cc._Shared(
+          answer=(closed, None), nbytes=_compat.constants_nbytes(closed)))
+    kept = [k for k in cc.traces.keys() if k[0] == "bytes test"]
+    assert kept == [("bytes test", i) for i in (3, 4, 5)]
+    assert cc.traces.nbytes() == 3 * arr.nbytes
+  finally:
+    jcc.set_max_bytes(saved)
+    cc.traces.clear()
 
 
 _PARAMS = None   # rebound by the test below, as a training loop rebinds

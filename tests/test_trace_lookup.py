@@ -289,11 +289,20 @@ def test_the_store_never_keeps_a_leaf_alive():
   assert jcc.stats()["shared_traces"] > 0
 
 
-def test_the_trace_store_offers_what_register_cache_documents():
+def test_the_store_offers_jax_what_register_cache_documents():
+  """The shared traces are one of the store's tables: what JAX's
+  ``register_cache`` is given is the store's handle, which clears them."""
+  from jax_closure_cache import cache
   from jax_closure_cache.lookup import closure_cache
-  store = closure_cache.traces
+  handle = cache.jax_handle
   for name in ("cache_clear", "cache_info", "cache_keys"):
-    assert callable(getattr(store, name)), name
+    assert callable(getattr(handle, name)), name
+  assert cache.STORE.owns(closure_cache.traces)
+  closure_cache.traces.put(("handle test",), closure_cache._Shared())
+  assert ("handle test",) in handle.cache_keys()
+  assert handle.cache_info()["shared_traces"] >= 1
+  handle.cache_clear()
+  assert len(closure_cache.traces) == 0
 
 
 def test_clear_caches_clears_the_shared_traces():

@@ -136,7 +136,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     # Its compile happens at its first call, inside stock: cost unknown here.
     found = Canonical(jitted, [], events.miss(fun, code, key, 0.0))
     diagnostics.measure_later(found.record)   # stock compiles at its first call
-    held = entries.hold_weakly(_store, key, found, a.anchors)
+    held = _store.hold(key, found, a.anchors, keep=entries.library_object)
     if isinstance(held, str):
       events.not_stored(fun, "unweakrefable_anchor", held)
     else:

@@ -141,9 +141,7 @@ def _trace(fun, a, key, example_args):
     # as the front's lifted function: a trace that writes to the rebuild's
     # copy of what the closure reaches, or stores a traced value in the
     # user's, raises (stock's trace writes to the user's objects)
-    new = rebuild.rebuild(holder[0], a.key, leaves)
-    return trace_lookup.closure_cache.StateWatch.run_lifted(
-        holder[0], new, lambda: new(*args), leaves)
+    return rebuild.call_lifted(holder[0], a.key, leaves, args, {})
   trace_lookup.own_code(lifted.__code__)
 
   try:
@@ -165,7 +163,7 @@ def _trace(fun, a, key, example_args):
                       getattr(guards, "detail", "closure_convert captured "
                               "an array the key does not cover"))
     return shared
-  held = entries.hold_weakly(_traces, key, shared, a.anchors)
+  held = _traces.hold(key, shared, a.anchors, keep=entries.library_object)
   if isinstance(held, str):
     events.not_stored(fun, "unweakrefable_anchor", held)
     return shared

@@ -9,7 +9,7 @@ weak anchors of its key. ``entries`` is the LRU store of them, keyed by
 
 Invariants:
 * An entry holds no lifted array and none of the user's functions: the
-  objects its key names by identity are held weakly (``hold_weakly``), and
+  objects its key names by identity are held weakly (``LRUStore.hold``), and
   their death drops the entry, so no id in a stored key is ever reused.
 * The lifted function rebuilds the function its caller passes with the
   call (``Entry.caller``, set around each call of the entry and cleared
@@ -167,29 +167,6 @@ class Entry(cache.Entry):
       self._swept = self.record.front
 
 
-def hold_weakly(store: cache.LRUStore, key, entry, anchors: list):
-  """What ``entry`` keeps of the objects whose ids are in ``key``, by the
-  trace cache's own rule (``closure_cache.hold_weakly``): weak references
-  whose death drops the entry from ``store``, so no id in a stored key is
-  reused and the cache never extends an object's life; globals dicts and
-  library objects (``library_object``) held as they are.
-
-  Returns the list, or a string saying which anchor cannot be held weakly
-  (then the entry must not be stored).
-  """
-  entry_ref = weakref.ref(entry)
-
-  def drop(_, key=key):
-    e = entry_ref()
-    if e is not None:
-      store.discard_entry(key, e)
-
-  try:
-    return trace_lookup.closure_cache.hold_weakly(anchors, drop, library_object)
-  except TypeError as e:
-    return f"{e}, so storing it would keep it alive"
-
-
 def spans_processes(leaves) -> bool:
   """Whether a lifted array spans devices of other processes: stock cannot
   close over it at all (it raises), so even the first function object of a
@@ -303,9 +280,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
       if out is not None:
         return out
-    new = rebuild.rebuild(current, a.key, leaves)
-    return trace_lookup.closure_cache.StateWatch.run_lifted(
-        current, new, lambda: new(*args, **kwargs), leaves)
+    return rebuild.call_lifted(current, a.key, leaves, args, kwargs)
 
   trace_lookup.own_code(lifted.__code__)
   name = getattr(fun, "__name__", None) or type(fun).__name__

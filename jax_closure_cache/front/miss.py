@@ -461,9 +461,10 @@ class MissStages:
     if isinstance(guards, key_guards.Unguarded):
       events.not_stored(self._user(), "untracked_capture", guards.detail)
       return
-    held = entries.hold_weakly(entries.entries, key, entry,
-                               entry.anchors + after.anchors
-                               if cost is not None else after.anchors)
+    held = entries.entries.hold(key, entry,
+                                entry.anchors + after.anchors
+                                if cost is not None else after.anchors,
+                                keep=entries.library_object)
     if isinstance(held, str):
       events.not_stored(self._user(), "unweakrefable_anchor", held)
       return

@@ -21,6 +21,7 @@ from jax_closure_cache.key import closure
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.closure import Uncacheable, as_method
 from jax_closure_cache.key.code_plan import code_plan
+from jax_closure_cache.key.state_watch import StateWatch
 from jax_closure_cache.key.parts import (
     BUILTIN_NODES, CLASS, COPY, METHOD, TREEAUX, TREEDEF, MethodPart,
     NodePart, ObjPart, TreeAuxPart, TreeDefPart, tree_part)
@@ -107,3 +108,18 @@ def rebuild(fun: Callable, key, leaves) -> Callable:
   ``key`` must be ``analyse(fun).key`` and ``leaves`` as long as its leaves.
   """
   return _key.rebuild(as_method(fun) or fun, key, leaves, Rebuild)
+
+
+def call_lifted(fun: Callable, key, leaves, args, kwargs):
+  """The body of a lifted trace whose function is the user's own: ``fun``
+  rebuilt with ``leaves`` (tracers) in the lifted positions of ``key``,
+  called with ``args`` and ``kwargs`` under the state watch
+  (``StateWatch.run_lifted``): a write to the rebuild's copy of an object,
+  or a traced value left in the user's, raises ``TracerLeak``, as does a
+  question of a lifted array's value ``LiftedValueAsked``. The front's
+  entries and ``closure_convert`` trace through it; the trace lookup's
+  shared traces, which later functions take without tracing, watch more
+  (``StateWatch.run_unwritten``)."""
+  new = rebuild(fun, key, leaves)
+  return StateWatch.run_lifted(fun, new, lambda: new(*args, **kwargs),
+                               leaves)

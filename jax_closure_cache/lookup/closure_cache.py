@@ -5,13 +5,13 @@ later one gets that ``Jaxpr`` closed over its own arrays.
 Invariants: a code's first function object is traced as usual, every time
 (:func:`first_object`); a trace that
 captured what the key does not cover, failed, or stored a tracer in the
-closure's state (undone) is not shared; tables are locked JAX caches that
-hold the objects whose ids are in a key weakly (:func:`hold_weakly`).
+closure's state (undone) is not shared; the stored traces are one of the
+store's bounded tables (``cache.LRUStore``), which holds the objects whose
+ids are in a key weakly (``LRUStore.hold``).
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 from collections.abc import Callable
 import functools
@@ -38,76 +38,25 @@ StateWatch = state_watch.StateWatch
 
 # -- the closure-keyed trace lookup --------------------------------------------
 
-class _Shared:
-  """A key's lifted trace, its answer if it lifts nothing, or why it failed."""
+class _Shared(cache.Entry):
+  """A key's lifted trace, its answer if it lifts nothing, or why it failed;
+  ``nbytes``: what it keeps alive of its constants, nested jaxprs'
+  included (the store's bound)."""
   jaxpr = out_avals = answer = failed = None
   consts, anchors = (), ()
-  nbytes = 0   # of the constants it keeps alive, nested jaxprs' included
 
   def __init__(self, **fields):
-    self.__dict__.update(fields)
-
-
-class _TraceStore:
-  """A locked LRU mapping, a JAX cache; nothing is freed under its lock."""
-
-  def __init__(self, capacity: int):
-    self.capacity, self.lock = capacity, threading.Lock()
-    self.data: collections.OrderedDict = collections.OrderedDict()
-    self.pending: list = []
-
-  def get(self, key):
-    while self.pending:   # what weakref callbacks dropped
-      self.discard(*self.pending.pop())
-    with self.lock:
-      if key in self.data:
-        self.data.move_to_end(key)
-      return self.data.get(key)
-
-  def put(self, key, shared: _Shared) -> None:
-    with self.lock:
-      evicted = [self.data.pop(key, None)]   # freed once unlocked
-      self.data[key] = shared
-      size = sum(map(_nbytes, self.data.values()))
-      while len(self.data) > self.capacity or (
-          len(self.data) > 1 and size > MAX_BYTES):
-        evicted.append(self.data.popitem(last=False))
-        size -= _nbytes(evicted[-1][1])
-
-  def discard(self, key, shared: _Shared | None):
-    with self.lock:
-      if shared is not None and self.data.get(key) is shared:
-        return self.data.pop(key)   # freed by the caller, unlocked
-
-  def cache_clear(self):
-    with self.lock:
-      old, self.data = self.data, collections.OrderedDict()
-      _first.clear()
-      _met.clear()
-    _last_key.clear()
-    return old
-
-  def cache_info(self) -> dict:
-    return {"entries": len(self.data)}
-
-  def cache_keys(self) -> list:
-    with self.lock:
-      return list(self.data)
-
-
-MAX_BYTES = 1 << 30   # of the constants the stored traces keep alive
-
-
-def _nbytes(s: _Shared) -> int:
-  return s.nbytes
+    super().__init__()
+    for name, value in fields.items():   # (``nbytes`` is the base's slot)
+      setattr(self, name, value)
 
 
 _STORE = cache.STORE
-# (closure key, leaf types, signature) -> _Shared; its length is counted,
-# never iterated here
-traces = _STORE.own("closure_cache.traces", _TraceStore(1024), cache.Store.TRACES,
-                    counted="shared_traces",
-                    size=lambda: traces.cache_info()["entries"])
+# (rebuild rules, closure key, leaf types, signature) -> _Shared; its length
+# is counted, never iterated here
+traces = _STORE.bounded("closure_cache.traces", counted="shared_traces")
+# what first_object and met_before record, taken together
+_records_lock = threading.Lock()
 # closed jaxpr -> the shared one (weakly: as long as JAX holds the jaxpr)
 _closings = _STORE.table("closure_cache.closings", cache.Store.FACTS,
                          weakref.WeakKeyDictionary)
@@ -349,14 +298,14 @@ def _code(fun):   # a function's code, or its partial's function's
 
 def first_object(fun, code) -> bool:
   """Records ``code``'s first function object; whether it is ``fun``."""
-  with traces.lock:
+  with _records_lock:
     first = _first.setdefault(code, weakref.ref(fun)) if code else None
   return first is None or first() is fun
 
 
 def met_before(key) -> bool:
   """Whether ``key`` was met before (recording it, of the last 4096)."""
-  with traces.lock:
+  with _records_lock:
     met = _met.pop(hash(key), False)
     _met[hash(key)] = True
     if len(_met) > 4096:
@@ -423,9 +372,9 @@ def evict(fun: Callable) -> None:   # clear_cache() of a jitted function
     key = closure_key.closure_key(fun)[0]
   except (closure_key.Unkeyable, TypeError):
     return
-  for k in traces.cache_keys():
+  for k in traces.keys():
     if k[1] == key:
-      traces.discard(k, traces.get(k))
+      traces.discard(k)
 
 
 def _trace_lifted(traced, fun, key, leaves, in_avals, debug_info, ctx):
@@ -477,31 +426,11 @@ def _covers(consts, leaves, anchors) -> bool:   # every captured array
 
 
 def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
-  ref = weakref.ref(shared)
-  # a weakref callback never locks (the collector may run it under the
-  # lock): the drop waits for the store's next lookup
-  pending = traces.pending   # (module globals are gone at exit)
-  drop = lambda _: pending.append((key, ref()))
-  try:
-    shared.anchors = hold_weakly(anchors, drop)
-  except TypeError:
+  held = traces.hold(key, shared, anchors)
+  if isinstance(held, str):
     return   # not stored: it would keep the anchor alive
+  shared.anchors = held
   traces.put(key, shared)
-
-
-def hold_weakly(anchors, drop: Callable, keep: Callable = lambda a: False):
-  """Weak references to ``anchors`` calling ``drop`` (or, for a globals dict
-  or what ``keep`` allows, the anchor itself); else raises ``TypeError``."""
-  held = []
-  for a in anchors:
-    try:
-      held.append(a if type(a) is dict else weakref.ref(a, drop))
-    except TypeError:
-      if not keep(a):
-        raise TypeError(f"a {type(a).__name__} kept by identity cannot be "
-                        "weakly referenced") from None
-      held.append(a)
-  return held
 
 
 # -- explanations --------------------------------------------------------------
