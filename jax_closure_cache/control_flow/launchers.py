@@ -97,6 +97,25 @@ class _Launcher(wrapper.ClosureJitted):
   def _front_home():
     return _Launcher, _fronts
 
+  def _launch(self, operands, lone: int):
+    """Call this launcher wrapper: its user function's row first (if it
+    has one), else the launch, then the row recorded where something other
+    than this launch holds the function (more than ``lone`` references,
+    counted from here: it may be launched again)."""
+    user = self._user_fun
+    if type(user) is not types.FunctionType:
+      # rows are for plain functions: a callable object's hash and == are
+      # its class's own, never run by the cache
+      return self(*operands)
+    if _getweakrefcount(user):
+      out = self.answer_again(operands)
+      if out is not _AGAIN:
+        return out
+    out = self(*operands)
+    if _getrefcount(user) > lone:
+      self.remember()
+    return out
+
   def answer_again(self, operands):
     """The answer of a launch of a user's function launched before: as its
     first launch decided where this launch is that one's again (its row),
@@ -221,28 +240,12 @@ _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
 _AGAIN = object()
 
 
-def _launch(w, operands, lone: int):
-  """Call the launcher wrapper ``w``: its user function's row first (if it
-  has one), else the launch, then the row recorded where something other
-  than this launch holds the function (more than ``lone`` references,
-  counted from here: it may be launched again)."""
-  user = w._user_fun
-  if type(user) is not types.FunctionType:
-    # rows are for plain functions: a callable object's hash and == are
-    # its class's own, never run by the cache
-    return w(*operands)
-  if _getweakrefcount(user):
-    out = w.answer_again(operands)
-    if out is not _AGAIN:
-      return out
-  out = w(*operands)
-  if _getrefcount(user) > lone:
-    w.remember()
-  return out
+# (called as a function: ``_launch(wrapper, operands, lone)``)
+_launch = _Launcher._launch
 
 
 #: References to a user function that a launch holds alone, counted in
-#: :func:`_launch`: the cached function's parameter (a call from Python
+#: :meth:`_Launcher._launch`: the cached function's parameter (a call from Python
 #: moves the caller's reference there), the launcher's cell, the wrapper's
 #: ``_user_fun``, ``_launch``'s local and getrefcount's argument; one fewer
 #: for ``switch``, whose first branch its sequence holds for all three.
