@@ -702,6 +702,37 @@ def test_literals_are_read_as_their_dtype_holds_them_and_folded_as_stock(
     assert run() == want
 
 
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
+  """A subnormal float (``1e-40`` in float32, either part of a complex) is
+  never passed as an argument: XLA's compile-time evaluation keeps stock's
+  baked one exactly, where the runtime reads an argument's as a zero (a
+  comparison flips, ``m // eps`` gives NaN for inf). Literals and constants
+  (NumPy and jax arrays) alike, beside normal values that are shared."""
+  mask = jnp.asarray([True, False])
+
+  def make(eps, table):
+    def f(m):
+      x = m.astype(jnp.float32)
+      return (x < eps, jnp.where(x > 1, eps, x), x // eps,
+              x.astype(jnp.complex64) / (1j * eps), x < table, x // table)
+    return f
+
+  def run():
+    outs = []
+    for eps in (1e-3, 1e-40, 2e-40, 1e-5, 1e-40, 3e-3):
+      for table in (np.float32([eps, 1.0]), jnp.float32([eps, 2.0])):
+        outs.append(_bits(jax.jit(make(eps, table))(mask)))
+    return outs
+
+  want = stock_off(run)
+  jcc.enable(closure_key=closure_key)
+  for _ in range(2):
+    assert run() == want
+  assert jcc.stats()["verify_mismatches"] == 0
+  assert jcc.stats()["tier_a"]["hits"] > 0   # the normal values share
+
+
 @counts_side_effects
 @pytest.mark.parametrize("closure_key", [False, True])
 def test_a_literal_its_dtype_cannot_hold_warns_as_stock_at_every_call(

@@ -320,6 +320,45 @@ def largest_finite(dtype) -> float:
   return found
 
 
+_SMALLEST_NORMAL = types.MappingProxyType({
+    np.dtype(t): float(np.finfo(t).tiny)
+    for t in (np.float32, np.float64, np.complex64, np.complex128)})
+
+
+def smallest_normal(dtype) -> float:
+  """The smallest positive normal value of a floating (or complex: of its
+  parts) dtype, JAX's own included: XLA's CPU runtime flushes what is
+  below it to zero (an argument's too), where its compile-time evaluation
+  keeps it."""
+  found = _SMALLEST_NORMAL.get(dtype)
+  if found is None:
+    found = float(_dtypes.finfo(dtype).tiny)
+  return found
+
+
+def holds_subnormal(c) -> bool:
+  """Whether a constant (an array or a Python number) of a floating or
+  complex type holds a subnormal value (nonzero, below
+  :func:`smallest_normal`, in either part): baked, XLA folds it exactly;
+  as an argument the runtime reads it as a zero. Never an error (False
+  where the values cannot be read)."""
+  if type(c) in (float, complex):
+    return any(0 < abs(p) < smallest_normal(np.float64)
+               for p in (c.real, c.imag))
+  dtype = getattr(c, "dtype", None)
+  if dtype is None or not inexact_dtype(dtype):
+    return False
+  try:
+    tiny = smallest_normal(dtype)
+    a = np.asarray(c)
+    if a.dtype.kind not in "fc":   # bfloat16, float8: as float32 holds them
+      a = a.astype(np.float32)
+    parts = (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+    return any(bool(((p != 0) & (np.abs(p) < tiny)).any()) for p in parts)
+  except Exception:
+    return False
+
+
 def checks_nans_or_infs() -> bool:
   """Whether ``jax_debug_nans`` or ``jax_debug_infs`` is on: a computation
   that gives one is re-run by JAX op by op, which reports as it goes."""

@@ -153,6 +153,11 @@ def _refusal(c) -> str | None:
   if _compat.holds_nan(c):
     # XLA folds max(x, nan) with a baked NaN to a NaN of another sign
     return "a constant holding a NaN (XLA folds it in stock's module)"
+  if _compat.holds_subnormal(c):
+    # XLA folds a baked subnormal exactly; the runtime reads an argument's
+    # as a zero (x < 1e-40 in float32)
+    return ("a constant holding a subnormal value (the runtime flushes an "
+            "argument's to zero, XLA folds stock's exactly)")
   if (t is _compat.ArrayImpl or t is np.ndarray
       or isinstance(c, _compat.np_generic)
       or t in (int, float, bool, complex)
@@ -211,16 +216,22 @@ def lifted_literal(v) -> bool:
 
 def _liftable_value(x, dtype) -> bool:
   """Whether a floating or complex scalar literal, as ``dtype`` holds it,
-  is neither a zero (of either sign) nor a NaN: read on a Python number
+  is neither a zero (of either sign), a NaN nor subnormal (the runtime
+  flushes an argument's to zero, XLA folds stock's exactly; either part
+  of a complex): read on a Python number
   (a literal nearly always is one), as making arrays for :func:`_zero`
   and ``holds_nan`` costs ten times more. A literal its dtype cannot
   hold is refused by :func:`_check_literal` first."""
   if isinstance(x, (float, complex)) or np.ndim(x) == 0:
     s = np.asarray(x, dtype).item()
     if isinstance(s, (float, complex)):
-      return bool(s) and s == s
+      tiny = _compat.smallest_normal(dtype)
+      return (bool(s) and s == s
+              and not any(0 < abs(p) < tiny for p in (s.real, s.imag)))
     x = s
-  return not _zero(np.asarray(x, dtype)) and not _compat.holds_nan(x)
+  a = np.asarray(x, dtype)
+  return (not _zero(a) and not _compat.holds_nan(x)
+          and not _compat.holds_subnormal(a))
 
 
 def _check_literal(v) -> None:
