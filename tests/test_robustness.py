@@ -152,6 +152,79 @@ def test_a_store_holds_a_keys_objects_weakly_or_refuses():
   assert store.hold("k", _Held(), [number], keep=lambda x: True) == [number]
 
 
+def _under_transfer_guard(x, steps, traced=None):
+  """Fresh functions over a Python float, a NumPy table and an eager
+  ``fori_loop``, each called under ``transfer_guard("disallow")``, and a
+  function object called outside the guard, then again inside: each
+  outcome, an exception by its type."""
+  from jax import lax
+
+  def attempt(fn):
+    try:
+      with jax.transfer_guard("disallow"):
+        return np.asarray(fn()).tolist()
+    except Exception as e:
+      return type(e).__name__
+
+  outs = []
+  for c in steps:
+    table = np.arange(3.0, dtype=np.float32) * c   # a fresh NumPy table
+    outs.append(attempt(lambda: jax.jit(lambda v: v * c)(x)))
+    outs.append(attempt(lambda: jax.jit(lambda v: v * table)(x)))
+    outs.append(attempt(lambda: lax.fori_loop(0, 3, lambda j, v: v * c, x)))
+    outs.append(attempt(lambda: lax.fori_loop(0, 3, lambda j, v: v + table,
+                                              x)))
+    def minus_table(v):
+      if traced is not None:
+        traced.append(c)   # a trace-time write
+      return v - table
+    again = jax.jit(minus_table)
+    outs.append(np.asarray(again(x)).tolist())   # its first call: no guard
+    outs.append(attempt(lambda: again(x)))
+  return outs
+
+
+@pytest.mark.parametrize("lift_numpy", [False, True])
+def test_transfer_guards_see_the_transfers_stock_makes(lift_numpy):
+  """Under a transfer guard, the cache makes no transfer stock's baked
+  constants spare (tier A's literals and constants as arguments, a lifted
+  NumPy array, put on the device by the package itself), and spares none
+  stock makes (eager ``fori_loop``'s Python bounds): every call answers,
+  or raises, as stock's."""
+  x = jnp.ones(3)
+  steps = (1.5, 2.5, 1.5, 1.5, 2.5)
+  want = stock_off(_under_transfer_guard, x, steps)
+  assert "JaxRuntimeError" in want and [1.5, 1.5, 1.5] in want
+  jcc.enable(lift_numpy=lift_numpy)
+  try:
+    for _ in range(2):
+      assert _under_transfer_guard(x, steps) == want
+  finally:
+    jcc.enable(lift_numpy=False)
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
+@counts_side_effects
+def test_a_lifted_numpy_array_is_put_on_the_device_under_a_transfer_guard():
+  """A function object whose first call hit an entry over a lifted NumPy
+  array, called again under a transfer guard, runs its entry with the
+  array put on the device by the package: no error and no stock trace
+  (stock traced that object once, at its first call)."""
+  x = jnp.ones(3)
+  steps = (1.5, 2.5, 1.5, 1.5, 2.5)
+  stock_traces: list = []
+  want = stock_off(_under_transfer_guard, x, steps, stock_traces)
+  jcc.enable(lift_numpy=True)
+  try:
+    for _ in range(2):
+      traces: list = []
+      assert _under_transfer_guard(x, steps, traces) == want
+      assert len(traces) <= len(stock_traces) == len(steps)
+  finally:
+    jcc.enable(lift_numpy=False)
+  assert jcc.stats()["hits"] > 0
+
+
 _CLEAR_AND_EXIT = """
 import jax, jax.numpy as jnp, numpy as np
 import jax_closure_cache as jcc

@@ -359,6 +359,34 @@ def holds_subnormal(c) -> bool:
     return False
 
 
+_TRANSFER_GUARDS = tuple(
+    getattr(_config, name) for name in (
+        "transfer_guard_host_to_device", "transfer_guard_device_to_device",
+        "transfer_guard_device_to_host") if hasattr(_config, name))
+
+
+def transfers_guarded() -> bool:
+  """Whether a transfer guard other than ``"allow"`` is in force, in any
+  direction (``jax.transfer_guard``, its config options, flag or
+  environment variable; thread-local contexts included): the transfers
+  the package makes where stock's baked constants make none (a lifted
+  NumPy array, tier A's constants and literals passed as arguments), and
+  those it spares where stock makes them (eager control flow's static
+  bounds), would be logged or refused otherwise than stock's."""
+  for state in _TRANSFER_GUARDS:
+    level = state.value
+    if level is not None and level != "allow":
+      return True
+  return False
+
+
+def transfers_allowed():
+  """A context in which the package's own host-to-device transfers (a
+  lifted NumPy array put on the device, as stock's compile puts a baked
+  constant) pass whatever guard is in force."""
+  return _config.transfer_guard_host_to_device("allow")
+
+
 def checks_nans_or_infs() -> bool:
   """Whether ``jax_debug_nans`` or ``jax_debug_infs`` is on: a computation
   that gives one is re-run by JAX op by op, which reports as it goes."""

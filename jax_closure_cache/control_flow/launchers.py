@@ -45,6 +45,7 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
 from jax_closure_cache.front import inline
@@ -61,6 +62,7 @@ _stock_custom_linear_solve = _compat.STOCK_CONTROL_FLOW["custom_linear_solve"]
 _stock_custom_root = _compat.STOCK_CONTROL_FLOW["custom_root"]
 _DISABLE_JIT = _compat.DISABLE_JIT
 _trace_state_clean = _compat.trace_state_clean
+_transfers_guarded = _lowering.transfers_guarded
 
 
 class _Launcher(wrapper.ClosureJitted):
@@ -171,7 +173,10 @@ _wrap = _Launcher.made
 
 
 def _routable() -> bool:
-  return _trace_state_clean() and not _DISABLE_JIT.value
+  # (under a transfer guard, stock's own transfers: it moves the Python
+  # bounds and operands a launcher keeps static)
+  return (_trace_state_clean() and not _DISABLE_JIT.value
+          and not _transfers_guarded())
 
 
 # -- identity first, per user function ------------------------------------------

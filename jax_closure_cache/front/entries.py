@@ -32,6 +32,7 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import cache
 from jax_closure_cache import diagnostics
 from jax_closure_cache import events
@@ -165,6 +166,24 @@ class Entry(cache.Entry):
     self._used = value
     if not value:
       self._swept = self.record.front
+
+
+def guarded_leaves(leaves):
+  """``leaves`` for a call of an entry: as they are, unless a transfer
+  guard is in force and one of them is a host array (a lifted NumPy
+  array); then those are put on the device first, under the package's own
+  ``transfers_allowed``, as stock's compile puts the constant it bakes:
+  the call then makes no transfer (logged or refused by the guard) that
+  stock's does not. The generic hit and ``_call_entry`` read their leaves
+  through it; a generated front's leaves are jax arrays by construction
+  (its matchers take nothing else)."""
+  if not _lowering.transfers_guarded():
+    return leaves
+  if all(isinstance(x, _JaxArray) for x in leaves):
+    return leaves
+  with _lowering.transfers_allowed():
+    return [x if isinstance(x, _JaxArray) else _compat.jax.device_put(x)
+            for x in leaves]
 
 
 def spans_processes(leaves) -> bool:

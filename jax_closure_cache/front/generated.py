@@ -85,6 +85,11 @@ if getrefcount(f) > LONE:
   table[REF(f, table.pop)] = row
 """ + CALL
 
+#: The generic hit's and ``_call_entry``'s first line: their leaves may be
+#: host arrays (a lifted NumPy array), put on the device under a transfer
+#: guard (``entries.guarded_leaves``). A generated front's are jax arrays.
+GUARDED = "out = GUARDED_LEAVES(out)\n"
+
 #: Verify mode's line, put before HIT's ``return`` while it is on.
 VERIFY = "res = VERIFIED(self, f, key, entry, out, args, kwargs, res)\n"
 
@@ -101,10 +106,10 @@ def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
-  RETRY_STOCK, VERIFIED, and LONE_REFS: the references to a function held
-  by a wrapper alone, as a front counts them)."""
+  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, and LONE_REFS: the references to
+  a function held by a wrapper alone, as a front counts them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
-          + textwrap.indent(hit_source(verify), "  "))
+          + textwrap.indent(GUARDED + hit_source(verify), "  "))
   namespace = dict(env)
   # the caller's own name for the function is one more reference
   namespace["LONE"] = env["LONE_REFS"] + 1
@@ -115,11 +120,11 @@ def hit_function(env: dict, verify: bool = False):
 def call_entry_function(env):
   """``_call_entry(self, entry, key, out, args, kwargs)``: :data:`CALL` as
   a wrapper's method, for its slow path and the later calls of a pinned
-  function object, whose callers count and pin. ``env`` binds RETRY_STOCK
-  and NEW_SIGNATURE."""
+  function object, whose callers count and pin. ``env`` binds RETRY_STOCK,
+  NEW_SIGNATURE and GUARDED_LEAVES."""
   text = ("def _call_entry(self, entry, key, out, args, kwargs):\n"
           "  f = self._fun   # what a trace rebuilds\n"
-          + textwrap.indent(CALL, "  "))
+          + textwrap.indent(GUARDED + CALL, "  "))
   namespace = dict(env)
   exec(compile(text, FILENAME, "exec"), namespace)
   return namespace["_call_entry"]

@@ -153,6 +153,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS,
+            "GUARDED_LEAVES": entries.guarded_leaves,
             **miss.HIT_STAGES})
 
 

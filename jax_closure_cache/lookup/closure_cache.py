@@ -99,6 +99,8 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   """``traced(fun, ...)`` (uncached), or ``fun``'s key's shared trace."""
   if (options or type(fun) not in (types.FunctionType, functools.partial)
       or getattr(fun, "__code__", None) in own_codes
+      # a shared trace's arrays are arguments: transfers stock never makes
+      or _lowering.transfers_guarded()
       or (type(fun) is types.FunctionType and fun.__closure__ is None
           and closure_key.active_rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)

@@ -246,6 +246,9 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
     return "donated arguments"
   if call.lowering_platforms is not None:
     return "lowering for other platforms"
+  if _compat.transfers_guarded():
+    # its constants and literals as arguments: transfers stock never makes
+    return "a transfer guard in force"
   for c in _compat.closed_parts(jaxpr)[1]:
     reason = structure.constant_refusal(c)
     if reason is not None:
