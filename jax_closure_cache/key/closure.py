@@ -188,7 +188,14 @@ class Analysis(_key.Walk):
       return self.wrapper(v, t, rule)
     if t is type or isinstance(v, type):
       # a user class by its namespace (a trace may instantiate it and call
-      # its methods); jax's, numpy's, the standard library's by identity
+      # its methods); jax's, numpy's, the standard library's by identity;
+      # one of a module whose answers read live state (jaxtyping's
+      # ``Float[...]``, whose ``isinstance`` reads the thread's dimension
+      # memo) is refused as a drawing module's function is
+      if drawn_from(v):
+        raise Uncacheable("drawn_state", f"a trace reads {v!r:.60}, whose "
+                          "answers read state no key holds (stock reads it "
+                          "again)")
       self.note_tracer_class(v)
       k = self.klass(v)
       if k is not v or t is type:

@@ -73,8 +73,10 @@ def _draws(v) -> bool:
 #: would not).
 EFFECT_MODULES = ("logging", "warnings", "_warnings", "pprint")
 #: Library modules whose answers read the calling thread's state, which no
-#: key holds: the decimal context (precision, rounding, traps).
-THREAD_STATE_MODULES = ("decimal", "_decimal", "_pydecimal")
+#: key holds: the decimal context (precision, rounding, traps); jaxtyping's
+#: dimension memo (``isinstance(x, Float[Array, "b d"])`` checks ``b``
+#: against what an enclosing ``@jaxtyped`` function bound on this thread).
+THREAD_STATE_MODULES = ("decimal", "_decimal", "_pydecimal", "jaxtyping")
 _UNKEYED_MODULES = frozenset(DRAWING_MODULES + EFFECT_MODULES
                              + THREAD_STATE_MODULES)
 _UNKEYED_PREFIXES = tuple(m + "." for m in _UNKEYED_MODULES)
