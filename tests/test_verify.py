@@ -9,7 +9,8 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import cache
-from conftest import assert_like_stock, stock_off, ticker
+from conftest import (STOCK_JIT, assert_like_stock, needs_trace_lookup,
+                      stock_off, ticker)
 
 
 def make(w):
@@ -44,6 +45,35 @@ def test_a_stale_hit_is_caught_and_answered_by_stock():
   assert got == sorted(set(got)) and len(got) == 8, got
   assert jcc.stats()["verify_mismatches"] == 1
   assert jcc.stats()["fallback_reasons"].get("unliftable", 0) >= 4
+
+
+@needs_trace_lookup
+@pytest.mark.closure_cache_expects_mismatches
+def test_a_stale_shared_trace_is_caught_and_answered_by_stock():
+  """The trace lookup's answers are checked too: stock's own ``jax.jit``
+  objects of re-created closures share a trace by the closure key, which
+  a value it does not see makes stale; verify mode traces each as stock,
+  returns stock's trace on the mismatch, and the code's later functions
+  are traced as usual (never checked, nor caught, again)."""
+  from jax_closure_cache.key import values
+
+  class Hidden:   # keyed by its type alone: a wrapper rule's mistake
+    def __init__(self, value):
+      self.value = value
+
+  values.register_wrapper(Hidden, lambda h: ((), None), lambda s, inner: s)
+  x = jnp.ones(2)
+  try:
+    jcc.enable(verify=True)
+    outs = []
+    for i in range(8):
+      h = Hidden(float(i))
+      outs.append(STOCK_JIT(lambda v: v * h.value)(x))
+  finally:
+    values.unregister_wrapper(Hidden)
+  got = [float(o[0]) for o in outs]
+  assert got == [float(i) for i in range(8)], got
+  assert jcc.stats()["verify_mismatches"] == 1
 
 
 def test_verify_mode_costs_nothing_when_off():

@@ -114,7 +114,8 @@ class MissStages:
       return result
     code = code_of(self._user())
     if code is not None:   # its later objects are stock's, never stored again
-      entries.unliftable.add(code)
+      entries.unliftable.add(code)   # nor answered by a shared trace
+      trace_lookup.closure_cache.unshared_codes.add(code)
     self._own()
     with trace_lookup.unshared():
       return self.stock()(*args, **kwargs)

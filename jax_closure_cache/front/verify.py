@@ -106,6 +106,39 @@ def check_hit(f, key, entry, leaves, args, kwargs, options: dict) -> bool:
   return diff is None
 
 
+def check_shared_answer(traced, fun, in_avals, debug_info, context, answer):
+  """Verify mode for the trace lookup: ``answer``, a trace shared by
+  ``fun``'s key (no trace of ``fun`` itself), against stock's own trace
+  of ``fun`` (``traced``, uncached: every trace-time side effect stock
+  has). The answer where they compute the same; else stock's trace (or
+  its exception), the mismatch counted and logged, and the code's later
+  functions traced as usual (``closure_cache.unshared_codes``)."""
+  with _compat.oracle_muted():
+    try:
+      stock = traced(fun, in_avals, debug_info, *context)
+    except Exception as e:   # stock's trace raises where the answer did not
+      _shared_mismatch(fun, f"stock's trace raises {type(e).__name__}: {e}")
+      raise
+  diff = compare.first_difference(stock[0], answer[0], [])
+  cache.count_verified(diff is None)
+  if diff is None:
+    return answer
+  _shared_mismatch(fun, diff, counted=True)
+  return stock
+
+
+def _shared_mismatch(fun, diff: str, counted: bool = False) -> None:
+  if not counted:
+    cache.count_verified(False)
+  code = getattr(getattr(fun, "func", fun), "__code__", None)
+  if code is not None:
+    trace_lookup.closure_cache.unshared_codes.add(code)
+  _log_mismatch(fun, "a trace shared by its closure key", diff)
+
+
+trace_lookup.closure_cache.shared_answer_checks.append(check_shared_answer)
+
+
 class CheckedCanonical:
   """Verify mode's view of the canonical stock object another function
   object of ``fun``'s key owns (``front/canonical.py``): each call is

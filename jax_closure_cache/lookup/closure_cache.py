@@ -82,6 +82,16 @@ trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 #: trace.
 conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
+#: Codes whose functions are traced as usual from now on, never answered by
+#: a shared trace: verify mode found an answer of theirs that was not
+#: stock's (here or at the front's hit).
+unshared_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "closure_cache.unshared_codes", cache.Store.TRACES, weakref.WeakSet)
+#: Verify mode's check of a shared answer, set by the front (which owns the
+#: oracle): ``check(traced, fun, in_avals, debug_info, context, answer)``
+#: gives the answer to use (stock's own trace on a mismatch).
+shared_answer_checks: list = _STORE.table(
+    "closure_cache.shared_answer_checks", cache.Store.REGISTRY, list)
 
 
 def is_shared(closed_jaxpr: _trace.ClosedJaxpr) -> bool:
@@ -101,6 +111,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       or getattr(fun, "__code__", None) in own_codes
       # a shared trace's arrays are arguments: transfers stock never makes
       or _lowering.transfers_guarded()
+      or _code(fun) in unshared_codes
       or (type(fun) is types.FunctionType and fun.__closure__ is None
           and closure_key.active_rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
@@ -114,6 +125,10 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   answer, share = _lookup(traced, fun, in_avals, debug_info,
                           context_for_cache_key, sig)
+  if answer is not None and shared_answer_checks and cache.verifying():
+    # verify mode: a shared answer skips stock's trace of ``fun``
+    answer = shared_answer_checks[0](traced, fun, in_avals, debug_info,
+                                     context_for_cache_key, answer)
   _compat.monitoring_module.record_event("/jax/closure_cache/miss" if answer is None
                           else "/jax/closure_cache/hit")
   if answer is None:
