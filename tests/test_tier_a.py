@@ -8,6 +8,7 @@ stock does; only lowering and compiling are shared.
 """
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -20,7 +21,8 @@ import pytest
 
 import jax_closure_cache as jcc
 from conftest import (
-    counting, counts_side_effects, same_as_stock, stock_off)
+    STOCK_JIT, counting, counts_side_effects, needs_trace_lookup,
+    same_as_stock, stock_off)
 
 LOG = logging.getLogger("tier_a_test")
 
@@ -831,3 +833,41 @@ def test_outputs_keep_the_sharding_stock_names_on_a_one_device_mesh():
   jcc.enable(closure_key=False)
   for _ in range(2):
     assert run() == want
+
+
+
+@needs_trace_lookup
+def test_remat3_checkpoints_are_keyed_by_their_state():
+  """Under ``jax_remat3`` a checkpoint is a hijax primitive object per
+  trace (``VJPHiPrimitive`` on jax 0.10, ``HiPrim`` on 0.11), keyed by
+  its class and whole state, never by its own ``__eq__`` (which compares
+  the jaxpr it holds by identity): the trace lookup's shared answers and
+  tier A's lowerings of re-created checkpointed closures are stock's in
+  verify mode, where a key by ``__eq__`` made every shared trace a
+  mismatch."""
+  saved = jax.config.jax_remat3
+  jax.config.update("jax_remat3", True)
+  try:
+    def step(i):
+      x = jnp.full((5,), float(i + 1))
+
+      @functools.partial(jax.checkpoint,
+                         policy=jax.checkpoint_policies.checkpoint_dots)
+      def f(w):
+        return jax.lax.cond(x.sum() > 0, lambda x: jnp.sin(jnp.dot(x, w)),
+                            lambda x: x, x)
+      w = jnp.ones((5, 5))
+      return [np.asarray(STOCK_JIT(f)(w)),
+              np.asarray(STOCK_JIT(jax.grad(lambda w: f(w).sum()))(w))]
+
+    want = stock_off(lambda: [step(i % 3) for i in range(6)])
+    jcc.enable(verify=True)
+    got = [step(i % 3) for i in range(6)]
+    for g, w in zip(got, want):
+      for a, b in zip(g, w):
+        np.testing.assert_array_equal(a, b)
+    stats = jcc.stats()
+    assert stats["shared_traces"] > 0 and stats["verified"] > 0
+    assert stats["verify_mismatches"] == 0
+  finally:
+    jax.config.update("jax_remat3", saved)

@@ -179,12 +179,16 @@ def _hi_prim_class():
     from jax._src import hijax
   except ImportError:   # a release without hijax primitives
     return None
-  return getattr(hijax, "HiPrim", None)
+  # (``HiPrim`` on 0.11; ``VJPHiPrimitive`` on 0.10, whose subclasses
+  # carry ``jax_remat3``'s checkpoints, ``vmap``'s and custom rules')
+  return (getattr(hijax, "HiPrim", None)
+          or getattr(hijax, "VJPHiPrimitive", None))
 
 
 #: the base class of the objects a ``call_hi_primitive`` equation holds as
 #: its ``_prim`` parameter (a ``custom_root``'s, a ``scan``'s on newer
-#: releases): made afresh by every trace; None where JAX has none
+#: releases, a checkpoint's under ``jax_remat3``): made afresh by every
+#: trace; None where JAX has none
 HI_PRIM = _hi_prim_class()
 
 
