@@ -720,10 +720,15 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
               x.astype(jnp.complex64) / (1j * eps), x < table, x // table)
     return f
 
+  # (a jax array the closure key lifts is an argument of its entry: one
+  # holding a subnormal is a documented difference of tier B's)
+  kinds = (np.float32,) if closure_key else (np.float32, jnp.float32)
+
   def run():
     outs = []
     for eps in (1e-3, 1e-40, 2e-40, 1e-5, 1e-40, 3e-3):
-      for table in (np.float32([eps, 1.0]), jnp.float32([eps, 2.0])):
+      for kind in kinds:
+        table = kind([eps, 1.0])
         outs.append(_bits(jax.jit(make(eps, table))(mask)))
     return outs
 
