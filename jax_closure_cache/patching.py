@@ -86,10 +86,6 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   watch = trace_lookup.closure_cache.state_watch
   points += _compat.trace.concreteness_patch_points(
       watch.asked, watch.watching, _compat.library_or_own_code)
-  # an option deciding what stock does beside the computation retires the
-  # answers checked under its old value
-  from jax_closure_cache._compat import lowering as compat_lowering
-  points += compat_lowering.option_hook_points(entrance.retire_shared_answers)
   # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable

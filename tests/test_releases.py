@@ -151,23 +151,3 @@ def test_jaxpr_keys_on_either_jaxpr_class_shape():
   closed = jax.make_jaxpr(lambda v: v * w)(jnp.ones(3))
   a = closure.analyse(lambda: closed)
   assert len(a.leaves) == 1 and a.leaves[0] is closed.consts[0]
-
-
-def test_option_hooks_are_found_by_feature(monkeypatch):
-  """The options that retire stored answers (a warning of captured
-  constants, ``debug_nans``, ``debug_infs``) are watched through their
-  update hooks where the running jax's config states have them; where one
-  has none, no hook is installed (and nothing is half-installed)."""
-  from jax_closure_cache._compat import lowering
-  calls = []
-  points = lowering.option_hook_points(lambda: calls.append(1))
-  assert len(points) == 2 * len(lowering._ANSWER_OPTIONS) == 6
-  state, attr, hook = points[0]
-  hook(getattr(state, "value"))   # calls the hook it replaces, then ours
-  assert calls == [1]
-
-  class _NoHooks:
-    value = None
-  monkeypatch.setattr(lowering, "_ANSWER_OPTIONS",
-                      (*lowering._ANSWER_OPTIONS[:1], _NoHooks()))
-  assert lowering.option_hook_points(lambda: None) == []

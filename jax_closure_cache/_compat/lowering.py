@@ -391,39 +391,6 @@ def transfers_allowed():
   return _config.transfer_guard_host_to_device("allow")
 
 
-#: The options that decide what stock's lowering or call does beside the
-#: computation: it warns of the constants a trace captured
-#: (``jax_captured_constants_warn_bytes``), it re-runs a computation that
-#: gives a NaN or an inf op by op (``jax_debug_nans``, ``jax_debug_infs``).
-#: An answer stored under one value of theirs was checked under that value.
-_ANSWER_OPTIONS = tuple(
-    getattr(_config, name) for name in (
-        "captured_constants_warn_bytes", "debug_nans", "debug_infs")
-    if hasattr(_config, name))
-_OPTION_HOOKS = ("_update_global_hook", "_update_thread_local_hook")
-
-
-def option_hook_points(changed) -> list:
-  """``(state, hook attribute, hook)`` for each of those options' update
-  hooks (``jax.config.update`` and a thread's context manager call them):
-  each calls the hook it replaces, then ``changed()``. The patch registry
-  installs and restores them; none where the running jax's options have no
-  such hooks."""
-  if not all(hasattr(state, attr) for state in _ANSWER_OPTIONS
-             for attr in _OPTION_HOOKS):
-    return []
-  return [(state, attr, _then(getattr(state, attr), changed))
-          for state in _ANSWER_OPTIONS for attr in _OPTION_HOOKS]
-
-
-def _then(hook, changed):
-  def on_update(value):
-    if hook is not None:
-      hook(value)
-    changed()
-  return on_update
-
-
 def checks_nans_or_infs() -> bool:
   """Whether ``jax_debug_nans`` or ``jax_debug_infs`` is on: a computation
   that gives one is re-run by JAX op by op, which reports as it goes."""

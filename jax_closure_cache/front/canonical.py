@@ -161,7 +161,3 @@ def _copy_function(f: types.FunctionType) -> types.FunctionType:
   return g
 
 
-def forget() -> None:
-  """Drop every shared canonical object (``entrance.retire_shared_answers``):
-  a new function object gets a new one; objects answered keep theirs."""
-  _store.clear()

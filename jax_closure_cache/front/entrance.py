@@ -23,14 +23,12 @@ from typing import Any, Callable
 from jax_closure_cache import _compat
 from jax_closure_cache import events
 from jax_closure_cache.front import canonical
-from jax_closure_cache.front import entries
 from jax_closure_cache.front import generated
 from jax_closure_cache.front import inline
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import static_args
 from jax_closure_cache.front import wrapper
 from jax_closure_cache.key import closure
-from jax_closure_cache.lookup import trace_lookup
 
 _new_wrapper = object.__new__
 _FunctionType = types.FunctionType
@@ -156,20 +154,3 @@ def eval_shape(fun, *args, **kwargs):
   if isinstance(fun, _ClosureJitted):
     return fun.trace(*args, **kwargs).out_info
   return _compat.STOCK_EVAL_SHAPE(fun, *args, **kwargs)
-
-
-def retire_shared_answers() -> None:
-  """Stop every stored answer serving a new function object: the front's
-  entries, their matchers and front classes, the canonical objects, and
-  the trace lookup's shared traces. Called when an option deciding what
-  stock does beside the computation changes (``_compat.lowering``'s
-  ``option_hook_points``: a warning of captured constants, ``debug_nans``'
-  op-by-op re-run), as those answers were checked under its old value.
-  Rows stay: a function object already answered keeps its answer, as
-  stock keeps its executable of it."""
-  entries.retire()
-  for table in (inline.quick, inline.canonical_quick, inline.fronts,
-                inline.client_fronts):
-    table.clear()
-  canonical.forget()
-  trace_lookup.closure_cache.traces.clear()

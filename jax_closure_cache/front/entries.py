@@ -168,28 +168,6 @@ class Entry(cache.Entry):
       self._swept = self.record.front
 
 
-class _Retired:
-  """The guard of a retired entry: it never holds (:func:`retire`)."""
-  __slots__ = ()
-
-  def holds(self) -> bool:
-    return False
-
-
-_RETIRED = _Retired()
-
-
-def retire() -> None:
-  """Stop every stored entry answering a function object it has not
-  answered yet: each is dropped from the store and made to fail its guard
-  check (a generated front that still refers to one passes the call to the
-  generic path, which misses). Objects pinned to an entry keep calling it
-  (stock keeps its executable of each)."""
-  for entry in entries.values():
-    entry.guards = [_RETIRED]
-  entries.clear()
-
-
 def guarded_leaves(leaves):
   """``leaves`` for a call of an entry: as they are, unless a transfer
   guard is in force and one of them is a host array (a lifted NumPy
