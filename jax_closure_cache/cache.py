@@ -58,8 +58,9 @@ class LRUStore:
     self._lock = threading.Lock()
     self._bytes = 0   # the entries' nbytes, summed
     # (key, entry) pairs a weak reference's callback could not drop at once:
-    # the collector can run it while this thread holds the lock
-    self._pending: list = []
+    # the collector can run it while this thread holds the lock (a deque:
+    # appends and pops are atomic, so none is lost to a concurrent drain)
+    self._pending: collections.deque = collections.deque()
 
   def get(self, key) -> Any:
     """The entry for ``key`` or None. Raises TypeError if ``key`` is
@@ -167,8 +168,12 @@ class LRUStore:
     return held
 
   def _drain(self) -> None:
-    pending, self._pending = self._pending, []
-    for key, entry in pending:
+    pending = self._pending
+    for _ in range(len(pending)):   # (one still locked out goes back)
+      try:
+        key, entry = pending.popleft()
+      except IndexError:   # drained by another thread meanwhile
+        return
       self.discard_entry(key, entry)
 
   def clear(self) -> None:

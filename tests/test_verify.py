@@ -76,6 +76,41 @@ def test_a_stale_shared_trace_is_caught_and_answered_by_stock():
   assert jcc.stats()["verify_mismatches"] == 1
 
 
+@needs_trace_lookup
+def test_verify_mode_runs_a_body_once_per_object_as_stock():
+  """Verify mode checks the trace lookup's stored answers, not the one a
+  call has just traced lifted (that call ran the body already): every
+  function object's body runs once, as stock's trace runs it."""
+  import sys
+  x = jnp.ones(3)
+
+  def make(w):
+    def f(v):
+      return v * w
+    return f
+
+  def run():
+    runs = []
+    code = make(None).__code__
+
+    def profile(frame, event, arg):   # counts the body's runs unseen
+      if event == "call" and frame.f_code is code:
+        runs.append(1)
+    for i in range(6):
+      f = make(jnp.full((3,), float(i)))
+      sys.setprofile(profile)
+      try:
+        STOCK_JIT(f)(x)
+      finally:
+        sys.setprofile(None)
+    return len(runs)
+
+  want = stock_off(run)
+  jcc.enable(verify=True)
+  assert run() == want == 6
+  assert jcc.stats()["verified"] > 0
+
+
 def test_verify_mode_costs_nothing_when_off():
   """Off, the generated hit has no verify line and no check runs."""
   from jax_closure_cache.front import generated

@@ -44,6 +44,7 @@ from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
+_ArrayImpl = _compat.ArrayImpl
 
 _STORE = cache.STORE
 # (options key, closure key) -> Entry
@@ -177,9 +178,13 @@ def guarded_leaves(leaves):
   stock's does not. The generic hit and ``_call_entry`` read their leaves
   through it; a generated front's leaves are jax arrays by construction
   (its matchers take nothing else)."""
-  if not _lowering.transfers_guarded():
+  for x in leaves:   # (the guards' states are read only for a host leaf)
+    if type(x) is not _ArrayImpl:
+      break
+  else:
     return leaves
-  if all(isinstance(x, _JaxArray) for x in leaves):
+  if (all(isinstance(x, _JaxArray) for x in leaves)
+      or not _lowering.transfers_guarded()):
     return leaves
   with _lowering.transfers_allowed():
     return [x if isinstance(x, _JaxArray) else _compat.jax.device_put(x)

@@ -123,10 +123,11 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       if code is not None:
         conflated_codes.add(code)
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
-  answer, share = _lookup(traced, fun, in_avals, debug_info,
-                          context_for_cache_key, sig)
-  if answer is not None and shared_answer_checks and cache.verifying():
-    # verify mode: a shared answer skips stock's trace of ``fun``
+  answer, share, stored = _lookup(traced, fun, in_avals, debug_info,
+                                  context_for_cache_key, sig)
+  if stored and shared_answer_checks and cache.verifying():
+    # verify mode: a stored answer skips stock's trace of ``fun`` (one
+    # traced lifted just now ran its body: it is this call's trace)
     answer = shared_answer_checks[0](traced, fun, in_avals, debug_info,
                                      context_for_cache_key, answer)
   _compat.monitoring_module.record_event("/jax/closure_cache/miss" if answer is None
@@ -285,28 +286,31 @@ def signature(in_avals, debug_info, ctx) -> tuple:
 
 
 def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
-  """``(answer, None)``, or ``(None, share)``: trace as usual, then share."""
+  """``(answer, None, stored)``, or ``(None, share, False)``: trace as
+  usual, then share. ``stored``: the answer was stored before this call
+  (else it was traced, lifted, by this call)."""
   found = find(fun, sig)
   if found is None:
-    return None, None
+    return None, None, False
   key, leaves, anchors, shared = found
   try:   # what this answer reads, for a later answer of JAX's own cache
     _answered_keys[fun] = key[1]
   except TypeError:
     pass
   if not leaves:
-    return (None, (key, leaves, anchors)) if shared is None else (
-        shared.answer, None)
+    return ((None, (key, leaves, anchors), False) if shared is None
+            else (shared.answer, None, True))
   if shared is None and (first_object(fun, _code(fun))   # as usual
       | (not met_before(key))):   # lifted only for a key met again
-    return None, None
+    return None, None, False
+  stored = shared is not None
   shared = trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                         debug_info, ctx)
   if shared is None:
-    return None, None
+    return None, None, False
   closed = _trace.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves])
   _closings[closed] = shared.jaxpr
-  return (closed, shared.out_avals), None
+  return (closed, shared.out_avals), None, stored
 
 
 def _code(fun):   # a function's code, or its partial's function's
