@@ -363,25 +363,24 @@ def holds_subnormal(c) -> bool:
     return False
 
 
-_TRANSFER_GUARDS = tuple(
-    getattr(_config, name) for name in (
-        "transfer_guard_host_to_device", "transfer_guard_device_to_device",
-        "transfer_guard_device_to_host") if hasattr(_config, name))
+_HOST_TO_DEVICE_GUARD = getattr(_config, "transfer_guard_host_to_device",
+                                None)
 
 
 def transfers_guarded() -> bool:
-  """Whether a transfer guard other than ``"allow"`` is in force, in any
-  direction (``jax.transfer_guard``, its config options, flag or
-  environment variable; thread-local contexts included): the transfers
-  the package makes where stock's baked constants make none (a lifted
-  NumPy array, tier A's constants and literals passed as arguments), and
-  those it spares where stock makes them (eager control flow's static
-  bounds), would be logged or refused otherwise than stock's."""
-  for state in _TRANSFER_GUARDS:
-    level = state.value
-    if level is not None and level != "allow":
-      return True
-  return False
+  """Whether a host-to-device transfer guard other than ``"allow"`` is in
+  force (``jax.transfer_guard``, its config options, flag or environment
+  variable; thread-local contexts included): the transfers the package
+  makes where stock's baked constants make none (a lifted NumPy array,
+  tier A's constants and literals passed as arguments), and those it
+  spares where stock makes them (eager control flow's static Python
+  bounds), would be logged or refused otherwise than stock's. (Those are
+  all host-to-device: a device array the package passes is where stock's
+  computation reads it.)"""
+  if _HOST_TO_DEVICE_GUARD is None:   # a release without guards
+    return False
+  level = _HOST_TO_DEVICE_GUARD.value
+  return level is not None and level != "allow"
 
 
 def transfers_allowed():
