@@ -349,18 +349,26 @@ def holds_subnormal(c) -> bool:
   if type(c) in (float, complex):
     return any(0 < abs(p) < smallest_normal(np.float64)
                for p in (c.real, c.imag))
+  a = _inexact_values(c)
+  if a is None:
+    return False
+  tiny = smallest_normal(c.dtype)
+  parts = (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+  return any(bool(((p != 0) & (np.abs(p) < tiny)).any()) for p in parts)
+
+
+def _inexact_values(c):
+  """A constant's values as a NumPy array of a floating or complex type
+  (bfloat16 and float8 as float32, which holds them), or None: not of such
+  a type, or its values cannot be read."""
   dtype = getattr(c, "dtype", None)
   if dtype is None or not inexact_dtype(dtype):
-    return False
+    return None
   try:
-    tiny = smallest_normal(dtype)
     a = np.asarray(c)
-    if a.dtype.kind not in "fc":   # bfloat16, float8: as float32 holds them
-      a = a.astype(np.float32)
-    parts = (a.real, a.imag) if a.dtype.kind == "c" else (a,)
-    return any(bool(((p != 0) & (np.abs(p) < tiny)).any()) for p in parts)
+    return a if a.dtype.kind in "fc" else a.astype(np.float32)
   except Exception:
-    return False
+    return None
 
 
 _HOST_TO_DEVICE_GUARD = getattr(_config, "transfer_guard_host_to_device",
@@ -480,16 +488,8 @@ def holds_nan(c) -> bool:
   error (False where the values cannot be read)."""
   if type(c) in (float, complex):
     return c != c
-  dtype = getattr(c, "dtype", None)
-  if dtype is None or not inexact_dtype(dtype):
-    return False
-  try:
-    a = np.asarray(c)
-    if a.dtype.kind not in "fc":   # bfloat16, float8: as float32
-      a = a.astype(np.float32)
-    return bool(np.isnan(a).any())
-  except Exception:
-    return False
+  a = _inexact_values(c)
+  return a is not None and bool(np.isnan(a).any())
 
 
 def scan_groups(params) -> tuple[int, int] | None:

@@ -120,16 +120,15 @@ def check_shared_answer(traced, fun, in_avals, debug_info, context, answer):
       _shared_mismatch(fun, f"stock's trace raises {type(e).__name__}: {e}")
       raise
   diff = compare.first_difference(stock[0], answer[0], [])
-  cache.count_verified(diff is None)
   if diff is None:
+    cache.count_verified(True)
     return answer
-  _shared_mismatch(fun, diff, counted=True)
+  _shared_mismatch(fun, diff)
   return stock
 
 
-def _shared_mismatch(fun, diff: str, counted: bool = False) -> None:
-  if not counted:
-    cache.count_verified(False)
+def _shared_mismatch(fun, diff: str) -> None:
+  cache.count_verified(False)
   code = getattr(getattr(fun, "func", fun), "__code__", None)
   if code is not None:
     trace_lookup.closure_cache.unshared_codes.add(code)
