@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 import jax_closure_cache as jcc
 from conftest import (
@@ -915,3 +916,63 @@ def test_remat3_checkpoints_are_keyed_by_their_state():
     assert stats["verify_mismatches"] == 0
   finally:
     jax.config.update("jax_remat3", saved)
+
+
+@needs_trace_lookup
+@counts_side_effects
+@pytest.mark.skipif(not hasattr(jax.config, "jax_custom_vjp3"),
+                    reason="a release without hijax custom_vjp")
+def test_hijax_custom_vjp_rules_run_as_stock_and_verify_agrees():
+  """Under ``jax_custom_vjp3`` a ``custom_vjp`` application is a hijax
+  primitive holding its primal function's ``stages.Traced``, a fwd wrapper
+  made by the trace and the user's ``bwd``. JAX runs those rules when it
+  differentiates a trace holding the primitive, so such a trace is never
+  shared: a re-made ``custom_vjp`` whose ``bwd`` logs at trace time logs
+  to its own list, as stock's does (a shared trace ran the first object's
+  ``bwd``), and verify mode has no shared trace to report (it reported
+  every shared checkpoint of one ``custom_vjp`` as a mismatch, reading
+  the per-trace wrapper by identity)."""
+  saved = jax.config.jax_remat3, jax.config.jax_custom_vjp3
+  jax.config.update("jax_remat3", True)
+  jax.config.update("jax_custom_vjp3", True)
+  try:
+    def rules(scale, log):
+      sin = jax.custom_vjp(lambda _, x: scale * jnp.sin(x),
+                           nondiff_argnums=(0,))
+
+      def fwd(_, x):
+        return scale * jnp.sin(x), checkpoint_name(jnp.cos(x), "cos")
+
+      def bwd(_, cos_x, g):
+        log.append(scale)   # a trace-time write: each object's own list
+        return (scale * cos_x * g,)
+      sin.defvjp(fwd, bwd)
+      return sin
+
+    shared = rules(1.0, [])
+
+    def step(i):
+      policy = jax.checkpoint_policies.save_only_these_names("cos")
+      x = jnp.arange(3.0) + i
+      log = []
+      out = []
+      for sin in (shared, rules(float(i % 2 + 2), log)):
+        f = jax.remat(functools.partial(sin, "hi"), policy=policy)
+        y, f_vjp = jax.vjp(f, x)
+        out += [np.asarray(y), np.asarray(f_vjp(jnp.ones(3))[0]),
+                np.asarray(jax.grad(STOCK_JIT(lambda v: f(v).sum()))(x))]
+      return out, log
+
+    want = stock_off(lambda: [step(i % 2) for i in range(6)])
+    for verify in (False, True):   # the logs, then verify's comparison
+      jcc.disable()
+      jcc.enable(verify=verify)
+      got = [step(i % 2) for i in range(6)]
+      for (g, g_log), (w, w_log) in zip(got, want):
+        assert verify or g_log == w_log
+        for a, b in zip(g, w):
+          np.testing.assert_array_equal(a, b)
+    assert jcc.stats()["verify_mismatches"] == 0
+  finally:
+    jax.config.update("jax_remat3", saved[0])
+    jax.config.update("jax_custom_vjp3", saved[1])

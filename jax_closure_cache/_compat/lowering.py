@@ -192,6 +192,17 @@ def _hi_prim_class():
 HI_PRIM = _hi_prim_class()
 
 
+def _traced_class():
+  from jax._src import stages
+  traced = getattr(stages, "Traced", None)
+  return traced if isinstance(getattr(traced, "jaxpr", None), property) else None
+
+
+#: ``jax.stages.Traced``, whose ``jaxpr`` a hijax primitive's trace of its
+#: function holds; None on a release without it
+TRACED = _traced_class()
+
+
 def defined_by_jax(cls) -> bool:
   """Whether ``cls`` is defined in a module loaded from jax's or jaxlib's
   own folder (decided by where the module was loaded from, never by a
@@ -290,12 +301,39 @@ def _holds_callable(p, depth: int) -> bool:
             or not p.__code__.co_filename.startswith(_JAX_ROOTS))
   if isinstance(p, (types.MethodType, functools.partial)):
     return True
+  if HI_PRIM is not None and isinstance(p, HI_PRIM):
+    return _hi_prim_calls_user_code(p, depth)
   if isinstance(p, type) or not callable(p):
     return False
   # JAX's own callable values (a mesh, a sharding) run nothing of the
   # user's; its callback wrappers hold the user's function
   return (not defined_by_jax(type(p))
           or getattr(p, "callback_func", None) is not None)
+
+
+def _hi_prim_calls_user_code(prim, depth: int) -> bool:
+  """Whether a hijax primitive object (a ``custom_vjp``'s under
+  ``jax_custom_vjp3``, a checkpoint's under ``jax_remat3``) holds a rule
+  reaching a user's function (JAX runs it when it transforms the trace
+  holding the object: the user's ``fwd``/``bwd``, a user's checkpoint
+  policy), or a trace whose jaxpr calls a callable when it runs."""
+  if depth > 64:
+    return False
+  return any(_state_calls(v, depth + 1) for v in vars(prim).values())
+
+
+def _state_calls(v, depth: int) -> bool:
+  if isinstance(v, (ClosedJaxpr, Jaxpr)):
+    return runtime_callable(v, depth) is not None
+  if TRACED is not None and type(v) is TRACED:
+    return runtime_callable(v.jaxpr, depth) is not None
+  if isinstance(v, (tuple, list)):
+    return any(_state_calls(x, depth) for x in v)
+  if isinstance(v, dict):
+    return any(_state_calls(x, depth) for x in v.values())
+  if HI_PRIM is not None and isinstance(v, HI_PRIM):
+    return _hi_prim_calls_user_code(v, depth)
+  return callable(v) and not isinstance(v, type) and _reaches_user_code(v, 4)
 
 
 from jax._src import dtypes as _dtypes   # noqa: E402
