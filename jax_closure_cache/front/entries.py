@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import types
 import weakref
@@ -98,6 +99,25 @@ class JitWrapper:
   """What the package's jit wrappers have in common: ``_fun``, the callable
   they wrap (``ClosureJitted`` and its kinds derive from it)."""
   __slots__ = ()
+
+
+def code_of(fun) -> types.CodeType | None:
+  """The code object of a function, partial, bound method, callable object
+  or one of the package's jit wrappers (None for anything else)."""
+  while True:
+    if isinstance(fun, types.FunctionType):
+      return fun.__code__
+    if isinstance(fun, functools.partial):
+      fun = fun.func
+    elif isinstance(fun, types.MethodType):
+      fun = fun.__func__
+    elif isinstance(fun, JitWrapper):
+      fun = getattr(fun, "__wrapped__", None)   # the wrapped function
+    else:
+      method = closure.as_method(fun)   # a callable object's __call__
+      if method is None:
+        return None
+      fun = method
 
 
 @contextlib.contextmanager

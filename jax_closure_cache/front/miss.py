@@ -11,7 +11,6 @@ is one ``events`` call (counted and explained together).
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 import types
 import warnings
@@ -20,6 +19,7 @@ from jax_closure_cache import _compat
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
+from jax_closure_cache.front.entries import code_of
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
@@ -31,25 +31,6 @@ from jax_closure_cache.key import trees as key_trees
 from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
-
-
-def code_of(fun) -> types.CodeType | None:
-  """The code object of a function, partial, bound method, callable object
-  or one of the package's jit wrappers (None for anything else)."""
-  while True:
-    if isinstance(fun, types.FunctionType):
-      return fun.__code__
-    if isinstance(fun, functools.partial):
-      fun = fun.func
-    elif isinstance(fun, types.MethodType):
-      fun = fun.__func__
-    elif isinstance(fun, entries.JitWrapper):
-      fun = getattr(fun, "__wrapped__", None)   # the wrapped function
-    else:
-      method = closure.as_method(fun)   # a callable object's __call__
-      if method is None:
-        return None
-      fun = method
 
 
 @contextlib.contextmanager

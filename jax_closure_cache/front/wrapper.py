@@ -59,7 +59,7 @@ _ref = identity.ref
 _getweakrefcount = identity.getweakrefcount
 _FunctionType = types.FunctionType
 _quick = inline.quick
-code_of = miss.code_of
+code_of = entries.code_of
 
 
 # A direct wrapper's ``__call__`` (``ClosureJitted._go_direct``): its stock
