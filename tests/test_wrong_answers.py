@@ -20,7 +20,8 @@ import pytest
 
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
-from conftest import STOCK_JIT, counting, counts_side_effects, stock_off
+from conftest import (
+    STOCK_JIT, counting, counts_side_effects, replay_like_stock, stock_off)
 
 
 _stock = stock_off
@@ -529,3 +530,75 @@ def test_an_error_tracing_a_new_signature_on_a_hit_is_stocks(path):
       run(seed)
   for seed in [1, 2, 3, 1, 2, 3]:   # replayed: hits from the fourth call
     assert run(seed) == _stock(run, seed), seed
+
+
+_LATER_RULES = '''
+import jax
+import jax.numpy as jnp
+from jax import custom_batching
+
+
+def make_callback(log):
+  return lambda v: log.append(float(v.sum()))
+
+
+def make_custom_vjp(log):
+  @jax.custom_vjp
+  def h(v):
+    return jnp.sin(v)
+
+  def bwd(r, c):
+    log.append("bwd")   # runs when JAX differentiates the trace
+    return (c * jnp.cos(r),)
+  h.defvjp(lambda v: (jnp.sin(v), v), bwd)
+  return h
+
+
+def make_custom_vmap(scale, log):
+  @custom_batching.custom_vmap
+  def f(x):
+    return scale * jnp.sin(x)
+
+  @f.def_vmap
+  def rule(axis_size, in_batched, xs):
+    log.append(scale)   # runs when JAX batches the trace
+    return scale * jnp.cos(xs), in_batched[0]
+  return f
+
+
+def step(i, x, xs):
+  global cb, h, f
+  logs = [], [], []
+  cb = make_callback(logs[0])
+  a = jax.jit(lambda v: jax.debug.callback(cb, v) or v * 2)(x)
+  jax.effects_barrier()
+  h = make_custom_vjp(logs[1])
+  b = jax.grad(jax.jit(lambda v: h(v).sum()))(x)
+  f = make_custom_vmap(float(i % 2 + 1), logs[2])
+  c = jax.vmap(jax.jit(lambda v: f(v) + 1.0))(xs)
+  return [a, b, c], logs
+'''
+
+
+@counts_side_effects
+def test_callables_a_closure_free_function_reaches_run_for_its_own_object():
+  """Closure-free functions reading a global rebound per step to a fresh
+  callback, ``custom_vjp`` or ``custom_vmap`` (each logging to its own
+  list): the canonical stock object of their code would answer later
+  objects from its cached trace, which holds the first object's callable
+  (the callback logged to the first list; the later rules never ran). A
+  code whose stock trace holds a callable JAX runs later gets no shared
+  stock object, so every object logs to its own list, as stock's."""
+  module = types.ModuleType("later_rules")
+  exec(compile(_LATER_RULES, "<later_rules>", "exec"), module.__dict__)
+  x, xs = jnp.arange(3.0), jnp.ones((4, 3))
+
+  def run():
+    got, logs = [], []
+    for i in range(5):
+      arrays, step_logs = module.step(i, x, xs)
+      got += arrays
+      logs.append(step_logs)
+    return got, logs
+
+  replay_like_stock(run)

@@ -21,6 +21,7 @@ from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import effects as _effects
 from jax._src import pjit as _pjit
+from jax._src import linear_util as _linear_util
 from jax._src import util as _util
 from jax._src.tree_util import tree_structure as jax_tree_structure
 from jax._src.interpreters import partial_eval as _pe
@@ -191,6 +192,9 @@ def _hi_prim_class():
 #: trace; None where JAX has none
 HI_PRIM = _hi_prim_class()
 
+#: a transformation's function JAX runs later (a ``custom_lin``'s ``bwd``)
+_WrappedFun = _linear_util.WrappedFun
+
 
 def _traced_class():
   from jax._src import stages
@@ -262,29 +266,53 @@ def runtime_callable(jaxpr, depth: int = 0) -> str | None:
 
 
 def _reaches_user_code(f, depth: int) -> bool:
-  """Whether a rule parameter (a ``WrappedFun`` or a function) is or wraps,
-  through cells, a function whose code lies outside jax's folders."""
-  inner = getattr(f, "f", None)   # a linear_util.WrappedFun
-  if inner is not None and not isinstance(f, types.FunctionType):
-    f = inner
+  """Whether a rule (a function, a ``WrappedFun``, a ``partial``, a
+  callable object of jax's such as ``custom_vmap``'s ``ClosedRule``) is
+  or holds, through cells, arguments and attributes, a function whose
+  code lies outside jax's folders or a callable object of a class outside
+  them."""
   if isinstance(f, functools.partial):
-    f = f.func
-  if not isinstance(f, types.FunctionType):
-    return callable(f) and not defined_by_jax(type(f))
-  if not f.__code__.co_filename.startswith(_JAX_ROOTS):
+    held = (f.func, *f.args, *f.keywords.values())
+  elif isinstance(f, types.FunctionType):
+    if not f.__code__.co_filename.startswith(_JAX_ROOTS):
+      return True
+    # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
+    held = (*_filled_cells(f), *f.__dict__.values())
+  elif not defined_by_jax(type(f)):
     return True
-  if depth <= 0:
-    return False
+  else:   # an object of jax's: what its attributes hold
+    held = _attribute_values(f)
+  return depth > 0 and any(_reaches_user_code(v, depth - 1)
+                           for v in held if _rule_like(v))
+
+
+def _rule_like(v) -> bool:
+  return not isinstance(v, type) and (
+      callable(v) or isinstance(v, _WrappedFun))
+
+
+def _filled_cells(f) -> list:
+  values = []
   for cell in f.__closure__ or ():
     try:
-      v = cell.cell_contents
+      values.append(cell.cell_contents)
     except ValueError:   # an empty cell
-      continue
-    if (isinstance(v, (types.FunctionType, functools.partial))
-        or getattr(v, "f", None) is not None) and _reaches_user_code(
-            v, depth - 1):
-      return True
-  return False
+      pass
+  return values
+
+
+def _attribute_values(obj) -> list:
+  """An object's attribute values: its ``__dict__``'s and its slots'."""
+  values = list(getattr(obj, "__dict__", {}).values())
+  for cls in type(obj).__mro__:
+    slots = cls.__dict__.get("__slots__", ())
+    for name in (slots,) if isinstance(slots, str) else slots:
+      if name not in ("__dict__", "__weakref__"):
+        try:
+          values.append(getattr(obj, name))
+        except AttributeError:   # an unset slot
+          pass
+  return values
 
 
 def _holds_callable(p, depth: int) -> bool:
@@ -303,12 +331,18 @@ def _holds_callable(p, depth: int) -> bool:
     return True
   if HI_PRIM is not None and isinstance(p, HI_PRIM):
     return _hi_prim_calls_user_code(p, depth)
+  if isinstance(p, _WrappedFun):
+    # a rule JAX runs when it transforms the trace (``custom_lin``'s
+    # ``bwd``, a linearized ``custom_vjp``'s): of the user's or not
+    return _reaches_user_code(p, 4)
   if isinstance(p, type) or not callable(p):
     return False
   # JAX's own callable values (a mesh, a sharding) run nothing of the
-  # user's; its callback wrappers hold the user's function
+  # user's; its callback wrappers and rule objects (``custom_vmap``'s)
+  # hold the user's function
   return (not defined_by_jax(type(p))
-          or getattr(p, "callback_func", None) is not None)
+          or getattr(p, "callback_func", None) is not None
+          or _reaches_user_code(p, 4))
 
 
 def _hi_prim_calls_user_code(prim, depth: int) -> bool:
@@ -333,7 +367,7 @@ def _state_calls(v, depth: int) -> bool:
     return any(_state_calls(x, depth) for x in v.values())
   if HI_PRIM is not None and isinstance(v, HI_PRIM):
     return _hi_prim_calls_user_code(v, depth)
-  return callable(v) and not isinstance(v, type) and _reaches_user_code(v, 4)
+  return _rule_like(v) and _reaches_user_code(v, 4)
 
 
 from jax._src import dtypes as _dtypes   # noqa: E402

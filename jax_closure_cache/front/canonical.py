@@ -62,8 +62,7 @@ def _known(fun, full_options_key):
     owned = row()
     if owned is not None:
       return owned
-  if (fun.__code__ in _trace_writers
-      or fun.__code__ in closure_cache.conflated_codes):
+  if _traced_apart(fun.__code__):
     return None
   for q in inline.canonical_quick.get(fun.__code__, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
@@ -75,6 +74,17 @@ def _known(fun, full_options_key):
                           identity.ref(found.jitted))
         return found.jitted
   return None
+
+
+def _traced_apart(code) -> bool:
+  """Whether each object of ``code`` is traced by its own stock object: a
+  trace of it wrote to state it reaches (a global object's attribute: a
+  shared object's later calls would skip that write), held a callable JAX
+  runs later (a callback, a custom rule: the shared object's cached trace
+  would run the first object's), or was called with pytree node data
+  JAX's caches compare by ``==``."""
+  return (code in _trace_writers or code in closure_cache.callable_codes
+          or code in closure_cache.conflated_codes)
 
 
 def canonical_jitted(fun: types.FunctionType, options: dict,
@@ -102,10 +112,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   if known is not None:
     return known
   code = fun.__code__
-  if code in _trace_writers or code in closure_cache.conflated_codes:
-    # a trace of this code wrote to state it reaches (a global object's
-    # attribute): a shared object's later calls would skip that write,
-    # where each new object's stock trace makes it
+  if _traced_apart(code):
     return None
   try:
     a = closure.analyse(fun, lift_numpy)

@@ -82,6 +82,12 @@ trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 #: trace.
 conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
+#: Codes a stock trace of which holds a callable JAX runs after the trace
+#: (a callback, a custom rule: ``runtime_callable``): no shared stock object
+#: of theirs is handed out, as its cached trace would run the first
+#: object's callable (its log, its state) for later objects.
+callable_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "closure_cache.callable_codes", cache.Store.TRACES, weakref.WeakSet)
 #: Codes whose functions are traced as usual from now on, never answered by
 #: a shared trace: verify mode found an answer of theirs that was not
 #: stock's (here or at the front's hit).
@@ -109,12 +115,14 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   """``traced(fun, ...)`` (uncached), or ``fun``'s key's shared trace."""
   if (options or type(fun) not in (types.FunctionType, functools.partial)
       or getattr(fun, "__code__", None) in own_codes
-      # a shared trace's arrays are arguments: transfers stock never makes
-      or _lowering.transfers_guarded()
-      or _code(fun) in unshared_codes
       or (type(fun) is types.FunctionType and fun.__closure__ is None
           and closure_key.active_rules[0].stable(fun))):
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
+  if (_lowering.transfers_guarded()   # a shared trace's arrays are
+      # arguments: transfers stock never makes
+      or _code(fun) in unshared_codes):
+    return _noting_callables(fun, traced(fun, in_avals, debug_info,
+                                         *context_for_cache_key))
   try:
     sig = signature(in_avals, debug_info, context_for_cache_key)
   except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError) as e:
@@ -122,7 +130,8 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       code = _code(fun)
       if code is not None:
         conflated_codes.add(code)
-    return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
+    return _noting_callables(fun, traced(fun, in_avals, debug_info,
+                                         *context_for_cache_key))
   answer, share, stored = _lookup(traced, fun, in_avals, debug_info,
                                   context_for_cache_key, sig)
   if stored and shared_answer_checks and cache.verifying():
@@ -151,6 +160,17 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
         trace_writers.add(code)
     elif share is not None:
       _share_answer(*share, answer)
+    _noting_callables(fun, answer)
+  return answer
+
+
+def _noting_callables(fun, answer):
+  """``answer``, a stock trace of ``fun``, its code added to
+  :data:`callable_codes` where it holds a callable JAX runs later."""
+  if _lowering.runtime_callable(answer[0]) is not None:
+    code = _code(fun)
+    if code is not None:
+      callable_codes.add(code)
   return answer
 
 
