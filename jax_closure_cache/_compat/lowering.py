@@ -279,11 +279,21 @@ def _reaches_user_code(f, depth: int) -> bool:
     # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
     held = (*_filled_cells(f), *f.__dict__.values())
   elif not defined_by_jax(type(f)):
-    return True
+    return not _stateless_builtin(f)
   else:   # an object of jax's: what its attributes hold
     held = _attribute_values(f)
   return depth > 0 and any(_reaches_user_code(v, depth - 1)
                            for v in held if _rule_like(v))
+
+
+def _stateless_builtin(f) -> bool:
+  """A module's builtin function (``operator.mul``, ``math.exp``) or a
+  NumPy ufunc: no user's code, no user's state (a builtin method bound to
+  a user's object, ``log.append``, is the user's)."""
+  if isinstance(f, np.ufunc):
+    return True
+  return isinstance(f, types.BuiltinFunctionType) and (
+      f.__self__ is None or isinstance(f.__self__, types.ModuleType))
 
 
 def _rule_like(v) -> bool:
