@@ -4,6 +4,7 @@
 launchers) share one trace per closure key; results equal stock's with the
 cache off on a fresh function object."""
 
+import functools
 import gc
 import weakref
 
@@ -15,7 +16,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from conftest import (STOCK_JIT, assert_like_stock, counting,
-                      needs_trace_lookup, stock_off)
+                      needs_trace_lookup, same_as_stock, stock_off)
 
 pytestmark = needs_trace_lookup
 
@@ -452,3 +453,63 @@ def test_nested_functions_of_the_package_are_walked_as_a_users():
     counts.append((c["traces"], c["compiles"]))
     np.testing.assert_array_equal(out, np.full(3, float(i)) ** 2)
   assert counts[2:] == [(0, 0)] * 3, counts
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply_vjp(f, x):
+  return f(x)
+
+
+_apply_vjp.defvjp(lambda f, x: (f(x), x),
+                  lambda f, x, g: (jax.vjp(f, x)[1](g)[0],))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _apply_jvp(f, x):
+  return f(x)
+
+
+@_apply_jvp.defjvp
+def _apply_jvp_rule(f, primals, tangents):
+  return f(primals[0]), jax.jvp(f, primals, tangents)[1] * 3.0
+
+
+def _transformed_bodies(i):
+  """A closure over an array handed to custom rules inside control flow
+  under a transformation, and a ``custom_vmap`` whose rule closes over
+  one: JAX binds the transformed ``scan``/``cond`` eagerly with its
+  jaxpr, whose constants hold the array, as a parameter."""
+  w = jnp.arange(3.0) + i
+  f = lambda x: x * w
+  ones = jnp.ones(3)
+  out = [jax.grad(lambda x: jnp.sum(jax.lax.scan(
+      lambda c, _: (_apply_vjp(f, c), None), x, None, length=2)[0]))(ones)]
+  out.append(jax.jvp(lambda x: jax.lax.cond(
+      True, lambda c: _apply_jvp(f, c), lambda c: c, x), (ones,), (ones,))[1])
+
+  @jax.custom_batching.custom_vmap
+  def cf(x):
+    return x * w
+
+  @cf.def_vmap
+  def rule(axis_size, in_batched, xs):
+    return xs * w + 100.0, in_batched[0]
+  out.append(jax.vmap(lambda x: jax.lax.cond(True, cf, lambda c: c, x))(
+      jnp.ones((2, 3))))
+  return out
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_lifted_array_in_a_bound_jaxprs_constants_is_never_shared(verify):
+  """A trace lifting an array that becomes a closed jaxpr's constant in an
+  equation's parameter (``apply_primitive`` binding a transformed ``scan``
+  or ``cond``) holds a tracer of the lifted trace, dead once it ends: such
+  a trace is never stored, so every step gives stock's values (a stored
+  one raised "No constant handler" from the second step on)."""
+  want = stock_off(lambda: [_transformed_bodies(i % 3) for i in range(6)])
+  jcc.enable(verify=verify)
+  got = [_transformed_bodies(i % 3) for i in range(6)]
+  for g, w in zip(got, want):
+    for a, b in zip(g, w):
+      same_as_stock(a, b)
+  assert jcc.stats()["verify_mismatches"] == 0

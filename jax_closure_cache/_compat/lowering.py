@@ -42,6 +42,7 @@ Literal = _core.Literal
 Var = _core.Var
 Jaxpr = _core.Jaxpr
 ClosedJaxpr = _core.ClosedJaxpr
+Tracer = _core.Tracer
 MERGED_JAXPR = ClosedJaxpr is Jaxpr
 #: An effect tied to an input's position (a ``Ref`` argument's): moving the
 #: constants to the front would renumber it.
@@ -263,6 +264,34 @@ def runtime_callable(jaxpr, depth: int = 0) -> str | None:
       elif _holds_callable(p, depth):
         return e.primitive.name
   return None
+
+
+def param_tracer(jaxpr, depth: int = 0) -> str | None:
+  """The primitive of the first equation (nested jaxprs included) whose
+  parameters hold a tracer: a closed jaxpr's constant (a primitive bound
+  with its jaxpr as a parameter, as ``apply_primitive``'s function binds a
+  transformed ``scan``), which a trace with lifted values makes of a
+  lifted one; it dies with that trace. None if there is none."""
+  if depth > 64:
+    return None
+  open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+  for e in open_jaxpr.eqns:
+    if any(_holds_tracer(p, depth) for p in e.params.values()):
+      return e.primitive.name
+  return None
+
+
+def _holds_tracer(p, depth: int) -> bool:
+  if isinstance(p, Tracer):
+    return True
+  if isinstance(p, ClosedJaxpr):
+    return (any(isinstance(c, Tracer) for c in closed_parts(p)[1])
+            or param_tracer(p, depth + 1) is not None)
+  if isinstance(p, Jaxpr):
+    return param_tracer(p, depth + 1) is not None
+  if isinstance(p, (tuple, list)):
+    return any(_holds_tracer(x, depth) for x in p)
+  return False
 
 
 def _reaches_user_code(f, depth: int) -> bool:

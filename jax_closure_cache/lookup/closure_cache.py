@@ -390,6 +390,14 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     _put(key, _Shared(failed=f"its {called} calls a function of the "
                              "trace's own when it runs"), anchors)
     return None
+  held = _lowering.param_tracer(shared.jaxpr)
+  if held is not None:
+    # a lifted value became a closed jaxpr's constant in a parameter (a
+    # primitive bound with its jaxpr, as JAX's ``apply_primitive`` does):
+    # a tracer of the lifted trace, dead once it ends
+    _put(key, _Shared(failed=f"its {held}'s parameters hold a tracer of "
+                             "the lifted trace"), anchors)
+    return None
   if (_covers(shared.consts, leaves, anchors)
       and _lowering.captured_constants_warning((*shared.consts, *leaves)) is None
       and (checked_after or unchanged_by_trace(fun, key))):
