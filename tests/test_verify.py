@@ -220,3 +220,27 @@ def test_the_oracle_allows_a_loops_constants_reordered_inside_a_nested_jaxpr():
   assert compare.first_difference(stock, reordered, []) is None
   assert compare.first_difference(stock, body_only, []) == (
       "equation 0 (jit): its parameters differ")
+
+
+def test_tier_as_oracle_reads_a_lowered_module_by_what_it_computes():
+  """Tier A's verify check compares a shared lowering with the jaxpr's own
+  by ``module_form``: two private copies of one nested function (the
+  lowering makes one per jaxpr object, so two for two objects of equal
+  structure) read as the one function they compute, which the value-
+  grammar fuzzer met as a false report; a nested function computing
+  something else, or a different top level, still reads as different."""
+  from jax_closure_cache.lowering.shared import module_form
+
+  def make(scale):
+    return lambda v: jnp.sin(v) * scale   # a new function object each time
+
+  def lowered(*inner):
+    return STOCK_JIT(lambda v: sum(STOCK_JIT(g)(v) for g in inner)).lower(
+        jnp.ones(3)).as_text()
+
+  one = make(2.0)
+  twice_one, two_copies = lowered(one, one), lowered(one, make(2.0))
+  assert twice_one != two_copies   # the lowering's own view
+  assert module_form(twice_one) == module_form(two_copies)
+  assert module_form(lowered(one, make(3.0))) != module_form(two_copies)
+  assert module_form(lowered(one)) != module_form(twice_one)

@@ -35,7 +35,9 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
+import re
 import sys
 import threading
 import types
@@ -422,7 +424,8 @@ def _verified(jaxpr, s, call, entry) -> bool:
   hit runs (counted; a mismatch logged)."""
   with _compat.oracle_muted():
     fresh = _lower_lifted(jaxpr, entry.lifted, call)
-  same = fresh.as_text() == entry.computation.as_text()
+  same = module_form(fresh.as_text()) == module_form(
+      entry.computation.as_text())
   cache.count_verified(same)
   if not same:
     logger.warning(
@@ -430,6 +433,45 @@ def _verified(jaxpr, s, call, entry) -> bool:
         "lowering differs from this jaxpr's own; stock's lowering answers",
         call.name)
   return same
+
+
+# a symbol: a bare name or a quoted one (``@"<lambda>_0"``)
+_SYMBOL = r'@("(?:[^"\\]|\\.)*"|[\w.$-]+)'
+_FUNC = re.compile(r"^  func\.func (?:public |private )?" + _SYMBOL + r"\(",
+                   re.M)
+_CALLEE = re.compile(_SYMBOL)
+
+
+def module_form(text: str) -> tuple:
+  """A lowered module's text as a value equal for modules computing alike:
+  its header, and its ``main`` named by what it computes (its own text,
+  each function it calls named the same way, recursively, by a SHA-256),
+  so two private copies of one nested jaxpr's function (the lowering
+  makes one per jaxpr object: two for two objects of equal structure, one
+  for one object) read as one."""
+  starts = [(m.start(), m.group(1)) for m in _FUNC.finditer(text)]
+  bodies = {}
+  for (start, name), end in zip(starts, [s for s, _ in starts[1:]] + [None]):
+    body = text[start:end]
+    close = body.rfind("\n  }")
+    bodies[name] = body[:close + 4] if close >= 0 else body
+  forms: dict = {}
+
+  def form(name: str, seen: frozenset) -> str:
+    if name in forms:
+      return forms[name]
+    if name not in bodies or name in seen:
+      return name   # not a function of this module (an attribute, a cycle)
+    body = bodies[name]
+    seen = seen | {name}
+    at = _FUNC.match(body).end() - 1   # after the function's own name
+    calls = _CALLEE.sub(lambda m: "@" + form(m.group(1), seen), body[at:])
+    forms[name] = hashlib.sha256(
+        (body[:body.index("@")] + calls).encode()).hexdigest()
+    return forms[name]
+
+  head = text[:starts[0][0]] if starts else text
+  return head, form("main", frozenset())
 
 
 def _explaining() -> bool:
