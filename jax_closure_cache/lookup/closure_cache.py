@@ -166,11 +166,11 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
 
 def _noting_callables(fun, answer):
   """``answer``, a stock trace of ``fun``, its code added to
-  :data:`callable_codes` where it holds a callable JAX runs later."""
-  if _lowering.runtime_callable(answer[0]) is not None:
-    code = _code(fun)
-    if code is not None:
-      callable_codes.add(code)
+  :data:`callable_codes` where it holds a callable JAX runs later (asked
+  of closure-free functions alone, the ones a canonical object serves)."""
+  if (type(fun) is types.FunctionType and fun.__closure__ is None
+      and _lowering.runtime_callable(answer[0]) is not None):
+    callable_codes.add(fun.__code__)
   return answer
 
 
