@@ -4,7 +4,8 @@ Run as a subprocess by test_sharded.py (the device count must be set before
 jax initialises). Every fresh closure closes over a new value; each result is
 compared with stock ``jax.jit`` (the cache is never enabled here: ``jcc.jit``
 and ``jcc.lax`` are called explicitly) on a fresh function object, values and
-sharding both, and compile counts come from JAX's own counters.
+sharding and commitment, and the cache compiles no more often (JAX's own
+counters).
 """
 
 import os
@@ -24,10 +25,11 @@ from jax_closure_cache import lax as cached_lax  # noqa: E402
 
 
 def same(got, want, what):
+  """Stock's values, sharding and commitment."""
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6,
                              err_msg=what)
-  assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (
-      what, got.sharding, want.sharding)
+  assert got.sharding == want.sharding, (what, got.sharding, want.sharding)
+  assert got.committed == want.committed, (what, got.committed)
 
 
 def compiles(call):
@@ -37,15 +39,15 @@ def compiles(call):
 
 
 def check_fresh(what, make, values, args, jit_options=None):
-  """``jcc.jit(make(v))(*args)`` for each value: calls 3.. compile nothing;
-  every result equals stock's, sharding included."""
+  """``jcc.jit(make(v))(*args)`` for each value: every result is stock's
+  (sharding and commitment included: stock bakes a closed-over committed
+  array, and the cache keeps it by identity), compiling no more often."""
   options = jit_options or {}
   for i, v in enumerate(values):
     out, n = compiles(lambda: jcc.jit(make(v), **options)(*args))
-    want = jax.jit(make(v), **options)(*args)
+    want, m = compiles(lambda: jax.jit(make(v), **options)(*args))
     same(out, want, f"{what} call {i}")
-    if i >= 2:
-      assert n == 0, (what, i, n)
+    assert n <= m, (what, i, n, m)
   print("ok", what)
 
 
@@ -70,22 +72,18 @@ def main():
   check_fresh("one in_sharding for every argument", tanh_mm, ws, (x,),
               {"in_shardings": NamedSharding(mesh, P("data", None))})
 
-  # On a mesh of Auto axes stock bakes the array as an unsharded constant;
-  # the cache passes it as an argument, so the result's sharding is the
-  # hand-hoisted function's (README, "Scaling out"); values are stock's.
+  # On a mesh of Auto axes too, stock bakes the array as an unsharded
+  # constant, and so does the cache.
   auto = jax.make_mesh((4, 2), ("data", "model"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2)
   xa = jax.device_put(jnp.ones((8, 8)), NamedSharding(auto, P("data", None)))
-  hoisted = jax.jit(lambda v, w: jnp.tanh(v @ w))
-  for i in range(4):
-    w = jax.device_put(jnp.eye(8) * (i + 1.0), NamedSharding(auto, P(None, "model")))
-    out, n = compiles(lambda: jcc.jit(tanh_mm(w))(xa))
-    np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(tanh_mm(w))(xa)),
-                               rtol=1e-6)
-    same(out, hoisted(xa, w), f"Auto mesh call {i}")
-    if i >= 2:
-      assert n == 0, ("Auto mesh", i, n)
-  print("ok Auto mesh follows the hoisted form")
+  auto_ws = [jax.device_put(jnp.eye(8) * (i + 1.0),
+                            NamedSharding(auto, P(None, "model")))
+             for i in range(4)]
+  check_fresh("Auto mesh", tanh_mm, auto_ws, (xa,))
+  # An uncommitted argument: stock's result is on the default device,
+  # uncommitted, whatever the closed-over array's sharding.
+  check_fresh("uncommitted argument", tanh_mm, auto_ws, (jnp.ones((8, 8)),))
 
   # A single-device array committed to device 1 stays stock's: lifting it
   # would commit the result to that device. Each is met twice (fresh
@@ -119,9 +117,9 @@ def main():
                  for i in range(5)]
   for i, w in enumerate(row_sharded):
     out, n = compiles(lambda: loop(cached_lax, w))
-    same(out, loop(jax.lax, w), f"while_loop call {i}")
-    if i >= 2:
-      assert n == 0, ("while_loop", i, n)
+    want, m = compiles(lambda: loop(jax.lax, w))
+    same(out, want, f"while_loop call {i}")
+    assert n <= m, ("while_loop", i, n, m)
   print("ok while_loop")
   print("all ok", jcc.stats()["hits"])
 

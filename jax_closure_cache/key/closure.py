@@ -59,7 +59,7 @@ from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.values import (
     Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
-    kept_by_identity, node_data_function, node_datas, wrapper_rules)
+    node_data_function, node_datas, wrapper_rules)
 from jax_closure_cache.key import names as key_names
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.objects import (
@@ -138,7 +138,7 @@ class Analysis(_key.Walk):
     return super().identity(v)
 
   def array(self, v):
-    if self.in_object or (_is_committed(v) and kept_by_identity(v)):
+    if self.in_object or _is_committed(v):
       return self.identity(v)
     return self.lift(v)
 
@@ -300,8 +300,7 @@ class Analysis(_key.Walk):
     if isinstance(v, _Tracer):
       raise Uncacheable("tracer", f"a {t.__name__} tracer is closed over")
     if isinstance(v, jax.Array):   # PRNG key arrays and other jax.Array types
-      if self.in_object or (getattr(v, _compat.COMMITTED, True)
-                            and kept_by_identity(v)):
+      if self.in_object or getattr(v, _compat.COMMITTED, True):
         return self.identity(v)
       return self.lift(v)
     if isinstance(v, np.ndarray):

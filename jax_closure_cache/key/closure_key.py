@@ -254,8 +254,11 @@ class Walk:
     return self.other(v, t)
 
   def array(self, v):
-    if _compat.is_committed(v) and len(v.sharding.device_set) == 1:
-      return self.identity(v)     # as an argument it would commit the result
+    if _compat.is_committed(v):
+      # stock bakes it: as an argument it would commit the result to its
+      # placement (a device, a sharding), and stock refuses one spanning
+      # other processes' devices
+      return self.identity(v)
     return self.lift(v)
 
   def lift(self, v):

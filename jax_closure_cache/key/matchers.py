@@ -15,7 +15,7 @@ import types
 from typing import Any, Callable
 
 from jax_closure_cache import _compat
-from jax_closure_cache.key.values import Static, drawn_from, kept_by_identity
+from jax_closure_cache.key.values import Static, drawn_from
 from jax_closure_cache.key import match_plan
 from jax_closure_cache.key import trees
 from jax_closure_cache.key import versions
@@ -54,7 +54,6 @@ class _MatchSource:
                 "is_stable": is_stable, "chain_read": chain_read,
                 "library_value": library_value,
                 "own_attributes": own_attributes,
-                "kept_by_identity": kept_by_identity,
                 "drawn_from": drawn_from, "Static": Static,
                 "ALL_LIFTED": _ALL_LIFTED, "version": versions.version}
     self.self_referenced = False   # the key refers back to its top function
@@ -126,7 +125,7 @@ class _MatchSource:
     v = f"v{len(self.lines)}"
     add(f"    {v} = {expr}")
     if part is LIFTED:
-      self.miss_if(f"type({v}) is not ArrayImpl or ({v}.{COMMITTED} and kept_by_identity({v}))")
+      self.miss_if(f"type({v}) is not ArrayImpl or {v}.{COMMITTED}")
       add(f"    out.append({v})")
       self.leaf_exprs.append(v)
     elif type(part) is tuple and part[0] is ALIAS:
@@ -260,7 +259,7 @@ class _MatchSource:
     level, after it."""
     add = self.lines.append
     add(f"    for x in {xs}:")
-    add(f"      if type(x) is not ArrayImpl or (x.{COMMITTED} and kept_by_identity(x)): break")
+    add(f"      if type(x) is not ArrayImpl or x.{COMMITTED}: break")
     add("    else:")
     add("      x = ALL_LIFTED")
     self.miss_if("x is not ALL_LIFTED")
@@ -305,7 +304,7 @@ class _MatchSource:
       if child.num_nodes == 1 and child.num_leaves == 1:
         x = f"{e}_{i}"
         add(f"    {x} = {item}")
-        self.miss_if(f"type({x}) is not ArrayImpl or ({x}.{COMMITTED} and kept_by_identity({x}))")
+        self.miss_if(f"type({x}) is not ArrayImpl or {x}.{COMMITTED}")
         add(f"    out.append({x})")
         self.leaf_exprs.append(x)
       else:

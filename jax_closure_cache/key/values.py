@@ -194,23 +194,6 @@ def kept_as_library_object(t: type) -> bool:
 
 # -- committed arrays ---------------------------------------------------------
 
-def kept_by_identity(x) -> bool:
-  """Whether a committed array is kept by identity rather than lifted.
-
-  An array on one device stays by identity: stock bakes it and computes on
-  the default device, where as an argument it would commit the result to
-  its own device. An array sharded over several devices, or spanning
-  devices of other processes (which stock cannot close over at all), is
-  lifted: as an argument it keys the executable by its sharding exactly as
-  jit keys any committed argument, and results follow that sharding as in
-  the hand-hoisted function.
-  """
-  try:
-    return x.is_fully_addressable and len(x.sharding.device_set) == 1
-  except Exception:   # no sharding to read: keep it by identity
-    return True
-
-
 # -- static values ------------------------------------------------------------
 
 class Static:

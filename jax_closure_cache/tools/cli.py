@@ -162,7 +162,8 @@ def _bench(args) -> int:
     from jax_closure_cache.tools import bench_scale
     rows = bench_scale.run()
     report["scale"] = rows
-    print("\nScaling out: sharded and multi-process closures\n")
+    print("\nScaling out: closures over sharded arrays (kept by identity, "
+          "as stock bakes them)\n")
     print(bench_scale.format_table(rows))
   if args.only == "upstream" or (args.only is None and not quick):
     from jax_closure_cache.tools import bench_upstream
