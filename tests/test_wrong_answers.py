@@ -602,3 +602,40 @@ def test_callables_a_closure_free_function_reaches_run_for_its_own_object():
     return got, logs
 
   replay_like_stock(run)
+
+
+def _checked_steps(i):
+  from jax.experimental import checkify
+  w = jnp.arange(3.0) + i
+
+  def inner(x):
+    checkify.check(jnp.all(x * w < 0.0), "inner check failed")
+    return x * w
+
+  def through_jit(x):
+    checkify.check(x[0] < -1.0 - i, "outer check failed {}", x[0])
+    return jax.jit(inner)(x)
+
+  def through_scan(x):
+    checkify.check(x[0] < -1.0 - i, "outer check failed {}", x[0])
+    return jax.lax.scan(lambda c, _: (inner(c), None), x, None, length=2)[0]
+
+  out = []
+  for f in (through_jit, through_scan):
+    err, value = checkify.checkify(f)(jnp.ones(3))
+    out.append((err.get(), np.asarray(value).tolist()))
+  return out
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_checkify_reports_the_check_stock_reports(verify):
+  """checkify numbers each check when it transforms a jaxpr (a global
+  counter, memoized by the jaxpr object) and reports the failing check with
+  the smallest number: a shared jaxpr of a re-created inner function kept
+  its first numbers, so its check won over a later outer one, where stock
+  reports the outer. A trace holding a check is never shared."""
+  want = stock_off(lambda: [_checked_steps(i) for i in range(5)])
+  jcc.enable(verify=verify)
+  assert [_checked_steps(i) for i in range(5)] == want
+  assert all("outer check failed" in e for step in want for e, _ in step)
+  assert jcc.stats()["verify_mismatches"] == 0

@@ -242,17 +242,30 @@ _RULE_PARAMETERS = {
 }
 
 
+#: Primitives whose equations JAX numbers when it transforms the jaxpr,
+#: memoizing the transformed jaxpr by the jaxpr object: checkify draws each
+#: ``check``'s error code from a global counter, and the error it reports
+#: is the failing check with the smallest code, so a jaxpr shared by later
+#: function objects keeps its first codes where each stock trace draws new
+#: ones (an inner check then wins over a later outer one).
+_NUMBERED_PER_TRACE = frozenset({"check"})
+
+
 def runtime_callable(jaxpr, depth: int = 0) -> str | None:
   """The primitive of the first equation (nested jaxprs included) whose
   lowered parameters hold a Python callable its computation calls when it
   runs (``pure_callback``, ``io_callback``, ``debug.callback``: the
-  user's function, or JAX's closure over it), or None. Such a callable is
-  the trace's own object: a trace stored for other function objects would
-  call this object's callback (its log, its state) from theirs."""
+  user's function, or JAX's closure over it), a rule JAX runs when it
+  transforms the trace, or that JAX numbers per trace (a checkify
+  ``check``), or None. Such a callable or number is the trace's own: a
+  trace stored for other function objects would call this object's
+  callback (its log, its state) from theirs, or report its checks."""
   if depth > 64:
     return None
   open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
   for e in open_jaxpr.eqns:
+    if e.primitive.name in _NUMBERED_PER_TRACE:
+      return e.primitive.name
     rules = _RULE_PARAMETERS.get(e.primitive.name, ())
     for name, p in e.params.items():
       if name in rules:

@@ -338,9 +338,9 @@ class MissStages:
     called = _lowering.runtime_callable(traced.jaxpr)
     if called is None:
       return None
-    return (f"its {called} calls a function of its own trace when it runs "
-            "(over the closure's own values and state): stock traces every "
-            "object")
+    return (f"its {called} is its own trace's (a function JAX calls later, "
+            "over the closure's own values and state, or a check JAX numbers "
+            "per trace): stock traces every object")
 
 
   def _captured_constants(self, traced, leaves) -> str | None:
@@ -433,8 +433,9 @@ class MissStages:
       # it from later objects; every object traces (tier A shares no
       # executable either, as it keys the callback by identity)
       events.not_stored(self._user(), "runtime_callable",
-                        f"its {called} calls a function of this trace's own "
-                        "when it runs; a hit would call it for later objects")
+                        f"its {called} is this trace's own (a function JAX "
+                        "calls later, or a numbered check); a hit would run "
+                        "it for later objects")
       return
     # the trace took a NumPy array as a view: the stored trace keeps a copy
     # (a change in place would reach a later .trace() or verify's comparison)

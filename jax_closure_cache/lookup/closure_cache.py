@@ -387,8 +387,9 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     # its callback was made over the lifted trace's values (a closed-over
     # array is a tracer there) and the rebuilt closure's state: never run,
     # and the key's functions trace as usual
-    _put(key, _Shared(failed=f"its {called} calls a function of the "
-                             "trace's own when it runs"), anchors)
+    _put(key, _Shared(failed=f"its {called} is the trace's own (a function "
+                             "JAX calls later, or a numbered check)"),
+         anchors)
     return None
   held = _lowering.param_tracer(shared.jaxpr)
   if held is not None:
