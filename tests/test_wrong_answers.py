@@ -639,3 +639,29 @@ def test_checkify_reports_the_check_stock_reports(verify):
   assert [_checked_steps(i) for i in range(5)] == want
   assert all("outer check failed" in e for step in want for e, _ in step)
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+def test_an_overflowing_numpy_constant_warns_as_stock():
+  """A float64 NumPy array a re-created closure bakes, whose values
+  overflow float32: stock's trace warns of the cast once under the default
+  filters; the package's own conversions of the constant (its staleness
+  check) warned twice more, from its own lines."""
+  import warnings
+
+  def run():
+    with warnings.catch_warnings(record=True) as seen:
+      warnings.simplefilter("always")
+      out = []
+      for i in range(4):
+        f64 = np.array([1e300 * (i + 1), 1.0 + i])
+        out.append(np.asarray(jax.jit(lambda x: x + f64)(jnp.float32(1.0))))
+    return out, sorted(str(w.message) for w in seen)
+
+  want, want_warned = stock_off(run)
+  assert want_warned   # stock's own cast warnings
+  jcc.enable()
+  for _ in range(2):
+    got, warned = run()
+    assert warned == want_warned
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g, w)

@@ -506,10 +506,13 @@ def stale_conversion(arr):
     dtype = _canonicalize_dtype(arr.dtype)
     if dtype == arr.dtype:
       return None
-    converted = _canonicalize_value(arr)
-    if _sys.getrefcount(converted) <= 2:   # made now: nothing else holds it
-      return None
-    fresh = np.asarray(arr, dtype)
+    # the package's own conversions warn of nothing (an overflowing cast):
+    # stock's trace warns where it converts
+    with np.errstate(all="ignore"):
+      converted = _canonicalize_value(arr)
+      if _sys.getrefcount(converted) <= 2:   # made now: nothing else holds it
+        return None
+      fresh = np.asarray(arr, dtype)
     if np.array_equal(np.ascontiguousarray(converted).reshape(-1).view(np.uint8),
                       np.ascontiguousarray(fresh).reshape(-1).view(np.uint8)):
       return None
