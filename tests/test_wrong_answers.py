@@ -580,6 +580,55 @@ def step(i, x, xs):
 '''
 
 
+_SHARED_RULES = '''
+import jax
+import jax.numpy as jnp
+
+
+@jax.custom_jvp
+def softclip(z):
+  return jnp.tanh(z)
+
+
+softclip.defjvp(lambda p, t: (jnp.tanh(p[0]), t[0] * (1 - jnp.tanh(p[0]) ** 2)))
+seen = []
+
+
+def record(v):
+  seen.append(float(v.sum()))
+
+
+def step(x):
+  def f(y):   # closure-free, re-created per call
+    jax.debug.callback(record, y)
+    return softclip(y) * 2
+  return jax.jit(f)(x)
+'''
+
+
+@counts_side_effects
+def test_module_level_rules_and_callbacks_keep_a_shared_stock_object():
+  """A closure-free function re-created per call whose trace holds a
+  module-level ``custom_jvp`` and a module-level callback (functions with
+  no state of their own, the same objects for every re-creation) keeps
+  the one stock object of its code: it traces once, and logs and answers
+  as stock's."""
+  module = types.ModuleType("shared_rules")
+  exec(compile(_SHARED_RULES, "<shared_rules>", "exec"), module.__dict__)
+  x = jnp.arange(3.0)
+
+  def run():
+    del module.seen[:]
+    out = [np.asarray(module.step(x + i)) for i in range(5)]
+    jax.effects_barrier()
+    return out, list(module.seen)
+
+  replay_like_stock(run)
+  with counting() as counts:
+    run()
+  assert counts["traces"] == 0 and counts["compiles"] == 0
+
+
 @counts_side_effects
 def test_callables_a_closure_free_function_reaches_run_for_its_own_object():
   """Closure-free functions reading a global rebound per step to a fresh

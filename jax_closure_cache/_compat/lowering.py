@@ -251,7 +251,7 @@ _RULE_PARAMETERS = {
 _NUMBERED_PER_TRACE = frozenset({"check"})
 
 
-def runtime_callable(jaxpr, depth: int = 0) -> str | None:
+def runtime_callable(jaxpr) -> str | None:
   """The primitive of the first equation (nested jaxprs included) whose
   lowered parameters hold a Python callable its computation calls when it
   runs (``pure_callback``, ``io_callback``, ``debug.callback``: the
@@ -260,23 +260,172 @@ def runtime_callable(jaxpr, depth: int = 0) -> str | None:
   ``check``), or None. Such a callable or number is the trace's own: a
   trace stored for other function objects would call this object's
   callback (its log, its state) from theirs, or report its checks."""
-  if depth > 64:
-    return None
-  open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
-  for e in open_jaxpr.eqns:
-    if e.primitive.name in _NUMBERED_PER_TRACE:
-      return e.primitive.name
-    rules = _RULE_PARAMETERS.get(e.primitive.name, ())
-    for name, p in e.params.items():
-      if name in rules:
-        # a user's differentiation rule: JAX runs it when it differentiates
-        # the stored trace, with this trace's values (tracers of a lifted
-        # trace included); a rule of jax's own holds nothing of a trace's
-        if _reaches_user_code(p, 4):
-          return e.primitive.name
-      elif _holds_callable(p, depth):
+  return _CallableSearch(False).jaxpr(jaxpr, 0)
+
+
+def per_object_callable(jaxpr) -> str | None:
+  """As :func:`runtime_callable`, counting only callables that hold state
+  of their own object (a user's function with cells, defaults or
+  attributes, a bound method, a callable object, a partial) and numbered
+  checks: a module-level user function with none is one object every
+  re-created function of a code shares, so a trace calling it is the same
+  for all of them."""
+  return _CallableSearch(True).jaxpr(jaxpr, 0)
+
+
+class _CallableSearch:
+  """The walk of :func:`runtime_callable`, one method per kind of value
+  met; ``per_object``: see :func:`per_object_callable`."""
+  __slots__ = ("per_object",)
+
+  def __init__(self, per_object: bool):
+    self.per_object = per_object
+
+  def jaxpr(self, jaxpr, depth: int) -> str | None:
+    if depth > 64:
+      return None
+    open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
+                  else jaxpr)
+    for e in open_jaxpr.eqns:
+      if e.primitive.name in _NUMBERED_PER_TRACE:
         return e.primitive.name
-  return None
+      rules = _RULE_PARAMETERS.get(e.primitive.name, ())
+      for name, p in e.params.items():
+        if name in rules:
+          # a user's differentiation rule: JAX runs it when it
+          # differentiates the stored trace, with this trace's values
+          # (tracers of a lifted trace included); a rule of jax's own holds
+          # nothing of a trace's
+          if self.reaches_user_code(p, 4):
+            return e.primitive.name
+        elif self.param(p, depth):
+          return e.primitive.name
+    return None
+
+  def param(self, p, depth: int) -> bool:
+    """Whether an equation's parameter holds such a callable."""
+    if isinstance(p, (ClosedJaxpr, Jaxpr)):
+      return self.jaxpr(p, depth + 1) is not None
+    if isinstance(p, (tuple, list)):
+      return any(self.param(x, depth) for x in p)
+    if isinstance(p, dict):
+      return any(self.param(x, depth) for x in p.values())
+    if isinstance(p, types.FunctionType):
+      # a module-level function of jax (a PRNG implementation's) holds
+      # nothing of a trace's; JAX's closure over a user's callback does
+      if self.per_object:
+        return self.reaches_user_code(p, 4)
+      return (p.__closure__ is not None
+              or not p.__code__.co_filename.startswith(_JAX_ROOTS))
+    if isinstance(p, (types.MethodType, functools.partial)):
+      return True
+    if HI_PRIM is not None and isinstance(p, HI_PRIM):
+      return self.hi_prim(p, depth)
+    if isinstance(p, _WrappedFun):
+      # a rule JAX runs when it transforms the trace (``custom_lin``'s
+      # ``bwd``, a linearized ``custom_vjp``'s): of the user's or not
+      return self.reaches_user_code(p, 4)
+    if isinstance(p, type) or not callable(p):
+      return False
+    # JAX's own callable values (a mesh, a sharding) run nothing of the
+    # user's; its callback wrappers and rule objects (``custom_vmap``'s)
+    # hold the user's function
+    if not defined_by_jax(type(p)):
+      return True
+    callback = getattr(p, "callback_func", None)
+    if callback is not None and not self.per_object:
+      return True
+    return self.reaches_user_code(p, 4)
+
+  def hi_prim(self, prim, depth: int) -> bool:
+    """Whether a hijax primitive object (a ``custom_vjp``'s under
+    ``jax_custom_vjp3``, a checkpoint's under ``jax_remat3``) holds a rule
+    reaching a user's function (JAX runs it when it transforms the trace
+    holding the object: the user's ``fwd``/``bwd``, a user's checkpoint
+    policy), or a trace whose jaxpr calls a callable when it runs."""
+    if depth > 64:
+      return False
+    return any(self.state(v, depth + 1) for v in vars(prim).values())
+
+  def state(self, v, depth: int) -> bool:
+    if isinstance(v, (ClosedJaxpr, Jaxpr)):
+      return self.jaxpr(v, depth) is not None
+    if TRACED is not None and type(v) is TRACED:
+      return self.jaxpr(v.jaxpr, depth) is not None
+    if isinstance(v, (tuple, list)):
+      return any(self.state(x, depth) for x in v)
+    if isinstance(v, dict):
+      return any(self.state(x, depth) for x in v.values())
+    if HI_PRIM is not None and isinstance(v, HI_PRIM):
+      return self.hi_prim(v, depth)
+    return _rule_like(v) and self.reaches_user_code(v, 4)
+
+  def reaches_user_code(self, f, depth: int) -> bool:
+    """Whether a rule (a function, a ``WrappedFun``, a ``partial``, a
+    callable object of jax's such as ``custom_vmap``'s ``ClosedRule``) is
+    or holds, through cells, arguments and attributes, a function whose
+    code lies outside jax's folders (with ``per_object``, one holding
+    state of its own) or a callable object of a class outside them."""
+    if isinstance(f, functools.partial):
+      held = (f.func, *f.args, *f.keywords.values())
+    elif isinstance(f, types.FunctionType):
+      if not f.__code__.co_filename.startswith(_JAX_ROOTS):
+        return not self.per_object or _holds_own_state(f)
+      # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
+      held = (*_filled_cells(f), *f.__dict__.values())
+    elif not defined_by_jax(type(f)):
+      return callable(f) and not _stateless_builtin(f)
+    else:   # an object of jax's: what its attributes hold
+      held = _attribute_values(f)
+    return depth > 0 and any(self.reaches_user_code(v, depth - 1)
+                             for v in held if _rule_like(v))
+
+
+def _holds_own_state(f: types.FunctionType) -> bool:
+  """Whether a user's function holds state of its own object: cells,
+  defaults or attributes (a module-level one with none reads only its
+  module's globals, as every re-creation of it does)."""
+  return bool(f.__closure__ or f.__defaults__ or f.__kwdefaults__
+              or f.__dict__)
+
+
+def _rule_like(v) -> bool:
+  return not isinstance(v, type) and (
+      callable(v) or isinstance(v, _WrappedFun))
+
+
+def _stateless_builtin(f) -> bool:
+  """A module's builtin function (``operator.mul``, ``math.exp``) or a
+  NumPy ufunc: no user's code, no user's state (a builtin method bound to
+  a user's object, ``log.append``, is the user's)."""
+  if isinstance(f, np.ufunc):
+    return True
+  return isinstance(f, types.BuiltinFunctionType) and (
+      f.__self__ is None or isinstance(f.__self__, types.ModuleType))
+
+
+def _filled_cells(f) -> list:
+  values = []
+  for cell in f.__closure__ or ():
+    try:
+      values.append(cell.cell_contents)
+    except ValueError:   # an empty cell
+      pass
+  return values
+
+
+def _attribute_values(obj) -> list:
+  """An object's attribute values: its ``__dict__``'s and its slots'."""
+  values = list(getattr(obj, "__dict__", {}).values())
+  for cls in type(obj).__mro__:
+    slots = cls.__dict__.get("__slots__", ())
+    for name in (slots,) if isinstance(slots, str) else slots:
+      if name not in ("__dict__", "__weakref__"):
+        try:
+          values.append(getattr(obj, name))
+        except AttributeError:   # an unset slot
+          pass
+  return values
 
 
 def param_tracer(jaxpr, depth: int = 0) -> str | None:
@@ -305,121 +454,6 @@ def _holds_tracer(p, depth: int) -> bool:
   if isinstance(p, (tuple, list)):
     return any(_holds_tracer(x, depth) for x in p)
   return False
-
-
-def _reaches_user_code(f, depth: int) -> bool:
-  """Whether a rule (a function, a ``WrappedFun``, a ``partial``, a
-  callable object of jax's such as ``custom_vmap``'s ``ClosedRule``) is
-  or holds, through cells, arguments and attributes, a function whose
-  code lies outside jax's folders or a callable object of a class outside
-  them."""
-  if isinstance(f, functools.partial):
-    held = (f.func, *f.args, *f.keywords.values())
-  elif isinstance(f, types.FunctionType):
-    if not f.__code__.co_filename.startswith(_JAX_ROOTS):
-      return True
-    # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
-    held = (*_filled_cells(f), *f.__dict__.values())
-  elif not defined_by_jax(type(f)):
-    return not _stateless_builtin(f)
-  else:   # an object of jax's: what its attributes hold
-    held = _attribute_values(f)
-  return depth > 0 and any(_reaches_user_code(v, depth - 1)
-                           for v in held if _rule_like(v))
-
-
-def _stateless_builtin(f) -> bool:
-  """A module's builtin function (``operator.mul``, ``math.exp``) or a
-  NumPy ufunc: no user's code, no user's state (a builtin method bound to
-  a user's object, ``log.append``, is the user's)."""
-  if isinstance(f, np.ufunc):
-    return True
-  return isinstance(f, types.BuiltinFunctionType) and (
-      f.__self__ is None or isinstance(f.__self__, types.ModuleType))
-
-
-def _rule_like(v) -> bool:
-  return not isinstance(v, type) and (
-      callable(v) or isinstance(v, _WrappedFun))
-
-
-def _filled_cells(f) -> list:
-  values = []
-  for cell in f.__closure__ or ():
-    try:
-      values.append(cell.cell_contents)
-    except ValueError:   # an empty cell
-      pass
-  return values
-
-
-def _attribute_values(obj) -> list:
-  """An object's attribute values: its ``__dict__``'s and its slots'."""
-  values = list(getattr(obj, "__dict__", {}).values())
-  for cls in type(obj).__mro__:
-    slots = cls.__dict__.get("__slots__", ())
-    for name in (slots,) if isinstance(slots, str) else slots:
-      if name not in ("__dict__", "__weakref__"):
-        try:
-          values.append(getattr(obj, name))
-        except AttributeError:   # an unset slot
-          pass
-  return values
-
-
-def _holds_callable(p, depth: int) -> bool:
-  if isinstance(p, (ClosedJaxpr, Jaxpr)):
-    return runtime_callable(p, depth + 1) is not None
-  if isinstance(p, (tuple, list)):
-    return any(_holds_callable(x, depth) for x in p)
-  if isinstance(p, dict):
-    return any(_holds_callable(x, depth) for x in p.values())
-  if isinstance(p, types.FunctionType):
-    # a module-level function of jax (a PRNG implementation's) holds nothing
-    # of a trace's; JAX's closure over a user's callback does
-    return (p.__closure__ is not None
-            or not p.__code__.co_filename.startswith(_JAX_ROOTS))
-  if isinstance(p, (types.MethodType, functools.partial)):
-    return True
-  if HI_PRIM is not None and isinstance(p, HI_PRIM):
-    return _hi_prim_calls_user_code(p, depth)
-  if isinstance(p, _WrappedFun):
-    # a rule JAX runs when it transforms the trace (``custom_lin``'s
-    # ``bwd``, a linearized ``custom_vjp``'s): of the user's or not
-    return _reaches_user_code(p, 4)
-  if isinstance(p, type) or not callable(p):
-    return False
-  # JAX's own callable values (a mesh, a sharding) run nothing of the
-  # user's; its callback wrappers and rule objects (``custom_vmap``'s)
-  # hold the user's function
-  return (not defined_by_jax(type(p))
-          or getattr(p, "callback_func", None) is not None
-          or _reaches_user_code(p, 4))
-
-
-def _hi_prim_calls_user_code(prim, depth: int) -> bool:
-  """Whether a hijax primitive object (a ``custom_vjp``'s under
-  ``jax_custom_vjp3``, a checkpoint's under ``jax_remat3``) holds a rule
-  reaching a user's function (JAX runs it when it transforms the trace
-  holding the object: the user's ``fwd``/``bwd``, a user's checkpoint
-  policy), or a trace whose jaxpr calls a callable when it runs."""
-  if depth > 64:
-    return False
-  return any(_state_calls(v, depth + 1) for v in vars(prim).values())
-
-
-def _state_calls(v, depth: int) -> bool:
-  if isinstance(v, (ClosedJaxpr, Jaxpr)):
-    return runtime_callable(v, depth) is not None
-  if TRACED is not None and type(v) is TRACED:
-    return runtime_callable(v.jaxpr, depth) is not None
-  if isinstance(v, (tuple, list)):
-    return any(_state_calls(x, depth) for x in v)
-  if isinstance(v, dict):
-    return any(_state_calls(x, depth) for x in v.values())
-  if HI_PRIM is not None and isinstance(v, HI_PRIM):
-    return _hi_prim_calls_user_code(v, depth)
-  return _rule_like(v) and _reaches_user_code(v, 4)
 
 
 from jax._src import dtypes as _dtypes   # noqa: E402

@@ -83,7 +83,8 @@ trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
 #: Codes a stock trace of which holds a callable JAX runs after the trace
-#: (a callback, a custom rule: ``runtime_callable``): no shared stock object
+#: holding state of its own object (a callback, a custom rule:
+#: ``per_object_callable``): no shared stock object
 #: of theirs is handed out, as its cached trace would run the first
 #: object's callable (its log, its state) for later objects.
 callable_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
@@ -166,10 +167,12 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
 
 def _noting_callables(fun, answer):
   """``answer``, a stock trace of ``fun``, its code added to
-  :data:`callable_codes` where it holds a callable JAX runs later (asked
-  of closure-free functions alone, the ones a canonical object serves)."""
+  :data:`callable_codes` where it holds a callable JAX runs later that
+  holds state of its own object (asked of closure-free functions alone,
+  the ones a canonical object serves; a module-level function every
+  object of the code calls is the same for all of them)."""
   if (type(fun) is types.FunctionType and fun.__closure__ is None
-      and _lowering.runtime_callable(answer[0]) is not None):
+      and _lowering.per_object_callable(answer[0]) is not None):
     callable_codes.add(fun.__code__)
   return answer
 
