@@ -211,16 +211,6 @@ def guarded_leaves(leaves):
             for x in leaves]
 
 
-def spans_processes(leaves) -> bool:
-  """Whether a lifted array spans devices of other processes: stock cannot
-  close over it at all (it raises), so even the first function object of a
-  code takes the shared entry, which passes it as an argument."""
-  for x in leaves:
-    if isinstance(x, _JaxArray) and not x.is_fully_addressable:
-      return True
-  return False
-
-
 def library_object(obj) -> bool:
   """An instance of a JAX, NumPy or standard-library class that is not an
   array (a ``jax.default_matmul_precision`` decorator's state, reached

@@ -164,7 +164,6 @@ class MissStages:
   def _miss(self, key, a, args, kwargs):
     code = code_of(self._user())
     if (code is not None and code not in entries.ALWAYS_SHARED
-        and not entries.spans_processes(a.leaves)
         and entries.first_object(self._fun, code)):
       # The first function object of this code is stock's: a long-lived
       # function keeps stock's executable and speed. Only a second object
@@ -189,7 +188,6 @@ class MissStages:
           "an earlier lifted trace of this code failed or stored a traced "
           "value where stock's did not, so stock traces it")
     if (code not in entries.ALWAYS_SHARED
-        and not entries.spans_processes(a.leaves)
         and not entries.met_before(key)):
       # A key met once is stock's: one that never repeats (a new Python
       # float each step) keeps no entry, executable or array alive.

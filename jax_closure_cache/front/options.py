@@ -128,9 +128,9 @@ def lifted_options(options: dict, n_args: int) -> dict:
   if "donate_argnums" in shifted:
     shifted["donate_argnums"] = shift(shifted["donate_argnums"])
   if "in_shardings" in shifted:
-    # The leaves' sharding is left unspecified (None): a committed leaf
-    # keeps its own, an uncommitted one is placed as stock places the
-    # constant it would have baked. One sharding for every argument is
+    # The leaves' sharding is left unspecified (None): a leaf (never a
+    # committed array) is placed as stock places the constant it would
+    # have baked. One sharding for every argument is
     # spelled out for the entry's first call; a later call with another
     # number of arguments fails there and is answered by stock.
     user = shifted["in_shardings"]

@@ -1,9 +1,8 @@
 """Values the walk looks at before it walks them: library state a trace
 draws from (random generators, iterators, clocks), library objects kept by
-identity, code reading globals by computed names, committed arrays kept by
-identity, static values, callable wrappers (the closure key's registry),
-and functions whose identity is fresh per call, in tuples and in pytree
-node data.
+identity, code reading globals by computed names, static values, callable
+wrappers (the closure key's registry), and functions whose identity is
+fresh per call, in tuples and in pytree node data.
 
 Invariants: nothing here walks a value or calls user code (but attribute
 reads along a chain the code itself reads, ``chain_draws``); the wrapper
@@ -191,8 +190,6 @@ def kept_as_library_object(t: type) -> bool:
   module = getattr(t, "__module__", None) or ""
   return t in IDENTITY_TYPES or module.partition(".")[0] in IDENTITY_PACKAGES
 
-
-# -- committed arrays ---------------------------------------------------------
 
 # -- static values ------------------------------------------------------------
 
