@@ -129,7 +129,7 @@ def check_shared_answer(traced, fun, in_avals, debug_info, context, answer):
 
 def _shared_mismatch(fun, diff: str) -> None:
   cache.count_verified(False)
-  code = entries.code_of(fun)
+  code = trace_lookup.closure_cache.traced_code(fun)   # as the lookup files it
   if code is not None:
     trace_lookup.closure_cache.unshared_codes.add(code)
   _log_mismatch(fun, "a trace shared by its closure key", diff)

@@ -121,14 +121,14 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   if (_lowering.transfers_guarded()   # a shared trace's arrays are
       # arguments: transfers stock never makes
-      or _code(fun) in unshared_codes):
+      or traced_code(fun) in unshared_codes):
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
                                          *context_for_cache_key))
   try:
     sig = signature(in_avals, debug_info, context_for_cache_key)
   except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError) as e:
     if getattr(e, "reason", None) == "argument_node_data":
-      code = _code(fun)
+      code = traced_code(fun)
       if code is not None:
         conflated_codes.add(code)
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
@@ -156,7 +156,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     # answered from JAX's cache skipped
     if (watch.changes() or skipped_writers() != skipped
         or share is not None and not unchanged_by_trace(fun, share[0])):
-      code = _code(fun)
+      code = traced_code(fun)
       if code is not None:
         trace_writers.add(code)
     elif share is not None:
@@ -211,7 +211,7 @@ def note_cached_answer(fun) -> None:
   (:func:`watching`)."""
   if not getattr(_skipped, "watching", 0):
     return
-  code = _code(fun)
+  code = traced_code(fun)
   if code is None:
     return
   stale = code in trace_writers
@@ -323,7 +323,7 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if not leaves:
     return ((None, (key, leaves, anchors), False) if shared is None
             else (shared.answer, None, True))
-  if shared is None and (first_object(fun, _code(fun))   # as usual
+  if shared is None and (first_object(fun, traced_code(fun))   # as usual
       | (not met_before(key))):   # lifted only for a key met again
     return None, None, False
   stored = shared is not None
@@ -336,7 +336,9 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   return (closed, shared.out_avals), None, stored
 
 
-def _code(fun):   # a function's code, or its partial's function's
+def traced_code(fun):
+  """The code the lookup files ``fun`` under: a function's, or its
+  partial's function's (None for anything else)."""
   return getattr(getattr(fun, "func", fun), "__code__", None)
 
 
@@ -494,7 +496,7 @@ _last_key: weakref.WeakKeyDictionary = _STORE.table(
 
 
 def _remember(fun, key) -> None:
-  code = _code(fun)
+  code = traced_code(fun)
   if code is not None:
     _last_key[code] = key
 
@@ -505,7 +507,7 @@ def explain_miss(fun) -> str:
     key, _, _ = closure_key.closure_key(fun)
   except closure_key.Unkeyable as e:
     return f"  jax_closure_cache: no closure key ({e})"
-  last = _last_key.get(_code(fun)) if _code(fun) is not None else None
+  last = _last_key.get(traced_code(fun)) if traced_code(fun) is not None else None
   return "  jax_closure_cache: " + (
       "the first function of its code, traced as usual" if last is None
       else "a closure key seen before: its functions share one trace, with "
