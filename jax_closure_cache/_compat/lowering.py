@@ -453,6 +453,10 @@ def _holds_tracer(p, depth: int) -> bool:
     return param_tracer(p, depth + 1) is not None
   if isinstance(p, (tuple, list)):
     return any(_holds_tracer(x, depth) for x in p)
+  if isinstance(p, dict):
+    return any(_holds_tracer(x, depth) for x in p.values())
+  if HI_PRIM is not None and isinstance(p, HI_PRIM) and depth < 64:
+    return any(_holds_tracer(x, depth + 1) for x in vars(p).values())
   return False
 
 
