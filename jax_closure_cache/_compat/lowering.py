@@ -200,7 +200,8 @@ _WrappedFun = _linear_util.WrappedFun
 def _traced_class():
   from jax._src import stages
   traced = getattr(stages, "Traced", None)
-  return traced if isinstance(getattr(traced, "jaxpr", None), property) else None
+  has_jaxpr = isinstance(getattr(traced, "jaxpr", None), property)
+  return traced if has_jaxpr else None
 
 
 #: ``jax.stages.Traced``, whose ``jaxpr`` a hijax primitive's trace of its
@@ -436,7 +437,8 @@ def param_tracer(jaxpr, depth: int = 0) -> str | None:
   lifted one; it dies with that trace. None if there is none."""
   if depth > 64:
     return None
-  open_jaxpr = closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+  open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
+                else jaxpr)
   for e in open_jaxpr.eqns:
     if any(_holds_tracer(p, depth) for p in e.params.values()):
       return e.primitive.name

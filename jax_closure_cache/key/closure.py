@@ -98,7 +98,6 @@ _PyTreeDef = jax.tree_util.PyTreeDef
 _tree_unflatten = jax.tree_util.tree_unflatten
 _ArrayImpl = _compat.ArrayImpl
 _Tracer = _compat.Tracer
-_is_committed = _compat.is_committed
 _FunctionType = types.FunctionType
 _ModuleType = types.ModuleType
 
@@ -138,9 +137,9 @@ class Analysis(_key.Walk):
     return super().identity(v)
 
   def array(self, v):
-    if self.in_object or _is_committed(v):
+    if self.in_object:   # inside an object it cannot copy: by identity
       return self.identity(v)
-    return self.lift(v)
+    return super().array(v)
 
   def module(self, v):
     if v is builtins:   # ``getattr(builtins, "print")``: by computed name

@@ -507,7 +507,8 @@ def explain_miss(fun) -> str:
     key, _, _ = closure_key.closure_key(fun)
   except closure_key.Unkeyable as e:
     return f"  jax_closure_cache: no closure key ({e})"
-  last = _last_key.get(traced_code(fun)) if traced_code(fun) is not None else None
+  code = traced_code(fun)
+  last = _last_key.get(code) if code is not None else None
   return "  jax_closure_cache: " + (
       "the first function of its code, traced as usual" if last is None
       else "a closure key seen before: its functions share one trace, with "
