@@ -665,6 +665,82 @@ def test_callables_a_closure_free_function_reaches_run_for_its_own_object():
   replay_like_stock(run)
 
 
+_LIFTED_RULES = '''
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+G = jnp.arange(3.0)   # a global array: lifted where a function reads it
+
+
+@jax.custom_jvp
+def softclip(z):
+  return jnp.tanh(z)
+
+
+def _softclip_jvp(primals, tangents):
+  (z,), (t,) = primals, tangents
+  return jnp.tanh(z), t * (1 - jnp.tanh(z) ** 2)
+
+
+softclip.defjvp(_softclip_jvp)
+
+
+def host_square(v):   # a module-level callback
+  return np.square(np.asarray(v))
+
+
+def step(i, x):
+  w = jnp.full(3, 1.0 + i)
+  own = []   # this step's own log, which its own callback writes
+  log_own = lambda v: own.append(float(v.sum()))
+  like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  f = lambda v: softclip(v * w).sum()
+  out = [jax.jit(f)(x), jax.jit(jax.grad(f))(x)]
+
+  def g(v):
+    return jax.pure_callback(host_square, like, v * w) + w
+
+  def h(v):   # made at trace time, over the globals a rebuild copies:
+    # shared, it would read G there as a tracer (whose text differs)
+    return jax.pure_callback(
+        lambda u: np.asarray(u) + len(str(G)), like, v * w) + G
+
+  def k(v):
+    jax.debug.callback(log_own, v * w)
+    return v - w
+  out += [jax.jit(g)(x), jax.jit(h)(x), jax.jit(k)(x)]
+  jax.effects_barrier()
+  return out, own
+'''
+
+
+def test_closures_calling_module_level_rules_and_callbacks_hit_as_stock(
+    monkeypatch):
+  """Re-created closures over arrays (the lifted route) whose traces hold a
+  module-level ``custom_jvp`` rule or callback (functions with no state of
+  their own, the same for every re-creation) hit the closure key, with
+  stock's values, gradients and logs. A callback made inside a function
+  whose lifted global the rebuild copies (its globals hold a tracer), and
+  one over a step's own list, run for their own object, as stock's."""
+  module = types.ModuleType("lifted_rules")
+  monkeypatch.setitem(sys.modules, "lifted_rules", module)
+  exec(compile(_LIFTED_RULES, "<lifted_rules>", "exec"), module.__dict__)
+  x = jnp.arange(3.0) - 1.0
+
+  def run():
+    got, effects = [], []
+    for i in range(5):
+      out, own = module.step(i, x)
+      got += [np.asarray(o) for o in out]
+      effects.append(own)
+    return got, effects
+
+  replay_like_stock(run)
+  hits = jcc.stats()["hits"]
+  assert hits >= 2 * 2 * 3, jcc.stats()   # f, grad(f), g: two runs of 3+
+
+
 def _checked_steps(i):
   from jax.experimental import checkify
   w = jnp.arange(3.0) + i
