@@ -939,3 +939,51 @@ def test_under_debug_nans_each_call_reports_as_stocks_does(capfd):
       errors, out = run()
       assert errors == want_errors
       assert (out.out, out.err) == (want_out.out, want_out.err)
+
+
+class _GenericScale(__import__("typing").Generic[__import__("typing").TypeVar("T")]):
+  """A user class deriving ``typing.Generic`` (written in C from Python
+  3.12, with no state of an instance's)."""
+
+  def __init__(self, scale):
+    self.scale = scale
+
+
+@jax.custom_jvp
+def _soft_tanh(v):
+  return jnp.tanh(v)
+
+
+@_soft_tanh.defjvp
+def _soft_tanh_jvp(primals, tangents):
+  (v,), (t,) = primals, tangents
+  return _soft_tanh(v), t * (1.0 - jnp.tanh(v) ** 2)
+
+
+def test_generic_objects_and_module_level_custom_rules_are_keyed_by_state():
+  """A ``typing.Generic`` subclass (jax's ``custom_jvp`` is one) is walked
+  by its state on every Python: re-created closures over such an object,
+  calling a module-level ``custom_jvp``, hit the closure key from their
+  third object on (the first is stock's, the second makes the shared
+  entry); a changed attribute is a new key; values and gradients are
+  stock's. A closure-free function calling the rule is one stock object."""
+  x = jnp.linspace(-1.0, 1.0, 4)
+  make = lambda w, g: (lambda v: jnp.sum(_soft_tanh(v * w) * g.scale))
+  made, outs = [], []
+  for i in range(5):
+    g, w = _GenericScale(2.0), jnp.full(4, 0.5 + i)
+    made.append((w, g))
+    outs.append((jcc.jit(make(w, g))(x), jcc.jit(jax.grad(make(w, g)))(x)))
+  assert jcc.stats()["hits"] == 2 * 3, jcc.stats()
+  for (w, g), (out, grad) in zip(made, outs):
+    assert_like_stock(out, make(w, g), x)
+    assert_like_stock(grad, jax.grad(make(w, g)), x)
+  g = _GenericScale(3.0)   # a changed attribute: stock's answer, not 2.0's
+  assert_like_stock(jcc.jit(make(jnp.ones(4), g))(x), make(jnp.ones(4), g), x)
+  free = lambda: (lambda v: _soft_tanh(v) * 2.0)   # one code, no cells
+  warm(lambda: jcc.jit(free())(x))
+  with counting() as c:
+    for _ in range(3):
+      out = jcc.jit(free())(x)
+  assert c["traces"] == 0, c
+  assert_like_stock(out, free(), x)

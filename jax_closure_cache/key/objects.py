@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import types
+import typing
 import weakref
 
 from jax_closure_cache import cache
@@ -31,6 +32,11 @@ _plain_types: "weakref.WeakKeyDictionary[type, bool]" = cache.STORE.table(
 
 # C bases whose whole state the walk can read: their items (see contents).
 _CONTAINER_BASES = (list, tuple, dict)
+# C bases that keep no state of an instance's: ``typing.Generic`` (written
+# in C from Python 3.12: only class-level hooks, ``__class_getitem__`` and
+# ``__init_subclass__``; its instances are object's size), the base of
+# jax's ``custom_jvp`` and ``custom_vjp`` and of generic user classes.
+_STATELESS_BASES = (typing.Generic,)
 # C types whose state the walk reads through their ``__dict__`` as a Python
 # class's: an ``lru_cache`` wrapper (``__wrapped__``, keyed by its code and
 # what it reads; its cache only memoizes that function).
@@ -69,7 +75,7 @@ def is_plain_type(cls: type) -> bool:
     pass
   plain = True
   for c in cls.__mro__[:-1]:
-    if c in _CONTAINER_BASES:
+    if c in _CONTAINER_BASES or c in _STATELESS_BASES:
       continue
     slots = c.__dict__.get("__slots__", ())
     if isinstance(slots, str):
