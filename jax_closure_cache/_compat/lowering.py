@@ -274,27 +274,13 @@ def per_object_callable(jaxpr) -> str | None:
   return _CallableSearch(True).jaxpr(jaxpr, 0)
 
 
-def lifted_callable(jaxpr) -> str | None:
-  """As :func:`per_object_callable`, for a trace of a rebuilt function
-  (lifted values as tracers), also counting a user's function whose
-  globals are not its module's own namespace (one made during the trace
-  by a rebuild reading a copy holding tracers, or by ``exec``), and any
-  tracer in a parameter. What is left, a module-level user function with
-  no state of its own (a ``custom_jvp``'s rule, a callback), reads what
-  stock's does for every re-created function of the code."""
-  return (_CallableSearch(True, module_globals=True).jaxpr(jaxpr, 0)
-          or param_tracer(jaxpr))
-
-
 class _CallableSearch:
   """The walk of :func:`runtime_callable`, one method per kind of value
-  met; ``per_object``: see :func:`per_object_callable`;
-  ``module_globals``: see :func:`lifted_callable`."""
-  __slots__ = ("per_object", "module_globals")
+  met; ``per_object``: see :func:`per_object_callable`."""
+  __slots__ = ("per_object",)
 
-  def __init__(self, per_object: bool, module_globals: bool = False):
+  def __init__(self, per_object: bool):
     self.per_object = per_object
-    self.module_globals = module_globals
 
   def jaxpr(self, jaxpr, depth: int) -> str | None:
     if depth > 64:
@@ -385,8 +371,7 @@ class _CallableSearch:
       held = (f.func, *f.args, *f.keywords.values())
     elif isinstance(f, types.FunctionType):
       if not f.__code__.co_filename.startswith(_JAX_ROOTS):
-        return (not self.per_object or _holds_own_state(f)
-                or (self.module_globals and not _module_namespace(f)))
+        return not self.per_object or _holds_own_state(f)
       # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
       held = (*_filled_cells(f), *f.__dict__.values())
     elif not defined_by_jax(type(f)):
@@ -403,13 +388,6 @@ def _holds_own_state(f: types.FunctionType) -> bool:
   module's globals, as every re-creation of it does)."""
   return bool(f.__closure__ or f.__defaults__ or f.__kwdefaults__
               or f.__dict__)
-
-
-def _module_namespace(f: types.FunctionType) -> bool:
-  """Whether ``f``'s globals are the namespace of the module they name."""
-  g = f.__globals__
-  module = sys.modules.get(g.get("__name__"))
-  return module is not None and getattr(module, "__dict__", None) is g
 
 
 def _rule_like(v) -> bool:

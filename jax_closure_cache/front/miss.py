@@ -328,15 +328,12 @@ class MissStages:
 
 
   def _runtime_callable(self, traced) -> str | None:
-    """Why the lifted trace must not run nor be kept: its jaxpr holds a
-    Python function JAX calls later (a callback when it runs, a custom
-    rule when it transforms the trace) that is the trace's own, made over
-    the lifted trace's values (a closed-over array is a tracer there) or
-    holding this object's state (cells, defaults, attributes: a write
-    would land on the rebuilt copy, a hit would run the first object's);
-    or None. A module-level function with none of these is the one every
-    re-created function reads (``lowering.lifted_callable``)."""
-    called = _lowering.lifted_callable(traced.jaxpr)
+    """Why the lifted trace must not run nor be kept: its jaxpr calls a
+    Python function of the trace's own when it runs (a callback), which
+    was made over the lifted trace's values (a closed-over array is a
+    tracer there) and this object's state (a write would land on the
+    rebuilt copy); or None."""
+    called = _lowering.runtime_callable(traced.jaxpr)
     if called is None:
       return None
     return (f"its {called} is its own trace's (a function JAX calls later, "
@@ -428,7 +425,7 @@ class MissStages:
         events.not_stored(self._user(), "retrace_failed",
                           f"tracing the new signature again failed: {e!r}")
         return
-    called = _lowering.lifted_callable(traced.jaxpr)
+    called = _lowering.runtime_callable(traced.jaxpr)
     if called is not None:
       # the callback is this object's (its log, its state): a hit would call
       # it from later objects; every object traces (tier A shares no
