@@ -442,10 +442,22 @@ _STATE = types.SimpleNamespace(local=threading.local(),
 _SCALE = 0.0
 
 
+def _read_by_import():
+  import helper_module   # a module imported where the trace runs
+  return helper_module.SCALE
+
+
+def _read_from_import():
+  from helper_module import SCALE
+  return SCALE
+
+
 def _read(how):
   """What a trace reads, by ``how``: each changes between the steps."""
   import helper_module
   return {
+      "import in the body": _read_by_import,
+      "from-import in the body": _read_from_import,
       "threading.local": lambda: _STATE.local.scale,
       "decimal.Context": lambda: float(_STATE.context.prec),
       "globals()[name]": lambda: globals()["_SCALE"],
@@ -462,16 +474,19 @@ def _set(step):
   _STATE.context.prec = step + 1
 
 
+@pytest.mark.parametrize("verify", [False, True])
 @pytest.mark.parametrize("how", [
     "threading.local", "decimal.Context", "globals()[name]", "sys.modules",
-    "getattr(module, name)", "importlib"])
-def test_state_the_walk_cannot_read_by_value_is_stocks(how):
+    "getattr(module, name)", "importlib", "import in the body",
+    "from-import in the body"])
+def test_state_the_walk_cannot_read_by_value_is_stocks(how, verify):
   """A trace reading a library object the walk kept by identity though its
   attributes change (a ``threading.local``, a ``decimal.Context``), or
-  globals and module attributes by a computed name: from the third closure
-  on the cache answered with the second one's value. Such functions are
-  now stock's. Jitted, compared with stock call by call, replayed."""
-  jcc.enable()
+  globals and module attributes by a computed name or through a module
+  its code imports where it runs: from the third closure on the cache
+  answered with the second one's value. Such functions are now stock's.
+  Jitted, compared with stock call by call, replayed, in both modes."""
+  jcc.enable(verify=verify)
   read = _read(how)
   x = jnp.ones(2)
   run = lambda w: jax.jit(lambda v: v * w + read())(x)
@@ -580,65 +595,90 @@ def step(i, x, xs):
 '''
 
 
-_SHARED_RULES = '''
+_MODULE_RULES = '''
 import jax
 import jax.numpy as jnp
 
+LOG = []   # the rules' trace-time log, cleared by the caller every step
+K = 1.0
 
-@jax.custom_jvp
+
+@jax.custom_vjp
 def softclip(z):
   return jnp.tanh(z)
 
 
-softclip.defjvp(lambda p, t: (jnp.tanh(p[0]), t[0] * (1 - jnp.tanh(p[0]) ** 2)))
+def _fwd(z):
+  return jnp.tanh(z), z
 
 
-def record(v):   # a callback whose effects are elsewhere (a metrics sink)
-  del v
+def _bwd(z, g):
+  LOG.append("bwd")   # runs when JAX transposes a trace holding softclip
+  return (g * (1 - jnp.tanh(z) ** 2),)
 
 
-def step(x):
-  def f(y):   # closure-free, re-created per call
-    return softclip(y) * 2
-  return jax.jit(f)(x)
+softclip.defvjp(_fwd, _bwd)
 
 
-def with_callback(y):
-  jax.debug.callback(record, y)
-  return y
+@jax.custom_jvp
+def scaled(z):
+  return z * 2.0
+
+
+@scaled.defjvp
+def _scaled_jvp(primals, tangents):
+  import rule_settings   # read where the rule runs, by a local import
+  return scaled(primals[0]), tangents[0] * rule_settings.K
+
+
+def free():   # closure-free, re-created per call: one code
+  return lambda v: softclip(v).sum() + scaled(v).sum()
+
+
+def closing(w):   # a closure over an array, re-created per call
+  return lambda v: softclip(v * w).sum() + scaled(v * w).sum()
 '''
 
 
-def test_module_level_rules_and_callbacks_keep_a_shared_stock_object():
-  """A closure-free function re-created per call whose trace holds a
-  module-level ``custom_jvp`` (its rule a function with no state of its
-  own, the same object for every re-creation) keeps the one stock object
-  of its code (no trace of it is noted as holding an object's own
-  callable), and answers as stock's. A module-level
-  callback is such a function too: it calls back into no object's own
-  state, so it does not cost a code its shared object."""
-  from jax_closure_cache._compat import lowering
+def test_module_level_rules_run_for_every_object_as_stock(monkeypatch):
+  """A re-created function (closure-free, or a closure over an array)
+  whose trace holds a module-level ``custom_vjp`` or ``custom_jvp`` rule:
+  JAX runs the rule when it differentiates the trace and memoizes that by
+  the jaxpr object, so a trace shared by later objects (a canonical stock
+  object's cached one, a stored lifted one) would run the rule once where
+  stock runs it for every object: the ``bwd``'s log written once, the
+  ``jvp``'s local import read once (a setting changed since unseen). Such
+  a code is traced for every object as stock's (tier A shares the
+  executable), in both modes."""
   from jax_closure_cache.lookup import closure_cache
-  module = types.ModuleType("shared_rules")
-  exec(compile(_SHARED_RULES, "<shared_rules>", "exec"), module.__dict__)
-  x = jnp.arange(3.0)
+  settings = types.ModuleType("rule_settings")
+  monkeypatch.setitem(sys.modules, "rule_settings", settings)
+  module = types.ModuleType("module_rules")
+  monkeypatch.setitem(sys.modules, "module_rules", module)
+  exec(compile(_MODULE_RULES, "<module_rules>", "exec"), module.__dict__)
+  x = jnp.arange(3.0) - 1.0
 
   def run():
-    return [np.asarray(module.step(x + i)) for i in range(5)], None
+    got, logs = [], []
+    for i in range(4):
+      settings.K = 1.0 + i
+      for f in (module.free(), module.closing(jnp.full(3, 1.0 + i))):
+        module.LOG.clear()
+        got.append(np.asarray(jax.grad(jax.jit(f))(x)))
+        logs.append(list(module.LOG))
+    return got, logs
 
-  replay_like_stock(run)
-  with counting() as counts:
-    run()
-  assert counts["compiles"] == 0
-  inner = next(c for c in module.step.__code__.co_consts
-               if isinstance(c, types.CodeType))
-  assert inner not in closure_cache.callable_codes   # its object is shared
-  traced = jax.make_jaxpr(module.with_callback)(x)
-  assert lowering.runtime_callable(traced) is not None
-  assert lowering.per_object_callable(traced) is None
-  log = []
-  traced = jax.make_jaxpr(lambda y: jax.debug.callback(log.append, y))(x)
-  assert lowering.per_object_callable(traced) is not None   # a list's own
+  want = replay_like_stock(run)
+  assert want == [["bwd"]] * 8
+  jcc.disable()
+  jcc.clear()
+  jcc.enable(verify=True)
+  for _ in range(2):
+    got, logs = run()
+    assert logs == want
+  assert jcc.stats()["verify_mismatches"] == 0
+  inner = module.free().__code__
+  assert inner in closure_cache.callable_codes   # no shared stock object
 
 
 @counts_side_effects

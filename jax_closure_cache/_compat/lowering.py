@@ -261,26 +261,13 @@ def runtime_callable(jaxpr) -> str | None:
   ``check``), or None. Such a callable or number is the trace's own: a
   trace stored for other function objects would call this object's
   callback (its log, its state) from theirs, or report its checks."""
-  return _CallableSearch(False).jaxpr(jaxpr, 0)
-
-
-def per_object_callable(jaxpr) -> str | None:
-  """As :func:`runtime_callable`, counting only callables that hold state
-  of their own object (a user's function with cells, defaults or
-  attributes, a bound method, a callable object, a partial) and numbered
-  checks: a module-level user function with none is one object every
-  re-created function of a code shares, so a trace calling it is the same
-  for all of them."""
-  return _CallableSearch(True).jaxpr(jaxpr, 0)
+  return _CallableSearch().jaxpr(jaxpr, 0)
 
 
 class _CallableSearch:
   """The walk of :func:`runtime_callable`, one method per kind of value
-  met; ``per_object``: see :func:`per_object_callable`."""
-  __slots__ = ("per_object",)
-
-  def __init__(self, per_object: bool):
-    self.per_object = per_object
+  met."""
+  __slots__ = ()
 
   def jaxpr(self, jaxpr, depth: int) -> str | None:
     if depth > 64:
@@ -314,8 +301,6 @@ class _CallableSearch:
     if isinstance(p, types.FunctionType):
       # a module-level function of jax (a PRNG implementation's) holds
       # nothing of a trace's; JAX's closure over a user's callback does
-      if self.per_object:
-        return self.reaches_user_code(p, 4)
       return (p.__closure__ is not None
               or not p.__code__.co_filename.startswith(_JAX_ROOTS))
     if isinstance(p, (types.MethodType, functools.partial)):
@@ -333,8 +318,7 @@ class _CallableSearch:
     # hold the user's function
     if not defined_by_jax(type(p)):
       return True
-    callback = getattr(p, "callback_func", None)
-    if callback is not None and not self.per_object:
+    if getattr(p, "callback_func", None) is not None:
       return True
     return self.reaches_user_code(p, 4)
 
@@ -365,13 +349,13 @@ class _CallableSearch:
     """Whether a rule (a function, a ``WrappedFun``, a ``partial``, a
     callable object of jax's such as ``custom_vmap``'s ``ClosedRule``) is
     or holds, through cells, arguments and attributes, a function whose
-    code lies outside jax's folders (with ``per_object``, one holding
-    state of its own) or a callable object of a class outside them."""
+    code lies outside jax's folders or a callable object of a class
+    outside them."""
     if isinstance(f, functools.partial):
       held = (f.func, *f.args, *f.keywords.values())
     elif isinstance(f, types.FunctionType):
       if not f.__code__.co_filename.startswith(_JAX_ROOTS):
-        return not self.per_object or _holds_own_state(f)
+        return True
       # its cells, and what ``functools.update_wrapper`` set (``__wrapped__``)
       held = (*_filled_cells(f), *f.__dict__.values())
     elif not defined_by_jax(type(f)):
@@ -380,14 +364,6 @@ class _CallableSearch:
       held = _attribute_values(f)
     return depth > 0 and any(self.reaches_user_code(v, depth - 1)
                              for v in held if _rule_like(v))
-
-
-def _holds_own_state(f: types.FunctionType) -> bool:
-  """Whether a user's function holds state of its own object: cells,
-  defaults or attributes (a module-level one with none reads only its
-  module's globals, as every re-creation of it does)."""
-  return bool(f.__closure__ or f.__defaults__ or f.__kwdefaults__
-              or f.__dict__)
 
 
 def _rule_like(v) -> bool:

@@ -398,6 +398,12 @@ class Analysis(_key.Walk):
     if why:
       raise Uncacheable("dynamic_read", f"{f.__qualname__} calls {why}: what "
                         "it reads by a computed name is in no key")
+    if plan.imports and not _compat.library_code(f.__code__):
+      # (a global module's attributes are keyed by the chains its code
+      # reads, and a library's compared by identity on every hit)
+      raise Uncacheable("local_import", f"{f.__qualname__} imports "
+                        f"{plan.imports[0]} where it runs: what it reads of "
+                        "that module is in no key")
     if plan.writes_globals and not _compat.library_code(f.__code__):
       raise Uncacheable(
           "writes_globals", f"{f.__qualname__} assigns to a global: stock's "

@@ -40,6 +40,9 @@ class CodePlan(NamedTuple):
   # ``nonlocal n`` of a closed-over ``n`` (a local of its own that a nested
   # function captures is a fresh cell each call, never the closure's)
   written_cells: frozenset = frozenset()
+  # modules it imports where it runs (``import cfg``, ``from cfg import K``
+  # in its body): what it reads of them goes through locals, in no chain
+  imports: tuple = ()
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -61,6 +64,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
     pass
   names: dict[str, None] = {}
   chains: dict[tuple, None] = {}
+  imports: dict[str, None] = {}
   written: dict = {}   # code -> the cell names it assigns itself
   writes = False
   pending = [code]
@@ -84,7 +88,9 @@ def code_plan(code: types.CodeType) -> CodePlan:
       if chain is not None and chain[2]:
         chains[(chain[0], chain[1], tuple(chain[2]))] = None
       chain = None
-      if op in _GLOBAL_WRITES:
+      if op == "IMPORT_NAME":
+        imports[ins.argval] = None
+      elif op in _GLOBAL_WRITES:
         writes = True
       elif op in _CELL_WRITES:
         written[co].add(ins.argval)
@@ -92,7 +98,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
       chains[(chain[0], chain[1], tuple(chain[2]))] = None
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
   plan = CodePlan(tuple(names), writes, tuple(chains),
-                  frozenset(_free_writes(code, written)))
+                  frozenset(_free_writes(code, written)), tuple(imports))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan

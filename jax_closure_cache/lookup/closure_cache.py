@@ -82,11 +82,13 @@ trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 #: trace.
 conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
-#: Codes a stock trace of which holds a callable JAX runs after the trace
-#: holding state of its own object (a callback, a custom rule:
-#: ``per_object_callable``): no shared stock object
-#: of theirs is handed out, as its cached trace would run the first
-#: object's callable (its log, its state) for later objects.
+#: Codes a stock trace of which holds a user's callable JAX runs after the
+#: trace (a callback, a custom rule: ``runtime_callable``): no shared stock
+#: object of theirs is handed out, as its cached trace would run the first
+#: object's callable (its log, its state, its static arguments) for later
+#: objects, and JAX memoizes a transformation of the trace by the jaxpr
+#: object, so a rule (a ``custom_vjp``'s ``bwd``, even a module-level one)
+#: would run once where stock runs it for every object.
 callable_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.callable_codes", cache.Store.TRACES, weakref.WeakSet)
 #: Codes whose functions are traced as usual from now on, never answered by
@@ -167,12 +169,11 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
 
 def _noting_callables(fun, answer):
   """``answer``, a stock trace of ``fun``, its code added to
-  :data:`callable_codes` where it holds a callable JAX runs later that
-  holds state of its own object (asked of closure-free functions alone,
-  the ones a canonical object serves; a module-level function every
-  object of the code calls is the same for all of them)."""
+  :data:`callable_codes` where it holds a user's callable JAX runs later
+  (asked of closure-free functions alone, the ones a canonical object
+  serves)."""
   if (type(fun) is types.FunctionType and fun.__closure__ is None
-      and _lowering.per_object_callable(answer[0]) is not None):
+      and _lowering.runtime_callable(answer[0]) is not None):
     callable_codes.add(fun.__code__)
   return answer
 
