@@ -705,6 +705,63 @@ def test_callables_a_closure_free_function_reaches_run_for_its_own_object():
   replay_like_stock(run)
 
 
+class _Tag:
+  """A user's object ``jax.debug.print`` formats when the program runs."""
+
+  def __init__(self, n):
+    self.n = n
+
+  def __format__(self, spec):
+    return f"tag{self.n}"
+
+
+@jax.tree_util.register_static
+class _Label:   # a static pytree node: its data is the object itself
+  def __init__(self, name):
+    self.name = name
+
+  def __repr__(self):
+    return f"Label({self.name})"
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_debug_print_formats_each_objects_own_arguments(verify):
+  """``jax.debug.print`` keeps its non-array arguments in its equation and
+  formats them when the program runs: a shared trace printed the first
+  closure's object (mutated since) for later closures, where stock prints
+  each one's own; with a static pytree node, its data. A trace holding a
+  user's object in a parameter is traced for every object, as stock's."""
+  import contextlib
+  import io
+  x = jnp.arange(3.0)
+
+  def make(w, tag, label):
+    def g(v):
+      jax.debug.print("t {t} {l}: {v}", t=tag, l=label, v=v * w)
+      return v - w
+    return g
+
+  def run():
+    buf, got = io.StringIO(), []
+    with contextlib.redirect_stdout(buf):
+      for i in range(5):
+        tag, label = _Tag(0), _Label("a")
+        got.append(np.asarray(jax.jit(make(jnp.full(3, 1.0 + i % 2), tag,
+                                           label))(x)))
+        jax.effects_barrier()
+        tag.n, label.name = 100 + i, f"b{i}"   # changed after its call
+    return got, buf.getvalue().splitlines()
+
+  want = stock_off(run)
+  jcc.enable(verify=verify)
+  for _ in range(2):
+    got, printed = run()
+    assert printed == want[1]
+    for g, w in zip(got, want[0]):
+      np.testing.assert_array_equal(g, w)
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
 def _checked_steps(i):
   from jax.experimental import checkify
   w = jnp.arange(3.0) + i

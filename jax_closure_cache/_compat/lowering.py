@@ -258,9 +258,12 @@ def runtime_callable(jaxpr) -> str | None:
   runs (``pure_callback``, ``io_callback``, ``debug.callback``: the
   user's function, or JAX's closure over it), a rule JAX runs when it
   transforms the trace, or that JAX numbers per trace (a checkify
-  ``check``), or None. Such a callable or number is the trace's own: a
-  trace stored for other function objects would call this object's
-  callback (its log, its state) from theirs, or report its checks."""
+  ``check``), or that holds a user's object for when it runs
+  (``debug.print``'s static arguments, formatted at run time; a pytree
+  node's data), or None. Such a callable, number or object is the trace's
+  own: a trace stored for other function objects would call this object's
+  callback (its log, its state) from theirs, print its objects, or report
+  its checks."""
   return _CallableSearch().jaxpr(jaxpr, 0)
 
 
@@ -312,7 +315,7 @@ class _CallableSearch:
       # ``bwd``, a linearized ``custom_vjp``'s): of the user's or not
       return self.reaches_user_code(p, 4)
     if isinstance(p, type) or not callable(p):
-      return False
+      return _user_value(p, 4)
     # JAX's own callable values (a mesh, a sharding) run nothing of the
     # user's; its callback wrappers and rule objects (``custom_vmap``'s)
     # hold the user's function
@@ -364,6 +367,52 @@ class _CallableSearch:
       held = _attribute_values(f)
     return depth > 0 and any(self.reaches_user_code(v, depth - 1)
                              for v in held if _rule_like(v))
+
+
+#: Parameter values that are no user's object: atoms, and the standard
+#: library's immutable values of atoms (walked by :func:`_user_value`).
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None),
+                    type(Ellipsis), slice, range})
+
+
+def _user_value(p, depth: int) -> bool:
+  """Whether a non-callable parameter value is or holds an object of a
+  user's class, or a user's class (what a primitive keeps by identity
+  for when it runs): anything but atoms, numpy's values and dtypes, and
+  jax's own values, through containers and a pytree's node data."""
+  t = type(p)
+  if t in _ATOMS:
+    return False
+  if depth <= 0:
+    return True
+  if t is tuple or t is list or t is frozenset or t is set:
+    return any(_user_value(x, depth - 1) for x in p)
+  if t is dict:
+    return any(_user_value(k, depth - 1) or _user_value(v, depth - 1)
+               for k, v in p.items())
+  if t is PyTreeDef:
+    return _user_node_data(p, depth)
+  if isinstance(p, type):
+    return not (p.__module__ in ("builtins", "numpy")
+                or defined_by_jax(p) or issubclass(p, np.generic))
+  if isinstance(p, np.dtype):
+    return False
+  if isinstance(p, (np.generic, np.ndarray)):
+    return p.dtype.hasobject
+  return not defined_by_jax(t)
+
+
+def _user_node_data(treedef, depth: int) -> bool:
+  """Whether a treedef's nodes hold a user's class or node data."""
+  pending = [treedef]
+  while pending:
+    node = pending.pop()
+    data = node.node_data()
+    if data is not None and (_user_value(data[0], depth - 1)
+                             or _user_value(data[1], depth - 1)):
+      return True
+    pending.extend(node.children())
+  return False
 
 
 def _rule_like(v) -> bool:

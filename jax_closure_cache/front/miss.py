@@ -337,8 +337,9 @@ class MissStages:
     if called is None:
       return None
     return (f"its {called} is its own trace's (a function JAX calls later, "
-            "over the closure's own values and state, or a check JAX numbers "
-            "per trace): stock traces every object")
+            "over the closure's own values and state, a user's object it "
+            "keeps for when it runs, or a check JAX numbers per trace): "
+            "stock traces every object")
 
 
   def _captured_constants(self, traced, leaves) -> str | None:
