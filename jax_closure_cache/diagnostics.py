@@ -34,6 +34,10 @@ logger = logging.getLogger("jax_closure_cache")
 EXPLAIN_ENV = settings.EXPLAIN.name
 DEFAULT_STORM_THRESHOLD = settings.STORM_THRESHOLD.default
 _storm_threshold = settings.read(settings.STORM_THRESHOLD)
+#: The keys of a code's recent misses kept whole, for explanations and the
+#: storm guard's naming (a key holds what its closure held); of the rest
+#: their hashes alone.
+RECENT_KEYS = 3
 
 
 def storm_threshold() -> int:
@@ -78,18 +82,23 @@ class Record:
 
 class CodeStats:
   """Everything seen for one code object (one source location)."""
-  __slots__ = ("location", "misses", "fallbacks", "records", "keys",
-               "met_once", "warned")
+  __slots__ = ("location", "misses", "fallbacks", "records", "hashes",
+               "keys", "met_once", "warned")
 
   def __init__(self, location: str):
     self.location = location
     self.misses = 0
     self.fallbacks: collections.Counter = collections.Counter()
     self.records: list[Record] = []
-    # recent keys of this code: (options key, function key), newest last
-    self.keys: collections.deque = collections.deque(maxlen=64)
-    # recent keys met once and answered by stock (no entry), newest last
-    self.met_once: collections.deque = collections.deque(maxlen=64)
+    # the hashes of this code's recent keys (missed, or met once and
+    # answered by stock), newest last: the storm guard counts them
+    self.hashes: collections.deque = collections.deque(maxlen=128)
+    # the last few of those keys themselves, (options key, function key),
+    # missed and met once apart, which explanations and the storm guard
+    # name parts of: only a few, as a key holds what the closure held (its
+    # values, a class)
+    self.keys: collections.deque = collections.deque(maxlen=RECENT_KEYS)
+    self.met_once: collections.deque = collections.deque(maxlen=RECENT_KEYS)
     self.warned = False
 
   @property
@@ -215,7 +224,7 @@ def miss(fun, code, full_key, cost: float, first_object: bool = False) -> Record
     s.misses += 1
     s.records.append(record)
     previous = list(s.keys)
-    s.keys.append(full_key)
+    _remember_key(s, s.keys, full_key)
   if _monitoring_active():
     jax.monitoring.record_event("/jax_closure_cache/miss")
   if explaining():
@@ -238,7 +247,7 @@ def met_once(fun, code, full_key, detail: str) -> None:
   with _lock:
     s.fallbacks["key_met_once"] += 1
     previous = list(s.keys) + list(s.met_once)
-    s.met_once.append(full_key)
+    _remember_key(s, s.met_once, full_key)
   if _monitoring_active():
     jax.monitoring.record_event("/jax_closure_cache/fallback",
                                 reason="key_met_once")
@@ -250,12 +259,18 @@ def met_once(fun, code, full_key, detail: str) -> None:
   return None
 
 
+def _remember_key(s: CodeStats, recent, full_key) -> None:
+  """Records ``full_key``: its hash, and itself in ``recent``."""
+  recent.append(full_key)
+  s.hashes.append(_hashable(full_key))
+
+
 def _guard_storm(fun, code, s: CodeStats, keys: list) -> None:
-  distinct = len(set(_hashable(k) for k in keys))
+  distinct = len(set(s.hashes))
   if distinct > _storm_threshold and not s.warned:
     s.warned = True
     try:
-      _warn_storm(fun, code, s, keys)
+      _warn_storm(fun, code, s, keys, distinct)
     except Exception as e:   # naming the culprit must never fail the call
       logger.warning("jax_closure_cache: %s has met %d distinct closure keys "
                      "(naming what changes failed: %s)", s.location,
@@ -264,8 +279,7 @@ def _guard_storm(fun, code, s: CodeStats, keys: list) -> None:
 
 def _hashable(key):
   try:
-    hash(key)
-    return key
+    return hash(key)
   except TypeError:
     return id(key)
 
@@ -313,7 +327,13 @@ def explain_retrace(fun, key, old_avals, new_avals, old_static=None,
 
 # -- recompile storms ----------------------------------------------------------
 
-def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
+def _shortened(text: str, most: int = 60) -> str:
+  """``text`` cut to ``most`` characters (a value's rendering may be
+  megabytes: a closed-over ``bytes``)."""
+  return text if len(text) <= most else text[:most - 3] + "..."
+
+
+def _warn_storm(fun, code, s: CodeStats, keys: list, distinct: int) -> None:
   """Log once per user code object, as a record attributed to that code's
   file and line, naming the value that keeps changing. Logging, not
   ``warnings``: a storm is a performance note, and ``-W error`` suites must
@@ -329,7 +349,8 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
                     key=lambda n: -len(changing[n]))
   if culprits:
     name = culprits[0]
-    examples = ", ".join(key_names.render(p)[0] for p in list(changing[name])[:3])
+    examples = ", ".join(_shortened(key_names.render(p)[0])
+                         for p in list(changing[name])[:3])
     what = f"{name} keeps changing ({examples}, ...)"
   else:
     what = "its closure keeps changing"
@@ -339,7 +360,7 @@ def _warn_storm(fun, code, s: CodeStats, keys: list) -> None:
     what = f"its static arguments keep changing ({examples}, ...)"
     advice = ("Each distinct static value is a trace of its own, as with "
               "stock; pass a value that changes as a dynamic argument.")
-  message = (f"jax_closure_cache: {s.location} has met {len(keys)} "
+  message = (f"jax_closure_cache: {s.location} has met {distinct} "
              f"distinct closure keys (more than {_storm_threshold}); {what}, "
              "so each call traces again (tier A may still share the "
              f"executable). {advice}")

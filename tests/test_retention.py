@@ -145,3 +145,33 @@ def test_arrays_are_freed_after_a_hit_whose_new_signature_raises():
   stored = list(entries.entries._data.values())
   assert stored and all(e.caller is None and e.walk is None
                         for e in stored)
+
+
+def _payload_step(i, launch):
+  payload = bytes(1 << 20) + str(i).encode()   # 1 MB, read at trace time
+  return float(launch(lambda y: y + len(payload) % 7)(jnp.arange(4.0)).sum())
+
+
+@pytest.mark.parametrize("route", ["jit", "fori_loop"])
+def test_values_of_keys_met_once_are_not_kept(route):
+  """A re-created closure holding a value its key holds by value (here a
+  fresh 1 MB ``bytes`` per call, so every key is met once) keeps no more
+  than a few recent keys' values: the trace lookup stores an answer only
+  for a key met again, and the explanations keep the last few keys whole
+  (their hashes for the rest). Before, forty calls kept forty payloads."""
+  import tracemalloc
+  launch = {"jit": jcc.jit,
+            "fori_loop": lambda f: (lambda v: jcc.lax.fori_loop(
+                0, 1, lambda i, c: f(c), v))}[route]
+  jcc.enable()
+  gc.collect()
+  tracemalloc.start()
+  try:
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(40):
+      _payload_step(i, launch)
+    gc.collect()
+    kept = tracemalloc.get_traced_memory()[0] - before
+  finally:
+    tracemalloc.stop()
+  assert kept < 12 << 20, kept   # at most 2 * RECENT_KEYS payloads, and slack

@@ -322,8 +322,11 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   except TypeError:
     pass
   if not leaves:
-    return ((None, (key, leaves, anchors), False) if shared is None
-            else (shared.answer, None, True))
+    if shared is not None:
+      return shared.answer, None, True
+    # stored only for a key met again: a key met once keeps nothing (its
+    # values, a class or bytes it holds, live as long as stock keeps them)
+    return None, ((key, leaves, anchors) if met_before(key) else None), False
   if shared is None and (first_object(fun, traced_code(fun))   # as usual
       | (not met_before(key))):   # lifted only for a key met again
     return None, None, False
