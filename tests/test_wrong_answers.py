@@ -816,3 +816,46 @@ def test_an_overflowing_numpy_constant_warns_as_stock():
     return out, sorted(str(w.message) for w in seen)
 
   assert replay_like_stock(run)   # stock's own cast warnings, and no more
+
+
+_ARGUMENT_SCALE = 1.0
+
+
+@jax.tree_util.register_pytree_node_class
+class _Scaled:
+  """A registered pytree passed as an argument, whose method reads a
+  module global."""
+
+  def __init__(self, v):
+    self.v = v
+
+  def tree_flatten(self):
+    return (self.v,), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(*children)
+
+  def value(self):
+    return self.v * _ARGUMENT_SCALE
+
+
+@pytest.mark.xfail(strict=True, reason="docs/contract.md, Known limits: code "
+                   "of an argument's pytree class is in no key")
+def test_an_argument_classs_method_reading_a_changed_global_is_stale(
+    monkeypatch):
+  """Stock traces each re-created function again and reads the global its
+  argument's method reads; the cache answers from the first trace."""
+  s, a = _Scaled(jnp.ones(2)), jnp.full(2, 2.0)
+
+  def run():
+    out = []
+    for step in range(5):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", float(step))
+      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(s)).tolist())
+    return out
+
+  want = stock_off(run)
+  jcc.enable(verify=False)
+  for _ in range(2):
+    assert run() == want
