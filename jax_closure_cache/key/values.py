@@ -175,21 +175,12 @@ IDENTITY_PACKAGES = frozenset({"jax", "jaxlib", "numpy", "ml_dtypes",
                                "jax_closure_cache"})
 #: Standard-library types kept so: sentinels, locks, operator's getters and
 #: a NamedTuple's field getters, whose state no trace reads as a value or
-#: which never change; and the descriptors a class implemented in C (or a
-#: class's ``__slots__`` and ``__dict__``) defines (``object.__setattr__``,
-#: ``dict.get``, ``list.append`` unbound), fixed by the class's C code and
-#: holding no instance (one bound to an instance, ``obj.__setattr__``, is a
-#: method-wrapper: not kept so).
+#: which never change.
 IDENTITY_TYPES = frozenset({object, type(NotImplemented),
                             type(threading.Lock()), type(threading.RLock()),
                             operator.itemgetter, operator.attrgetter,
                             operator.methodcaller,
-                            type(collections.namedtuple("_Pair", "a").a),
-                            types.WrapperDescriptorType,
-                            types.MethodDescriptorType,
-                            types.ClassMethodDescriptorType,
-                            types.GetSetDescriptorType,
-                            types.MemberDescriptorType})
+                            type(collections.namedtuple("_Pair", "a").a)})
 
 
 def kept_as_library_object(t: type) -> bool:
