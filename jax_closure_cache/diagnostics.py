@@ -266,7 +266,8 @@ def _remember_key(s: CodeStats, recent, full_key) -> None:
 
 
 def _guard_storm(fun, code, s: CodeStats, keys: list) -> None:
-  distinct = len(set(s.hashes))
+  with _lock:   # (another thread may be recording a key of this code)
+    distinct = len(set(s.hashes))
   if distinct > _storm_threshold and not s.warned:
     s.warned = True
     try:

@@ -949,7 +949,16 @@ class _GenericScale(__import__("typing").Generic[__import__("typing").TypeVar("T
     self.scale = scale
 
 
-def test_generic_objects_are_keyed_by_their_state():
+class _SlottedGenericScale(
+    __import__("typing").Generic[__import__("typing").TypeVar("T")]):
+  __slots__ = ("scale",)
+
+  def __init__(self, scale):
+    self.scale = scale
+
+
+@pytest.mark.parametrize("kind", [_GenericScale, _SlottedGenericScale])
+def test_generic_objects_are_keyed_by_their_state(kind):
   """A ``typing.Generic`` subclass (a C base from Python 3.12, holding no
   state of an instance's) is walked by its state on every Python:
   re-created closures over such an object hit the closure key from their
@@ -960,12 +969,12 @@ def test_generic_objects_are_keyed_by_their_state():
   make = lambda w, g: (lambda v: jnp.sum(jnp.tanh(v * w) * g.scale))
   made, outs = [], []
   for i in range(5):
-    g, w = _GenericScale(2.0), jnp.full(4, 0.5 + i)
+    g, w = kind(2.0), jnp.full(4, 0.5 + i)
     made.append((w, g))
     outs.append((jcc.jit(make(w, g))(x), jcc.jit(jax.grad(make(w, g)))(x)))
   assert jcc.stats()["hits"] == 2 * 3, jcc.stats()
   for (w, g), (out, grad) in zip(made, outs):
     assert_like_stock(out, make(w, g), x)
     assert_like_stock(grad, jax.grad(make(w, g)), x)
-  g = _GenericScale(3.0)   # a changed attribute: stock's answer, not 2.0's
+  g = kind(3.0)   # a changed attribute: stock's answer, not 2.0's
   assert_like_stock(jcc.jit(make(jnp.ones(4), g))(x), make(jnp.ones(4), g), x)

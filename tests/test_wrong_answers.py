@@ -679,6 +679,11 @@ def test_module_level_rules_run_for_every_object_as_stock(monkeypatch):
   assert jcc.stats()["verify_mismatches"] == 0
   inner = module.free().__code__
   assert inner in closure_cache.callable_codes   # no shared stock object
+  jcc.enable(verify=False)
+  with counting() as counts:   # traced as stock, compiled by none
+    got, logs = run()
+  assert logs == want and counts["compiles"] == 0, counts
+  assert counts["traces"] >= 8, counts
 
 
 @counts_side_effects
@@ -724,8 +729,9 @@ class _Label:   # a static pytree node: its data is the object itself
     return f"Label({self.name})"
 
 
+@pytest.mark.parametrize("printed", ["object", "node data", "both"])
 @pytest.mark.parametrize("verify", [False, True])
-def test_debug_print_formats_each_objects_own_arguments(verify):
+def test_debug_print_formats_each_objects_own_arguments(verify, printed):
   """``jax.debug.print`` keeps its non-array arguments in its equation and
   formats them when the program runs: a shared trace printed the first
   closure's object (mutated since) for later closures, where stock prints
@@ -737,7 +743,12 @@ def test_debug_print_formats_each_objects_own_arguments(verify):
 
   def make(w, tag, label):
     def g(v):
-      jax.debug.print("t {t} {l}: {v}", t=tag, l=label, v=v * w)
+      if printed == "object":
+        jax.debug.print("t {t}: {v}", t=tag, v=v * w)
+      elif printed == "node data":
+        jax.debug.print("l {l}: {v}", l=label, v=v * w)
+      else:
+        jax.debug.print("t {t} {l}: {v}", t=tag, l=label, v=v * w)
       return v - w
     return g
 
@@ -755,8 +766,8 @@ def test_debug_print_formats_each_objects_own_arguments(verify):
   want = stock_off(run)
   jcc.enable(verify=verify)
   for _ in range(2):
-    got, printed = run()
-    assert printed == want[1]
+    got, lines = run()
+    assert lines == want[1]
     for g, w in zip(got, want[0]):
       np.testing.assert_array_equal(g, w)
   assert jcc.stats()["verify_mismatches"] == 0

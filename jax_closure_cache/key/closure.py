@@ -402,8 +402,8 @@ class Analysis(_key.Walk):
       # (a global module's attributes are keyed by the chains its code
       # reads, and a library's compared by identity on every hit)
       raise Uncacheable("local_import", f"{f.__qualname__} imports "
-                        f"{plan.imports[0]} where it runs: what it reads of "
-                        "that module is in no key")
+                        f"{plan.imports[0] or 'from its package'} where it "
+                        "runs: what it reads of that module is in no key")
     if plan.writes_globals and not _compat.library_code(f.__code__):
       raise Uncacheable(
           "writes_globals", f"{f.__qualname__} assigns to a global: stock's "

@@ -35,7 +35,7 @@ _CONTAINER_BASES = (list, tuple, dict)
 # C bases that keep no state of an instance's: ``typing.Generic`` (written
 # in C from Python 3.12: only class-level hooks, ``__class_getitem__`` and
 # ``__init_subclass__``; its instances are object's size), the base of
-# jax's ``custom_jvp`` and ``custom_vjp`` and of generic user classes.
+# generic user classes (and of jax's ``custom_jvp`` and ``custom_vjp``).
 _STATELESS_BASES = (typing.Generic,)
 # C types whose state the walk reads through their ``__dict__`` as a Python
 # class's: an ``lru_cache`` wrapper (``__wrapped__``, keyed by its code and
@@ -105,6 +105,8 @@ def slot_members(cls: type):
     pass
   members = []
   for c in cls.__mro__[:-1]:
+    if c in _STATELESS_BASES:
+      continue
     if not _python_class(c):
       members = None
       break
