@@ -729,14 +729,17 @@ class _Label:   # a static pytree node: its data is the object itself
     return f"Label({self.name})"
 
 
-@pytest.mark.parametrize("printed", ["object", "node data", "both"])
+@pytest.mark.parametrize("printed", ["object", "node data", "both",
+                                     "print options"])
 @pytest.mark.parametrize("verify", [False, True])
 def test_debug_print_formats_each_objects_own_arguments(verify, printed):
   """``jax.debug.print`` keeps its non-array arguments in its equation and
   formats them when the program runs: a shared trace printed the first
   closure's object (mutated since) for later closures, where stock prints
-  each one's own; with a static pytree node, its data. A trace holding a
-  user's object in a parameter is traced for every object, as stock's."""
+  each one's own; with a static pytree node, its data; and it keeps
+  numpy's print options as its trace read them. A trace holding a user's
+  object in a parameter, or a print, is traced for every object, as
+  stock's."""
   import contextlib
   import io
   x = jnp.arange(3.0)
@@ -747,6 +750,8 @@ def test_debug_print_formats_each_objects_own_arguments(verify, printed):
         jax.debug.print("t {t}: {v}", t=tag, v=v * w)
       elif printed == "node data":
         jax.debug.print("l {l}: {v}", l=label, v=v * w)
+      elif printed == "print options":   # numpy's, read as it traces
+        jax.debug.print("v {v}", v=v * w / 3.0)
       else:
         jax.debug.print("t {t} {l}: {v}", t=tag, l=label, v=v * w)
       return v - w
@@ -757,9 +762,10 @@ def test_debug_print_formats_each_objects_own_arguments(verify, printed):
     with contextlib.redirect_stdout(buf):
       for i in range(5):
         tag, label = _Tag(0), _Label("a")
-        got.append(np.asarray(jax.jit(make(jnp.full(3, 1.0 + i % 2), tag,
-                                           label))(x)))
-        jax.effects_barrier()
+        with np.printoptions(precision=2 + i % 3):
+          got.append(np.asarray(jax.jit(make(jnp.full(3, 1.0 + i % 2), tag,
+                                             label))(x)))
+          jax.effects_barrier()
         tag.n, label.name = 100 + i, f"b{i}"   # changed after its call
     return got, buf.getvalue().splitlines()
 

@@ -250,6 +250,10 @@ _RULE_PARAMETERS = {
 #: function objects keeps its first codes where each stock trace draws new
 #: ones (an inner check then wins over a later outer one).
 _NUMBERED_PER_TRACE = frozenset({"check"})
+#: The parameter of ``jax.debug.print``'s equation holding numpy's print
+#: options, read from numpy's global state when the trace ran: a shared
+#: trace would print later objects' arrays with the first trace's options.
+_PRINTS = "np_printoptions"
 
 
 def runtime_callable(jaxpr) -> str | None:
@@ -278,7 +282,8 @@ class _CallableSearch:
     open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
                   else jaxpr)
     for e in open_jaxpr.eqns:
-      if e.primitive.name in _NUMBERED_PER_TRACE:
+      if e.primitive.name in _NUMBERED_PER_TRACE or _PRINTS in e.params:
+        # (a print keeps numpy's print options as its trace read them)
         return e.primitive.name
       rules = _RULE_PARAMETERS.get(e.primitive.name, ())
       for name, p in e.params.items():
@@ -372,7 +377,7 @@ class _CallableSearch:
 #: Parameter values that are no user's object: atoms, and the standard
 #: library's immutable values of atoms (walked by :func:`_user_value`).
 _ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None),
-                    type(Ellipsis), slice, range})
+                    type(Ellipsis), range})
 
 
 def _user_value(p, depth: int) -> bool:
@@ -385,8 +390,10 @@ def _user_value(p, depth: int) -> bool:
     return False
   if depth <= 0:
     return True
-  if t is tuple or t is list or t is frozenset or t is set:
-    return any(_user_value(x, depth - 1) for x in p)
+  if (t is tuple or t is list or t is frozenset or t is set or t is slice
+      or (isinstance(p, tuple) and defined_by_jax(t))):
+    return any(_user_value(x, depth - 1) for x in (
+        (p.start, p.stop, p.step) if t is slice else p))
   if t is dict:
     return any(_user_value(k, depth - 1) or _user_value(v, depth - 1)
                for k, v in p.items())
