@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
+from value_grammar import LeafNode
 from jax_closure_cache import _compat
 from conftest import (
     STOCK_JIT, counting, counts_side_effects, replay_like_stock, stock_off)
@@ -839,19 +840,9 @@ _ARGUMENT_SCALE = 1.0
 
 
 @jax.tree_util.register_pytree_node_class
-class _Scaled:
+class _Scaled(LeafNode):
   """A registered pytree passed as an argument, whose method reads a
   module global."""
-
-  def __init__(self, v):
-    self.v = v
-
-  def tree_flatten(self):
-    return (self.v,), None
-
-  @classmethod
-  def tree_unflatten(cls, aux, children):
-    return cls(*children)
 
   def value(self):
     return self.v * _ARGUMENT_SCALE
