@@ -175,3 +175,25 @@ def test_values_of_keys_met_once_are_not_kept(route):
   finally:
     tracemalloc.stop()
   assert kept < 12 << 20, kept   # at most 2 * RECENT_KEYS payloads, and slack
+
+
+_STEP_SCALE = 1.0
+
+
+def test_a_closure_free_functions_keys_met_once_keep_no_stock_object(
+    monkeypatch):
+  """A closure-free function reading a global that changes each step has
+  a new key each step: each key's first object is stock's own, and no
+  canonical stock object (with its executable and the function it holds)
+  is kept for it. Before, every step's object was kept."""
+  jcc.enable()
+  x = jnp.ones(4)
+  refs = []
+  for step in range(30):
+    monkeypatch.setitem(globals(), "_STEP_SCALE", 1.0 + step)
+    f = lambda v: v * _STEP_SCALE
+    refs.append(weakref.ref(f))
+    jcc.jit(f)(x)
+    del f
+  gc.collect()
+  assert sum(r() is not None for r in refs) <= 1   # (the last, at most)

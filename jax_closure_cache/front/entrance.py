@@ -17,6 +17,7 @@ arguments; it never traces or compiles (the first call does).
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ from jax_closure_cache.key import closure
 
 _new_wrapper = object.__new__
 _FunctionType = types.FunctionType
+_CO_GENERATOR = inspect.CO_GENERATOR
 _ClosureJitted = wrapper.ClosureJitted
 _fill = wrapper.fill
 _fronts = inline.fronts
@@ -76,6 +78,8 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
     if cls is not None:
       # A front carries its code and the hot spec as class attributes.
       return _fill(_new_wrapper(cls), fun)
+    if fun.__code__.co_flags & _CO_GENERATOR:
+      return _compat.STOCK_JIT(fun)   # stock's TypeError, at jit() time
     return _fill(_new_wrapper(_ClosureJitted), fun,
                  (fun.__code__, _hot_spec[0]))
   return _jit_with_options(fun, options)
@@ -102,7 +106,7 @@ def _jit_with_options(fun, options: dict):
     events.fallback(fun, wrapper.code_of(fun), "unhashable_jit_options",
                     f"the jit options cannot key a cache: {e}")
     return _compat.STOCK_JIT(fun, **options)
-  if not callable(fun):
+  if not callable(fun) or inspect.isgeneratorfunction(fun):
     return _compat.STOCK_JIT(fun, **options)   # stock's error
   if options.get("device") is not None or options.get("backend") is not None:
     # deprecated: stock's jit() warns of them once per object, as made here
