@@ -4,9 +4,11 @@ per-location statistics.
 Invariants:
 * Nothing here runs on a cache hit except :func:`hit`, which bumps a record
   and emits a ``jax.monitoring`` event only when a listener is registered.
-* Explanations are logged through the ``jax_closure_cache`` logger when JAX's
-  ``jax_explain_cache_misses`` option or ``JAX_CLOSURE_CACHE_EXPLAIN`` is on;
-  they are computed only then.
+* Explanations are logged through the ``jax_closure_cache`` logger, computed
+  only when one of two options is on: at WARNING under
+  ``JAX_CLOSURE_CACHE_EXPLAIN``, at INFO under JAX's own
+  ``jax_explain_cache_misses`` alone (so that JAX's warnings are exactly
+  what stock logs under its own option).
 * The storm guard logs at most once per user code object, at WARNING
   through the ``jax_closure_cache`` logger (never through ``warnings``).
 
@@ -53,8 +55,21 @@ def set_storm_threshold(n: int) -> None:
   _storm_threshold = n
 
 
+def explain_level() -> int:
+  """The level explanations are logged at: WARNING under the package's own
+  option, INFO under JAX's ``jax_explain_cache_misses`` alone, else 0 (not
+  explained)."""
+  if settings.read(settings.EXPLAIN):
+    return logging.WARNING
+  return logging.INFO if _compat.explain_cache_misses() else 0
+
+
 def explaining() -> bool:
-  return settings.read(settings.EXPLAIN) or _compat.explain_cache_misses()
+  return explain_level() != 0
+
+
+def _explain(msg: str, *args) -> None:
+  logger.log(explain_level() or logging.INFO, msg, *args)
 
 
 # -- per-location records ----------------------------------------------------
@@ -232,7 +247,7 @@ def miss(fun, code, full_key, cost: float, first_object: bool = False) -> Record
     if first_object:
       why = why + ["first function object of this code: stock jit traces it "
                    "(a re-created one compiles the shared lifted entry)"]
-    logger.warning("closure-cache miss for %s: %s", s.location, "; ".join(why))
+    _explain("closure-cache miss for %s: %s", s.location, "; ".join(why))
   _guard_storm(fun, code, s, previous + list(s.met_once) + [full_key])
   return record
 
@@ -253,8 +268,8 @@ def met_once(fun, code, full_key, detail: str) -> None:
                                 reason="key_met_once")
   if explaining():
     why = explain.explain_miss(fun, full_key, previous) if previous else []
-    logger.warning("closure-cache fallback to stock jit for %s: %s",
-                   s.location, "; ".join([*why, detail]))
+    _explain("closure-cache fallback to stock jit for %s: %s",
+             s.location, "; ".join([*why, detail]))
   _guard_storm(fun, code, s, previous + [full_key])
   return None
 
@@ -288,9 +303,9 @@ def _hashable(key):
 def not_stored(fun, reason: str, detail: str) -> None:
   """A missed entry that was not stored: say why (explanations only)."""
   if explaining():
-    logger.warning("closure-cache entry not stored for %s (%s): %s; later "
-                   "re-created closures of this code will miss again",
-                   location(fun), reason, detail)
+    _explain("closure-cache entry not stored for %s (%s): %s; later "
+             "re-created closures of this code will miss again",
+             location(fun), reason, detail)
 
 
 def fallback(fun, code, reason: str, detail: str) -> None:
@@ -299,8 +314,8 @@ def fallback(fun, code, reason: str, detail: str) -> None:
   if _monitoring_active():
     jax.monitoring.record_event("/jax_closure_cache/fallback", reason=reason)
   if explaining():
-    logger.warning("closure-cache fallback to stock jit for %s: %s",
-                   location(fun), explain.name_uncacheable(fun) or detail)
+    _explain("closure-cache fallback to stock jit for %s: %s",
+             location(fun), explain.name_uncacheable(fun) or detail)
 
 
 # -- enable() came late ------------------------------------------------------
@@ -309,12 +324,12 @@ def built_too_early(names: list) -> None:
   """At ``enable()``: stock jitted functions outside JAX that take
   functions statically and were built before it (never reached)."""
   if names and explaining():
-    logger.warning("closure-cache: enable() came after these stock jitted "
-                   "functions that take functions as static arguments were "
-                   "built: %s; fresh functions passed to them compile on "
-                   "every call, as with stock (enable() before importing "
-                   "their modules, or set JAX_CLOSURE_CACHE=1)",
-                   ", ".join(names))
+    _explain("closure-cache: enable() came after these stock jitted "
+             "functions that take functions as static arguments were "
+             "built: %s; fresh functions passed to them compile on "
+             "every call, as with stock (enable() before importing "
+             "their modules, or set JAX_CLOSURE_CACHE=1)",
+             ", ".join(names))
 
 
 def explain_retrace(fun, key, old_avals, new_avals, old_static=None,
@@ -322,8 +337,8 @@ def explain_retrace(fun, key, old_avals, new_avals, old_static=None,
   """A hit traced its shared function again: log what changed."""
   changes = explain.retrace_changes(fun, key, old_avals, new_avals,
                                     old_static, new_static)
-  logger.warning("closure-cache retrace for %s: %s", location(fun),
-                 "; ".join(changes) or "argument types changed")
+  _explain("closure-cache retrace for %s: %s", location(fun),
+           "; ".join(changes) or "argument types changed")
 
 
 # -- recompile storms ----------------------------------------------------------

@@ -332,7 +332,7 @@ def test_wrappers_built_too_early_outside_jax_are_reported(capsys, caplog):
     from jax_closure_cache.__main__ import main
     main(["doctor"])
     assert "early_lib.integrate" in capsys.readouterr().out
-    with jax.explain_cache_misses(True), caplog.at_level("WARNING"):
+    with jax.explain_cache_misses(True), caplog.at_level("INFO"):
       jcc.enable()
     assert "early_lib.integrate" in caplog.text
   finally:
