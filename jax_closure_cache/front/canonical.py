@@ -1,14 +1,17 @@
 """Canonical stock objects for closure-free functions.
 
 A function with no closure whose globals (and its module-level helpers'
-globals) hold no array needs nothing lifted: every re-creation of it gets
-the very same stock jitted object, so its calls cost exactly stock's.
+globals) hold no array needs nothing lifted: from its key's second
+meeting, every re-creation of it gets the very same stock jitted object,
+so its calls cost exactly stock's.
 
-Invariants: the object is stock's own ``jax.jit`` of the first function
-object (or of a private copy, when that object already backs an entry whose
-globals changed since); a key that needs lifting or reads an object by
-identity is not canonicalised (the jit wrapper takes it); entries hold
-their anchors weakly.
+Invariants: the object is stock's own ``jax.jit`` of the function object
+that met its key second (or of a private copy, when that object already
+backs an entry whose globals changed since); a key met once is the jit
+wrapper's (stock's own object), so keys that never repeat (a global
+changing each step) keep no stock object and no executable; a key that
+needs lifting or reads an object by identity is not canonicalised (the jit
+wrapper takes it); entries hold their anchors weakly.
 """
 
 from __future__ import annotations
@@ -132,6 +135,11 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   try:
     found = _store.get(key)
   except TypeError:
+    return None
+  if found is None and not entries.met_before(("canonical", key)):
+    # A key met once is stock's, through the jit wrapper: a canonical
+    # object kept for it would keep its executable alive after the user's
+    # functions die (a global changing each step makes a key per step).
     return None
   if found is None:
     # Stock caches are keyed on the function object, so a function object
