@@ -12,6 +12,7 @@ import threading
 import time
 import types
 import uuid
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -837,33 +838,178 @@ def test_an_overflowing_numpy_constant_warns_as_stock():
 
 
 _ARGUMENT_SCALE = 1.0
+_UNFLATTEN_DTYPE = jnp.float32
 
 
 @jax.tree_util.register_pytree_node_class
 class _Scaled(LeafNode):
   """A registered pytree passed as an argument, whose method reads a
-  module global."""
+  module global and a class attribute, and whose ``tree_unflatten`` reads
+  another global (a dtype it casts to: the same however often it runs)."""
+  factor = 1.0
 
   def value(self):
-    return self.v * _ARGUMENT_SCALE
+    return self.v * _ARGUMENT_SCALE * self.factor
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    v = children[0]
+    return cls(v.astype(_UNFLATTEN_DTYPE) if hasattr(v, "astype") else v)
 
 
-@pytest.mark.xfail(strict=True, reason="docs/contract.md, Known limits: code "
-                   "of an argument's pytree class is in no key")
-def test_an_argument_classs_method_reading_a_changed_global_is_stale(
-    monkeypatch):
-  """Stock traces each re-created function again and reads the global its
-  argument's method reads; the cache answers from the first trace."""
-  s, a = _Scaled(jnp.ones(2)), jnp.full(2, 2.0)
+class _Pair(NamedTuple):
+  """A plain NamedTuple argument: nothing of its class is read."""
+  s: Any
+  w: Any
+
+
+def _argument_class_routes(a, k, apply_static):
+  """Each route by which a re-created function meets an argument of
+  ``_Scaled``: name -> a call made afresh."""
+  return {
+      "closure over an array": lambda s: jax.jit(
+          lambda t: t.value() * a)(s),
+      "closure over a float": lambda s: jax.jit(
+          lambda t: t.value() * k)(s),
+      "closure-free": lambda s: jax.jit(lambda t: t.value())(s),
+      "inside a NamedTuple": lambda s: jax.jit(
+          lambda p: p.s.value() * p.w)(_Pair(s, a)),
+      "eager fori_loop": lambda s: jax.lax.fori_loop(
+          0, 2, lambda i, t: _Scaled(t.value() + a), s).v,
+      "static function argument": lambda s: apply_static(
+          lambda t: t.value() * a, s),
+      "jit of grad": lambda s: jax.jit(jax.grad(
+          lambda t: (t.value() * a).sum()))(s).v,
+  }
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_argument_classs_code_reading_changed_state_is_traced_again(
+    monkeypatch, verify):
+  """Stock traces each re-created function again and reads what its
+  argument's class's code reads (a global through a method, a class
+  attribute, a global through ``tree_unflatten``); the cache keys that
+  code's state (the class's namespace and what it reads), on every route,
+  and a state met again shares its executable."""
+  a, k = jnp.full(2, 2.0), 3.0
+  apply_static = jax.jit(lambda f, t: f(t), static_argnums=0)
+  f16, f32 = jnp.float16, jnp.float32
+  states = [(0.0, 1.0, f32), (1.0, 1.0, f32), (0.0, 1.0, f32),
+            (1.0, 2.0, f32), (1.0, 2.0, f16), (1.0, 2.0, f16)]
+
+  def run():
+    out = {}
+    for name, call in _argument_class_routes(a, k, apply_static).items():
+      for scale, factor, dtype in states:
+        monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+        monkeypatch.setitem(globals(), "_UNFLATTEN_DTYPE", dtype)
+        monkeypatch.setattr(_Scaled, "factor", factor)
+        got = np.asarray(call(_Scaled(jnp.full(2, 1.001))))
+        out.setdefault(name, []).append((str(got.dtype), got.tolist()))
+    return out
+
+  want = stock_off(run)
+  assert len({str(v) for v in want["closure over an array"]}) == 4, want
+  jcc.enable(verify=verify)
+  for _ in range(2):
+    assert run() == want
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
+class _Cast:
+  """Registered with functions of its own outside the class: its
+  unflatten casts to a module global's dtype."""
+
+  def __init__(self, v):
+    self.v = v
+
+
+def _cast_flatten(c):
+  return (c.v,), None
+
+
+def _cast_unflatten(aux, children):
+  v = children[0]
+  return _Cast(v.astype(_UNFLATTEN_DTYPE) if hasattr(v, "astype") else v)
+
+
+jax.tree_util.register_pytree_node(_Cast, _cast_flatten, _cast_unflatten)
+
+
+_SCALE_a, _SCALE_b = 1.0, 2.0
+
+
+class _Dynamic(LeafNode):
+  """Its method reads a global by a computed name: the walk cannot key the
+  class."""
+  suffix = "a"
+
+  def value(self):
+    return self.v * globals()["_SCALE_" + self.suffix]
+
+
+jax.tree_util.register_pytree_node_class(_Dynamic)
+
+
+@pytest.mark.xfail(_compat.pytree_node_functions(_Cast) is None, strict=True,
+                   reason="docs/contract.md, Known limits: this jax does not "
+                   "say which functions a class was registered with")
+def test_an_argument_classs_registered_functions_are_keyed(monkeypatch):
+  """A class registered with flatten and unflatten functions apart from
+  it: what they read is keyed with the class."""
+  a = jnp.full(2, 2.0)
 
   def run():
     out = []
-    for step in range(5):
-      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", float(step))
-      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(s)).tolist())
+    for dtype in (jnp.float32, jnp.float16, jnp.float16, jnp.float32):
+      monkeypatch.setitem(globals(), "_UNFLATTEN_DTYPE", dtype)
+      got = np.asarray(jax.jit(lambda c: c.v * a)(_Cast(jnp.full(2, 1.001))))
+      out.append((str(got.dtype), got.tolist()))
     return out
 
   want = stock_off(run)
   jcc.enable(verify=False)
   for _ in range(2):
     assert run() == want
+
+
+def test_an_argument_class_the_walk_cannot_key_is_traced_each_call():
+  """A class whose code reads by a computed name: no entry is stored for
+  its calls, and each traces (tier A shares the executable), as stock's
+  results."""
+  a = jnp.full(2, 2.0)
+
+  def run():
+    out = []
+    for suffix in "abab":
+      _Dynamic.suffix = suffix
+      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(
+          _Dynamic(jnp.ones(2)))).tolist())
+    return out
+
+  try:
+    want = stock_off(run)
+    jcc.enable()
+    for _ in range(2):
+      assert run() == want
+  finally:
+    _Dynamic.suffix = "a"
+  assert jcc.stats()["not_stored"].get("argument_class", 0) >= 1
+
+
+def test_argument_classes_whose_state_is_unchanged_still_hit():
+  """The guard costs no sharing: re-created closures called with a
+  registered class's instance, and one inside a plain NamedTuple, trace
+  once per key while nothing their classes read changes."""
+  a = jnp.full(2, 2.0)
+  jcc.enable()
+
+  def step(s):
+    return jax.jit(lambda p: p.s.value() * p.w)(_Pair(s, a))
+
+  for _ in range(2):   # the first object is stock's; the second stores
+    step(_Scaled(jnp.ones(2)))
+  with counting() as counts:
+    for _ in range(5):
+      step(_Scaled(jnp.ones(2)))
+  assert counts == {"traces": 0, "compiles": 0}, counts

@@ -328,6 +328,7 @@ def stock_wrappers_in(module) -> list:
 
 # -- jaxprs and treedefs (layer one's rules: key/) ---------------------------
 
+from jax._src import tree_util as _tree_util_private   # noqa: E402
 from jax._src.tree_util import default_registry as _default_registry   # noqa: E402
 
 
@@ -336,6 +337,22 @@ def make_treedef(like, node_data, children):
   ``children``, built as ``like``'s class builds one."""
   return like.from_node_data_and_children(_default_registry, node_data,
                                           children)
+
+
+#: JAX's Python-side record of each registered node class's flatten and
+#: unflatten functions, where this jax keeps one (0.10 does; 0.11 keeps
+#: them in C++ alone).
+_NODE_FUNCTIONS = getattr(_tree_util_private, "_registry", None)
+
+
+def pytree_node_functions(cls) -> tuple | None:
+  """The flatten and unflatten functions registered for ``cls`` (``()``
+  if it is registered with none of its own), or None where this jax does
+  not say."""
+  if not isinstance(_NODE_FUNCTIONS, dict):
+    return None
+  entry = _NODE_FUNCTIONS.get(cls)
+  return () if entry is None else tuple(entry)
 
 
 def flatten_one_level(tree):

@@ -85,9 +85,11 @@ def _traced_apart(code) -> bool:
   shared object's later calls would skip that write), held a callable JAX
   runs later (a callback, a custom rule: the shared object's cached trace
   would run the first object's), or was called with pytree node data
-  JAX's caches compare by ``==``."""
+  JAX's caches compare by ``==`` or with arguments of the user's pytree
+  classes (whose code JAX's caches key by the class's identity)."""
   return (code in _trace_writers or code in closure_cache.callable_codes
-          or code in closure_cache.conflated_codes)
+          or code in closure_cache.conflated_codes
+          or code in closure_cache.class_argument_codes)
 
 
 def canonical_jitted(fun: types.FunctionType, options: dict,

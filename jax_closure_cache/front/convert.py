@@ -98,7 +98,10 @@ def closure_convert(fun, *example_args):
                      "to state its function reaches, so stock traces it")
   try:
     a = closure.analyse(fun)
-    key = (a.key, signature)
+    # the argument classes' code reads what the class keys cover (the
+    # signature holds the classes by identity)
+    key = (a.key, signature, trace_lookup.closure_cache.argument_classes_key(
+        _compat.jax.tree_util.tree_structure(example_args)))
     shared = _traces.get(key)
   except Uncacheable as e:
     return _to_stock(fun, example_args, e.reason, e.detail)

@@ -41,6 +41,7 @@ from jax_closure_cache import explain
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import code_plan
+from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
 
@@ -155,7 +156,7 @@ def _caller_for_trace(e, lift_numpy):
 class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "static", "caller", "walk", "_used",
+               "avals", "static", "caller", "walk", "classes", "_used",
                "_swept")
 
   def __init__(self):
@@ -174,6 +175,25 @@ class Entry(cache.Entry):
     # a miss made of it, taken once by that trace.
     self.caller = None
     self.walk = None
+    # the argument classes its traces met (a guard, once one met any),
+    # checked by every hit of the entry (``classes_hold``)
+    self.classes: key_guards.ArgumentClasses | None = None
+
+  def note_argument_classes(self, args, kwargs) -> None:
+    """At a trace: the user's classes among the arguments' pytree nodes,
+    and what the trace can read of them, guarded from now on."""
+    classes = closure.argument_classes(
+        _compat.jax.tree_util.tree_structure((args, kwargs)))
+    if not classes:
+      return
+    if self.classes is None:
+      self.classes = key_guards.ArgumentClasses()
+    self.classes.note(classes)
+
+  def classes_hold(self) -> bool:
+    """Whether the argument classes its traces met read as then (a hit's
+    check beside ``guards``, cheap for a plain NamedTuple)."""
+    return self.classes is None or self.classes.holds()
 
   # The second-chance bit of cache.LRUStore, which the fast front does not
   # set: it counts its hits on the record, and a count moved since the last
@@ -304,6 +324,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       e.static = static
       e.avals = avals
       e.traces += 1
+      e.note_argument_classes(args, kwargs)
     # The rebuilt function shares the user's cells and objects: a trace-time
     # side effect that stores a traced value there is undone; one that
     # writes to the rebuild's copy of a plain object, dict or list (which

@@ -443,6 +443,12 @@ class MissStages:
     if isinstance(guards, key_guards.Unguarded):
       events.not_stored(self._user(), "untracked_capture", guards.detail)
       return
+    if not entry.classes_hold():
+      events.not_stored(self._user(), "argument_class",
+                        "an argument's pytree class cannot be keyed (what "
+                        "its code reads is in no key), so every object "
+                        "traces")
+      return
     held = entries.entries.hold(key, entry,
                                 entry.anchors + after.anchors
                                 if cost is not None else after.anchors,
@@ -463,7 +469,7 @@ class MissStages:
     except TypeError as e:
       events.not_stored(self._user(), "unhashable", str(e))
       return
-    if not guards:
+    if not entry.guards:
       self._remember_matcher(key, entry)
     if (after.key == key[1]   # the walk the trace took, unchanged by it
         and entries.shares_traces(self._spec.options)):

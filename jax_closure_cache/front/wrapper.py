@@ -303,7 +303,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       a, _, entry = self._stored()
     except (Uncacheable, TypeError):
       return None
-    if entry is None or entry.guards:
+    if entry is None or entry.guards or not entry.classes_hold():
       return None
     return entry, a.leaves
 
@@ -354,7 +354,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
           leaves = q.match(fun)
           if leaves is not None:
             entry = q.entry()
-            if entry is not None and not entry.guards:
+            if (entry is not None and not entry.guards
+                and entry.classes_hold()):
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
     return self._call_slow(args, kwargs)
 
@@ -464,8 +465,9 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return self._fallback(e.reason, args, kwargs, e.detail)
     except TypeError as e:   # unhashable pytree metadata in the key
       return self._fallback("unhashable", args, kwargs, str(e))
-    if entry is None or (entry.guards and
-                         not all([g.holds() for g in entry.guards])):
+    if (entry is None or (entry.guards and
+                          not all([g.holds() for g in entry.guards]))
+        or not entry.classes_hold()):
       return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):

@@ -708,3 +708,97 @@ def analyse(fun: Callable, lift_numpy: bool = False,
     a.key = a.value(as_method(fun) or fun)
   a.finish(a.key)
   return a
+
+
+# -- the classes of a call's arguments -----------------------------------------
+
+def argument_classes(treedef) -> tuple:
+  """The classes of ``treedef``'s nodes (a call's arguments) whose code a
+  trace may run and the key does not cover: every node class but a dict,
+  list, tuple or None, an ordered or default dict, and a class of jax,
+  numpy or the standard library. JAX's own cache keys them by identity; a
+  method or ``tree_unflatten`` of theirs runs in the trace."""
+  found = []
+  for kind, _ in node_datas(treedef):
+    if (kind not in BUILTIN_NODES and kind not in _ORDERED_NODES
+        and not stable_module(getattr(kind, "__module__", None))
+        and kind not in found):
+      found.append(kind)
+  return tuple(found)
+
+
+def class_key(cls: type) -> tuple:
+  """``(key, anchors)``: what a trace can read of ``cls``, an argument's
+  node class, as the walk keys a closed-over class (its namespace through
+  the MRO: methods, class attributes and what their code reads) and the
+  flatten and unflatten functions registered for it (where jax says which:
+  ``_compat.pytree_node_functions``), with the objects whose ids the key
+  holds; for a plain NamedTuple (:func:`plain_namedtuple`), whose only
+  code is the standard library's, the class itself.
+
+  Raises:
+    Uncacheable: the walk cannot key the class.
+  """
+  functions = _compat.pytree_node_functions(cls)
+  if not functions and plain_namedtuple(cls):
+    return (PLAIN_NAMEDTUPLE, cls), ()
+  a = Analysis(lift_arrays=False)
+  a.key = (a.klass(cls),
+           None if functions is None else tuple(map(a.value, functions)))
+  a.finish(a.key)
+  return a.key, a.anchors
+
+
+PLAIN_NAMEDTUPLE = Tag("plain_namedtuple")
+
+
+def _namedtuple_codes() -> dict:
+  """The code objects ``collections.namedtuple`` gives every class's
+  methods (one per method, shared by all its classes)."""
+  ref = collections.namedtuple("_Reference", "a")
+  return {name: getattr(ref.__dict__[name], "__func__",
+                        ref.__dict__[name]).__code__
+          for name in ("_make", "_replace", "__repr__", "_asdict",
+                       "__getnewargs__")}
+
+
+_NAMEDTUPLE_CODES = types.MappingProxyType(_namedtuple_codes())
+_TUPLEGETTER = type(collections.namedtuple("_Pair", "a").a)
+#: What else a NamedTuple class's namespace holds, none of it read by a
+#: trace (``__new__``'s defaults and ``_field_defaults`` only fill fields a
+#: call leaves out; a tree's unflatten passes them all).
+_NAMEDTUPLE_DATA = frozenset({
+    "__doc__", "__slots__", "_fields", "_field_defaults", "__match_args__",
+    "__module__", "__annotations__", "__orig_bases__", "__qualname__",
+    "__firstlineno__", "__static_attributes__"})
+
+
+def plain_namedtuple(cls) -> bool:
+  """Whether ``cls`` is a NamedTuple (``collections.namedtuple`` or
+  ``typing.NamedTuple``) with nothing of its own in its namespace but its
+  fields: no method, property or class attribute a trace could read. Its
+  code is then the standard library's, as made (checked by code object),
+  and a trace reads nothing else of it."""
+  if type(cls) is not type or cls.__bases__ != (tuple,):
+    return False
+  ns = cls.__dict__
+  fields = ns.get("_fields")
+  if type(fields) is not tuple:
+    return False
+  for name, v in ns.items():
+    if name in fields:
+      if type(v) is not _TUPLEGETTER:
+        return False
+    elif name in _NAMEDTUPLE_CODES:
+      if getattr(getattr(v, "__func__", v), "__code__",
+                 None) is not _NAMEDTUPLE_CODES[name]:
+        return False
+    elif name == "__new__":
+      f = getattr(v, "__func__", None)   # a staticmethod of eval'd code
+      if (type(f) is not _FunctionType or f.__closure__
+          or f.__code__.co_names != ("_tuple_new",)
+          or f.__globals__.get("_tuple_new") is not tuple.__new__):
+        return False
+    elif name not in _NAMEDTUPLE_DATA:
+      return False
+  return True

@@ -7,6 +7,7 @@ guard keeps nothing alive, and a dead one no longer holds.
 
 from __future__ import annotations
 
+import functools
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -15,6 +16,7 @@ import jax
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache.key import closure
 from jax_closure_cache.key import state_watch
 from jax_closure_cache.key.code_plan import code_plan, is_module_level
 from jax_closure_cache.key.parts import ATOMS
@@ -72,6 +74,67 @@ def _strong_or_weak(obj):
 
 
 _GUARD_SEARCH_NODES = 4096
+
+
+class ArgumentClasses:
+  """Guard of an entry's traces: the classes of its arguments' pytree
+  nodes whose code a trace may run (``closure.argument_classes``), each
+  with what a trace could read of it (``closure.class_key``) when a trace
+  of the entry first met it. JAX's cache of the entry's jitted function
+  keys an argument's class by identity, so a trace that read a global
+  through the class's method is answered again after the global changed;
+  stock traces each new function object anew.
+
+  Holds while every class still keys as then, the objects whose ids the
+  keys hold alive. A class the walk cannot key, or one two traces met in
+  different states, never holds again (its entry's later objects miss and
+  trace). The classes are held strongly, as the entry's jitted function's
+  own cache holds them; the anchors weakly where they can be.
+  """
+  __slots__ = ("keys",)
+
+  def __init__(self):
+    self.keys: dict = {}   # class -> (key, anchor references) or None
+
+  def note(self, classes) -> None:
+    """At a trace of the entry: the state of each of ``classes`` it read."""
+    for cls in classes:
+      now = _class_state(cls)
+      if cls in self.keys and (now is None or self.keys[cls] is None
+                               or self.keys[cls][0] != now[0]):
+        now = None   # two traces answered for two states: neither holds
+      self.keys[cls] = now
+
+  def holds(self) -> bool:
+    for cls, then in list(self.keys.items()):
+      if then is None or not all(r() is not None for r in then[1]):
+        return False
+      now = _class_state(cls)
+      if now is None or now[0] != then[0]:
+        return False
+    return True
+
+
+def _class_state(cls):
+  """``(class key, references to its anchors)``, or None if unkeyable."""
+  try:
+    key, anchors = closure.class_key(cls)
+  except (closure.Uncacheable, TypeError, RecursionError):
+    return None
+  return key, tuple(map(_reference, anchors))
+
+
+def _reference(obj):
+  """A weak reference to ``obj``, or a strong one where it takes none (a
+  namespace dict, which lives with its class or module)."""
+  try:
+    return weakref.ref(obj)
+  except TypeError:
+    return functools.partial(_itself, obj)
+
+
+def _itself(obj):
+  return obj
 
 
 class Unguarded(NamedTuple):

@@ -27,6 +27,7 @@ from jax_closure_cache import cache
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache._compat import trace as _trace
 from jax_closure_cache._compat.trace import flat_trees as ft
+from jax_closure_cache.key import closure
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key import trees
 from jax_closure_cache.key import state_watch
@@ -82,6 +83,12 @@ trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
 #: trace.
 conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
     "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
+#: Codes traced with arguments of the user's pytree classes
+#: (``argument_classes_key``): no shared stock object of theirs is handed
+#: out, as its cache keys the class by identity and would answer a call
+#: after the class's code reads other values from an earlier trace.
+class_argument_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "closure_cache.class_argument_codes", cache.Store.TRACES, weakref.WeakSet)
 #: Codes a stock trace of which holds a user's callable JAX runs after the
 #: trace (a callback, a custom rule: ``runtime_callable``): no shared stock
 #: object of theirs is handed out, as its cached trace would run the first
@@ -124,17 +131,22 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
   if (_lowering.transfers_guarded()   # a shared trace's arrays are
       # arguments: transfers stock never makes
       or traced_code(fun) in unshared_codes):
+    _note_class_arguments(fun, _trace.tree_of(in_avals))
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
                                          *context_for_cache_key))
   try:
     sig = signature(in_avals, debug_info, context_for_cache_key)
   except (closure_key.Unkeyable, _trace.UnknownStatics, TypeError) as e:
-    if getattr(e, "reason", None) == "argument_node_data":
+    reason = getattr(e, "reason", None)
+    if reason in ("argument_node_data", "argument_class"):
       code = traced_code(fun)
       if code is not None:
-        conflated_codes.add(code)
+        (conflated_codes if reason == "argument_node_data"
+         else class_argument_codes).add(code)
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
                                          *context_for_cache_key))
+  if sig[-1]:   # the user's classes among the arguments
+    _note_class_arguments(fun, _trace.tree_of(in_avals))
   answer, share, stored = _lookup(traced, fun, in_avals, debug_info,
                                   context_for_cache_key, sig)
   if stored and shared_answer_checks and cache.verifying():
@@ -165,6 +177,15 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       _share_answer(*share, answer)
     _noting_callables(fun, answer)
   return answer
+
+
+def _note_class_arguments(fun, tree) -> None:
+  """``fun``'s code added to :data:`class_argument_codes` where ``tree``
+  (its arguments') has a node of the user's class."""
+  if tree is not None and closure.argument_classes(tree):
+    code = traced_code(fun)
+    if code is not None:
+      class_argument_codes.add(code)
 
 
 def _noting_callables(fun, answer):
@@ -306,7 +327,39 @@ def signature(in_avals, debug_info, ctx) -> tuple:
   conflated = None if tree is None else trees.conflated_node_data(tree)
   if conflated is not None:   # the flat tree's own comparison is ``==``
     raise closure_key.Unkeyable("argument_node_data", conflated)
-  return (in_avals, statics, debug_info, ctx, _trace.trace_context())
+  return (in_avals, statics, debug_info, ctx, _trace.trace_context(),
+          argument_classes_key(tree))
+
+
+def argument_classes_key(tree) -> tuple:
+  """What a trace can read of the user's classes among the arguments'
+  pytree nodes (``closure.argument_classes``), which the flat tree keys by
+  identity alone: each class's key (``closure.class_key``). Raises
+  Unkeyable for a class the walk cannot key, or one whose key holds an
+  object by identity that may die (its id could come back)."""
+  classes = () if tree is None else closure.argument_classes(tree)
+  if not classes:
+    return ()
+  keys = []
+  for cls in classes:
+    try:
+      key, anchors = closure.class_key(cls)
+    except closure_key.Unkeyable as e:
+      raise closure_key.Unkeyable(
+          "argument_class", f"an argument's {cls.__name__} class: "
+          f"{e.detail}") from None
+    if not all(isinstance(x, _LASTING) for x in anchors):
+      raise closure_key.Unkeyable(
+          "argument_class", f"an argument's {cls.__name__} class holds an "
+          "object its key keeps by identity")
+    keys.append(key)
+  return tuple(keys)
+
+
+#: Objects a class key may keep by identity in a stored signature: they
+#: live as long as the class or module that holds them.
+_LASTING = (dict, type, types.ModuleType, types.BuiltinFunctionType,
+            types.CodeType)
 
 
 def _lookup(traced, fun, in_avals, debug_info, ctx, sig):

@@ -180,7 +180,10 @@ def publish(fun, a, traced, args, kwargs) -> None:
   The front stores an entry, and publishes it, only where the key taken
   after its trace is the one it was looked up under."""
   if (not _compat.trace.TRACE_LOOKUP or not _compat.trace_state_clean()
-      or _compat.separated_constants(traced)):
+      or _compat.separated_constants(traced)
+      # its output's classes would unflatten types (user code, run where
+      # stock runs none)
+      or closure.argument_classes(traced.out_tree)):
     return
   found = _key_of(fun, a, args, kwargs, list(traced.jaxpr.in_avals))
   if found is None or found[1][3] is not None:
@@ -222,11 +225,13 @@ def _key_of(fun, a, args, kwargs, avals=None):
   if any(map(_compat.trace.stateful_aval, in_avals)):
     return None
   debug_info = _compat.trace.jit_debug_info(fun, args, kwargs)
-  found = closure_cache.find(
-      closure.as_method(fun) or fun,
-      closure_cache.signature(in_avals, debug_info,
-                              _compat.trace.PJIT_TRACE_CONTEXT),
-      (a.key, a.leaves, a.anchors), RULES)
+  try:
+    sig = closure_cache.signature(in_avals, debug_info,
+                                  _compat.trace.PJIT_TRACE_CONTEXT)
+  except closure_key.Unkeyable:   # (the entry's trace is not shared)
+    return None
+  found = closure_cache.find(closure.as_method(fun) or fun, sig,
+                             (a.key, a.leaves, a.anchors), RULES)
   if found is None or not found[1]:
     return None
   return args_ft, found, in_avals, debug_info
