@@ -23,7 +23,8 @@ import jax_closure_cache as jcc
 from value_grammar import LeafNode
 from jax_closure_cache import _compat
 from conftest import (
-    STOCK_JIT, counting, counts_side_effects, replay_like_stock, stock_off)
+    STOCK_JIT, counting, counts_side_effects, replay_in_both_modes,
+    replay_like_stock, stock_off)
 
 
 _stock = stock_off
@@ -995,6 +996,29 @@ def test_an_argument_class_the_walk_cannot_key_is_traced_each_call():
   finally:
     _Dynamic.suffix = "a"
   assert jcc.stats()["not_stored"].get("argument_class", 0) >= 1
+
+
+@jax.tree_util.register_pytree_node_class
+class _Offset(LeafNode):
+  """Its ``tree_unflatten`` computes on its child (as stock only ever
+  calls it with arrays and tracers)."""
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0] + 0)
+
+
+def test_an_output_class_whose_unflatten_computes_runs_it_on_arrays_alone():
+  """A shared trace whose output is such a class is stored without its
+  output's types unflattened through it (that raised ``TypeError`` from
+  the second object's call)."""
+  a = jnp.full(2, 2.0)
+
+  def run():
+    return [np.asarray(jax.jit(lambda x: _Offset(x * a))(jnp.ones(2)).v)
+            .tolist() for _ in range(4)]
+
+  assert replay_in_both_modes(run) == [[2.0, 2.0]] * 4
 
 
 def test_argument_classes_whose_state_is_unchanged_still_hit():
