@@ -355,7 +355,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
           if leaves is not None:
             entry = q.entry()
             if (entry is not None and not entry.guards
-                and entry.classes_hold()):
+                and (entry.classes is None or entry.classes.holds())):
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
     return self._call_slow(args, kwargs)
 
