@@ -1021,6 +1021,169 @@ def test_an_output_class_whose_unflatten_computes_runs_it_on_arrays_alone():
   assert replay_in_both_modes(run) == [[2.0, 2.0]] * 4
 
 
+class _Meta(type):
+  scale = 1.0
+
+
+@jax.tree_util.register_pytree_node_class
+class _MetaScaled(LeafNode, metaclass=_Meta):
+  """Its method reads an attribute of its metaclass."""
+
+  def value(self):
+    return self.v * type(self).scale
+
+
+class _RaisingHash:
+  """A class attribute no trace reads, whose ``__hash__`` raises."""
+
+  def __hash__(self):
+    raise ValueError("no hash")
+
+  def __eq__(self, other):
+    raise ValueError("no equality")
+
+
+@jax.tree_util.register_pytree_node_class
+class _HoldsRaising(LeafNode):
+  attribute = _RaisingHash()
+
+
+class _Made:
+  """Built in the trace; registered with a flatten function apart from it
+  that reads a global (a trace flattens the function's output)."""
+
+  def __init__(self, v):
+    self.v = v
+
+
+jax.tree_util.register_pytree_node(
+    _Made, lambda m: ((m.v * _ARGUMENT_SCALE,), None),
+    lambda aux, children: _Made(children[0]))
+
+_TRACE_LOG = []
+
+
+@jax.tree_util.register_pytree_node_class
+class _LoggedUnflatten(LeafNode):
+  """Its ``tree_unflatten`` writes a trace-time log."""
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    _TRACE_LOG.append(type(children[0]).__name__)
+    return cls(children[0])
+
+
+def _exec_made_class():
+  """A class ``exec`` makes in a fresh namespace: ``__module__`` is
+  ``builtins``, yet its code is the user's (its method reads the
+  namespace's ``SC``)."""
+  ns = {"jax": jax, "LeafNode": LeafNode}
+  exec("SC = 1.0\n"
+       "@jax.tree_util.register_pytree_node_class\n"
+       "class Exec(LeafNode):\n"
+       "  def value(self):\n"
+       "    return self.v * SC\n", ns)
+  return ns
+
+
+def _wrapped_helper():
+  """A user function that ``functools.wraps`` gave jax's ``__module__``."""
+  import functools
+
+  @functools.wraps(jnp.sin)
+  def helper(x):
+    return x * _ARGUMENT_SCALE
+  return helper
+
+
+def _what_the_cache_missed(monkeypatch):
+  """Sequences over state a trace reads through classes and functions
+  the walk once took for library code or did not reach: name -> run."""
+  a = jnp.full(2, 2.0)
+  ns = _exec_made_class()
+  helper = _wrapped_helper()
+
+  def metaclass():
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setattr(_Meta, "scale", scale)
+      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(
+          _MetaScaled(jnp.ones(2)))).tolist())
+    return out
+
+  def raising_hash():
+    return [np.asarray(jax.jit(lambda t: t.v * a)(
+        _HoldsRaising(jnp.ones(2)))).tolist() for _ in range(3)]
+
+  def output_flatten():
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      out.append(np.asarray(jax.jit(lambda x: _Made(x * a))(
+          jnp.ones(2)).v).tolist())
+    return out
+
+  def unflatten_log():
+    _TRACE_LOG.clear()
+    for _ in range(3):
+      jax.jit(lambda t: t.v * a)(_LoggedUnflatten(jnp.ones(2)))
+    return list(_TRACE_LOG)
+
+  def exec_class_argument():
+    out = []
+    for sc in (1.0, 1.0, 2.0, 3.0):
+      ns["SC"] = sc
+      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(
+          ns["Exec"](jnp.ones(2)))).tolist())
+    return out
+
+  def exec_class_closed_over():
+    out = []
+    for sc in (1.0, 1.0, 2.0, 3.0):
+      ns["SC"] = sc
+      made = ns["Exec"](jnp.ones(2))
+      out.append(np.asarray(jax.jit(lambda x: made.value() * x)(a)).tolist())
+    return out
+
+  def wraps_module():
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      out.append(np.asarray(jax.jit(lambda x: helper(x) * a)(
+          jnp.ones(2))).tolist())
+    return out
+
+  return {"a metaclass attribute": metaclass,
+          "a class attribute whose hash raises": raising_hash,
+          "a flatten registered apart from an output class": output_flatten,
+          "a write in tree_unflatten": unflatten_log,
+          "an exec-made class as an argument": exec_class_argument,
+          "an exec-made class closed over": exec_class_closed_over,
+          "a functools.wraps-copied __module__": wraps_module}
+
+
+@pytest.mark.parametrize("case", [
+    "a metaclass attribute", "a class attribute whose hash raises",
+    "a flatten registered apart from an output class",
+    "a write in tree_unflatten", "an exec-made class as an argument",
+    "an exec-made class closed over", "a functools.wraps-copied __module__"])
+def test_state_reached_through_classes_and_copied_module_names_is_keyed(
+    monkeypatch, case):
+  """Each, found by an adversarial pass: a hit answered from an earlier
+  trace (a metaclass attribute, a flatten function registered apart from
+  its class, a class or function whose ``__module__`` names the standard
+  library or jax but whose code is the user's), skipped a write in
+  ``tree_unflatten``, or raised where stock does not (a class attribute
+  whose ``__hash__`` raises). Now stock's, in both modes."""
+  run = _what_the_cache_missed(monkeypatch)[case]
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, (verify, want)
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
 def test_argument_classes_whose_state_is_unchanged_still_hit():
   """The guard costs no sharing: re-created closures called with a
   registered class's instance, and one inside a plain NamedTuple, trace

@@ -466,8 +466,15 @@ _LIBRARY_ROOTS = _library_roots()
 
 
 def stdlib_code(code) -> bool:
-  """Whether ``code`` was loaded from the standard library's folder."""
-  return code.co_filename.startswith(_STDLIB_ROOTS)
+  """Whether ``code`` was loaded from the standard library's folder (not
+  from the packages installed inside it, where Python has no venv)."""
+  filename = code.co_filename
+  return (filename.startswith(_STDLIB_ROOTS)
+          and not any(d in filename for d in _INSTALLED_DIRS))
+
+
+_INSTALLED_DIRS = (_os.sep + "site-packages" + _os.sep,
+                   _os.sep + "dist-packages" + _os.sep)
 
 
 _STDLIB_ROOTS = tuple({_os.path.dirname(_os.__file__) + _os.sep})
@@ -481,6 +488,28 @@ def library_code(code) -> bool:
 
 
 _OWN_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))) + _os.sep
+
+
+#: Stable packages besides jax, jaxlib and numpy whose code is taken as
+#: stable where loaded from their folders (``stable_package_code``).
+_OTHER_STABLE = ("scipy", "ml_dtypes", "opt_einsum")
+
+
+def stable_package_code(code) -> bool:
+  """Whether ``code`` was loaded from the folder of jax, jaxlib, numpy,
+  the standard library, scipy, ml_dtypes or opt_einsum: decided by where
+  its file lies, never by a ``__module__`` that ``functools.wraps``
+  copied."""
+  filename = code.co_filename
+  if filename.startswith(_LIBRARY_ROOTS) or stdlib_code(code):
+    return True
+  for name in _OTHER_STABLE:
+    module = _sys.modules.get(name)
+    path = getattr(module, "__file__", None)
+    if path and filename.startswith(
+        _os.path.dirname(_os.path.abspath(path)) + _os.sep):
+      return True
+  return False
 
 
 def library_or_own_code(code) -> bool:

@@ -199,8 +199,8 @@ class MissStages:
     answered = entries.stock_answered.get(key)
     if answered is not None:
       return self._fallback(answered.reason, args, kwargs, answered.detail)
-    conflated = key_trees.conflated_node_data(
-        _compat.jax.tree_util.tree_structure((args, kwargs)))
+    arguments_tree = _compat.jax.tree_util.tree_structure((args, kwargs))
+    conflated = key_trees.conflated_node_data(arguments_tree)
     if conflated is not None:
       # the entry's jitted function would answer a later call whose
       # pytree JAX's cache finds equal from this one's trace
@@ -220,6 +220,10 @@ class MissStages:
           "(committed, or inside an object) and would be baked into a shared "
           "executable that keeps it alive")
     self.stock()   # made now: validates the options as stock jit() would
+    # what the arguments' classes hold before the call: a trace (or an
+    # unflatten) that writes there is not stored (``_store``)
+    classes_before = key_guards.ArgumentClasses.of(
+        closure.argument_classes(arguments_tree))
     entry = entries.Entry()
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
     presented = self._presented()
@@ -277,7 +281,8 @@ class MissStages:
       return out
     # a miss is counted when stored or not stored (below): a failed trace
     # counts as a fallback alone
-    self._store(key, entry, a.leaves, args, kwargs, traced, cost, skipped)
+    self._store(key, entry, a.leaves, args, kwargs, traced, cost, skipped,
+                classes_before)
     return out
 
 
@@ -379,7 +384,7 @@ class MissStages:
 
   def _store(self, key, entry: entries.Entry, leaves, args, kwargs,
             traced=None, cost: float | None = None,
-            skipped: int | None = None) -> None:
+            skipped: int | None = None, classes_before=None) -> None:
     """Store ``entry`` under ``key`` (the state the trace started from) with
     fresh guards, or drop it.
 
@@ -448,6 +453,13 @@ class MissStages:
                         "an argument's pytree class cannot be keyed (what "
                         "its code reads is in no key), so every object "
                         "traces")
+      return
+    if classes_before is not None and (
+        entry.classes is None or not entry.classes.read_as(classes_before)):
+      events.not_stored(self._user(), "trace_wrote_state",
+                        "the call changed what an argument's pytree class "
+                        "holds (its unflatten or a method wrote there); a "
+                        "hit would skip that change, so every object traces")
       return
     held = entries.entries.hold(key, entry,
                                 entry.anchors + after.anchors

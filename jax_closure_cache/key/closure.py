@@ -46,6 +46,7 @@ import collections
 import enum
 import functools
 import gc
+import sys
 import types
 import weakref
 from typing import Callable
@@ -548,9 +549,12 @@ class Analysis(_key.Walk):
     """A user class's namespace, as a plain object's key carries it: what
     its methods (walked like any function: their globals, cells, chains)
     and class attributes hold, through the MRO, since a retrace reads them
-    through the instance (``self.k``, ``self.get()``); a class of jax,
-    numpy, the standard library or this package is keyed by identity."""
-    if stable_module(t.__module__) or own_module_level(t):
+    through the instance (``self.k``, ``self.get()``), and its metaclass's
+    (``type(self).scale``) and the flatten and unflatten functions it is
+    registered with as a pytree (``_compat.pytree_node_functions``: a
+    trace runs them on its values); a class of jax, numpy, the standard
+    library or this package is keyed by identity."""
+    if library_class(t) or own_module_level(t):
       return t
     i = self.enter(t)
     if type(i) is tuple:
@@ -560,12 +564,17 @@ class Analysis(_key.Walk):
     try:
       items = []
       for c in t.__mro__[:-1]:
-        if stable_module(c.__module__):
+        if library_class(c):
           continue
         for name, x in list(vars(c).items()):
           x = class_member(name, x)
           if x is not SKIP:
             items.append((c.__qualname__, name, self.value(x)))
+      meta = type(t)
+      if meta is not type and not stable_module(meta.__module__):
+        items.append(("", "<metaclass>", self.value(meta)))
+      for f in _compat.pytree_node_functions(t) or ():
+        items.append(("", "<pytree function>", self.value(f)))
     finally:
       self.in_object = saved
     return (CLASS, i, t, tuple(items))
@@ -721,10 +730,37 @@ def argument_classes(treedef) -> tuple:
   found = []
   for kind, _ in node_datas(treedef):
     if (kind not in BUILTIN_NODES and kind not in _ORDERED_NODES
-        and not stable_module(getattr(kind, "__module__", None))
-        and kind not in found):
+        and kind not in found and not library_class(kind)):
       found.append(kind)
   return tuple(found)
+
+
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
+
+
+def library_class(t) -> bool:
+  """Whether ``t`` is a class of jax, numpy or the standard library: its
+  ``__module__`` names one of theirs and that module holds it by its
+  qualified name, or it is a C type, or its namespace holds no function
+  written outside their folders. (``__module__`` alone is copied by
+  ``functools.wraps`` and is ``builtins`` for a class ``exec`` made.)"""
+  module = getattr(t, "__module__", None)
+  if not stable_module(module):
+    return False
+  try:
+    reached = sys.modules.get(module)
+    for name in t.__qualname__.split("."):
+      reached = getattr(reached, name, None)
+  except Exception:   # a module's own __getattr__ failing
+    reached = None
+  if reached is t or not t.__flags__ & _HEAPTYPE:
+    return True
+  for x in vars(t).values():
+    f = getattr(x, "__func__", x)
+    if type(f) is _FunctionType and not (
+        _compat.library_code(f.__code__) or _compat.stdlib_code(f.__code__)):
+      return False
+  return True
 
 
 def class_key(cls: type) -> tuple:
@@ -739,12 +775,10 @@ def class_key(cls: type) -> tuple:
   Raises:
     Uncacheable: the walk cannot key the class.
   """
-  functions = _compat.pytree_node_functions(cls)
-  if not functions and plain_namedtuple(cls):
+  if not _compat.pytree_node_functions(cls) and plain_namedtuple(cls):
     return (PLAIN_NAMEDTUPLE, cls), ()
   a = Analysis(lift_arrays=False)
-  a.key = (a.klass(cls),
-           None if functions is None else tuple(map(a.value, functions)))
+  a.key = a.klass(cls)   # (its registered functions included)
   a.finish(a.key)
   return a.key, a.anchors
 

@@ -19,6 +19,7 @@ import sys
 import types
 from typing import NamedTuple
 
+from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.parts import MISSING, NOCHAIN
@@ -208,9 +209,15 @@ def library_value(f, kind: str, name: str, attributes: tuple):
 
 
 def is_stable(fun: types.FunctionType) -> bool:
-  """Whether ``fun`` belongs to jax, numpy or the standard library, or is
-  one of this package's module-level functions (:func:`own_module_level`)."""
-  return stable_module(fun.__module__) or own_module_level(fun)
+  """Whether ``fun`` belongs to jax, numpy or the standard library (its
+  ``__module__`` names theirs and its code was loaded from their folders:
+  ``functools.wraps`` copies a ``__module__`` onto user code), or is one
+  of this package's module-level functions (:func:`own_module_level`)."""
+  return ((stable_module(fun.__module__)
+           # (or this package's, which wraps jax's functions it replaces)
+           and (_compat.stable_package_code(fun.__code__)
+                or _compat.library_or_own_code(fun.__code__)))
+          or own_module_level(fun))
 
 
 def may_be_stable(module: str) -> bool:
@@ -230,7 +237,11 @@ def own_module_level(fun: types.FunctionType) -> bool:
   as any user's."""
   module = fun.__module__
   return (type(module) is str and module.partition(".")[0] == PACKAGE
-          and "<locals>" not in fun.__qualname__)
+          and "<locals>" not in fun.__qualname__
+          # (a function's code loaded from this package: a copied
+          # ``__module__`` names it too; a class has no code of its own)
+          and (not hasattr(fun, "__code__")
+               or _compat.library_or_own_code(fun.__code__)))
 
 
 PACKAGE = __name__.partition(".")[0]

@@ -96,6 +96,24 @@ class ArgumentClasses:
   def __init__(self):
     self.keys: dict = {}   # class -> (key, anchor references) or None
 
+  @classmethod
+  def of(cls, classes) -> "ArgumentClasses | None":
+    """The state of ``classes`` now (None if there are none)."""
+    if not classes:
+      return None
+    made = cls()
+    made.note(classes)
+    return made
+
+  def read_as(self, other: "ArgumentClasses") -> bool:
+    """Whether every class of ``other`` (a state taken before the trace)
+    keys here as there: a trace that wrote to a class's state does not."""
+    for cls, then in other.keys.items():
+      now = self.keys.get(cls)
+      if then is None or now is None or now[0] != then[0]:
+        return False
+    return True
+
   def note(self, classes) -> None:
     """At a trace of the entry: the state of each of ``classes`` it read."""
     for cls in classes:
@@ -119,7 +137,7 @@ def _class_state(cls):
   """``(class key, references to its anchors)``, or None if unkeyable."""
   try:
     key, anchors = closure.class_key(cls)
-  except (closure.Uncacheable, TypeError, RecursionError):
+  except Exception:   # Uncacheable, or a user's __hash__ or property raising
     return None
   return key, tuple(map(_reference, anchors))
 

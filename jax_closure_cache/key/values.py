@@ -117,7 +117,7 @@ def drawn_from(v) -> bool:
     return True   # its value is the running context's, read by get()
   try:
     return v in LIVE_STATE_FUNCTIONS or v in TRACE_EFFECTS
-  except TypeError:   # unhashable
+  except Exception:   # unhashable, or a __hash__ that raises: none of them
     return False
 
 

@@ -344,10 +344,10 @@ def argument_classes_key(tree) -> tuple:
   for cls in classes:
     try:
       key, anchors = closure.class_key(cls)
-    except closure_key.Unkeyable as e:
+    except Exception as e:   # (a user's code may raise anything)
       raise closure_key.Unkeyable(
           "argument_class", f"an argument's {cls.__name__} class: "
-          f"{e.detail}") from None
+          f"{getattr(e, 'detail', None) or type(e).__name__}") from None
     if not all(isinstance(x, _LASTING) for x in anchors):
       raise closure_key.Unkeyable(
           "argument_class", f"an argument's {cls.__name__} class holds an "
