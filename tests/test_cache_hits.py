@@ -618,3 +618,36 @@ def test_three_lifted_arrays_told_apart_pair_by_pair():
     for args in ((a, b, b), (a, b, a), (a, b, c)):
       assert_like_stock(jcc.jit(_three_arrays_user(*args))(x),
                         _three_arrays_user(*args), x)
+
+
+def test_closures_reading_frozen_standard_modules_and_registered_classes_hit():
+  """Library code is told by where its code was loaded from: a standard
+  module frozen into the interpreter (``posixpath``, ``<frozen
+  posixpath>``) is the standard library's, and a class registered with
+  ``register_pytree_node_class`` (JAX's registry holds its functions for
+  good) keys the trace lookup and ``closure_convert`` as it keys an
+  entry: re-created functions hit, and nothing falls back."""
+  import posixpath
+
+  @jax.tree_util.register_pytree_node_class
+  class Box:
+    def __init__(self, v):
+      self.v = v
+
+    def tree_flatten(self):
+      return (self.v,), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+      return cls(children[0])
+
+  a = jnp.full(2, 2.0)
+  jcc.enable()
+  w = 1.5
+  for _ in range(5):
+    jax.jit(lambda x: x * w + len(posixpath.basename("a/bc")))(a)
+    jax.lax.fori_loop(0, 2, lambda i, c: Box(c.v * w + a), Box(a))
+    jax.closure_convert(lambda c: c.v * w * a, Box(a))
+  stats = jcc.stats()
+  assert stats["fallbacks"] == 0, stats["fallback_reasons"]
+  assert stats["hits"] >= 9, stats   # three of five objects, each pattern

@@ -1153,7 +1153,44 @@ def _what_the_cache_missed(monkeypatch):
           jnp.ones(2))).tolist())
     return out
 
+  def exec_class_registered_apart():
+    ns2 = {}
+    exec("class P:\n  scale = 2.0\n", ns2)   # a namespace of data alone
+    P = ns2["P"]
+
+    def unflatten(aux, children):
+      p = object.__new__(P)
+      p.w = children[0] * P.scale
+      return p
+    jax.tree_util.register_pytree_node(P, lambda p: ((p.w,), None),
+                                       unflatten)
+
+    def made(w):
+      p = object.__new__(P)
+      p.w = w
+      return p
+    out = []
+    for scale in (2.0, 2.0, 3.0, 3.0, 5.0):
+      P.scale = scale
+      out.append(np.asarray(jax.jit(lambda p, x: p.w * x + 1.0)(
+          made(jnp.ones(2)), a)).tolist())
+    return out
+
+  def class_per_call():
+    out = []
+    for i in range(12):
+      class PerCall(NamedTuple):
+        v: Any
+
+        def scaled(self):
+          return self.v * 2.0
+      out.append(np.asarray(jax.jit(lambda s: s.scaled() * a)(
+          PerCall(jnp.full(2, float(i % 3))))).tolist())
+    return out
+
   return {"a metaclass attribute": metaclass,
+          "an exec-made class registered apart": exec_class_registered_apart,
+          "a NamedTuple class made per call": class_per_call,
           "a class attribute whose hash raises": raising_hash,
           "a flatten registered apart from an output class": output_flatten,
           "a write in tree_unflatten": unflatten_log,
@@ -1163,7 +1200,8 @@ def _what_the_cache_missed(monkeypatch):
 
 
 @pytest.mark.parametrize("case", [
-    "a metaclass attribute", "a class attribute whose hash raises",
+    "a metaclass attribute", "an exec-made class registered apart",
+    "a NamedTuple class made per call", "a class attribute whose hash raises",
     "a flatten registered apart from an output class",
     "a write in tree_unflatten", "an exec-made class as an argument",
     "an exec-made class closed over", "a functools.wraps-copied __module__"])

@@ -340,8 +340,8 @@ def make_treedef(like, node_data, children):
 
 
 #: JAX's Python-side record of each registered node class's flatten and
-#: unflatten functions, where this jax keeps one (0.10 does; 0.11 keeps
-#: them in C++ alone).
+#: unflatten functions (``tree_util._registry``, which 0.10 and 0.11 keep
+#: beside the C++ registry), or None on a jax without it.
 _NODE_FUNCTIONS = getattr(_tree_util_private, "_registry", None)
 
 
@@ -467,14 +467,20 @@ _LIBRARY_ROOTS = _library_roots()
 
 def stdlib_code(code) -> bool:
   """Whether ``code`` was loaded from the standard library's folder (not
-  from the packages installed inside it, where Python has no venv)."""
+  from the packages installed inside it, where Python has no venv), or is
+  a standard module frozen into the interpreter (``<frozen posixpath>``)."""
   filename = code.co_filename
-  return (filename.startswith(_STDLIB_ROOTS)
-          and not any(d in filename for d in _INSTALLED_DIRS))
+  for root in _STDLIB_ROOTS:
+    if filename.startswith(root):
+      rest = filename[len(root):]
+      return not rest.startswith(_INSTALLED_DIRS)
+  if filename.startswith("<frozen ") and filename.endswith(">"):
+    name = filename[len("<frozen "):-1].partition(".")[0]
+    return name in getattr(_sys, "stdlib_module_names", ())
+  return False
 
 
-_INSTALLED_DIRS = (_os.sep + "site-packages" + _os.sep,
-                   _os.sep + "dist-packages" + _os.sep)
+_INSTALLED_DIRS = ("site-packages" + _os.sep, "dist-packages" + _os.sep)
 
 
 _STDLIB_ROOTS = tuple({_os.path.dirname(_os.__file__) + _os.sep})
@@ -490,26 +496,29 @@ def library_code(code) -> bool:
 _OWN_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))) + _os.sep
 
 
-#: Stable packages besides jax, jaxlib and numpy whose code is taken as
-#: stable where loaded from their folders (``stable_package_code``).
-_OTHER_STABLE = ("scipy", "ml_dtypes", "opt_einsum")
-
-
-def stable_package_code(code) -> bool:
-  """Whether ``code`` was loaded from the folder of jax, jaxlib, numpy,
-  the standard library, scipy, ml_dtypes or opt_einsum: decided by where
-  its file lies, never by a ``__module__`` that ``functools.wraps``
-  copied."""
+def stable_package_code(code, packages=()) -> bool:
+  """Whether ``code`` was loaded from the folder of jax, jaxlib, numpy or
+  the standard library, or of one of ``packages`` (top-level names; their
+  folders are found once each is imported): decided by where its file
+  lies, never by a ``__module__`` that ``functools.wraps`` copied."""
   filename = code.co_filename
   if filename.startswith(_LIBRARY_ROOTS) or stdlib_code(code):
     return True
-  for name in _OTHER_STABLE:
-    module = _sys.modules.get(name)
-    path = getattr(module, "__file__", None)
-    if path and filename.startswith(
-        _os.path.dirname(_os.path.abspath(path)) + _os.sep):
+  for name in packages:
+    root = _package_roots.get(name)
+    if root is None:
+      path = getattr(_sys.modules.get(name), "__file__", None)
+      if not path:
+        continue   # not imported (its code cannot run yet), or no folder
+      root = _package_roots[name] = (
+          _os.path.dirname(_os.path.abspath(path)) + _os.sep)
+    if filename.startswith(root):
       return True
   return False
+
+
+#: Top-level package name -> its folder, for ``stable_package_code``.
+_package_roots: dict = {}
 
 
 def library_or_own_code(code) -> bool:

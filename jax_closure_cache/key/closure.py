@@ -571,7 +571,7 @@ class Analysis(_key.Walk):
           if x is not SKIP:
             items.append((c.__qualname__, name, self.value(x)))
       meta = type(t)
-      if meta is not type and not stable_module(meta.__module__):
+      if meta is not type and not library_class(meta):
         items.append(("", "<metaclass>", self.value(meta)))
       for f in _compat.pytree_node_functions(t) or ():
         items.append(("", "<pytree function>", self.value(f)))
@@ -739,28 +739,24 @@ _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
 
 
 def library_class(t) -> bool:
-  """Whether ``t`` is a class of jax, numpy or the standard library: its
+  """Whether ``t`` is a class of jax, numpy, the standard library or the
+  other stable packages (``code_plan.STABLE_PACKAGES``): its
   ``__module__`` names one of theirs and that module holds it by its
-  qualified name, or it is a C type, or its namespace holds no function
-  written outside their folders. (``__module__`` alone is copied by
-  ``functools.wraps`` and is ``builtins`` for a class ``exec`` made.)"""
+  qualified name, or it is a static C type. (``__module__`` alone is
+  ``builtins`` for a class ``exec`` made; a class a library makes in a
+  function is walked, as a user's.)"""
   module = getattr(t, "__module__", None)
   if not stable_module(module):
     return False
+  if not t.__flags__ & _HEAPTYPE:
+    return True
   try:
     reached = sys.modules.get(module)
     for name in t.__qualname__.split("."):
       reached = getattr(reached, name, None)
   except Exception:   # a module's own __getattr__ failing
-    reached = None
-  if reached is t or not t.__flags__ & _HEAPTYPE:
-    return True
-  for x in vars(t).values():
-    f = getattr(x, "__func__", x)
-    if type(f) is _FunctionType and not (
-        _compat.library_code(f.__code__) or _compat.stdlib_code(f.__code__)):
-      return False
-  return True
+    return False
+  return reached is t
 
 
 def class_key(cls: type) -> tuple:

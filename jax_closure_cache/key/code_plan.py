@@ -134,6 +134,10 @@ def is_module_level(fun: types.FunctionType) -> bool:
 STABLE_PACKAGES = closure_key.STABLE_PACKAGES | frozenset(
     {"ml_dtypes", "opt_einsum"}) | frozenset(
         getattr(sys, "stdlib_module_names", ()))
+#: The stable packages whose code is found by their own folders (the
+#: standard library's, jax's, jaxlib's and numpy's are ``_compat``'s).
+_FOLDERED = tuple(sorted(STABLE_PACKAGES - {"jax", "jaxlib", "numpy"}
+                         - frozenset(getattr(sys, "stdlib_module_names", ()))))
 # module name -> whether it is stable (bounded: 4096 names)
 _stable_modules: dict = cache.STORE.table("code_plan.stable_modules",
                                          cache.Store.FACTS)
@@ -215,7 +219,7 @@ def is_stable(fun: types.FunctionType) -> bool:
   of this package's module-level functions (:func:`own_module_level`)."""
   return ((stable_module(fun.__module__)
            # (or this package's, which wraps jax's functions it replaces)
-           and (_compat.stable_package_code(fun.__code__)
+           and (_compat.stable_package_code(fun.__code__, _FOLDERED)
                 or _compat.library_or_own_code(fun.__code__)))
           or own_module_level(fun))
 

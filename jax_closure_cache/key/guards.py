@@ -8,6 +8,7 @@ guard keeps nothing alive, and a dead one no longer holds.
 from __future__ import annotations
 
 import functools
+import threading
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -88,13 +89,20 @@ class ArgumentClasses:
   Holds while every class still keys as then, the objects whose ids the
   keys hold alive. A class the walk cannot key, or one two traces met in
   different states, never holds again (its entry's later objects miss and
-  trace). The classes are held strongly, as the entry's jitted function's
-  own cache holds them; the anchors weakly where they can be.
+  trace), nor does one that met more than :data:`MAX_CLASSES` classes (a
+  class made per call: every hit would walk them all). The classes are
+  held strongly, as the entry's jitted function's own cache holds them;
+  the anchors weakly where they can be. Traces on several threads note
+  under a lock; a hit reads a snapshot of the table.
   """
-  __slots__ = ("keys",)
+  __slots__ = ("keys", "_lock")
+
+  #: Classes an entry's traces may meet before it never holds again.
+  MAX_CLASSES = 8
 
   def __init__(self):
     self.keys: dict = {}   # class -> (key, anchor references) or None
+    self._lock = threading.Lock()
 
   @classmethod
   def of(cls, classes) -> "ArgumentClasses | None":
@@ -116,12 +124,16 @@ class ArgumentClasses:
 
   def note(self, classes) -> None:
     """At a trace of the entry: the state of each of ``classes`` it read."""
-    for cls in classes:
-      now = _class_state(cls)
-      if cls in self.keys and (now is None or self.keys[cls] is None
-                               or self.keys[cls][0] != now[0]):
-        now = None   # two traces answered for two states: neither holds
-      self.keys[cls] = now
+    states = [(cls, _class_state(cls)) for cls in classes]
+    with self._lock:
+      for cls, now in states:
+        then = self.keys.get(cls, _UNMET)
+        if then is not _UNMET and (now is None or then is None
+                                   or then[0] != now[0]):
+          now = None   # two traces answered for two states: neither holds
+        self.keys[cls] = now
+      if len(self.keys) > self.MAX_CLASSES:
+        self.keys[_TOO_MANY] = None
 
   def holds(self) -> bool:
     for cls, then in list(self.keys.items()):
@@ -131,6 +143,13 @@ class ArgumentClasses:
       if now is None or now[0] != then[0]:
         return False
     return True
+
+
+_UNMET = object()
+
+
+class _TOO_MANY:
+  """The table's mark of an entry that met too many classes."""
 
 
 def _class_state(cls):

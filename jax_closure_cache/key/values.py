@@ -57,6 +57,9 @@ LIVE_STATE_FUNCTIONS = frozenset({
 #: values: a file's contents, the terminal, a debugger. Stock calls them on
 #: every trace; a hit that skips the trace would not.
 TRACE_EFFECTS = frozenset({print, open, input, breakpoint, io.open, np.info})
+#: The types of those functions.
+_EFFECT_FUNCTION_TYPES = frozenset(
+    map(type, LIVE_STATE_FUNCTIONS | TRACE_EFFECTS))
 
 
 def _draws(v) -> bool:
@@ -115,10 +118,9 @@ def drawn_from(v) -> bool:
   if isinstance(v, contextvars.ContextVar) or isinstance(
       owner, contextvars.ContextVar):
     return True   # its value is the running context's, read by get()
-  try:
-    return v in LIVE_STATE_FUNCTIONS or v in TRACE_EFFECTS
-  except Exception:   # unhashable, or a __hash__ that raises: none of them
-    return False
+  if type(v) not in _EFFECT_FUNCTION_TYPES:
+    return False   # (a user's object's __hash__ is never called here)
+  return v in LIVE_STATE_FUNCTIONS or v in TRACE_EFFECTS
 
 
 #: Builtins that read globals by a name the code computes (the closure

@@ -348,7 +348,10 @@ def argument_classes_key(tree) -> tuple:
       raise closure_key.Unkeyable(
           "argument_class", f"an argument's {cls.__name__} class: "
           f"{getattr(e, 'detail', None) or type(e).__name__}") from None
-    if not all(isinstance(x, _LASTING) for x in anchors):
+    # (JAX's registry holds a class's registered functions for good)
+    registered = _compat.pytree_node_functions(cls) or ()
+    if not all(isinstance(x, _LASTING) or any(x is f for f in registered)
+               for x in anchors):
       raise closure_key.Unkeyable(
           "argument_class", f"an argument's {cls.__name__} class holds an "
           "object its key keeps by identity")
