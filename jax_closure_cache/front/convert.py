@@ -38,6 +38,7 @@ from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.front import entries
 from jax_closure_cache.key import rebuild
+from jax_closure_cache.lookup import closure_cache
 from jax_closure_cache.lookup import trace_lookup
 from jax_closure_cache import events
 from jax_closure_cache.key.closure import Uncacheable
@@ -100,7 +101,7 @@ def closure_convert(fun, *example_args):
     a = closure.analyse(fun)
     # the argument classes' code reads what the class keys cover (the
     # signature holds the classes by identity)
-    key = (a.key, signature, trace_lookup.closure_cache.argument_classes_key(
+    key = (a.key, signature, closure_cache.argument_classes_key(
         _compat.jax.tree_util.tree_structure(example_args)))
     shared = _traces.get(key)
   except Uncacheable as e:
