@@ -1073,6 +1073,32 @@ class _LoggedUnflatten(LeafNode):
     return cls(children[0])
 
 
+class _UserRegisteredNamespace(types.SimpleNamespace):
+  """Stands for ``types.SimpleNamespace`` (registering the library class
+  itself would last the whole test process): a subclass the test puts
+  under the standard library's name, registered with the user's
+  unflatten, which reads a global."""
+
+
+_UserRegisteredNamespace.__module__ = "types"
+_UserRegisteredNamespace.__qualname__ = "_UserRegisteredNamespace"
+types._UserRegisteredNamespace = _UserRegisteredNamespace
+jax.tree_util.register_pytree_node(
+    _UserRegisteredNamespace, lambda n: ((n.a,), None),
+    lambda aux, children: _UserRegisteredNamespace(
+        a=children[0] * _ARGUMENT_SCALE))
+
+
+class _MetaRaising:
+  @staticmethod
+  def make(meta):
+    """An object of a class whose metaclass's ``__module__`` raises."""
+    base = LeafNode
+    klass = meta("Raising", (base,), {
+        "value": lambda self: self.v * 2.0})
+    return klass(jnp.ones(2))
+
+
 def _exec_made_class():
   """A class ``exec`` makes in a fresh namespace: ``__module__`` is
   ``builtins``, yet its code is the user's (its method reads the
@@ -1188,7 +1214,65 @@ def _what_the_cache_missed(monkeypatch):
           PerCall(jnp.full(2, float(i % 3))))).tolist())
     return out
 
+  def library_class_registered_by_user():
+    # a library's class made a pytree node by the user, whose unflatten
+    # reads a global (types.SimpleNamespace: registered once per process)
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      out.append(np.asarray(jax.jit(lambda n: n.a + 0.0)(
+          _UserRegisteredNamespace(a=jnp.float32(1.0)))).tolist())
+    return out
+
+  def library_class_patched():
+    import fractions
+    half = fractions.Fraction(1, 2)
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      monkeypatch.setattr(fractions.Fraction, "__float__",
+                          lambda self: _ARGUMENT_SCALE)
+      out.append(np.asarray(jax.jit(lambda x: x * float(half))(a)).tolist())
+    return out
+
+  def class_put_in_jax():
+    class Spoof(LeafNode):
+      def value(self):
+        return self.v * _ARGUMENT_SCALE
+    Spoof.__module__, Spoof.__qualname__ = "jax", "_SpoofedForTest"
+    jax.tree_util.register_pytree_node_class(Spoof)
+    monkeypatch.setattr(jax, "_SpoofedForTest", Spoof, raising=False)
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      held = Spoof(jnp.ones(2))
+      out.append(np.asarray(jax.jit(lambda x: held.value() * x)(a))
+                 .tolist())
+      out.append(np.asarray(jax.jit(lambda t: t.value() * a)(
+          Spoof(jnp.ones(2)))).tolist())
+    return out
+
+  def raising_metaclass_attribute():
+    class Meta(type):
+      @property
+      def __module__(cls):
+        raise RuntimeError("no module")
+    held = _MetaRaising.make(Meta)
+    return [np.asarray(jax.jit(lambda x: held.value() * x)(a)).tolist()
+            for _ in range(3)]
+
+  def writable_memoryview():
+    view = memoryview(bytearray(b"\x02"))
+    return [np.asarray(jax.jit(lambda x: x * view[0])(a)).tolist()
+            for _ in range(3)]
+
   return {"a metaclass attribute": metaclass,
+          "a library class registered by the user":
+              library_class_registered_by_user,
+          "a library class's method patched": library_class_patched,
+          "a user class put in jax's namespace": class_put_in_jax,
+          "a metaclass whose __module__ raises": raising_metaclass_attribute,
+          "a writable memoryview": writable_memoryview,
           "an exec-made class registered apart": exec_class_registered_apart,
           "a NamedTuple class made per call": class_per_call,
           "a class attribute whose hash raises": raising_hash,
@@ -1200,7 +1284,10 @@ def _what_the_cache_missed(monkeypatch):
 
 
 @pytest.mark.parametrize("case", [
-    "a metaclass attribute", "an exec-made class registered apart",
+    "a metaclass attribute", "a library class registered by the user",
+    "a library class's method patched", "a user class put in jax's namespace",
+    "a metaclass whose __module__ raises", "a writable memoryview",
+    "an exec-made class registered apart",
     "a NamedTuple class made per call", "a class attribute whose hash raises",
     "a flatten registered apart from an output class",
     "a write in tree_unflatten", "an exec-made class as an argument",

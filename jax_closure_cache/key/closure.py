@@ -68,7 +68,7 @@ from jax_closure_cache.key.objects import (
     slot_members, slot_values)
 from jax_closure_cache.key.code_plan import (
     chain_value, code_plan, is_stable, library_value, own_module_level,
-    stable_module)
+    stable_code, stable_module)
 from jax_closure_cache.key.parts import (
     ATOMS, BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
@@ -223,10 +223,10 @@ class Analysis(_key.Walk):
         and not _user_equality(t)):
       try:   # a library value type (a date, a Signature): by value
         hash(v)
-      except TypeError:
-        pass
+      except Exception:   # unhashable (a writable memoryview raises
+        pass              # ValueError)
       else:   # a user subclass (an Enum) with its class's namespace
-        if stable_module(t.__module__):
+        if library_class(t):
           try:
             return atoms.library_value_key(v, t)
           except atoms.Inexact as e:
@@ -708,13 +708,22 @@ def analyse(fun: Callable, lift_numpy: bool = False,
 
   Raises:
     Uncacheable: ``fun`` closes over a tracer, or over a value that is
-      neither hashable nor a pytree.
+      neither hashable nor a pytree, or reading what it holds raised (a
+      class attribute that raises when read: ``walk_error``, the call is
+      stock's).
+    TypeError: unhashable pytree metadata.
   """
   a = Analysis(lift_numpy, lift_arrays)
-  if type(fun) is _FunctionType:
-    a.key = a.function(fun)   # by contents even at module level
-  else:
-    a.key = a.value(as_method(fun) or fun)
+  try:
+    if type(fun) is _FunctionType:
+      a.key = a.function(fun)   # by contents even at module level
+    else:
+      a.key = a.value(as_method(fun) or fun)
+  except (Uncacheable, TypeError):
+    raise
+  except Exception as e:   # the walk never fails a call stock makes
+    raise Uncacheable("walk_error", f"reading what it holds raised "
+                      f"{type(e).__name__}: {e}"[:200]) from None
   a.finish(a.key)
   return a
 
@@ -730,9 +739,20 @@ def argument_classes(treedef) -> tuple:
   found = []
   for kind, _ in node_datas(treedef):
     if (kind not in BUILTIN_NODES and kind not in _ORDERED_NODES
-        and kind not in found and not library_class(kind)):
+        and kind not in found
+        and (not library_class(kind) or _registered_by_user(kind))):
       found.append(kind)
   return tuple(found)
+
+
+def _registered_by_user(kind) -> bool:
+  """Whether a library's class (``types.SimpleNamespace``) was registered
+  as a pytree with functions of the user's."""
+  for f in _compat.pytree_node_functions(kind) or ():
+    f = getattr(f, "__func__", f)
+    if type(f) is _FunctionType and not stable_code(f.__code__):
+      return True
+  return False
 
 
 _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
@@ -742,21 +762,35 @@ def library_class(t) -> bool:
   """Whether ``t`` is a class of jax, numpy, the standard library or the
   other stable packages (``code_plan.STABLE_PACKAGES``): its
   ``__module__`` names one of theirs and that module holds it by its
-  qualified name, or it is a static C type. (``__module__`` alone is
-  ``builtins`` for a class ``exec`` made; a class a library makes in a
-  function is walked, as a user's.)"""
-  module = getattr(t, "__module__", None)
-  if not stable_module(module):
-    return False
-  if not t.__flags__ & _HEAPTYPE:
-    return True
+  qualified name and its namespace holds no function loaded from outside
+  their folders (a method the user set on it, or a user class put there
+  under the library's name), or it is a static C type. (``__module__``
+  alone is ``builtins`` for a class ``exec`` made; a class a library
+  makes in a function is walked, as a user's.) A class whose attributes
+  raise when read is not."""
   try:
+    module = t.__module__
+    if not stable_module(module):
+      return False
+    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
+      return True
     reached = sys.modules.get(module)
     for name in t.__qualname__.split("."):
       reached = getattr(reached, name, None)
-  except Exception:   # a module's own __getattr__ failing
+    return reached is t and not _user_code_in(t)
+  except Exception:   # a metaclass's property, a module's __getattr__
     return False
-  return reached is t
+
+
+def _user_code_in(t) -> bool:
+  """Whether ``t``'s own namespace holds a function (a method, a static
+  or class method, a property's getter) whose code was not loaded from
+  the stable packages' folders or this package's."""
+  for x in vars(t).values():
+    f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
+    if type(f) is _FunctionType and not stable_code(f.__code__):
+      return True
+  return False
 
 
 def class_key(cls: type) -> tuple:
@@ -774,7 +808,10 @@ def class_key(cls: type) -> tuple:
   if not _compat.pytree_node_functions(cls) and plain_namedtuple(cls):
     return (PLAIN_NAMEDTUPLE, cls), ()
   a = Analysis(lift_arrays=False)
-  a.key = a.klass(cls)   # (its registered functions included)
+  a.key = a.klass(cls)   # (a user class's registered functions included)
+  if type(a.key) is not tuple:   # a library's class: the user's functions
+    a.key = (a.key, tuple(map(a.value,
+                              _compat.pytree_node_functions(cls) or ())))
   a.finish(a.key)
   return a.key, a.anchors
 

@@ -217,11 +217,17 @@ def is_stable(fun: types.FunctionType) -> bool:
   ``__module__`` names theirs and its code was loaded from their folders:
   ``functools.wraps`` copies a ``__module__`` onto user code), or is one
   of this package's module-level functions (:func:`own_module_level`)."""
-  return ((stable_module(fun.__module__)
-           # (or this package's, which wraps jax's functions it replaces)
-           and (_compat.stable_package_code(fun.__code__, _FOLDERED)
-                or _compat.library_or_own_code(fun.__code__)))
+  return ((stable_module(fun.__module__) and stable_code(fun.__code__))
           or own_module_level(fun))
+
+
+def stable_code(code) -> bool:
+  """Whether ``code`` was loaded from the folder of a stable package
+  (``STABLE_PACKAGES``, the standard library's frozen modules included)
+  or of this package (which wraps jax's functions it replaces): where its
+  file lies, never what ``__module__`` says."""
+  return (_compat.stable_package_code(code, _FOLDERED)
+          or _compat.library_or_own_code(code))
 
 
 def may_be_stable(module: str) -> bool:
@@ -231,20 +237,25 @@ def may_be_stable(module: str) -> bool:
   return stable_module(module) or module.partition(".")[0] == PACKAGE
 
 
-def own_module_level(fun: types.FunctionType) -> bool:
-  """Whether ``fun`` is a module-level function of this package, keyed by
-  identity like jax's: its ``jit`` stands in for ``jax.jit`` (a user
-  function that reads ``jit`` after ``from jax import jit`` reaches it),
-  and its globals are the cache's own state, which changes with every store
-  (and holds dicts keyed by code objects) but never what a function
-  computes. Nested functions, such as the benchmark's workloads, are walked
-  as any user's."""
-  module = fun.__module__
+def own_module_level(fun) -> bool:
+  """Whether ``fun`` (a function or a class) is a module-level one of this
+  package, keyed by identity like jax's: its ``jit`` stands in for
+  ``jax.jit`` (a user function that reads ``jit`` after ``from jax import
+  jit`` reaches it), and its globals are the cache's own state, which
+  changes with every store (and holds dicts keyed by code objects) but
+  never what a function computes. Nested functions, such as the
+  benchmark's workloads, are walked as any user's; so is anything whose
+  ``__module__`` or ``__qualname__`` raises when read."""
+  try:
+    module = fun.__module__
+    qualname = fun.__qualname__
+  except Exception:   # a metaclass's property
+    return False
   return (type(module) is str and module.partition(".")[0] == PACKAGE
-          and "<locals>" not in fun.__qualname__
+          and type(qualname) is str and "<locals>" not in qualname
           # (a function's code loaded from this package: a copied
           # ``__module__`` names it too; a class has no code of its own)
-          and (not hasattr(fun, "__code__")
+          and (type(fun) is not types.FunctionType
                or _compat.library_or_own_code(fun.__code__)))
 
 

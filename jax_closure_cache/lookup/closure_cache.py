@@ -429,7 +429,7 @@ def find(fun, sig, found=None, rules=None):
     key = ((rules or closure_key.active_rules)[1], key,
            tuple(map(_trace.typeof, leaves)), sig)
     return key, leaves, anchors, traces.get(key)
-  except (closure_key.Unkeyable, TypeError):
+  except Exception:   # Unkeyable, unhashable, or a walk that raised: as usual
     return None
 
 
