@@ -540,7 +540,9 @@ def test_views_read_the_parts_the_walk_builds():
   assert parts.Atom._make(p.args[0]) == (int, 2)
   m = parts.MethodPart._make(found[parts.METHOD][0])
   o = parts.ObjPart._make(m.instance)
-  assert o.type is Box and ("v", (int, 3)) in o.items
+  assert parts.IdPart._make(o.type).id == id(Box)
+  assert ("v", (int, 3)) in o.items
+  assert Box in a.anchors   # (held by the store weakly: dies with its class)
   top = parts.FnPart._make(a.key)
   assert top.code is f.__code__ and top.index == 0
 

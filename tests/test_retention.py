@@ -197,3 +197,32 @@ def test_a_closure_free_functions_keys_met_once_keep_no_stock_object(
     del f
   gc.collect()
   assert sum(r() is not None for r in refs) <= 1   # (the last, at most)
+
+
+def _local_class_step(i: int, closed_over: bool):
+  """A class made afresh (its attribute alternating between two values,
+  so keys repeat by value), used by a re-created jitted function: through
+  a cell, or as an instance's class. Returns a weak reference to it."""
+  class Local:
+    data = bytes([i % 2]) * 1024
+
+  if closed_over:
+    f = lambda x: x + float(Local.data[0])
+  else:
+    held = Local()
+    f = lambda x: x + float(held.data[0])
+  jcc.jit(f)(jnp.float32(1.0))
+  return weakref.ref(Local)
+
+
+@pytest.mark.parametrize("closed_over", [True, False],
+                         ids=["the class", "an instance"])
+def test_classes_made_per_call_die_with_their_functions(closed_over):
+  """A stored key holds a class it walked by identity (its id, the class
+  an anchor the store holds weakly), so classes made per call die with
+  their functions, as under stock, and their entries with them. Before,
+  a stored key held the class itself: 26 of 120 were kept."""
+  jcc.enable()
+  refs = [_local_class_step(i, closed_over) for i in range(60)]
+  gc.collect()
+  assert sum(r() is not None for r in refs) == 0

@@ -512,7 +512,8 @@ class Analysis(_key.Walk):
       self.nesting -= 1
     if t in _compat.CUSTOM_RULE_ATTRIBUTES:
       self.custom_rules.append((t, items))   # checked by :meth:`finish`
-    return (COPY if copyable else OBJ, i, t, items, self.klass(t))
+    return (COPY if copyable else OBJ, i, self.identity(t), items,
+            self.klass(t))
 
   def note_tracer_class(self, v) -> None:
     if isinstance(v, type) and issubclass(v, _compat.Tracer):
@@ -577,7 +578,9 @@ class Analysis(_key.Walk):
         items.append(("", "<pytree function>", self.value(f)))
     finally:
       self.in_object = saved
-    return (CLASS, i, t, tuple(items))
+    # the class by identity, an anchor: a stored key holds it weakly, so a
+    # class made per call dies with its functions (its entry with it)
+    return (CLASS, i, self.identity(t), tuple(items))
 
 
 #: Containers whose bound built-in methods (``append = LOG.append``) are

@@ -164,8 +164,8 @@ def render(part) -> tuple[str, str]:
       i = key_parts.IdPart._make(part)
       return i.label or f"object at {i.id:#x}", "kept by identity"
     if tag is key_parts.OBJ or tag is key_parts.COPY:
-      return (f"{key_parts.ObjPart._make(part).type.__name__}(...)",
-              "object keyed by attributes")
+      kind = key_parts.IdPart._make(key_parts.ObjPart._make(part).type)
+      return f"{kind.label}(...)", "object keyed by attributes"
     if tag is key_parts.FN:
       return key_parts.FnPart._make(part).code.co_qualname, "function"
     if tag is key_parts.TREE:

@@ -97,7 +97,7 @@ class ObjPart(NamedTuple):
   lifted through a shallow copy): a plain object keyed by its state."""
   tag: Tag              # OBJ or COPY
   index: int            # the walk's ordinal (CYCLE refers to it)
-  type: type
+  type: tuple           # its class, by identity (an ``IdPart``: an anchor)
   items: tuple          # ((attribute, part), ...) or the items' parts
   klass: Any            # the part of its class's namespace, or not a tuple
 
@@ -106,7 +106,7 @@ class ClassPart(NamedTuple):
   """A ``CLASS`` part: a user class keyed by its namespace."""
   tag: Tag              # CLASS
   index: int
-  type: type
+  type: tuple           # the class, by identity (an ``IdPart``: an anchor)
   items: tuple          # ((owner, name, part), ...)
 
 

@@ -86,7 +86,7 @@ class Rebuild(_key.Rebuild):
     the user's object is never modified (a trace that sets an attribute sets
     it on the copy)."""
     o = ObjPart._make(k)   # its class (o.klass) is never rebuilt
-    new = object.__new__(o.type)
+    new = object.__new__(type(obj))   # (the key holds the class's id)
     self.memo[o.index] = new
     attrs = dict(vars(obj))
     for name, kx in o.items:
