@@ -628,18 +628,11 @@ def test_closures_reading_frozen_standard_modules_and_registered_classes_hit():
   good) keys the trace lookup and ``closure_convert`` as it keys an
   entry: re-created functions hit, and nothing falls back."""
   import posixpath
+  from value_grammar import LeafNode
 
   @jax.tree_util.register_pytree_node_class
-  class Box:
-    def __init__(self, v):
-      self.v = v
-
-    def tree_flatten(self):
-      return (self.v,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-      return cls(children[0])
+  class Box(LeafNode):
+    pass
 
   a = jnp.full(2, 2.0)
   jcc.enable()

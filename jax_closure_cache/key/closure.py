@@ -751,11 +751,7 @@ def argument_classes(treedef) -> tuple:
 def _registered_by_user(kind) -> bool:
   """Whether a library's class (``types.SimpleNamespace``) was registered
   as a pytree with functions of the user's."""
-  for f in _compat.pytree_node_functions(kind) or ():
-    f = getattr(f, "__func__", f)
-    if type(f) is _FunctionType and not stable_code(f.__code__):
-      return True
-  return False
+  return any(map(_user_function, _compat.pytree_node_functions(kind) or ()))
 
 
 _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
@@ -789,11 +785,15 @@ def _user_code_in(t) -> bool:
   """Whether ``t``'s own namespace holds a function (a method, a static
   or class method, a property's getter) whose code was not loaded from
   the stable packages' folders or this package's."""
-  for x in vars(t).values():
-    f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
-    if type(f) is _FunctionType and not stable_code(f.__code__):
-      return True
-  return False
+  return any(map(_user_function, vars(t).values()))
+
+
+def _user_function(x) -> bool:
+  """Whether ``x`` is, or wraps (a bound, static or class method, a
+  property's getter), a function whose code was not loaded from the
+  stable packages' folders or this package's."""
+  f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
+  return type(f) is _FunctionType and not stable_code(f.__code__)
 
 
 def class_key(cls: type) -> tuple:
