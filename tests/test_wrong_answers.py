@@ -1261,6 +1261,46 @@ def _what_the_cache_missed(monkeypatch):
     return [np.asarray(jax.jit(lambda x: held.value() * x)(a)).tolist()
             for _ in range(3)]
 
+  def namedtuple_put_in_collections():
+    # a NamedTuple node (its class not walked when taken for a library's)
+    # whose method reads a global, its __module__ copied from collections
+    class Scaled(NamedTuple):
+      v: Any
+
+      def value(self):
+        return self.v * _ARGUMENT_SCALE
+    Scaled.__module__ = "collections"
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      held = [Scaled(jnp.ones(2))]
+      out.append(np.asarray(jax.jit(lambda x: held[0].value() * x)(a))
+                 .tolist())
+    return out
+
+  def equality_under_numpys_name():
+    # a class whose == ignores its state, its __module__ copied from numpy:
+    # closed over, as a dict key, as a static argument
+    class Box:
+      def __init__(self, v):
+        self.v = v
+
+      def __eq__(self, other):
+        return type(other) is Box
+
+      def __hash__(self):
+        return 1
+    Box.__module__ = "numpy"
+    out = []
+    for v in (1.0, 2.0, 2.0, 3.0):
+      box, table = Box(v), {Box(v): 1}
+      out.append(np.asarray(jax.jit(lambda x: x * box.v)(a)).tolist())
+      out.append(np.asarray(jax.jit(lambda x: x * next(iter(table)).v)(a))
+                 .tolist())
+      out.append(np.asarray(jax.jit(lambda x, b: x * b.v, static_argnums=1)(
+          a, Box(v))).tolist())
+    return out
+
   def writable_memoryview():
     view = memoryview(bytearray(b"\x02"))
     return [np.asarray(jax.jit(lambda x: x * view[0])(a)).tolist()
@@ -1273,6 +1313,10 @@ def _what_the_cache_missed(monkeypatch):
           "a user class put in jax's namespace": class_put_in_jax,
           "a metaclass whose __module__ raises": raising_metaclass_attribute,
           "a writable memoryview": writable_memoryview,
+          "an == of the user's under numpy's name":
+              equality_under_numpys_name,
+          "a NamedTuple put under collections' name":
+              namedtuple_put_in_collections,
           "an exec-made class registered apart": exec_class_registered_apart,
           "a NamedTuple class made per call": class_per_call,
           "a class attribute whose hash raises": raising_hash,
@@ -1287,6 +1331,8 @@ def _what_the_cache_missed(monkeypatch):
     "a metaclass attribute", "a library class registered by the user",
     "a library class's method patched", "a user class put in jax's namespace",
     "a metaclass whose __module__ raises", "a writable memoryview",
+    "a NamedTuple put under collections' name",
+    "an == of the user's under numpy's name",
     "an exec-made class registered apart",
     "a NamedTuple class made per call", "a class attribute whose hash raises",
     "a flatten registered apart from an output class",

@@ -46,7 +46,6 @@ import collections
 import enum
 import functools
 import gc
-import sys
 import types
 import weakref
 from typing import Callable
@@ -67,8 +66,8 @@ from jax_closure_cache.key.objects import (
     SKIP, as_method, class_member, contents, is_copyable_type, is_plain_type,
     slot_members, slot_values)
 from jax_closure_cache.key.code_plan import (
-    chain_value, code_plan, is_stable, library_value, own_module_level,
-    stable_code, stable_module)
+    chain_value, code_plan, is_stable, library_class, library_value,
+    own_module_level, stable_module, user_function)
 from jax_closure_cache.key.parts import (
     ATOMS, BUILTIN_NODES, CLASS, COPY, LIBATTR, METHOD, MISSING,
     NOCHAIN, OBJ,
@@ -639,14 +638,14 @@ def fresh_conversion(arr) -> None:
 
 def _walks_node_data(treedef) -> bool:
   """Whether a node of ``treedef`` is neither a dict, list, tuple or None
-  nor a NamedTuple of a stable module (whose class is keyed by identity):
-  its node data (or a NamedTuple class's namespace) is then walked."""
+  nor a library's NamedTuple (:func:`library_class`: its class is keyed by
+  identity): its node data (or a NamedTuple class's namespace) is then
+  walked."""
   if node_data_function(treedef) is not None:
     return True
   return any(
       kind not in BUILTIN_NODES and kind not in _ORDERED_NODES and not (
-          aux is None and hasattr(kind, "_fields")
-          and stable_module(kind.__module__))
+          aux is None and hasattr(kind, "_fields") and library_class(kind))
       for kind, aux in node_datas(treedef))
 
 
@@ -661,9 +660,7 @@ def _library_object(obj) -> bool:
         obj.__closure__ is None and _compat.stdlib_code(obj.__code__))
   if type(obj) is _ModuleType:
     return stable_module(obj.__name__)
-  module = (obj.__module__ if isinstance(obj, type)
-            else type(obj).__module__)
-  return stable_module(module)
+  return library_class(obj if isinstance(obj, type) else type(obj))
 
 
 #: What a library function's cell may hold for it to be kept by identity
@@ -692,8 +689,8 @@ def _user_equality(t: type) -> bool:
   outside the stable packages (jax, numpy, the standard library...)."""
   for name in ("__eq__", "__hash__"):
     owner = next((c for c in t.__mro__ if name in c.__dict__), object)
-    if _python_function(owner.__dict__.get(name)) and not stable_module(
-        getattr(owner, "__module__", None)):
+    if _python_function(owner.__dict__.get(name)) and not library_class(
+        owner):
       return True
   return False
 
@@ -751,49 +748,7 @@ def argument_classes(treedef) -> tuple:
 def _registered_by_user(kind) -> bool:
   """Whether a library's class (``types.SimpleNamespace``) was registered
   as a pytree with functions of the user's."""
-  return any(map(_user_function, _compat.pytree_node_functions(kind) or ()))
-
-
-_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
-
-
-def library_class(t) -> bool:
-  """Whether ``t`` is a class of jax, numpy, the standard library or the
-  other stable packages (``code_plan.STABLE_PACKAGES``): its
-  ``__module__`` names one of theirs and that module holds it by its
-  qualified name and its namespace holds no function loaded from outside
-  their folders (a method the user set on it, or a user class put there
-  under the library's name), or it is a static C type. (``__module__``
-  alone is ``builtins`` for a class ``exec`` made; a class a library
-  makes in a function is walked, as a user's.) A class whose attributes
-  raise when read is not."""
-  try:
-    module = t.__module__
-    if not stable_module(module):
-      return False
-    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
-      return True
-    reached = sys.modules.get(module)
-    for name in t.__qualname__.split("."):
-      reached = getattr(reached, name, None)
-    return reached is t and not _user_code_in(t)
-  except Exception:   # a metaclass's property, a module's __getattr__
-    return False
-
-
-def _user_code_in(t) -> bool:
-  """Whether ``t``'s own namespace holds a function (a method, a static
-  or class method, a property's getter) whose code was not loaded from
-  the stable packages' folders or this package's."""
-  return any(map(_user_function, vars(t).values()))
-
-
-def _user_function(x) -> bool:
-  """Whether ``x`` is, or wraps (a bound, static or class method, a
-  property's getter), a function whose code was not loaded from the
-  stable packages' folders or this package's."""
-  f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
-  return type(f) is _FunctionType and not stable_code(f.__code__)
+  return any(map(user_function, _compat.pytree_node_functions(kind) or ()))
 
 
 def class_key(cls: type) -> tuple:

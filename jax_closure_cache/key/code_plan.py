@@ -149,7 +149,7 @@ def _is_namespace(obj) -> bool:
   if type(obj) is _ModuleType:
     return not stable_module(obj.__name__)
   if isinstance(obj, type):
-    return not stable_module(getattr(obj, "__module__", None))
+    return not library_class(obj)
   return False
 
 
@@ -257,6 +257,48 @@ def own_module_level(fun) -> bool:
           # ``__module__`` names it too; a class has no code of its own)
           and (type(fun) is not types.FunctionType
                or _compat.library_or_own_code(fun.__code__)))
+
+
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
+
+
+def library_class(t) -> bool:
+  """Whether ``t`` is a class of jax, numpy, the standard library or the
+  other stable packages (``STABLE_PACKAGES``): its
+  ``__module__`` names one of theirs and that module holds it by its
+  qualified name and its namespace holds no function loaded from outside
+  their folders (a method the user set on it, or a user class put there
+  under the library's name), or it is a static C type. (``__module__``
+  alone is ``builtins`` for a class ``exec`` made; a class a library
+  makes in a function is walked, as a user's.) A class whose attributes
+  raise when read is not."""
+  try:
+    module = t.__module__
+    if not stable_module(module):
+      return False
+    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
+      return True
+    reached = sys.modules.get(module)
+    for name in t.__qualname__.split("."):
+      reached = getattr(reached, name, None)
+    return reached is t and not _user_code_in(t)
+  except Exception:   # a metaclass's property, a module's __getattr__
+    return False
+
+
+def _user_code_in(t) -> bool:
+  """Whether ``t``'s own namespace holds a function (a method, a static
+  or class method, a property's getter) whose code was not loaded from
+  the stable packages' folders or this package's."""
+  return any(map(user_function, vars(t).values()))
+
+
+def user_function(x) -> bool:
+  """Whether ``x`` is, or wraps (a bound, static or class method, a
+  property's getter), a function whose code was not loaded from the
+  stable packages' folders or this package's."""
+  f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
+  return type(f) is types.FunctionType and not stable_code(f.__code__)
 
 
 PACKAGE = __name__.partition(".")[0]

@@ -20,7 +20,7 @@ import enum
 
 from jax_closure_cache import _compat
 from jax_closure_cache.atoms import Inexact, exact_key, library_value_key
-from jax_closure_cache.key.code_plan import stable_module
+from jax_closure_cache.key.code_plan import library_class
 from jax_closure_cache.key.parts import Uncacheable
 from jax_closure_cache.key.values import node_datas
 
@@ -55,7 +55,7 @@ def enum_member_has_state(v) -> bool:
 
 def _library_atom(k):
   t = type(k)
-  if stable_module(getattr(t, "__module__", None)) or (
+  if library_class(t) or (
       isinstance(k, enum.Enum) and t.__eq__ is enum.Enum.__eq__
       and t.__hash__ is enum.Enum.__hash__
       and not enum_member_has_state(k)):

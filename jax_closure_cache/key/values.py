@@ -28,7 +28,7 @@ import numpy as np
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import (
-    chain_base, is_stable, stable_module)
+    chain_base, is_stable, library_class, stable_module)
 from jax_closure_cache.key.objects import as_method, is_plain_type
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
@@ -190,7 +190,8 @@ def kept_as_library_object(t: type) -> bool:
   to the walk) is kept by identity: a ``threading.local`` or a
   ``decimal.Context`` is not (a trace reads attributes that change)."""
   module = getattr(t, "__module__", None) or ""
-  return t in IDENTITY_TYPES or module.partition(".")[0] in IDENTITY_PACKAGES
+  return t in IDENTITY_TYPES or (
+      module.partition(".")[0] in IDENTITY_PACKAGES and library_class(t))
 
 
 # -- static values ------------------------------------------------------------
