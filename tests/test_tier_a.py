@@ -976,3 +976,20 @@ def test_hijax_custom_vjp_rules_run_as_stock_and_verify_agrees():
   finally:
     jax.config.update("jax_remat3", saved[0])
     jax.config.update("jax_custom_vjp3", saved[1])
+
+
+def test_a_class_given_jaxs_module_name_is_not_taken_for_jaxs():
+  """Which parameter values are jax's own (kept by value, never searched
+  for the user's callables) is decided by where the class is defined: a
+  user class whose ``__module__`` names a module of jax's is the user's;
+  jax's own classes, C types and Python classes alike, are jax's."""
+  from jax._src import core
+  from jax_closure_cache._compat import lowering as _compat
+
+  class Spoofed:
+    pass
+  Spoofed.__module__ = "jax._src.core"
+  assert not _compat.defined_by_jax(Spoofed)
+  for cls in (core.ShapedArray, jax.sharding.NamedSharding,
+              type(jnp.ones(1)), type(jax.devices()[0])):
+    assert _compat.defined_by_jax(cls), cls

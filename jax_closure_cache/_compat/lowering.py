@@ -212,8 +212,24 @@ TRACED = _traced_class()
 def defined_by_jax(cls) -> bool:
   """Whether ``cls`` is defined in a module loaded from jax's or jaxlib's
   own folder (decided by where the module was loaded from, never by a
-  ``__module__`` a decorator may have copied)."""
-  return _defined_by_jax(getattr(cls, "__module__", None) or "")
+  ``__module__`` a decorator may have copied): a C type of such a module,
+  or a class that module holds by its qualified name (a user's class given
+  jax's ``__module__`` is not). A class whose attributes raise is not."""
+  try:
+    module = cls.__module__
+    if not (type(module) is str and _defined_by_jax(module)):
+      return False
+    if not type.__dict__["__flags__"].__get__(cls) & _HEAPTYPE:
+      return True
+    reached = sys.modules.get(module)
+    for name in cls.__qualname__.split("."):
+      reached = getattr(reached, name, None)
+    return reached is cls
+  except Exception:
+    return False
+
+
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
 
 
 def _lowering_seams() -> list[str]:
