@@ -36,8 +36,6 @@ from jax_closure_cache.key import rebuild
 from jax_closure_cache.key.closure import Uncacheable
 from jax_closure_cache.lookup import closure_cache
 
-_trace_writers = closure_cache.trace_writers
-
 # (options key, function key) -> Canonical
 _store = cache.STORE.bounded("canonical.store")
 
@@ -80,16 +78,9 @@ def _known(fun, full_options_key):
 
 
 def _traced_apart(code) -> bool:
-  """Whether each object of ``code`` is traced by its own stock object: a
-  trace of it wrote to state it reaches (a global object's attribute: a
-  shared object's later calls would skip that write), held a callable JAX
-  runs later (a callback, a custom rule: the shared object's cached trace
-  would run the first object's), or was called with pytree node data
-  JAX's caches compare by ``==`` or with arguments of the user's pytree
-  classes (whose code JAX's caches key by the class's identity)."""
-  return (code in _trace_writers or code in closure_cache.callable_codes
-          or code in closure_cache.conflated_codes
-          or code in closure_cache.class_argument_codes)
+  """Whether each object of ``code`` is traced by its own stock object
+  (``closure_cache.TracedApart`` lists the reasons)."""
+  return code in closure_cache.traced_apart
 
 
 def canonical_jitted(fun: types.FunctionType, options: dict,

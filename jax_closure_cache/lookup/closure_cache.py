@@ -72,32 +72,48 @@ _met: dict = _STORE.table("closure_cache.met", cache.Store.TRACES)
 # function object -> the closure key its last looked-up trace read (weakly)
 _answered_keys = _STORE.table("closure_cache.answered_keys", cache.Store.TRACES,
                               weakref.WeakKeyDictionary)
-# codes a trace of which wrote to state its function reaches (an attribute
-# of a global object set, a list appended to): no later object of one skips
-# its trace (the front's canonical objects ask)
-trace_writers: "weakref.WeakSet[types.CodeType]" = _STORE.table(
-    "closure_cache.trace_writers", cache.Store.TRACES, weakref.WeakSet)
-#: Codes traced with arguments whose pytree node data JAX's caches compare
-#: by ``==`` (``trees.conflated_node_data``): no shared stock object of
-#: theirs is handed out, as its cache would answer one call from another's
-#: trace.
-conflated_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
-    "closure_cache.conflated_codes", cache.Store.TRACES, weakref.WeakSet)
-#: Codes traced with arguments of the user's pytree classes
-#: (``argument_classes_key``): no shared stock object of theirs is handed
-#: out, as its cache keys the class by identity and would answer a call
-#: after the class's code reads other values from an earlier trace.
-class_argument_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
-    "closure_cache.class_argument_codes", cache.Store.TRACES, weakref.WeakSet)
-#: Codes a stock trace of which holds a user's callable JAX runs after the
-#: trace (a callback, a custom rule: ``runtime_callable``): no shared stock
-#: object of theirs is handed out, as its cached trace would run the first
-#: object's callable (its log, its state, its static arguments) for later
-#: objects, and JAX memoizes a transformation of the trace by the jaxpr
-#: object, so a rule (a ``custom_vjp``'s ``bwd``, even a module-level one)
-#: would run once where stock runs it for every object.
-callable_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
-    "closure_cache.callable_codes", cache.Store.TRACES, weakref.WeakSet)
+class TracedApart:
+  """Codes each object of which is traced by its own stock object (no
+  shared stock object of theirs is handed out, ``front/canonical.py``),
+  each with why (:attr:`REASONS`, one or more)."""
+
+  #: ``wrote``: a trace wrote to state its function reaches (an attribute
+  #: of a global object set, a list appended to), which a shared object's
+  #: later calls would skip; ``callable``: a stock trace held a user's
+  #: callable JAX runs after the trace (a callback, a custom rule:
+  #: ``runtime_callable``), whose cached trace would run the first
+  #: object's callable (its log, its state, its static arguments) for
+  #: later objects, and JAX memoizes a transformation of the trace by the
+  #: jaxpr object, so a rule (a ``custom_vjp``'s ``bwd``, even a
+  #: module-level one) would run once where stock runs it for every
+  #: object; ``argument_node_data``: traced with arguments whose pytree node
+  #: data JAX's caches compare by ``==`` (``trees.conflated_node_data``),
+  #: so its cache would answer one call from another's trace;
+  #: ``argument_class``: traced with arguments of the user's pytree classes
+  #: (``argument_classes_key``), which its cache keys by identity, so it
+  #: would answer a call after the class's code reads other values from an
+  #: earlier trace.
+  REASONS = ("wrote", "callable", "argument_node_data", "argument_class")
+
+  def __init__(self):
+    self._why: "weakref.WeakKeyDictionary[types.CodeType, frozenset]" = (
+        _STORE.table("closure_cache.traced_apart", cache.Store.TRACES,
+                     weakref.WeakKeyDictionary))
+
+  def note(self, code: types.CodeType, reason: str) -> None:
+    assert reason in self.REASONS, reason
+    self._why[code] = self._why.get(code, frozenset()) | {reason}
+
+  def __contains__(self, code) -> bool:
+    return code in self._why
+
+  def why(self, code) -> frozenset:
+    """The reasons ``code`` is traced apart (empty: it is not)."""
+    return self._why.get(code, frozenset())
+
+
+traced_apart = TracedApart()
+
 #: Codes whose functions are traced as usual from now on, never answered by
 #: a shared trace: verify mode found an answer of theirs that was not
 #: stock's (here or at the front's hit).
@@ -141,8 +157,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     if reason in ("argument_node_data", "argument_class"):
       code = traced_code(fun)
       if code is not None:
-        (conflated_codes if reason == "argument_node_data"
-         else class_argument_codes).add(code)
+        traced_apart.note(code, reason)
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
                                          *context_for_cache_key))
   if sig[-1]:   # the user's classes among the arguments
@@ -172,7 +187,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
         or share is not None and not unchanged_by_trace(fun, share[0])):
       code = traced_code(fun)
       if code is not None:
-        trace_writers.add(code)
+        traced_apart.note(code, "wrote")
     elif share is not None:
       _share_answer(*share, answer)
     _noting_callables(fun, answer)
@@ -180,22 +195,22 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
 
 
 def _note_class_arguments(fun, tree) -> None:
-  """``fun``'s code added to :data:`class_argument_codes` where ``tree``
-  (its arguments') has a node of the user's class."""
+  """``fun``'s code noted as traced apart (:data:`traced_apart`) where
+  ``tree`` (its arguments') has a node of the user's class."""
   if tree is not None and closure.argument_classes(tree):
     code = traced_code(fun)
     if code is not None:
-      class_argument_codes.add(code)
+      traced_apart.note(code, "argument_class")
 
 
 def _noting_callables(fun, answer):
-  """``answer``, a stock trace of ``fun``, its code added to
-  :data:`callable_codes` where it holds a user's callable JAX runs later
+  """``answer``, a stock trace of ``fun``, its code noted as traced apart
+  (``callable``) where it holds a user's callable JAX runs later
   (asked of closure-free functions alone, the ones a canonical object
   serves)."""
   if (type(fun) is types.FunctionType and fun.__closure__ is None
       and _lowering.runtime_callable(answer[0]) is not None):
-    callable_codes.add(fun.__code__)
+    traced_apart.note(fun.__code__, "callable")
   return answer
 
 
@@ -236,7 +251,7 @@ def note_cached_answer(fun) -> None:
   code = traced_code(fun)
   if code is None:
     return
-  stale = code in trace_writers
+  stale = "wrote" in traced_apart.why(code)
   if not stale and not (type(fun) is types.FunctionType
                         and fun.__closure__ is None
                         and closure_key.active_rules[0].stable(fun)):
