@@ -5,6 +5,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from jax_closure_cache import _compat, patching
 from jax_closure_cache.tools import bench_hit_path
 from jax_closure_cache.tools import cli
 
@@ -40,3 +43,26 @@ def test_hit_path_smoke(tmp_path):
   assert rows["nested-def"]["baseline"] == "hoisted"
   # a re-created nested def hits through the inline matcher every call
   assert rows["nested-def"]["paths"]["fast_hits"] == 3
+
+
+@pytest.mark.parametrize("key", sorted(set(bench_hit_path.ROWS)
+                                       - {"long-lived"}))
+def test_every_re_created_pattern_hits_through_a_matcher(key):
+  """Each pattern's hits take the matcher (a generated or inline check of
+  the stored key), never a new walk of the function: a library class the
+  walk stopped taking for a library's (a dataclass of jax's whose methods
+  ``dataclasses`` compiled from a string, as ``vmap``'s axis data is)
+  sent every hit of that row down the slow path. Counted with the
+  package's own path counts, no timing; the answers are stock's."""
+  row = bench_hit_path.ROWS[key]()
+  assert bench_hit_path.check(row) == 0.0
+  with patching.enabled():
+    for i in range(6):   # a code's first object, a compile, first hits
+      row.cached(i)
+    before = bench_hit_path.path_counts()
+    with _compat.count_traces() as traces, _compat.count_compiles() as compiles:
+      for i in range(6, 12):
+        row.cached(i)
+    paths = bench_hit_path.counts_since(bench_hit_path.path_counts(), before)
+  assert (traces(), compiles()) == (0, 0)
+  assert paths["fast_hits"] == 6, paths

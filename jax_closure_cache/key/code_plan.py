@@ -296,9 +296,29 @@ def _user_code_in(t) -> bool:
 def user_function(x) -> bool:
   """Whether ``x`` is, or wraps (a bound, static or class method, a
   property's getter), a function whose code was not loaded from the
-  stable packages' folders or this package's."""
+  stable packages' folders or this package's, nor made for a library's
+  class by the standard library (:func:`_made_for_a_library`)."""
   f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
-  return type(f) is types.FunctionType and not stable_code(f.__code__)
+  return (type(f) is types.FunctionType and not stable_code(f.__code__)
+          and not _made_for_a_library(f))
+
+
+def _made_for_a_library(f) -> bool:
+  """Whether ``f``'s code was compiled from a string by the standard
+  library for a class: a NamedTuple's ``__new__`` (which reads nothing but
+  ``tuple.__new__``), or a method ``dataclasses`` made in the namespace of
+  the stable module defining the class (its ``__globals__`` that module's
+  own dict)."""
+  code = f.__code__
+  if code.co_filename != "<string>":
+    return False
+  g = f.__globals__
+  if (f.__closure__ is None and code.co_names == ("_tuple_new",)
+      and g.get("_tuple_new") is tuple.__new__):
+    return True
+  name = g.get("__name__")
+  return (stable_module(name)
+          and getattr(sys.modules.get(name), "__dict__", None) is g)
 
 
 PACKAGE = __name__.partition(".")[0]

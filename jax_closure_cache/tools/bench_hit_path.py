@@ -315,7 +315,7 @@ def check(row: Row, calls: int = 4) -> float:
   return max(_max_abs_diff(a, b) for a, b in zip(cached, stock))
 
 
-def _paths() -> dict:
+def path_counts() -> dict:
   s = cache.stats()
   front = cache.STORE.record_hits()
   return {"fast_hits": front, "slow_hits": s["hits"] - front,
@@ -324,7 +324,7 @@ def _paths() -> dict:
           "tier_a_hits": s.get("tier_a", {}).get("hits", 0)}
 
 
-def _delta(after: dict, before: dict) -> dict:
+def counts_since(after: dict, before: dict) -> dict:
   out = {k: after[k] - before[k] for k in after if k != "reasons"}
   reasons = {r: n - before["reasons"].get(r, 0)
              for r, n in after["reasons"].items()}
@@ -380,7 +380,7 @@ def measure(row: Row, calls: int = 200, rounds: int = 3) -> dict:
   with patching.enabled():
     for name in names:
       _block(ways[name], 0, 8)   # warm-up: a code's first object, a compile
-    before = _paths()
+    before = path_counts()
     with _compat.count_traces() as traces, \
         _compat.count_compiles() as compiles:
       start = 0
@@ -396,7 +396,7 @@ def measure(row: Row, calls: int = 200, rounds: int = 3) -> dict:
           start += n
         for name in names:
           per_call[name].append(spent[name] / calls * 1e6)
-    paths = _delta(_paths(), before)
+    paths = counts_since(path_counts(), before)
     n_traces, n_compiles = traces(), compiles()
   built = per_call.get("construction") or [0.0] * rounds
   ratios = [c / (b + k) for c, b, k in zip(per_call["cache"],
