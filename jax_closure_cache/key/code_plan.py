@@ -265,13 +265,14 @@ _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
 def library_class(t) -> bool:
   """Whether ``t`` is a class of jax, numpy, the standard library or the
   other stable packages (``STABLE_PACKAGES``): its
-  ``__module__`` names one of theirs and that module holds it by its
-  qualified name and its namespace holds no function loaded from outside
-  their folders (a method the user set on it, or a user class put there
-  under the library's name), or it is a static C type. (``__module__``
-  alone is ``builtins`` for a class ``exec`` made; a class a library
-  makes in a function is walked, as a user's.) A class whose attributes
-  raise when read is not."""
+  ``__module__`` names one of theirs, that module holds it by its
+  qualified name (or its namespace has methods loaded from their folders:
+  ``jax.Array`` names itself ``jaxlib._jax.Array``), and its namespace
+  holds no function loaded from outside their folders (a method the user
+  set on it, or a user class put there under the library's name), or it
+  is a static C type. (``__module__`` alone is ``builtins`` for a class
+  ``exec`` made; a class a library makes in a function is walked, as a
+  user's.) A class whose attributes raise when read is not."""
   try:
     module = t.__module__
     if not stable_module(module):
@@ -281,9 +282,20 @@ def library_class(t) -> bool:
     reached = sys.modules.get(module)
     for name in t.__qualname__.split("."):
       reached = getattr(reached, name, None)
-    return reached is t and not _user_code_in(t)
+    return ((reached is t or _library_code_in(t))
+            and not _user_code_in(t))
   except Exception:   # a metaclass's property, a module's __getattr__
     return False
+
+
+def _library_code_in(t) -> bool:
+  """Whether ``t``'s own namespace holds a function loaded from the stable
+  packages' folders."""
+  for x in vars(t).values():
+    f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
+    if type(f) is types.FunctionType and stable_code(f.__code__):
+      return True
+  return False
 
 
 def _user_code_in(t) -> bool:
