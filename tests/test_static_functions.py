@@ -839,3 +839,35 @@ def test_a_function_jitted_anew_for_each_call_with_a_static_function(
   for _ in range(2):   # stock's validation, on every wrapper
     with pytest.raises(ValueError):
       jax.jit(g, static_argnums=1, donate_argnums=1)
+
+
+def test_a_static_function_stock_must_answer_is_traced_once_per_object():
+  """A fresh function passed as a static argument whose trace writes to a
+  log and holds a callback (which only stock answers: a hit would run the
+  first object's): each object's trace runs once, as stock's does. The
+  second object's lifted trace, answered by stock after it, made the write
+  twice; stock's own cached trace of the first object now tells the code
+  goes to stock before any lifted trace."""
+  def run():
+    apply = jax.jit(_apply, static_argnums=0)
+    counts = []
+    for i in range(4):
+      log = []
+      w = jnp.full(3, float(i))
+
+      def fn(v):
+        log.append("traced")
+        jax.debug.callback(lambda _: None, v)
+        return v * w
+      out = apply(fn, x)
+      jax.effects_barrier()
+      counts.append((len(log), np.asarray(out).tolist()))
+    return counts
+
+  want = stock_off(run)
+  assert [n for n, _ in want] == [1, 1, 1, 1]
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify

@@ -88,6 +88,10 @@ def supported_text() -> str:
 DISABLE_JIT = _config.disable_jit
 #: Whether no trace is running (an eager call, not a trace's inner call).
 trace_state_clean = _core.trace_state_clean
+#: ``with NO_TRACING(True):`` a trace JAX would make raises ``RuntimeError``
+#: before it runs the function (``jax_no_tracing``): what JAX's caches
+#: answer is read without running the user's code again.
+NO_TRACING = _config.no_tracing
 
 
 def captured_constants(traced) -> list:

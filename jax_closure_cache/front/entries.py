@@ -75,6 +75,14 @@ class StockAnswered(cache.Entry):
 # costs that object its sharing, never a result).
 stock_answered = _STORE.bounded("entries.stock_answered",
                                counted="stock_answered")
+# Codes whose first object's stock trace (JAX's, read from its cache) is
+# one a lifted trace of a later object would answer by stock for
+# (``StockAnswered``): their later objects go to stock without a lifted
+# trace, whose trace-time effects (a write, a log line) stock's trace would
+# then make a second time.
+stock_codes: "weakref.WeakKeyDictionary[types.CodeType, StockAnswered]" = (
+    _STORE.table("entries.stock_codes", cache.Store.TRACES,
+                 weakref.WeakKeyDictionary))
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
 ALWAYS_SHARED: set[types.CodeType] = _STORE.table(

@@ -177,6 +177,7 @@ class MissStages:
       out = self.stock()(*args, **kwargs)
       events.miss(self._user(), code, key, time.perf_counter() - started,
                   first_object=True)
+      self._note_stock_trace(code, a, args, kwargs)
       try:   # and the key of the state the call left (a mesh's attributes
         # filled lazily, say): the next object is met in that state
         entries.met_before(self._stored()[1])
@@ -197,6 +198,8 @@ class MissStages:
       self._own()
       return self.stock()(*args, **kwargs)
     answered = entries.stock_answered.get(key)
+    if answered is None and code is not None:
+      answered = entries.stock_codes.get(code)
     if answered is not None:
       return self._fallback(answered.reason, args, kwargs, answered.detail)
     arguments_tree = _compat.jax.tree_util.tree_structure((args, kwargs))
@@ -258,8 +261,13 @@ class MissStages:
                            ("captured_constants", captured)):
       if detail is not None and baked is None:
         # stock answers (its module bakes the closed-over arrays), and this
-        # key's later objects are traced as stock traces them
-        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+        # key's later objects, and the code's, are traced as stock traces
+        # them (with no lifted trace first, whose effects stock's trace
+        # would make again)
+        answered = entries.StockAnswered(reason, detail)
+        entries.stock_answered.put(key, answered)
+        if code is not None:
+          entries.stock_codes[code] = answered
         return self._fallback(reason, args, kwargs, detail)
     if baked is not None:
       entry.record = events.miss(self._user(), code_of(self._user()), key,
@@ -284,6 +292,35 @@ class MissStages:
     self._store(key, entry, a.leaves, args, kwargs, traced, cost, skipped,
                 classes_before)
     return out
+
+
+  def _note_stock_trace(self, code, a, args, kwargs) -> None:
+    """After the first object of ``code`` was answered by stock: where
+    stock's trace of it (read from JAX's cache, never traced again) is one
+    a later object's lifted trace would be answered by stock for (a
+    runtime callable, a zero XLA folds in stock's module, constants stock
+    warns of), the code is filed in ``entries.stock_codes`` so that its
+    later objects go to stock without that lifted trace: its trace-time
+    effects (a write, a log line), made once by the lifted trace, would be
+    made again by stock's. (A launcher's stock is no jitted object: not
+    read.)"""
+    if self._constants_are_operands or code is None:
+      return
+    try:
+      with _compat.NO_TRACING(True):
+        traced = self.stock().trace(*args, **kwargs)
+    except Exception:   # not in JAX's cache (or not traceable): not read
+      return
+    lifted = {id(x) for x in _compat.jax.tree_util.tree_leaves(a.leaves)}
+    for reason, detail in (
+        ("runtime_callable", self._runtime_callable(traced)),
+        ("folds_zero", folding.zero_sum(traced.jaxpr,
+                                        lifted_constants=lifted)),
+        ("captured_constants", _lowering.captured_constants_warning(
+            _compat.captured_constants(traced)))):
+      if detail is not None:
+        entries.stock_codes[code] = entries.StockAnswered(reason, detail)
+        return
 
 
   def _baked_operand(self, traced) -> str | None:
@@ -440,6 +477,14 @@ class MissStages:
                         f"its {called} is this trace's own (a function JAX "
                         "calls later, or a numbered check); a hit would run "
                         "it for later objects")
+      return
+    output = key_trees.output_node_data(
+        traced.out_tree, {id(x) for x in (*entry.anchors, *after.anchors)})
+    if output is not None:
+      # a hit returns the trace's outputs' treedef: its objects, not the
+      # calling function's (tier A shares the executable, after stock's
+      # trace of each object)
+      events.not_stored(self._user(), "output_node_data", output)
       return
     # the trace took a NumPy array as a view: the stored trace keeps a copy
     # (a change in place would reach a later .trace() or verify's comparison)

@@ -241,14 +241,23 @@ class _Bound(wrapper.ClosureJitted):
       return self._stock
     outer, (positions, names, values) = self._outer_stock, self._static_args
 
-    def stock_call(*args, **kwargs):
+    def in_place(args, kwargs):   # the static arguments back in place
       full = list(args)
       it = iter(values)
       for i in positions:
         full.insert(i, next(it))
       for name in names:
         kwargs[name] = next(it)
+      return full, kwargs
+
+    def stock_call(*args, **kwargs):
+      full, kwargs = in_place(args, kwargs)
       return outer()(*full, **kwargs)
+
+    def trace(*args, **kwargs):   # stock's ``.trace()`` of the same call
+      full, kwargs = in_place(args, kwargs)
+      return outer().trace(*full, **kwargs)
+    stock_call.trace = trace
     self._stock = stock_call
     return stock_call
 

@@ -192,6 +192,38 @@ def conflated_node_data(treedef) -> str | None:
   return None
 
 
+def output_node_data(treedef, kept: frozenset | set) -> str | None:
+  """Why a stored entry's outputs would differ from stock's in ``treedef``
+  (a trace's outputs'), or None. A hit returns its outputs in the trace's
+  own treedef, whose nodes' data are that trace's objects; stock's trace of
+  each function object puts that object's own there (``out.meta is meta``).
+  Only data the same for every hit may stay: atoms (exact under the key's
+  rule), tuples and lists of them, and objects the key holds by identity
+  (``kept``: their ids), which each hit's function holds too."""
+  todo = [treedef]
+  while todo:
+    node = todo.pop()
+    data = node.node_data()
+    if data is not None and not _same_for_every_hit(data[1], kept):
+      return (f"an output's {getattr(data[0], '__name__', 'pytree')} node "
+              f"holds a {type(data[1]).__name__} of the trace's own, where "
+              "stock's trace of each object holds that object's")
+    todo.extend(node.children())
+  return None
+
+
+_OUTPUT_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
+
+
+def _same_for_every_hit(aux, kept) -> bool:
+  t = type(aux)
+  if t in _OUTPUT_ATOMS or id(aux) in kept:
+    return True
+  if t is tuple or t is list:
+    return all(_same_for_every_hit(x, kept) for x in aux)
+  return False
+
+
 def _exact_node_data(aux) -> bool:
   if aux is None or type(aux) is str:
     return True

@@ -82,25 +82,28 @@ _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
 def zero_sum(closed, lifted_inputs: int = 0, constants_lifted: bool = False,
-             literals_lifted: bool = False) -> str | None:
+             literals_lifted: bool = False,
+             lifted_constants: frozenset | set = frozenset()) -> str | None:
   """Where ``closed`` adds a value folded by stock only to one that may be
   all zeros (the description), or None. Its first ``lifted_inputs`` inputs
   are passed where stock bakes them; with ``constants_lifted`` its
-  constants too, with ``literals_lifted`` its top-level non-zero floating
-  literals."""
+  constants too (else those whose ``id`` is in ``lifted_constants``: a
+  stock trace's closed-over arrays a lifted trace would pass), with
+  ``literals_lifted`` its top-level non-zero floating literals."""
   try:
     return _zero_sum(closed, lifted_inputs, constants_lifted,
-                     literals_lifted)
+                     literals_lifted, lifted_constants)
   except Exception as e:   # never an error: not shared
     return f"its jaxpr could not be read ({type(e).__name__}: {e})"
 
 
-def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted):
+def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted,
+              lifted_constants):
   jaxpr, consts = _compat.closed_parts(closed)
   env: dict = {}
   for v, c in zip(jaxpr.constvars, consts):
-    env[v] = _LIFTED if constants_lifted else _CONSTANT._replace(
-        zero=_all_zero(c))
+    env[v] = (_LIFTED if constants_lifted or id(c) in lifted_constants
+              else _CONSTANT._replace(zero=_all_zero(c)))
   for i, v in enumerate(jaxpr.invars):
     env[v] = _LIFTED if i < lifted_inputs else _ARGUMENT
   return _walk(jaxpr, env, literals_lifted, nested_lifted=constants_lifted)
