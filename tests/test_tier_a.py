@@ -990,6 +990,6 @@ def test_a_class_given_jaxs_module_name_is_not_taken_for_jaxs():
     pass
   Spoofed.__module__ = "jax._src.core"
   assert not _compat.defined_by_jax(Spoofed)
-  for cls in (core.ShapedArray, jax.sharding.NamedSharding,
+  for cls in (core.ShapedArray, jax.sharding.NamedSharding, jax.Array,
               type(jnp.ones(1)), type(jax.devices()[0])):
     assert _compat.defined_by_jax(cls), cls

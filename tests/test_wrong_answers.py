@@ -1302,6 +1302,39 @@ def _what_the_cache_missed(monkeypatch):
           a, Box(v))).tolist())
     return out
 
+  def make_dataclass_class_table():
+    # make_dataclass names the class's module ``types`` (3.11), and its
+    # methods are compiled there: still the user's class, walked
+    import dataclasses
+    table = {"s": 1.0}
+    Cfg = dataclasses.make_dataclass("Cfg", [("a", int)],
+                                     namespace={"table": table})
+    out = []
+    for scale in (1.0, 1.0, 2.0, 3.0):
+      table["s"] = scale
+      out.append(np.asarray(jax.jit(lambda x: x * Cfg.table["s"])(a))
+                 .tolist())
+    return out
+
+  def base_method_under_numpys_name():
+    # a user class naming numpy, holding a standard-library function, whose
+    # base class's method reads a global
+    import os
+
+    class Base:
+      def get(self):
+        return _ARGUMENT_SCALE
+
+    class Spoof(Base):
+      _join = staticmethod(os.path.join)
+    Spoof.__module__ = "numpy"
+    held = Spoof()
+    out = []
+    for scale in (1.0, 2.0, 2.0, 3.0):
+      monkeypatch.setitem(globals(), "_ARGUMENT_SCALE", scale)
+      out.append(np.asarray(jax.jit(lambda x: x * held.get())(a)).tolist())
+    return out
+
   def writable_memoryview():
     view = memoryview(bytearray(b"\x02"))
     return [np.asarray(jax.jit(lambda x: x * view[0])(a)).tolist()
@@ -1314,6 +1347,9 @@ def _what_the_cache_missed(monkeypatch):
           "a user class put in jax's namespace": class_put_in_jax,
           "a metaclass whose __module__ raises": raising_metaclass_attribute,
           "a writable memoryview": writable_memoryview,
+          "a make_dataclass class's table": make_dataclass_class_table,
+          "a base class's method under numpy's name":
+              base_method_under_numpys_name,
           "an == of the user's under numpy's name":
               equality_under_numpys_name,
           "a NamedTuple put under collections' name":
@@ -1334,6 +1370,7 @@ def _what_the_cache_missed(monkeypatch):
     "a metaclass whose __module__ raises", "a writable memoryview",
     "a NamedTuple put under collections' name",
     "an == of the user's under numpy's name",
+    "a make_dataclass class's table", "a base class's method under numpy's name",
     "an exec-made class registered apart",
     "a NamedTuple class made per call", "a class attribute whose hash raises",
     "a flatten registered apart from an output class",
@@ -1372,3 +1409,71 @@ def test_argument_classes_whose_state_is_unchanged_still_hit():
     for _ in range(5):
       step(_Scaled(jnp.ones(2)))
   assert counts == {"traces": 0, "compiles": 0}, counts
+
+
+class _WithMeta:
+  """A pytree whose node data is ``meta`` (a flax ``pytree_node=False``
+  field, an Equinox static field)."""
+
+  def __init__(self, w, meta):
+    self.w, self.meta = w, meta
+
+
+jax.tree_util.register_pytree_node(
+    _WithMeta, lambda m: ((m.w,), m.meta), lambda meta, ch: _WithMeta(ch[0], meta))
+
+
+class _NamedTag:
+  def __init__(self, name):
+    self.name = name
+
+
+def test_an_outputs_node_data_is_each_calls_own():
+  """A hit returns its outputs in the stored trace's treedef: node data
+  made by or closed over in that trace (a list, a user's object) would be
+  an earlier call's, changed since by its caller, where stock's trace of
+  each object gives that object's. Such a trace is not stored (tier A
+  shares its executable); node data the same for every call (atoms, a
+  dtype, a library's module-level function) keeps the hit."""
+  x = jnp.ones(2)
+
+  def made_list():
+    out = []
+    for _ in range(4):
+      r = jax.jit(lambda v: _WithMeta(v * 2.0, [1, 2]))(x)
+      out.append(list(r.meta))
+      r.meta.append(99)   # the caller's own list, as stock gives it
+    return out
+
+  def closed_over_object():
+    out = []
+    for i in range(4):
+      tag = _NamedTag("tanh")
+      r = jax.jit(lambda v: _WithMeta(v + 1.0, tag))(x)
+      out.append((r.meta is tag, r.meta.name))
+      tag.name = f"changed-{i}"
+    return out
+
+  for run in (made_list, closed_over_object):
+    want = stock_off(run)
+    for verify in (False, True):
+      jcc.clear()
+      jcc.enable(verify=verify)
+      for _ in range(2):
+        assert run() == want, (run.__name__, verify)
+    jcc.disable()
+
+
+def test_output_node_data_the_same_for_every_call_keeps_the_hit():
+  """Node data the same object or atoms for every call (a string, a dtype,
+  a library's module-level function, a tuple of atoms) is not refused."""
+  x = jnp.ones(2)
+
+  def step(meta):
+    return jax.jit(lambda v: _WithMeta(v * 2.0, meta))(x)
+  jcc.enable()
+  for meta in ("tanh", np.dtype("float32"), jax.nn.relu, ("tanh", 1)):
+    before = jcc.stats()["hits"]
+    for _ in range(5):
+      assert step(meta).meta is meta
+    assert jcc.stats()["hits"] - before >= 2, meta

@@ -217,16 +217,29 @@ def defined_by_jax(cls) -> bool:
   jax's ``__module__`` is not). A class whose attributes raise is not."""
   try:
     module = cls.__module__
-    if not (type(module) is str and _defined_by_jax(module)):
-      return False
-    if not type.__dict__["__flags__"].__get__(cls) & _HEAPTYPE:
-      return True
-    reached = sys.modules.get(module)
-    for name in cls.__qualname__.split("."):
-      reached = getattr(reached, name, None)
-    return reached is cls
+    return (type(module) is str and _defined_by_jax(module)
+            and held_by_its_module(cls))
   except Exception:
     return False
+
+
+def held_by_its_module(cls) -> bool:
+  """Whether ``cls`` is a static C type, or a class the module its
+  ``__module__`` names holds by its qualified name or by its name (or the
+  name's last part: jax names ``jax.Array`` ``jaxlib._jax.Array`` and
+  exports it as ``jax.Array``): a user's class given a library's
+  ``__module__`` is not. Raises where ``cls``'s attributes do."""
+  if not type.__dict__["__flags__"].__get__(cls) & _HEAPTYPE:
+    return True
+  module = sys.modules.get(cls.__module__)
+  if module is None:
+    return False
+  if getattr(module, cls.__name__.rpartition(".")[2], None) is cls:
+    return True
+  reached = module
+  for name in cls.__qualname__.split("."):
+    reached = getattr(reached, name, None)
+  return reached is cls
 
 
 _HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C

@@ -75,14 +75,13 @@ class StockAnswered(cache.Entry):
 # costs that object its sharing, never a result).
 stock_answered = _STORE.bounded("entries.stock_answered",
                                counted="stock_answered")
-# Codes whose first object's stock trace (JAX's, read from its cache) is
-# one a lifted trace of a later object would answer by stock for
-# (``StockAnswered``): their later objects go to stock without a lifted
-# trace, whose trace-time effects (a write, a log line) stock's trace would
-# then make a second time.
-stock_codes: "weakref.WeakKeyDictionary[types.CodeType, StockAnswered]" = (
-    _STORE.table("entries.stock_codes", cache.Store.TRACES,
-                 weakref.WeakKeyDictionary))
+# Codes a stock trace of which was one stock must answer (a runtime
+# callable, a zero XLA folds: ``StockAnswered``): each new key of theirs has
+# stock's trace of its first meeting read, so that its later objects go to
+# stock without a lifted trace, whose trace-time effects (a write, a log
+# line) stock's trace would make a second time.
+stock_codes: "weakref.WeakSet[types.CodeType]" = _STORE.table(
+    "entries.stock_codes", cache.Store.TRACES, weakref.WeakSet)
 # The package's own closures made afresh for a user's function (never a
 # user's long-lived object): they take the shared entry from their first call.
 ALWAYS_SHARED: set[types.CodeType] = _STORE.table(

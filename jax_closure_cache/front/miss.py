@@ -177,7 +177,7 @@ class MissStages:
       out = self.stock()(*args, **kwargs)
       events.miss(self._user(), code, key, time.perf_counter() - started,
                   first_object=True)
-      self._note_stock_trace(code, a, args, kwargs)
+      self._note_stock_trace(code, key, a, args, kwargs)
       try:   # and the key of the state the call left (a mesh's attributes
         # filled lazily, say): the next object is met in that state
         entries.met_before(self._stored()[1])
@@ -196,10 +196,11 @@ class MissStages:
                       "function met again with the same key shares one "
                       "executable")
       self._own()
-      return self.stock()(*args, **kwargs)
+      out = self.stock()(*args, **kwargs)
+      if code is not None and code in entries.stock_codes:
+        self._note_stock_trace(code, key, a, args, kwargs)
+      return out
     answered = entries.stock_answered.get(key)
-    if answered is None and code is not None:
-      answered = entries.stock_codes.get(code)
     if answered is not None:
       return self._fallback(answered.reason, args, kwargs, answered.detail)
     arguments_tree = _compat.jax.tree_util.tree_structure((args, kwargs))
@@ -267,7 +268,7 @@ class MissStages:
         answered = entries.StockAnswered(reason, detail)
         entries.stock_answered.put(key, answered)
         if code is not None:
-          entries.stock_codes[code] = answered
+          entries.stock_codes.add(code)
         return self._fallback(reason, args, kwargs, detail)
     if baked is not None:
       entry.record = events.miss(self._user(), code_of(self._user()), key,
@@ -294,16 +295,17 @@ class MissStages:
     return out
 
 
-  def _note_stock_trace(self, code, a, args, kwargs) -> None:
-    """After the first object of ``code`` was answered by stock: where
-    stock's trace of it (read from JAX's cache, never traced again) is one
-    a later object's lifted trace would be answered by stock for (a
-    runtime callable, a zero XLA folds in stock's module, constants stock
-    warns of), the code is filed in ``entries.stock_codes`` so that its
-    later objects go to stock without that lifted trace: its trace-time
-    effects (a write, a log line), made once by the lifted trace, would be
-    made again by stock's. (A launcher's stock is no jitted object: not
-    read.)"""
+  def _note_stock_trace(self, code, key, a, args, kwargs) -> None:
+    """After stock answered the first meeting of ``key`` (the first object
+    of ``code``, or, for a code filed in ``entries.stock_codes``, a key met
+    once): where stock's trace of it (read from JAX's cache, never traced
+    again) is one a later object's lifted trace would be answered by stock
+    for (a runtime callable, a zero XLA folds in stock's module, constants
+    stock warns of), the key goes to stock from now on with no lifted
+    trace, whose trace-time effects (a write, a log line) stock's trace
+    would make a second time; and the code is filed, so that its other
+    keys' first meetings are read too. (A launcher's stock is no jitted
+    object: not read.)"""
     if self._constants_are_operands or code is None:
       return
     try:
@@ -311,6 +313,12 @@ class MissStages:
         traced = self.stock().trace(*args, **kwargs)
     except Exception:   # not in JAX's cache (or not traceable): not read
       return
+    if (type(self._fun) is types.FunctionType
+        and self._fun.__closure__ is None and key_trees.output_node_data(
+            traced.out_tree, {id(x) for x in a.anchors}) is not None):
+      # no canonical stock object: its cache would hand its outputs' node
+      # data (the trace's own objects) to later objects' callers
+      trace_lookup.closure_cache.traced_apart.note(code, "output_node_data")
     lifted = {id(x) for x in _compat.jax.tree_util.tree_leaves(a.leaves)}
     for reason, detail in (
         ("runtime_callable", self._runtime_callable(traced)),
@@ -319,7 +327,8 @@ class MissStages:
         ("captured_constants", _lowering.captured_constants_warning(
             _compat.captured_constants(traced)))):
       if detail is not None:
-        entries.stock_codes[code] = entries.StockAnswered(reason, detail)
+        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+        entries.stock_codes.add(code)
         return
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 import dis
 import sys
 import types
+import weakref
 from typing import NamedTuple
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
+from jax_closure_cache._compat.lowering import held_by_its_module
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.parts import MISSING, NOCHAIN
 
@@ -259,43 +261,55 @@ def own_module_level(fun) -> bool:
                or _compat.library_or_own_code(fun.__code__)))
 
 
-_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
-
-
 def library_class(t) -> bool:
   """Whether ``t`` is a class of jax, numpy, the standard library or the
-  other stable packages (``STABLE_PACKAGES``): its
-  ``__module__`` names one of theirs, that module holds it by its
-  qualified name (or its namespace has methods loaded from their folders:
-  ``jax.Array`` names itself ``jaxlib._jax.Array``), and its namespace
-  holds no function loaded from outside their folders (a method the user
-  set on it, or a user class put there under the library's name), or it
-  is a static C type. (``__module__`` alone is ``builtins`` for a class
-  ``exec`` made; a class a library makes in a function is walked, as a
-  user's.) A class whose attributes raise when read is not."""
+  other stable packages (``STABLE_PACKAGES``): its ``__module__`` names
+  one of theirs, that module holds it (``held_by_its_module``: by its
+  qualified name or its name; a static C type is theirs), and its
+  namespace holds no function loaded from outside their folders (a method
+  the user set on it). (``__module__`` alone is ``builtins`` for a class
+  ``exec`` made, ``types`` for one ``make_dataclass`` made; a class a
+  library makes in a function is walked, as a user's.) A class whose
+  attributes raise when read is not. The answer is kept per class while
+  its namespace holds the same objects (:data:`_LIBRARY_CLASSES`)."""
   try:
-    module = t.__module__
-    if not stable_module(module):
-      return False
-    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
-      return True
-    reached = sys.modules.get(module)
-    for name in t.__qualname__.split("."):
-      reached = getattr(reached, name, None)
-    return ((reached is t or _library_code_in(t))
+    held = tuple(map(id, vars(t).values()))
+  except Exception:   # a metaclass's property, a module's __getattr__
+    return False
+  known = _LIBRARY_CLASSES.get(id(t))
+  if known is not None and known[0]() is t and known[2] == held:
+    return known[1]
+  answer = _library_class(t)
+  try:
+    ref = weakref.ref(t, lambda r, i=id(t): _forget_class(i, r))
+  except TypeError:
+    return answer
+  _LIBRARY_CLASSES[id(t)] = (ref, answer, held)
+  return answer
+
+
+#: :func:`library_class`'s answers, by the class's id while it lives (``id
+#: -> (weak reference, answer, the ids of its namespace's values then)``):
+#: keyed by id, as a metaclass's ``__hash__`` is the user's; the values by
+#: id, as holding them would hold the class (its ``__dict__`` descriptor
+#: names it). A method set on the class after its answer was kept is a new
+#: object, made while the one it replaces lived, so its id differs.
+_LIBRARY_CLASSES = cache.STORE.table("code_plan.library_classes",
+                                     cache.Store.FACTS)
+
+
+def _forget_class(i: int, ref) -> None:
+  known = _LIBRARY_CLASSES.get(i)
+  if known is not None and known[0] is ref:   # not a later class's
+    _LIBRARY_CLASSES.pop(i, None)
+
+
+def _library_class(t) -> bool:
+  try:
+    return (stable_module(t.__module__) and held_by_its_module(t)
             and not _user_code_in(t))
   except Exception:   # a metaclass's property, a module's __getattr__
     return False
-
-
-def _library_code_in(t) -> bool:
-  """Whether ``t``'s own namespace holds a function loaded from the stable
-  packages' folders."""
-  for x in vars(t).values():
-    f = getattr(x, "__func__", None) or getattr(x, "fget", None) or x
-    if type(f) is types.FunctionType and stable_code(f.__code__):
-      return True
-  return False
 
 
 def _user_code_in(t) -> bool:
@@ -316,11 +330,13 @@ def user_function(x) -> bool:
 
 
 def _made_for_a_library(f) -> bool:
-  """Whether ``f``'s code was compiled from a string by the standard
-  library for a class: a NamedTuple's ``__new__`` (which reads nothing but
-  ``tuple.__new__``), or a method ``dataclasses`` made in the namespace of
-  the stable module defining the class (its ``__globals__`` that module's
-  own dict)."""
+  """Whether ``f``'s code was compiled from a string in a stable module's
+  namespace: a NamedTuple's ``__new__`` (which reads nothing but
+  ``tuple.__new__``), or a function whose ``__globals__`` is a stable
+  module's own dict (a method ``dataclasses`` made for a class of that
+  module's; asked of the namespace of a class its module holds, so a
+  ``make_dataclass`` class of the user's, given ``types`` as its module,
+  is not a library's for it)."""
   code = f.__code__
   if code.co_filename != "<string>":
     return False

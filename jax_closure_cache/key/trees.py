@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import collections
 import enum
+import sys
+
+import numpy as np
 
 from jax_closure_cache import _compat
 from jax_closure_cache.atoms import Inexact, exact_key, library_value_key
-from jax_closure_cache.key.code_plan import library_class
+from jax_closure_cache.key.code_plan import library_class, stable_module
 from jax_closure_cache.key.parts import Uncacheable
 from jax_closure_cache.key.values import node_datas
 
@@ -198,13 +201,14 @@ def output_node_data(treedef, kept: frozenset | set) -> str | None:
   own treedef, whose nodes' data are that trace's objects; stock's trace of
   each function object puts that object's own there (``out.meta is meta``).
   Only data the same for every hit may stay: atoms (exact under the key's
-  rule), tuples and lists of them, and objects the key holds by identity
-  (``kept``: their ids), which each hit's function holds too."""
+  rule), a dtype, an enum member of a library's enum, tuples of these
+  (never a list: the caller may change it), and objects the key holds by
+  identity (``kept``: their ids), which each hit's function holds too."""
   todo = [treedef]
   while todo:
     node = todo.pop()
     data = node.node_data()
-    if data is not None and not _same_for_every_hit(data[1], kept):
+    if data is not None and not _node_data_same(data, kept):
       return (f"an output's {getattr(data[0], '__name__', 'pytree')} node "
               f"holds a {type(data[1]).__name__} of the trace's own, where "
               "stock's trace of each object holds that object's")
@@ -215,13 +219,45 @@ def output_node_data(treedef, kept: frozenset | set) -> str | None:
 _OUTPUT_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})
 
 
+def _node_data_same(data, kept) -> bool:
+  """Whether a node's ``(type, data)`` is the same for every hit: a dict's
+  keys (the list is JAX's own), a defaultdict's factory and keys, or any
+  node's data by :func:`_same_for_every_hit`."""
+  t, aux = data
+  if t in _DICTS and type(aux) is list:
+    return all(_same_for_every_hit(k, kept) for k in aux)
+  if t is collections.OrderedDict and type(aux) is list:
+    return all(_same_for_every_hit(k, kept) for k in aux)
+  if t is collections.defaultdict and type(aux) is tuple and len(aux) == 2:
+    factory, keys = aux
+    return (_same_for_every_hit(factory, kept)
+            and all(_same_for_every_hit(k, kept) for k in keys))
+  return _same_for_every_hit(aux, kept)
+
+
 def _same_for_every_hit(aux, kept) -> bool:
   t = type(aux)
-  if t in _OUTPUT_ATOMS or id(aux) in kept:
+  if t in _OUTPUT_ATOMS or id(aux) in kept or isinstance(aux, np.dtype):
     return True
-  if t is tuple or t is list:
+  if isinstance(aux, enum.Enum):   # one object per member, the class's own
+    return library_class(t) or id(t) in kept
+  if _library_module_level(aux):   # ``jax.nn.relu``: one object per process
+    return True
+  if t is tuple:
     return all(_same_for_every_hit(x, kept) for x in aux)
   return False
+
+
+def _library_module_level(obj) -> bool:
+  """Whether ``obj`` is what a stable module holds under its name (a
+  library's function, ``jax.nn.relu``)."""
+  try:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__name__", None)
+    return (type(name) is str and stable_module(module)
+            and getattr(sys.modules.get(module), name, None) is obj)
+  except Exception:   # an attribute that raises when read
+    return False
 
 
 def _exact_node_data(aux) -> bool:

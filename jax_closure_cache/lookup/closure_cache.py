@@ -93,7 +93,11 @@ class TracedApart:
   #: (``argument_classes_key``), which its cache keys by identity, so it
   #: would answer a call after the class's code reads other values from an
   #: earlier trace.
-  REASONS = ("wrote", "callable", "argument_node_data", "argument_class")
+  #: ``output_node_data``: a trace's outputs' pytree nodes held the trace's
+  #: own objects (``trees.output_node_data``), which a shared object's
+  #: cache would hand to later objects' callers.
+  REASONS = ("wrote", "callable", "argument_node_data", "argument_class",
+             "output_node_data")
 
   def __init__(self):
     self._why: "weakref.WeakKeyDictionary[types.CodeType, frozenset]" = (
@@ -205,12 +209,17 @@ def _note_class_arguments(fun, tree) -> None:
 
 def _noting_callables(fun, answer):
   """``answer``, a stock trace of ``fun``, its code noted as traced apart
-  (``callable``) where it holds a user's callable JAX runs later
+  where its outputs' nodes hold the trace's own objects
+  (``output_node_data``), or (``callable``) where it holds a user's callable JAX runs later
   (asked of closure-free functions alone, the ones a canonical object
   serves)."""
-  if (type(fun) is types.FunctionType and fun.__closure__ is None
-      and _lowering.runtime_callable(answer[0]) is not None):
-    traced_apart.note(fun.__code__, "callable")
+  if type(fun) is types.FunctionType and fun.__closure__ is None:
+    if _lowering.runtime_callable(answer[0]) is not None:
+      traced_apart.note(fun.__code__, "callable")
+    out_tree = _trace.tree_of(answer[1])
+    if (out_tree is not None
+        and trees.output_node_data(out_tree, ()) is not None):
+      traced_apart.note(fun.__code__, "output_node_data")
   return answer
 
 
