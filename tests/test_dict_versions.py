@@ -200,3 +200,27 @@ def test_a_global_array_beside_other_globals_is_lifted_on_the_fast_path():
     w = jnp.eye(3) * (i + 1.0)
     assert_like_stock(jcc.jit(module.make(w))(x), module.make(w), x)
   assert cache.STORE.record_hits() - before == 3
+
+
+@pytest.mark.parametrize("tagged", [True, False])
+def test_a_library_classs_kept_answer_follows_its_namespace(monkeypatch,
+                                                          tagged):
+  """``library_class`` keeps its answer per class while the class's
+  namespace is unchanged (its version tag, or without the extension its
+  values' ids): a method the user sets on a library's class makes it the
+  user's at once, and removing it makes it the library's again."""
+  import fractions
+  from jax_closure_cache.key import code_plan
+  from jax_closure_cache.key.code_plan import library_class
+  if not tagged:
+    monkeypatch.setattr(code_plan, "_namespace_version", None)
+  elif code_plan._namespace_version is None:
+    pytest.skip("the version-tag extension is not built here")
+  assert library_class(fractions.Fraction)
+  with monkeypatch.context() as patched:
+    patched.setattr(fractions.Fraction, "__float__", lambda self: 2.0)
+    assert not library_class(fractions.Fraction)
+  assert library_class(fractions.Fraction)
+  monkeypatch.setattr(fractions.Fraction, "extra", lambda self: 2.0,
+                      raising=False)
+  assert not library_class(fractions.Fraction)

@@ -8,7 +8,10 @@ dict with a version that changes on every change to it (PEP 509:
 is never seen on two states of one dict). Where the checks of one dict passed at a version,
 they pass again while the dict still has it, and the matcher skips them.
 
-``version(d)`` returns the tag of the dict ``d`` as an int. The module is
+``version(d)`` returns the tag of the dict ``d`` as an int;
+``namespace_version(t)`` that of a run-time class's namespace dict (for
+``key/code_plan.library_class``, whose answer holds while it is unchanged).
+The module is
 built only where the field exists (CPython 3.11 to 3.13); the Python side
 checks at import that the tag moves when a value is replaced, and
 otherwise makes every check every time (``key/versions.py``).
@@ -32,10 +35,30 @@ static PyObject *version(PyObject *module, PyObject *d) {
   return PyLong_FromUnsignedLongLong(((PyDictObject *)d)->ma_version_tag);
 }
 
+static PyObject *namespace_version(PyObject *module, PyObject *t) {
+  /* A class made at run time keeps its namespace in a dict of its own
+     (tp_dict), which setting or deleting a class attribute changes. */
+  if (!PyType_Check(t) ||
+      !(((PyTypeObject *)t)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "namespace_version: a class made at run time expected");
+    return NULL;
+  }
+  PyObject *d = ((PyTypeObject *)t)->tp_dict;
+  if (d == NULL || !PyDict_CheckExact(d)) {
+    PyErr_SetString(PyExc_TypeError, "namespace_version: no namespace dict");
+    return NULL;
+  }
+  return PyLong_FromUnsignedLongLong(((PyDictObject *)d)->ma_version_tag);
+}
+
 static PyMethodDef versions_methods[] = {
     {"version", version, METH_O,
      "version(d): the version tag of dict d, which changes with every "
      "change to d."},
+    {"namespace_version", namespace_version, METH_O,
+     "namespace_version(t): the version tag of the namespace dict of t, a "
+     "class made at run time, which changes with every change to it."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef versions_module = {

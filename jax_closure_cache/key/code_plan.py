@@ -23,6 +23,8 @@ from typing import NamedTuple
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache._compat.lowering import held_by_its_module
+from jax_closure_cache.key.versions import (
+    namespace_version as _namespace_version)
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.parts import MISSING, NOCHAIN
 
@@ -261,6 +263,9 @@ def own_module_level(fun) -> bool:
                or _compat.library_or_own_code(fun.__code__)))
 
 
+_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
+
+
 def library_class(t) -> bool:
   """Whether ``t`` is a class of jax, numpy, the standard library or the
   other stable packages (``STABLE_PACKAGES``): its ``__module__`` names
@@ -273,7 +278,11 @@ def library_class(t) -> bool:
   attributes raise when read is not. The answer is kept per class while
   its namespace holds the same objects (:data:`_LIBRARY_CLASSES`)."""
   try:
-    held = tuple(map(id, vars(t).values()))
+    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
+      # a static C type: its namespace cannot be changed
+      return stable_module(t.__module__)
+    held = (_namespace_version(t) if _namespace_version is not None
+            else tuple(map(id, vars(t).values())))
   except Exception:   # a metaclass's property, a module's __getattr__
     return False
   known = _LIBRARY_CLASSES.get(id(t))
@@ -289,11 +298,13 @@ def library_class(t) -> bool:
 
 
 #: :func:`library_class`'s answers, by the class's id while it lives (``id
-#: -> (weak reference, answer, the ids of its namespace's values then)``):
-#: keyed by id, as a metaclass's ``__hash__`` is the user's; the values by
-#: id, as holding them would hold the class (its ``__dict__`` descriptor
-#: names it). A method set on the class after its answer was kept is a new
-#: object, made while the one it replaces lived, so its id differs.
+#: -> (weak reference, answer, its namespace's version tag then)``): keyed
+#: by id, as a metaclass's ``__hash__`` is the user's. The tag
+#: (``versions.namespace_version``) changes with every change to the
+#: namespace; without it, the ids of the namespace's values stand in (not
+#: the values: holding them would hold the class, whose ``__dict__``
+#: descriptor names it; a method set later is made while the one it
+#: replaces lives, so its id differs).
 _LIBRARY_CLASSES = cache.STORE.table("code_plan.library_classes",
                                      cache.Store.FACTS)
 

@@ -6,6 +6,8 @@ skipped while that dict is unchanged.
 never the same on two states of it; None where the extension is not built
 or this interpreter's tags do not behave so (checked once at import). The
 matchers then make every check on every call, as without this module.
+``namespace_version(t)`` is the tag of a run-time class's namespace dict
+(``code_plan.library_class`` keeps its answer while it holds).
 
 Invariant: a matcher skips a dict's checks only at a version at which they
 passed, for the same dict object (it compares the dict itself by identity).
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 try:
   from jax_closure_cache.key._versions import version as _version
+  from jax_closure_cache.key._versions import (
+      namespace_version as _namespace_version)
 except ImportError:   # not built (no compiler, or a CPython without tags)
-  _version = None
+  _version = _namespace_version = None
 
 
 def _tags_move(version) -> bool:
@@ -36,3 +40,24 @@ def _tags_move(version) -> bool:
 
 
 version = _version if _version is not None and _tags_move(_version) else None
+
+
+def _class_tags_move(namespace_version) -> bool:
+  """Whether ``namespace_version`` changes when a class attribute is set,
+  replaced or deleted."""
+  class Probe:
+    pass
+  seen = [namespace_version(Probe)]
+  Probe.a = 1
+  seen.append(namespace_version(Probe))
+  Probe.a = 2
+  seen.append(namespace_version(Probe))
+  del Probe.a
+  seen.append(namespace_version(Probe))
+  return len(set(seen)) == len(seen)
+
+
+#: ``namespace_version(t)``: the version tag of a run-time class's namespace
+#: (None where not built or not moving as a dict's tag should).
+namespace_version = (_namespace_version if version is not None
+                     and _class_tags_move(_namespace_version) else None)
