@@ -229,7 +229,7 @@ def held_by_its_module(cls) -> bool:
   name's last part: jax names ``jax.Array`` ``jaxlib._jax.Array`` and
   exports it as ``jax.Array``): a user's class given a library's
   ``__module__`` is not. Raises where ``cls``'s attributes do."""
-  if not type.__dict__["__flags__"].__get__(cls) & _HEAPTYPE:
+  if not type.__dict__["__flags__"].__get__(cls) & HEAPTYPE:
     return True
   module = sys.modules.get(cls.__module__)
   if module is None:
@@ -242,7 +242,7 @@ def held_by_its_module(cls) -> bool:
   return reached is cls
 
 
-_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
+HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
 
 
 def _lowering_seams() -> list[str]:

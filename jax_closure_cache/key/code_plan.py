@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
-from jax_closure_cache._compat.lowering import held_by_its_module
+from jax_closure_cache._compat.lowering import HEAPTYPE, held_by_its_module
 from jax_closure_cache.key.versions import (
     namespace_version as _namespace_version)
 from jax_closure_cache.key import closure_key
@@ -263,9 +263,6 @@ def own_module_level(fun) -> bool:
                or _compat.library_or_own_code(fun.__code__)))
 
 
-_HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C
-
-
 def library_class(t) -> bool:
   """Whether ``t`` is a class of jax, numpy, the standard library or the
   other stable packages (``STABLE_PACKAGES``): its ``__module__`` names
@@ -278,7 +275,7 @@ def library_class(t) -> bool:
   attributes raise when read is not. The answer is kept per class while
   its namespace holds the same objects (:data:`_LIBRARY_CLASSES`)."""
   try:
-    if not type.__dict__["__flags__"].__get__(t) & _HEAPTYPE:
+    if not type.__dict__["__flags__"].__get__(t) & HEAPTYPE:
       # a static C type: its namespace cannot be changed
       return stable_module(t.__module__)
     held = (_namespace_version(t) if _namespace_version is not None

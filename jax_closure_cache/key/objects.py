@@ -19,12 +19,12 @@ import typing
 import weakref
 
 from jax_closure_cache import cache
+from jax_closure_cache._compat.lowering import HEAPTYPE as _HEAPTYPE
 from jax_closure_cache.key.parts import Tag
 
 _FunctionType = types.FunctionType
 
 
-_HEAPTYPE = 1 << 9
 _PACKAGE = __name__.partition(".")[0] + "."
 _plain_types: "weakref.WeakKeyDictionary[type, bool]" = cache.STORE.table(
     "objects.plain_types", cache.Store.FACTS, weakref.WeakKeyDictionary)

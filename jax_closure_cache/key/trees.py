@@ -224,9 +224,7 @@ def _node_data_same(data, kept) -> bool:
   keys (the list is JAX's own), a defaultdict's factory and keys, or any
   node's data by :func:`_same_for_every_hit`."""
   t, aux = data
-  if t in _DICTS and type(aux) is list:
-    return all(_same_for_every_hit(k, kept) for k in aux)
-  if t is collections.OrderedDict and type(aux) is list:
+  if (t is dict or t is collections.OrderedDict) and type(aux) is list:
     return all(_same_for_every_hit(k, kept) for k in aux)
   if t is collections.defaultdict and type(aux) is tuple and len(aux) == 2:
     factory, keys = aux
