@@ -204,3 +204,50 @@ def test_launchers_and_binders_get_the_wrapper_of_front_makes():
     assert [by_py._fun, by_py._stock, by_py._row] == [fun, None, None]
   w_launch = launchers._Launcher.made(made[0][1], body)
   assert w_launch._user_fun is body and w_launch._fun is made[0][1]
+
+
+def _layer(w, x):
+  return jnp.tanh(x @ w)
+
+
+def test_a_partial_gets_its_functions_front_in_c_and_in_python():
+  """``jax.jit(functools.partial(f, w))`` made per call: where ``f``'s code
+  has a front class, the C entrance and the Python hot case both make that
+  class's wrapper (the class's matchers tell a partial's key from a
+  closure's); a partial subclass, a partial of a builtin, one with
+  keywords given to ``jit`` and one of a code without a front go the
+  Python ``jit``'s general way. Every call gives stock's result, hits
+  with no trace, and a closure of the same code as a partial's function
+  (the front checks partials first) is answered as stock answers it."""
+  import functools
+  x = jnp.ones((4, 4))
+  with jcc.enabled(verify=True):
+    for i in range(3):
+      jcc.jit(functools.partial(_layer, jnp.eye(4) * i))(x)
+    assert _layer.__code__ in inline.fronts
+    front = inline.fronts[_layer.__code__]
+    w = jnp.eye(4) * 7
+    p, q = functools.partial(_layer, w), functools.partial(_layer, w)
+    by_c, by_py = jcc.jit(p), entrance._python_jit(q)
+    assert type(by_c) is front and type(by_py) is front
+    assert by_c._fun is p and by_py._fun is q
+    assert by_c._row is None and by_c._stock is None
+    with counting() as c:
+      out = by_c(x)
+    assert c == {"traces": 0, "compiles": 0}
+    assert_like_stock(out, functools.partial(_layer, w), x)
+    assert_like_stock(by_py(x), functools.partial(_layer, w), x)
+
+    class Sub(functools.partial):
+      pass
+    others = [Sub(_layer, w), functools.partial(jnp.tanh),
+              functools.partial(make_inner(w))]
+    for other in others:
+      made = jcc.jit(other)
+      assert type(made) is not front, other
+    assert_like_stock(jcc.jit(Sub(_layer, w))(x), Sub(_layer, w), x)
+    assert type(jcc.jit(p, inline=True)) is not front
+    # keywords bound by the partial: the front's matcher refuses the key
+    for v in (w, w * 2):
+      assert_like_stock(jcc.jit(functools.partial(_layer, x=x))(v),
+                        functools.partial(_layer, x=x), v)

@@ -5,12 +5,15 @@ one generated Python frame: the wrapper's ``__call__``. What is left above the
 hand-hoisted call is making that wrapper, and the Python frame of ``jit``
 itself did most of that. This module removes that frame and nothing else.
 
-``Entrance(slow, fronts, base, fun_slot, stock_slot, row_slot)`` is a
-callable. Called with one positional argument ``fun`` and no keywords, where
+``Entrance(slow, fronts, base, fun_slot, stock_slot, row_slot, partial)`` is
+a callable. Called with one positional argument ``fun`` and no keywords, where
 ``type(fun) is FunctionType``, ``fun.__closure__`` is non-empty and
 ``fronts`` (a dict: code object -> class) has a class for ``fun.__code__``
 whose base is ``base``, it returns a new instance of that class with the
-three slots set to ``fun``, None and None. That is exactly what the Python
+three slots set to ``fun``, None and None. Where ``partial`` is not None
+(``functools.partial``), the same holds for ``fun`` of exactly that type
+whose ``func`` is exactly a ``FunctionType`` (with or without a closure),
+looked up by ``fun.func.__code__``. That is exactly what the Python
 ``jit`` does on that path (``wrapper.fill(object.__new__(cls), fun)``, the
 one Python routine that sets a wrapper's slots). Any other call is
 ``slow(*args, **kwargs)``.
@@ -23,7 +26,8 @@ Invariants:
   subclasses, and the base check stops anything else.
 * The slot offsets are read from ``base``'s own member descriptors, so they
   cannot disagree with the class layout.
-* It holds ``slow``, ``fronts`` and ``base`` strongly and nothing else; it
+* It holds ``slow``, ``fronts``, ``base`` and ``partial`` strongly and
+  nothing else; it
   has an instance dict for the attributes ``functools.update_wrapper``
   copies (``__doc__``, ``__wrapped__``, ...), so ``inspect.signature`` and
   ``help`` see the Python ``jit``.
@@ -38,6 +42,7 @@ typedef struct {
   PyObject *slow;
   PyObject *fronts;
   PyTypeObject *base;
+  PyObject *partial;   /* functools.partial, or NULL */
   Py_ssize_t fun_offset, stock_offset, row_offset;
   PyObject *dict;
   vectorcallfunc vectorcall;
@@ -63,12 +68,25 @@ static PyObject *entrance_vectorcall(PyObject *op, PyObject *const *args,
   if (PyVectorcall_NARGS(nargsf) == 1 &&
       (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
     PyObject *fun = args[0];
+    PyObject *code = NULL;   /* a new reference */
     if (Py_IS_TYPE(fun, &PyFunction_Type)) {
       PyObject *closure = PyFunction_GET_CLOSURE(fun);
       if (closure != NULL && PyTuple_Check(closure) &&
-          PyTuple_GET_SIZE(closure) > 0) {
-        PyObject *cls = PyDict_GetItemWithError(self->fronts,
-                                                PyFunction_GET_CODE(fun));
+          PyTuple_GET_SIZE(closure) > 0)
+        code = Py_NewRef(PyFunction_GET_CODE(fun));
+    } else if (self->partial != NULL &&
+               (PyObject *)Py_TYPE(fun) == self->partial) {
+      PyObject *func = PyObject_GetAttrString(fun, "func");
+      if (func == NULL)
+        return NULL;
+      if (Py_IS_TYPE(func, &PyFunction_Type))
+        code = Py_NewRef(PyFunction_GET_CODE(func));
+      Py_DECREF(func);
+    }
+    {
+      if (code != NULL) {
+        PyObject *cls = PyDict_GetItemWithError(self->fronts, code);
+        Py_DECREF(code);
         if (cls == NULL && PyErr_Occurred())
           return NULL;
         if (cls != NULL && PyType_Check(cls) &&
@@ -99,14 +117,19 @@ static PyObject *entrance_vectorcall(PyObject *op, PyObject *const *args,
 static PyObject *entrance_new(PyTypeObject *type, PyObject *args,
                               PyObject *kwds) {
   PyObject *slow, *fronts, *base, *fun_d, *stock_d, *row_d;
+  PyObject *partial = Py_None;
   if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
     PyErr_SetString(PyExc_TypeError, "Entrance() takes no keyword arguments");
     return NULL;
   }
-  if (!PyArg_ParseTuple(args, "OO!O!OOO:Entrance", &slow, &PyDict_Type,
+  if (!PyArg_ParseTuple(args, "OO!O!OOO|O:Entrance", &slow, &PyDict_Type,
                         &fronts, &PyType_Type, &base, &fun_d, &stock_d,
-                        &row_d))
+                        &row_d, &partial))
     return NULL;
+  if (partial != Py_None && !PyType_Check(partial)) {
+    PyErr_SetString(PyExc_TypeError, "Entrance: partial must be a type");
+    return NULL;
+  }
   if (!PyCallable_Check(slow)) {
     PyErr_SetString(PyExc_TypeError, "Entrance: slow must be callable");
     return NULL;
@@ -122,6 +145,7 @@ static PyObject *entrance_new(PyTypeObject *type, PyObject *args,
   self->slow = Py_NewRef(slow);
   self->fronts = Py_NewRef(fronts);
   self->base = (PyTypeObject *)Py_NewRef(base);
+  self->partial = partial == Py_None ? NULL : Py_NewRef(partial);
   self->fun_offset = fo;
   self->stock_offset = so;
   self->row_offset = ro;
@@ -134,6 +158,7 @@ static int entrance_traverse(Entrance *self, visitproc visit, void *arg) {
   Py_VISIT(self->slow);
   Py_VISIT(self->fronts);
   Py_VISIT(self->base);
+  Py_VISIT(self->partial);
   Py_VISIT(self->dict);
   return 0;
 }
@@ -142,6 +167,7 @@ static int entrance_clear(Entrance *self) {
   Py_CLEAR(self->slow);
   Py_CLEAR(self->fronts);
   Py_CLEAR(self->base);
+  Py_CLEAR(self->partial);
   Py_CLEAR(self->dict);
   return 0;
 }

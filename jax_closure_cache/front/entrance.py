@@ -2,7 +2,9 @@
 
 ``jit(fun, **options)`` decides what a function gets, in this order: the
 hot case (a re-created closure without options: its code's front class, or
-the generic wrapper, made without ``__init__``'s frame); the options
+the generic wrapper, made without ``__init__``'s frame; a
+``functools.partial`` of a plain function whose code has a front class:
+that class's wrapper); the options
 (stock's ``TypeError`` for a wrong keyword); functions passed as static
 arguments (``static_args``); closure-free functions (one canonical stock
 object, ``canonical``); opaque callables (stock); everything else a
@@ -33,6 +35,7 @@ from jax_closure_cache.key import closure
 
 _new_wrapper = object.__new__
 _FunctionType = types.FunctionType
+_partial = functools.partial
 _CO_GENERATOR = inspect.CO_GENERATOR
 _ClosureJitted = wrapper.ClosureJitted
 _fill = wrapper.fill
@@ -82,6 +85,14 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
       return _compat.STOCK_JIT(fun)   # stock's TypeError, at jit() time
     return _fill(_new_wrapper(_ClosureJitted), fun,
                  (fun.__code__, _hot_spec[0]))
+  if not options and type(fun) is _partial:
+    # ``jax.jit(functools.partial(f, w))``, every call: a front's wrapper
+    # where ``f``'s code has one (its matchers tell partials apart)
+    func = fun.func
+    if type(func) is _FunctionType:
+      cls = _fronts.get(func.__code__)
+      if cls is not None:
+        return _fill(_new_wrapper(cls), fun)
   return _jit_with_options(fun, options)
 
 
@@ -140,7 +151,7 @@ def _jit_with_options(fun, options: dict):
 # extension is built (it makes a front's wrapper without jit's Python frame).
 _python_jit = jit
 jit = generated.entrance(_python_jit, _fronts, _ClosureJitted,
-                         wrapper.FILLED_SLOTS)
+                         wrapper.FILLED_SLOTS, partials=True)
 
 
 def entrance_built() -> bool:

@@ -173,7 +173,8 @@ def front_class(base: type, spec, code, quicks, env: dict,
   return cls
 
 
-def entrance(jit, fronts: dict, base: type, slots: tuple):
+def entrance(jit, fronts: dict, base: type, slots: tuple,
+             partials: bool = False):
   """``jit`` with its front path in C where the extension ``_entrance`` is
   built: a callable that answers ``jit(fun)`` for a function whose code has
   a class in ``fronts`` (a subclass of ``base``) by making that class's
@@ -184,11 +185,15 @@ def entrance(jit, fronts: dict, base: type, slots: tuple):
   ``fronts`` must be the dict ``jit`` reads, cleared in place, never
   rebound: the entrance holds that very object. ``slots``: the slot
   descriptors of ``base`` that ``fill`` sets (function, stock object,
-  row), which the entrance sets as ``fill`` does."""
+  row), which the entrance sets as ``fill`` does. ``partials``: a
+  ``functools.partial`` of a plain function (any closure) is answered
+  too, by its function's code's class, as ``jit``'s Python hot case
+  answers it."""
   try:
     from jax_closure_cache.front import _entrance
   except ImportError:
     return jit
-  made = _entrance.Entrance(jit, fronts, base, *slots)
+  made = _entrance.Entrance(jit, fronts, base, *slots,
+                            functools.partial if partials else None)
   functools.update_wrapper(made, jit)
   return made
