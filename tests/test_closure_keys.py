@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jax_closure_cache.key import closure
+from jax_closure_cache.key import code_plan
 from jax_closure_cache.key import matchers
 from jax_closure_cache.key import rebuild
 
@@ -198,6 +199,35 @@ def test_quick_matcher_checks_globals_and_defaults():
   assert match(f) is None
   assert match(types.FunctionType(f.__code__, {}, "f", f.__defaults__,
                                   f.__closure__)) is None
+
+
+def test_a_chain_from_a_functions_own_local_cell_costs_the_matcher_nothing():
+  """A code reading an attribute of its own local cell (a variable an inner
+  function closes over: ``jax.vmap``'s wrapper reads ``mesh.shape`` so)
+  never reads that chain from a closure (the code, fixed by identity,
+  fixes its free variables): the matcher has no check for it, where it
+  called ``chain_read`` per hit, raising and catching twice. A chain from
+  a cell it does close over is still checked and still misses."""
+  ns = {}
+  exec("def make(w, t):\n"
+       "  def f(x):\n"
+       "    m = x\n"
+       "    inner = lambda: m\n"
+       "    return m.shape, inner(), x * w * t.scale\n"
+       "  return f\n", ns)
+  t = types.ModuleType("settings_of_a_test")
+  t.scale = 2.0
+  f = ns["make"](jnp.ones(2), t)
+  assert ("cell", "m", ("shape",)) in code_plan.code_plan(f.__code__).chains
+  key = closure.analyse(f).key
+  src = matchers.match_source(f, key)
+  chains = [src.env[n] for n in src.env if type(src.env[n]) is tuple
+            and len(src.env[n]) == 3 and src.env[n][0] == "cell"]
+  assert chains == [("cell", "t", ("scale",))]
+  match = matchers.compile_matcher(src)
+  assert match(ns["make"](jnp.zeros(2), t)) is not None
+  t.scale = 3.0   # the closed-over chain's value moved: no match
+  assert match(ns["make"](jnp.zeros(2), t)) is None
 
 
 def test_a_global_two_functions_of_one_module_read_is_checked_once():

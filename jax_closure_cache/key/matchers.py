@@ -452,7 +452,11 @@ class _MatchSource:
       if p is NOCHAIN:
         # The base is checked above: by identity when it is a module or a
         # class (then whether it is one of the user's is settled), or by its
-        # own key otherwise (then it is not a namespace either).
+        # own key otherwise (then it is not a namespace either). A cell the
+        # code does not close over (its own local cell) is never a base:
+        # the code, checked by identity, fixes its free variables.
+        if kind == "cell" and name not in fn.code.co_freevars:
+          continue
         base = _base_part(fn, kind, name)
         if base is not None and not isinstance(base, Tag) and (
             isinstance(base, (_ModuleType, type)) or type(base) is tuple):
