@@ -251,3 +251,45 @@ def test_a_partial_gets_its_functions_front_in_c_and_in_python():
     for v in (w, w * 2):
       assert_like_stock(jcc.jit(functools.partial(_layer, x=x))(v),
                         functools.partial(_layer, x=x), v)
+
+
+def test_a_front_dropped_by_a_mode_change_comes_back_on_the_next_hit():
+  """Fronts are made for one spec and verify mode, so turning verify mode
+  on and off drops them; the next hit through the generic path makes its
+  code's front again from the matchers it has (it stayed on the generic
+  path, about a microsecond more a hit, until a new key was stored).
+  Leaving ``enabled()``, which sets the defaults it found, drops nothing.
+  The same for eager control flow's launchers (their own table)."""
+  from jax_closure_cache import _compat, cache
+  x = _warm_front()
+  code = make_inner(x).__code__
+  init = jnp.ones(4)
+
+  def body_of(w):
+    return lambda k, v: v @ w + k
+
+  jcc.enable()
+  try:
+    for i in range(3):
+      jax.lax.fori_loop(0, 2, body_of(jnp.eye(4) * (i + 1.0)), init)
+    launcher_codes = set(inline.client_fronts)
+    assert launcher_codes
+    with jcc.enabled():
+      pass
+    assert code in inline.fronts and set(inline.client_fronts) == launcher_codes
+    on = cache.verifying()
+    cache.set_verify(not on)
+    cache.set_verify(on)
+    assert code not in inline.fronts and not inline.client_fronts
+    w = jnp.eye(4) * 6
+    with counting() as c:
+      out = jcc.jit(make_inner(w))(x)   # the generic path's hit
+      got = jax.lax.fori_loop(0, 2, body_of(w), init)
+    assert c == {"traces": 0, "compiles": 0}
+    assert_like_stock(out, make_inner(w), x)
+    stock_fori = _compat.STOCK_CONTROL_FLOW["fori_loop"]
+    np.testing.assert_array_equal(got, stock_fori(0, 2, body_of(w), init))
+    assert type(jcc.jit(make_inner(w))) is inline.fronts[code]
+    assert set(inline.client_fronts) == launcher_codes
+  finally:
+    jcc.disable()

@@ -212,7 +212,11 @@ def _update_hot_spec() -> None:
 
 
 def set_lift_numpy_default(value: bool) -> None:
-  """Default of ``jit(..., lift_numpy=...)`` (``enable(lift_numpy=...)``)."""
+  """Default of ``jit(..., lift_numpy=...)`` (``enable(lift_numpy=...)``).
+  Setting the value it has changes nothing (``enabled()`` restores it on
+  leaving: the fronts, made for the hot spec, stay)."""
+  if bool(value) == _Defaults.lift_numpy:
+    return
   _Defaults.lift_numpy = bool(value)
   _update_hot_spec()
 

@@ -59,6 +59,7 @@ _ref = identity.ref
 _getweakrefcount = identity.getweakrefcount
 _FunctionType = types.FunctionType
 _quick = inline.quick
+_hot_spec = jit_options.hot_spec_cell()
 code_of = entries.code_of
 
 
@@ -356,8 +357,19 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
             entry = q.entry()
             if (entry is not None and not entry.guards
                 and (entry.classes is None or entry.classes.holds())):
+              if spec is _hot_spec[0]:
+                self._restore_front(quick)
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
     return self._call_slow(args, kwargs)
+
+  def _restore_front(self, quick: list) -> None:
+    """A hit of the hot spec through the generic path: where this code's
+    front is gone (dropped when verify mode or a default changed, or when
+    the table of fronts was full), make it again from the matchers the
+    code still has, so that its next wrappers take the front's path."""
+    base, table = self._front_home()
+    if type(self) is base and self._code not in table:
+      inline.refresh_front(self._code, quick, base, _HIT_ENV, table)
 
   #: ``_call_entry(entry, key, leaves, args, kwargs)``: the shared jitted
   #: function of ``entry`` called for ``self._fun``, from the hit's own text
