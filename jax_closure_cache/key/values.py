@@ -238,9 +238,10 @@ class Static:
     """``Static(*value)``, made once for values that are all Python ints,
     bools and None (whose ``==`` is exact within one type): a Static is
     immutable, and a launcher makes one per call."""
-    typed = tuple([(type(v), v) for v in value])
-    if not all(t in _MEMO_TYPES for t, _ in typed):
-      return Static(*value)
+    kinds = tuple(map(type, value))
+    if not _MEMO_TYPES.issuperset(kinds):
+      return Static(*value)   # no hash or == of anything else is run here
+    typed = kinds, value
     found = _statics.get(typed)
     if found is None:
       if len(_statics) >= 1024:
@@ -249,7 +250,7 @@ class Static:
     return found
 
 
-# (each value's type and value) -> their Static (``Static.of``)
+# (the values' types, the values) -> their Static (``Static.of``)
 _statics: dict = cache.STORE.table("values.statics", cache.Store.CALLS)
 _MEMO_TYPES = frozenset({int, bool, type(None)})
 
