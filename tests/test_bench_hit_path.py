@@ -47,18 +47,28 @@ def test_hit_path_smoke(tmp_path):
 
 @pytest.mark.parametrize("key", sorted(set(bench_hit_path.ROWS)
                                        - {"long-lived"}))
-def test_every_re_created_pattern_hits_through_a_matcher(key):
-  """Each pattern's hits take the matcher (a generated or inline check of
-  the stored key), never a new walk of the function: a library class the
+def test_every_re_created_pattern_hits_through_a_matcher(key, monkeypatch):
+  """Each pattern's hits take its code's generated front, never a new walk
+  of the function nor the generic path's matcher: a library class the
   walk stopped taking for a library's (a dataclass of jax's whose methods
   ``dataclasses`` compiled from a string, as ``vmap``'s axis data is)
-  sent every hit of that row down the slow path. Counted with the
-  package's own path counts, no timing; the answers are stock's."""
+  sent every hit of that row down the slow path, and fronts dropped on
+  leaving ``check()``'s ``enabled()`` block sent them all down the generic
+  one. Counted with the package's own path counts and the generic hit's
+  calls, no timing; the answers are stock's."""
+  from jax_closure_cache.front import wrapper
+  generic = []
+  hit = wrapper._hit
+
+  def counted(*args):
+    generic.append(1)
+    return hit(*args)
   row = bench_hit_path.ROWS[key]()
   assert bench_hit_path.check(row) == 0.0
   with patching.enabled():
     for i in range(6):   # a code's first object, a compile, first hits
       row.cached(i)
+    monkeypatch.setattr(wrapper, "_hit", counted)
     before = bench_hit_path.path_counts()
     with _compat.count_traces() as traces, _compat.count_compiles() as compiles:
       for i in range(6, 12):
@@ -66,3 +76,4 @@ def test_every_re_created_pattern_hits_through_a_matcher(key):
     paths = bench_hit_path.counts_since(bench_hit_path.path_counts(), before)
   assert (traces(), compiles()) == (0, 0)
   assert paths["fast_hits"] == 6, paths
+  assert not generic, f"{len(generic)} of 6 hits took the generic path"
