@@ -543,3 +543,85 @@ def test_switch_branches_given_as_an_iterator_raise_stocks_error():
   except Exception as e:
     errors.append(type(e))
   assert len(errors) == 3 and len(set(errors)) == 1, errors
+
+
+@counts_side_effects
+@pytest.mark.parametrize("kind", ["fori", "scan", "while", "cond"])
+def test_a_body_stock_must_answer_is_traced_once_per_object(kind):
+  """A fresh body whose trace writes to a log and holds a callback (which
+  only stock answers: a hit would call the first object's): each object's
+  trace runs once, as under stock. The second object's lifted trace,
+  answered by stock after it, made the write twice, for each new key; the
+  first meeting's own stock trace (seen by the trace lookup while stock's
+  eager control flow ran it) now tells the key goes to stock before any
+  lifted trace. Two keys (two shapes) are met, each twice."""
+  from conftest import stock_off
+
+  def run():
+    counts = []
+    for i in range(8):
+      log = []
+      w = jnp.full(3 if i % 4 < 2 else 2, float(i))
+
+      def body(v):
+        log.append("traced")
+        jax.debug.callback(lambda _: None, v)
+        return v * w
+      x = jnp.ones_like(w)
+      if kind == "fori":
+        out = jax.lax.fori_loop(0, 2, lambda k, v: body(v), x)
+      elif kind == "scan":
+        out = jax.lax.scan(lambda c, _: (body(c), None), x, None, length=2)[0]
+      elif kind == "while":
+        out = jax.lax.while_loop(lambda c: c[0] < 2,
+                                 lambda c: (c[0] + 1, body(c[1])), (0, x))[1]
+      else:
+        out = jax.lax.cond(True, body, lambda v: v, x)
+      jax.effects_barrier()
+      counts.append((len(log), np.asarray(out).tolist()))
+    return counts
+
+  want = stock_off(run)
+  assert all(n == want[0][0] for n, _ in want), want
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()
+
+
+def test_a_body_closing_over_arrays_warned_of_is_traced_once_per_object():
+  """A fresh body whose closed-over arrays reach
+  ``jax_captured_constants_warn_bytes``: a lifted trace's constants would
+  be warned of, so stock answers every object (the cache's own rule), and
+  the first meeting's stock traces, read with the key's arrays, tell so
+  before any lifted trace: each object's trace-time write is made once."""
+  from conftest import stock_off
+
+  def run():
+    counts = []
+    for i in range(4):
+      log = []
+      w = jnp.full(64, float(i))
+
+      def body(k, v):
+        log.append("traced")
+        return v * w + k
+      out = jax.lax.fori_loop(0, 2, body, jnp.ones(64))
+      counts.append((len(log), np.asarray(out).tolist()))
+    return counts
+
+  saved = jax.config.jax_captured_constants_warn_bytes
+  jax.config.update("jax_captured_constants_warn_bytes", 64)
+  try:
+    want = stock_off(run)
+    assert [n for n, _ in want] == [1, 1, 1, 1]
+    for verify in (False, True):
+      jcc.clear()
+      jcc.enable(verify=verify)
+      for _ in range(2):
+        assert run() == want, verify
+      jcc.disable()
+  finally:
+    jax.config.update("jax_captured_constants_warn_bytes", saved)

@@ -174,10 +174,11 @@ class MissStages:
       entries.met_before(key)   # recorded: the next object of it shares
       started = time.perf_counter()
       self._own()
-      out = self.stock()(*args, **kwargs)
+      with self._stock_traces() as traced:
+        out = self.stock()(*args, **kwargs)
       events.miss(self._user(), code, key, time.perf_counter() - started,
                   first_object=True)
-      self._note_stock_trace(code, key, a, args, kwargs)
+      self._note_stock_trace(code, key, a, args, kwargs, traced)
       try:   # and the key of the state the call left (a mesh's attributes
         # filled lazily, say): the next object is met in that state
         entries.met_before(self._stored()[1])
@@ -196,9 +197,10 @@ class MissStages:
                       "function met again with the same key shares one "
                       "executable")
       self._own()
-      out = self.stock()(*args, **kwargs)
+      with self._stock_traces() as traced:
+        out = self.stock()(*args, **kwargs)
       if code is not None and code in entries.stock_codes:
-        self._note_stock_trace(code, key, a, args, kwargs)
+        self._note_stock_trace(code, key, a, args, kwargs, traced)
       return out
     answered = entries.stock_answered.get(key)
     if answered is not None:
@@ -295,7 +297,18 @@ class MissStages:
     return out
 
 
-  def _note_stock_trace(self, code, key, a, args, kwargs) -> None:
+  def _stock_traces(self):
+    """A block in which stock answers this wrapper's call, yielding what
+    it traced to read after: for a launcher, whose stock is eager control
+    flow (no jitted object whose trace JAX's cache could give back), the
+    jaxprs the trace lookup returned meanwhile (its functions' traces);
+    else None."""
+    if self._constants_are_operands:
+      return trace_lookup.collecting()
+    return contextlib.nullcontext()
+
+  def _note_stock_trace(self, code, key, a, args, kwargs,
+                        traced_by_stock=None) -> None:
     """After stock answered the first meeting of ``key`` (the first object
     of ``code``, or, for a code filed in ``entries.stock_codes``, a key met
     once): where stock's trace of it (read from JAX's cache, never traced
@@ -304,9 +317,28 @@ class MissStages:
     stock warns of), the key goes to stock from now on with no lifted
     trace, whose trace-time effects (a write, a log line) stock's trace
     would make a second time; and the code is filed, so that its other
-    keys' first meetings are read too. (A launcher's stock is no jitted
-    object: not read.)"""
-    if self._constants_are_operands or code is None:
+    keys' first meetings are read too. A launcher's stock is no jitted
+    object: the traces of its functions stock's control flow made
+    (``traced_by_stock``, from :meth:`_stock_traces`) are read for a
+    runtime callable, and their constants with the key's lifted arrays
+    for a size a lifted trace's constants would be warned of (there they
+    are operands: nothing is folded)."""
+    if code is None:
+      return
+    if self._constants_are_operands:
+      constants = list(_compat.jax.tree_util.tree_leaves(a.leaves))
+      for jaxpr in traced_by_stock or ():
+        called = _lowering.runtime_callable(jaxpr)
+        if called is not None:
+          self._note_stock_answers(code, key, "runtime_callable",
+              f"stock's trace of its {called} is its own (a function JAX "
+              "calls later over the closure's own values and state): stock "
+              "traces every object")
+          return
+        constants += _lowering.constants_of(jaxpr)
+      captured = _lowering.captured_constants_warning(constants)
+      if captured is not None:
+        self._note_stock_answers(code, key, "captured_constants", captured)
       return
     try:
       with _compat.NO_TRACING(True):
@@ -327,9 +359,15 @@ class MissStages:
         ("captured_constants", _lowering.captured_constants_warning(
             _compat.captured_constants(traced)))):
       if detail is not None:
-        entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
-        entries.stock_codes.add(code)
+        self._note_stock_answers(code, key, reason, detail)
         return
+
+  @staticmethod
+  def _note_stock_answers(code, key, reason: str, detail: str) -> None:
+    """``key`` goes to stock from now on (``reason``, ``detail``), and its
+    code's other keys' first meetings are read (``stock_codes``)."""
+    entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
+    entries.stock_codes.add(code)
 
 
   def _baked_operand(self, traced) -> str | None:

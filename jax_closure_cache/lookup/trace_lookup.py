@@ -127,7 +127,26 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
   out = _cached(fun, in_avals, debug_info, *context_for_cache_key, **options)
   if getattr(_calls, "n", 0) == before:   # JAX's cache of ``fun`` answered
     closure_cache.note_cached_answer(fun)
+  seen = getattr(_collected, "jaxprs", None)
+  if seen is not None:
+    seen.append(out[0])
   return out
+
+
+@contextlib.contextmanager
+def collecting():
+  """Within, on this thread: the jaxprs every trace lookup returns (traced
+  or answered by a cache) are appended to the list yielded; nested blocks
+  see their own. What stock's eager control flow traced of a body, read
+  after it ran, with no trace of its own."""
+  saved, _collected.jaxprs = getattr(_collected, "jaxprs", None), []
+  try:
+    yield _collected.jaxprs
+  finally:
+    _collected.jaxprs = saved
+
+
+_collected = threading.local()
 
 
 # traces looked up on this thread (``_looked_up`` calls): unchanged across a
