@@ -254,3 +254,28 @@ def test_a_renamed_function_and_inexact_options_get_stocks_jitted_object():
   jcc.enable()
   for _ in range(2):
     assert run() == want
+
+
+def test_a_partials_wrapper_is_named_as_stocks():
+  """``jax.jit(functools.partial(f, ...))``: stock's object is named by the
+  partial's function (``__name__`` and ``__qualname__``, nested partials
+  too) and has empty annotations, as JAX's ``util.wraps`` makes it; the
+  package's wrapper, a front's or not, reads the same."""
+  import functools
+
+  def f(x, y, z=0):
+    return x + y + z
+
+  def read(j):
+    return (j.__name__, getattr(j, "__qualname__", None),
+            getattr(j, "__annotations__", None), repr(j))
+
+  cases = [functools.partial(f, 1), functools.partial(functools.partial(f, 1), 2),
+           functools.partial(f, z=3)]
+  want = [read(STOCK_JIT(p)) for p in cases]
+  jcc.enable()
+  assert [read(jax.jit(p)) for p in cases] == want
+  for p, args in zip(cases, [(1.0, 2.0), (1.0,), (1.0, 2.0)]):
+    for _ in range(3):   # stored and hit: the later wrappers are fronts'
+      jax.jit(p)(*args)
+  assert [read(jax.jit(p)) for p in cases] == want

@@ -625,3 +625,72 @@ def test_a_body_closing_over_arrays_warned_of_is_traced_once_per_object():
       jcc.disable()
   finally:
     jax.config.update("jax_captured_constants_warn_bytes", saved)
+
+
+def test_a_body_closing_over_arrays_below_the_warned_size_is_shared():
+  """The first meeting's check of captured constants counts the key's
+  lifted arrays once: JAX's traces of the eager primitive hold copies of
+  them, and counting those too sent a body over 120 bytes to stock at a
+  200-byte threshold (no sharing, a compile per object)."""
+  saved = jax.config.jax_captured_constants_warn_bytes
+  jax.config.update("jax_captured_constants_warn_bytes", 200)
+  try:
+    jcc.enable()
+    for i in range(5):
+      w = jnp.full(30, float(i))
+      got = jax.lax.fori_loop(0, 2, lambda k, v: v * w, jnp.ones(30))
+      np.testing.assert_array_equal(got, np.full(30, float(i) ** 2))
+    stats = jcc.stats()
+    assert stats["hits"] >= 3, stats
+    assert "captured_constants" not in stats["fallback_reasons"], stats
+  finally:
+    jax.config.update("jax_captured_constants_warn_bytes", saved)
+
+
+@counts_side_effects
+@pytest.mark.parametrize("kind", ["fori", "scan", "jit"])
+def test_a_first_meeting_stock_answers_with_an_error_is_read_at_the_next(
+    kind):
+  """The first object's stock trace raises (the key's meeting cannot be
+  read); the next object of the key holds a callback: it is stock's again
+  and read there, so its trace-time write is made once (it was traced
+  lifted, then by stock: twice). The callback runs as under stock."""
+  from conftest import stock_off
+  calls = []
+
+  def run():
+    calls.clear()
+    out = []
+    for i in range(5):
+      log = []
+      w = jnp.full(3, float(i))
+
+      def body(k, v):
+        log.append("traced")
+        if v.shape[0] == 2:
+          raise ValueError("bad shape")
+        jax.debug.callback(lambda _: calls.append(1), v)
+        return v * w[: v.shape[0]]
+      x = jnp.ones(2 if i == 0 else 3)
+      try:
+        if kind == "fori":
+          got = jax.lax.fori_loop(0, 2, body, x)
+        elif kind == "scan":
+          got = jax.lax.scan(lambda c, _: (body(0, c), None), x, None,
+                             length=2)[0]
+        else:
+          got = jax.jit(body)(0, x)
+        got = np.asarray(got).tolist()
+      except ValueError as e:
+        got = str(e)
+      jax.effects_barrier()
+      out.append((len(log), got))
+    return out, len(calls)
+
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()

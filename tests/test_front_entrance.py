@@ -293,3 +293,74 @@ def test_a_front_dropped_by_a_mode_change_comes_back_on_the_next_hit():
     assert set(inline.client_fronts) == launcher_codes
   finally:
     jcc.disable()
+
+
+def test_a_full_table_of_fronts_is_not_remade_hit_by_hit(monkeypatch):
+  """With more codes in turn than the table of fronts holds, a generic
+  path's hit does not clear the table to make its code's front (that made
+  a class on nearly every hit, ten times the hit's cost): fronts are
+  remade while the table has room."""
+  made = []
+  front_class = generated.front_class
+
+  def counted(*args, **kwargs):
+    made.append(1)
+    return front_class(*args, **kwargs)
+  monkeypatch.setattr(inline, "FRONTS_MAX", 2)
+  monkeypatch.setattr(generated, "front_class", counted)
+  ns = {}
+  makers = []
+  for k in range(4):   # four codes (code objects with equal text are equal)
+    exec(f"def make(w):\n  def inner(x):\n    return x * w + {k}\n"
+         "  return inner\n", ns)
+    makers.append(ns["make"])
+  x = jnp.ones(3)
+  jcc.enable()
+  for i in range(3):   # each code stores its entry
+    for make in makers:
+      jcc.jit(make(jnp.full(3, float(i))))(x)
+  made.clear()
+  for i in range(10):
+    for k, make in enumerate(makers):
+      w = jnp.full(3, float(i))
+      np.testing.assert_array_equal(jcc.jit(make(w))(x), x * w + k)
+  assert len(inline.fronts) <= 2
+  assert len(made) <= 2, len(made)
+
+
+def test_a_partial_given_another_function_after_jit_is_answered_as_stock():
+  """A partial is looked up by its function's code when jitted; one given
+  another function since (``partial.__setstate__``), of the same globals
+  and closure shape, must not be answered by the first function's entry:
+  the matcher checks a partial's function's type and code."""
+  import functools
+  from conftest import stock_off
+
+  def make_add(w):
+    def f(x, y):
+      return x + w * y
+    return f
+
+  def make_mul(w):
+    def f2(x, y):
+      return x * w * y
+    return f2
+
+  def run():
+    out = []
+    for i in range(6):
+      w = jnp.float32(i + 1)
+      p = functools.partial(make_add(w), jnp.float32(10.0))
+      jf = jax.jit(p)
+      if i >= 3:
+        p.__setstate__((make_mul(w), (jnp.float32(10.0),), {}, None))
+      out.append(float(jf(jnp.float32(2.0))))
+    return out
+
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()

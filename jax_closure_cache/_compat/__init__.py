@@ -125,6 +125,13 @@ from jax._src import pjit as _pjit_module   # noqa: E402
 _CPP_PJIT = getattr(_pjit_module, "_cpp_pjit", None)
 
 
+def wrapped_name(fun) -> str:
+  """The ``__name__`` stock's jitted object of ``fun`` carries: its own, a
+  ``functools.partial``'s function's, as JAX's ``util.wraps`` names it."""
+  from jax._src import util
+  return util.fun_name(fun)
+
+
 def jit_info(jitted):
   """The options a stock jitted object was made with, as ``jit()`` parsed
   and validated them against its function (``_jit_info``), or None."""

@@ -88,14 +88,6 @@ def closed_parts(closed):
   return closed.jaxpr, closed.consts
 
 
-def constants_of(jaxpr) -> list:
-  """The constants a traced jaxpr holds: a closed jaxpr's (0.10's trace
-  lookup returns one), or an open one's where it carries them (0.11's);
-  none for one that does not."""
-  consts = getattr(jaxpr, "consts", None)
-  return list(consts) if isinstance(consts, (list, tuple)) else []
-
-
 def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
   """A closed jaxpr without constants whose inputs are ``invars`` (the
   first ``n_new`` of them new: the former constants and lifted literals),

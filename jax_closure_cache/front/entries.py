@@ -103,6 +103,12 @@ def met_before(key) -> bool:
   return trace_lookup.closure_cache.met_before(key)
 
 
+def forget_met(key) -> None:
+  """Forget that ``key`` was met (:func:`met_before`): a meeting stock
+  answered with an error, whose trace could not be read."""
+  trace_lookup.closure_cache.forget_met(key)
+
+
 class JitWrapper:
   """What the package's jit wrappers have in common: ``_fun``, the callable
   they wrap (``ClosureJitted`` and its kinds derive from it)."""

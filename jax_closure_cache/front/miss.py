@@ -174,7 +174,8 @@ class MissStages:
       entries.met_before(key)   # recorded: the next object of it shares
       started = time.perf_counter()
       self._own()
-      with self._stock_traces() as traced:
+      with self._stock_traces() as traced, self._read_if_stock_raises(
+          code, key):
         out = self.stock()(*args, **kwargs)
       events.miss(self._user(), code, key, time.perf_counter() - started,
                   first_object=True)
@@ -197,7 +198,8 @@ class MissStages:
                       "function met again with the same key shares one "
                       "executable")
       self._own()
-      with self._stock_traces() as traced:
+      with self._stock_traces() as traced, self._read_if_stock_raises(
+          code, key):
         out = self.stock()(*args, **kwargs)
       if code is not None and code in entries.stock_codes:
         self._note_stock_trace(code, key, a, args, kwargs, traced)
@@ -297,6 +299,23 @@ class MissStages:
     return out
 
 
+  @staticmethod
+  @contextlib.contextmanager
+  def _read_if_stock_raises(code, key):
+    """A block in which stock answers a meeting of ``key`` whose trace is
+    read after (:meth:`_note_stock_trace`): where stock raises, nothing
+    can be read, so the key's next meeting is stock's again and read (the
+    key forgotten, its code filed as read), not traced lifted first, whose
+    trace-time effects stock's trace would make a second time where it
+    holds a callback."""
+    try:
+      yield
+    except BaseException:
+      entries.forget_met(key)
+      if code is not None:
+        entries.stock_codes.add(code)
+      raise
+
   def _stock_traces(self):
     """A block in which stock answers this wrapper's call, yielding what
     it traced to read after: for a launcher, whose stock is eager control
@@ -318,15 +337,17 @@ class MissStages:
     trace, whose trace-time effects (a write, a log line) stock's trace
     would make a second time; and the code is filed, so that its other
     keys' first meetings are read too. A launcher's stock is no jitted
-    object: the traces of its functions stock's control flow made
-    (``traced_by_stock``, from :meth:`_stock_traces`) are read for a
-    runtime callable, and their constants with the key's lifted arrays
-    for a size a lifted trace's constants would be warned of (there they
-    are operands: nothing is folded)."""
+    object: the traces stock's control flow made of its functions (and
+    any other trace made meanwhile: ``traced_by_stock``, from
+    :meth:`_stock_traces`) are read for a runtime callable, and the key's
+    lifted arrays alone for a size a lifted trace's constants would be
+    warned of. (The traces' own constants are not counted: JAX's traces
+    of the eager primitive hold copies of the closed-over arrays, where a
+    lifted trace passes them once. Constants a body makes at trace time,
+    which add to them in a lifted trace, are seen there.)"""
     if code is None:
       return
     if self._constants_are_operands:
-      constants = list(_compat.jax.tree_util.tree_leaves(a.leaves))
       for jaxpr in traced_by_stock or ():
         called = _lowering.runtime_callable(jaxpr)
         if called is not None:
@@ -335,8 +356,8 @@ class MissStages:
               "calls later over the closure's own values and state): stock "
               "traces every object")
           return
-        constants += _lowering.constants_of(jaxpr)
-      captured = _lowering.captured_constants_warning(constants)
+      captured = _lowering.captured_constants_warning(
+          _compat.jax.tree_util.tree_leaves(a.leaves))
       if captured is not None:
         self._note_stock_answers(code, key, "captured_constants", captured)
       return

@@ -114,11 +114,15 @@ class _Wrapped(_FromFun):
 
 
 class _Name(_FromFun):
-  """``__name__``: a callable object without one is named by its class."""
+  """``__name__``: a callable object without one is named by its class, a
+  ``functools.partial`` by its function, as stock's jitted object is."""
   __slots__ = ()
 
   def of_function(self, w):
-    return getattr(w._fun, "__name__", type(w._fun).__name__)
+    fun = w._fun
+    if type(fun) is functools.partial:
+      return _compat.wrapped_name(fun)
+    return getattr(fun, "__name__", type(fun).__name__)
 
 
 #: What ``__getattr__`` takes from the user's function besides its own
@@ -126,6 +130,11 @@ class _Name(_FromFun):
 #: not a class attribute here).
 _WRAPPED_ONLY = frozenset(("__qualname__", "__annotations__",
                            "__type_params__"))
+
+def _partial_default(w, name: str):
+  """What JAX's ``util.wraps`` gives stock's object of a partial for
+  ``name``, which a partial has not: its name, empty annotations."""
+  return w.__name__ if name == "__qualname__" else {}
 
 
 class _WrapperType(type):
@@ -203,6 +212,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
         pass
       else:
         if name in _WRAPPED_ONLY:
+          if type(fun) is functools.partial and name != "__type_params__":
+            return getattr(fun, name, _partial_default(self, name))
           return getattr(fun, name)
         own = getattr(fun, "__dict__", None)
         if type(own) is dict and name in own:
@@ -366,9 +377,13 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     """A hit of the hot spec through the generic path: where this code's
     front is gone (dropped when verify mode or a default changed, or when
     the table of fronts was full), make it again from the matchers the
-    code still has, so that its next wrappers take the front's path."""
+    code still has, so that its next wrappers take the front's path;
+    not while the table is full."""
     base, table = self._front_home()
-    if type(self) is base and self._code not in table:
+    if (type(self) is base and self._code not in table
+        and len(table) < inline.FRONTS_MAX):
+      # (a full table is not cleared for it: with more codes in turn
+      # than it holds, every hit would make a front)
       inline.refresh_front(self._code, quick, base, _HIT_ENV, table)
 
   #: ``_call_entry(entry, key, leaves, args, kwargs)``: the shared jitted

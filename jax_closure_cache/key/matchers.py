@@ -402,9 +402,12 @@ class _MatchSource:
     attributes = (f" or ({f}_a := {f}.__dict__) and (len({f}_a) != 1 or "
                   f"'__wrapped__' not in {f}_a) and own_attributes({f})"
                   if fn.index != 0 or self.self_referenced else "")
-    if fn.index == 0:
+    if fn.index == 0 and f == "f":
       # The top function: callers look the matcher up by the code of a
       # plain function (``_quick[fun.__code__]``), so type and code hold.
+      # (A partial's function is checked in full below: the partial was
+      # looked up by its function's code when jitted, and
+      # ``partial.__setstate__`` can give it another function since.)
       self.miss_if(f"{same_globals} or {f}.__kwdefaults__ is not None"
                    f"{no_defaults}{attributes}")
     else:

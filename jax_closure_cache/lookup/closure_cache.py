@@ -443,6 +443,12 @@ def met_before(key) -> bool:
   return met
 
 
+def forget_met(key) -> None:
+  """Forget that ``key`` was met: its next meeting is a first one again."""
+  with _records_lock:
+    _met.pop(hash(key), None)
+
+
 def find(fun, sig, found=None, rules=None):
   """``(key, leaves, anchors, stored)`` for ``fun`` and ``sig``, or None;
   ``found``: ``fun``'s ``closure_key`` if the caller walked it (``rules``)."""
