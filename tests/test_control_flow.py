@@ -694,3 +694,35 @@ def test_a_first_meeting_stock_answers_with_an_error_is_read_at_the_next(
     for _ in range(2):
       assert run() == want, verify
     jcc.disable()
+
+
+@pytest.mark.parametrize("kind", ["scan", "map", "fori"])
+def test_eager_control_flow_under_checking_leaks_is_as_stock(kind):
+  """Under ``jax.checking_leaks()`` eager loops answer as stock's: reading a
+  first meeting's stock traces keeps none made inside another trace (JAX's
+  lowering of the eager primitive closes over its tracers), which the
+  leak check reported as a leaked trace at every call."""
+  from conftest import stock_off
+
+  def run():
+    out = []
+    for i in range(4):
+      w = jnp.full(3, float(i))
+      with jax.checking_leaks():
+        if kind == "scan":
+          got = jax.lax.scan(lambda c, x: (c + x * w, c), jnp.zeros(3),
+                             jnp.ones((2, 3)))
+        elif kind == "map":
+          got = jax.lax.map(lambda x: x * w, jnp.ones((2, 3)))
+        else:
+          got = jax.lax.fori_loop(0, 3, lambda k, v: v * w + k, jnp.ones(3))
+      out.append(jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), got))
+    return out
+
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()

@@ -128,17 +128,21 @@ def trace_to_jaxpr(fun, in_avals, debug_info, *context_for_cache_key,
   if getattr(_calls, "n", 0) == before:   # JAX's cache of ``fun`` answered
     closure_cache.note_cached_answer(fun)
   seen = getattr(_collected, "jaxprs", None)
-  if seen is not None:
+  if seen is not None and _compat.trace_state_clean():
     seen.append(out[0])
   return out
 
 
 @contextlib.contextmanager
 def collecting():
-  """Within, on this thread: the jaxprs every trace lookup returns (traced
-  or answered by a cache) are appended to the list yielded; nested blocks
-  see their own. What stock's eager control flow traced of a body, read
-  after it ran, with no trace of its own."""
+  """Within, on this thread: the jaxprs every trace lookup made outside
+  any other trace returns (traced or answered by a cache) are appended to
+  the list yielded; nested blocks see their own. What stock's eager
+  control flow traced of a body, read after it ran, with no trace of its
+  own. (A trace made inside another, such as JAX's lowering of the eager
+  primitive, may close over that trace's tracers: kept here, they would
+  outlive it, which ``jax.checking_leaks()`` reports; a jaxpr inside the
+  body's is read with it.)"""
   saved, _collected.jaxprs = getattr(_collected, "jaxprs", None), []
   try:
     yield _collected.jaxprs
