@@ -279,3 +279,33 @@ def test_a_partials_wrapper_is_named_as_stocks():
     for _ in range(3):   # stored and hit: the later wrappers are fronts'
       jax.jit(p)(*args)
   assert [read(jax.jit(p)) for p in cases] == want
+
+
+def test_an_error_of_a_function_the_key_refuses_carries_no_refusal():
+  """A re-created function the closure key refuses (it calls
+  ``warnings.warn``) raises at trace time: stock's error, with stock's
+  ``__context__`` (none), not the cache's refusal chained to it (a
+  traceback's "During handling of the above exception")."""
+  import warnings
+
+  def run():
+    out = []
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      for i in range(5):
+        def f(x):
+          warnings.warn("w")
+          raise ValueError(f"bad {i}")
+        try:
+          jax.jit(f)(jnp.float32(1))
+        except ValueError as e:
+          out.append((str(e), e.__context__))
+    return out
+
+  want = stock_off(run)
+  assert all(context is None for _, context in want)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    assert run() == want
+    jcc.disable()

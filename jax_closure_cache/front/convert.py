@@ -97,6 +97,7 @@ def closure_convert(fun, *example_args):
     return _to_stock(fun, example_args, "unliftable",
                      "an earlier lifted trace of this code failed or wrote "
                      "to state its function reaches, so stock traces it")
+  refused = None
   try:
     a = closure.analyse(fun)
     # the argument classes' code reads what the class keys cover (the
@@ -105,9 +106,11 @@ def closure_convert(fun, *example_args):
         _compat.jax.tree_util.tree_structure(example_args)))
     shared = _traces.get(key)
   except Uncacheable as e:
-    return _to_stock(fun, example_args, e.reason, e.detail)
+    refused = e.reason, e.detail
   except TypeError as e:
-    return _to_stock(fun, example_args, "unhashable", str(e))
+    refused = "unhashable", str(e)
+  if refused is not None:   # (outside the block: no chained refusal)
+    return _to_stock(fun, example_args, *refused)
   if any(isinstance(x, _compat.jax.Array) for x in a.anchors):
     # a shared trace would bake it and keep it alive
     return _to_stock(fun, example_args, "array_by_identity",

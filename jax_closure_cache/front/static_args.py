@@ -436,6 +436,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       hash(params)
       hash(functions)
     except Exception:
+      unhashable = True
+    else:
+      unhashable = False
+    if unhashable:   # (called outside the block: no chained refusal)
       return self.stock()(*args, **kwargs)
     user = next((f for f in found if f is not None), None)
     if user is None or not callable(user):

@@ -486,12 +486,17 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     fun = self._fun
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
+    # (stock is called after the ``except`` block: an error of the user's
+    # raised there would carry the refusal as its ``__context__``)
+    refused = None
     try:
       a, key, entry = self._stored()
     except Uncacheable as e:
-      return self._fallback(e.reason, args, kwargs, e.detail)
+      refused = e.reason, e.detail
     except TypeError as e:   # unhashable pytree metadata in the key
-      return self._fallback("unhashable", args, kwargs, str(e))
+      refused = "unhashable", str(e)
+    if refused is not None:
+      return self._fallback(refused[0], args, kwargs, refused[1])
     if (entry is None or (entry.guards and
                           not all([g.holds() for g in entry.guards]))
         or not entry.classes_hold()):
