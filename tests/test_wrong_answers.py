@@ -1477,3 +1477,54 @@ def test_output_node_data_the_same_for_every_call_keeps_the_hit():
     for _ in range(5):
       assert step(meta).meta is meta
     assert jcc.stats()["hits"] - before >= 2, meta
+
+
+_LAZY = types.ModuleType("lazy_settings_of_a_test")
+_LAZY_READS = []
+
+
+def _lazy_getattr(name):
+  """A PEP 562 module ``__getattr__`` (a lazy attribute, a deprecation
+  shim): its value counts the reads; ``old`` warns as deprecated."""
+  _LAZY_READS.append(name)
+  if name == "old":
+    import warnings
+    warnings.warn("old is deprecated", DeprecationWarning, stacklevel=2)
+    return 3.0
+  if name == "count":
+    return float(len(_LAZY_READS))
+  raise AttributeError(name)
+
+
+_LAZY.__getattr__ = _lazy_getattr
+_LAZY.plain = 2.0
+
+
+@pytest.mark.parametrize("attribute", ["count", "old", "plain"])
+def test_an_attribute_a_modules_getattr_serves_is_read_as_stock_reads_it(
+    attribute):
+  """A re-created function reads an attribute of a module that its
+  ``__getattr__`` serves: the walk read it with ``getattr`` too, running
+  the hook again at every call (a counter's values and a deprecation
+  warning's count and line differed from stock's). Such a chain is refused
+  now (stock traces each object); an attribute in the module's namespace
+  (``plain``) is keyed as before."""
+  import warnings
+
+  def run():
+    _LAZY_READS.clear()
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for i in range(5):
+        f = eval(f"lambda x: x + _LAZY.{attribute} * {i % 2}")
+        out.append(float(jax.jit(f)(jnp.float32(1.0))))
+    return out, len(_LAZY_READS), [(str(w.message), w.lineno) for w in caught]
+
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()

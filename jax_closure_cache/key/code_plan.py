@@ -194,15 +194,38 @@ def chain_read(f, kind: str, name: str, attributes: tuple):
 
 def _follow(obj, attributes: tuple, through):
   """``obj``'s attributes along ``attributes`` while ``through(obj)``;
-  :data:`MISSING` where one is absent."""
+  :data:`MISSING` where one is absent. A module's are read from its
+  namespace: one its ``__getattr__`` (PEP 562: a lazy attribute, a
+  deprecation shim) would serve is run by every read, which the key would
+  run again on every call (its result, its warnings, its counters), so
+  such a chain is refused (``Unkeyable``)."""
   for attribute in attributes:
     if not through(obj):
       break
     try:
-      obj = getattr(obj, attribute)
+      obj = namespace_attribute(obj, attribute)
+    except closure_key.Unkeyable:
+      raise
     except Exception:
       return MISSING
   return obj
+
+
+def namespace_attribute(obj, attribute: str):
+  """``getattr(obj, attribute)``, a module's read from its namespace: where
+  its ``__getattr__`` would serve it, ``Unkeyable`` (that runs code: a lazy
+  import, a deprecation warning, a counter), else AttributeError where it
+  is absent."""
+  if type(obj) is not _ModuleType:
+    return getattr(obj, attribute)
+  names = obj.__dict__
+  if attribute in names:
+    return names[attribute]
+  if "__getattr__" in names:
+    raise closure_key.Unkeyable(
+        "module_getattr", f"{obj.__name__}.{attribute} is served by its "
+        "module's __getattr__, which runs at every read")
+  raise AttributeError(attribute)
 
 
 def library_value(f, kind: str, name: str, attributes: tuple):

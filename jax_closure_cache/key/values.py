@@ -28,7 +28,7 @@ import numpy as np
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import (
-    chain_base, is_stable, library_class, stable_module)
+    chain_base, is_stable, library_class, namespace_attribute, stable_module)
 from jax_closure_cache.key.objects import as_method, is_plain_type
 from jax_closure_cache.key.parts import BUILTIN_NODES
 
@@ -161,7 +161,9 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
     if not isinstance(obj, (types.ModuleType, type)):
       return False   # past the namespaces: the value reached is walked
     try:
-      obj = getattr(obj, attribute)
+      obj = namespace_attribute(obj, attribute)
+    except closure_key.Unkeyable:
+      raise
     except Exception:
       return False
     if drawn_from(obj):
