@@ -438,6 +438,37 @@ def test_closure_convert_eagerly_shares_one_trace():
   assert jcc.stats()["hits"] == hits + 2
 
 
+_CONVERT_LOG = []
+
+
+def test_closure_convert_of_a_function_whose_trace_writes_is_not_shared():
+  """``jax.closure_convert`` of fresh closures whose trace appends to a
+  list their code reads: a lifted trace that changed what the key covers
+  is not stored, so a later object's trace runs (its write made) as
+  stock's does; it was stored, and the second pass skipped a write."""
+  def run():
+    _CONVERT_LOG.clear()
+    vals = []
+    for i in range(6):
+      w = jnp.arange(3.0) + i
+      n = i
+
+      def f(v):
+        _CONVERT_LOG.append(n)
+        return jnp.sin(v * w) + n
+      fc, consts = jax.closure_convert(f, jnp.ones(3))
+      vals.append(np.asarray(fc(jnp.ones(3), *consts)).tolist())
+    return list(_CONVERT_LOG), vals
+
+  want = stock_off(run)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    for _ in range(2):
+      assert run() == want, verify
+    jcc.disable()
+
+
 def test_static_function_and_converted_closure_keep_no_array_alive():
   import gc
   import weakref

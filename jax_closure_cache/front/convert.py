@@ -163,6 +163,16 @@ def _trace(fun, a, key, example_args):
   shared = _Shared()
   shared.record = events.miss(fun, getattr(fun, "__code__", None), key, 0.0)
   shared.converted = converted
+  try:
+    after = closure.analyse(fun).key
+  except (Uncacheable, TypeError):
+    after = None
+  if after != a.key:
+    # the trace changed what the key covers (a write to a list it reads):
+    # a later object's hit would skip the write stock's trace makes
+    events.not_stored(fun, "wrote", "its trace changed what its closure "
+                      "key covers, so a later object's trace is its own")
+    return shared
   captured = _compat.closure_converted_constants(converted)
   guards = key_guards.find_guards(captured, [], {id(x) for x in a.anchors})
   if guards:   # an array the key does not cover: answer, do not store
