@@ -155,15 +155,21 @@ def replay_like_stock(run):
   return want_effects
 
 
-def replay_in_both_modes(run):
+def replay_in_both_modes(run, clear: bool = False):
   """``run()`` (comparable results) with the cache off, then twice with it
-  on, verify mode off and on: each cached run's results are stock's."""
+  on, verify mode off and on: each cached run's results are stock's. With
+  ``clear``, each mode starts from an empty cache (its first meetings and
+  stores are its own) and the cache is left off."""
   jcc.disable()
   want = run()
   for verify in (False, True):
+    if clear:
+      jcc.clear()
     jcc.enable(verify=verify)
     for _ in range(2):
-      assert run() == want
+      assert run() == want, verify
+    if clear:
+      jcc.disable()
   return want
 
 

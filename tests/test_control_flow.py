@@ -9,7 +9,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from jax_closure_cache import lax as cached_lax
-from conftest import counting, counts_side_effects, warm
+from conftest import counting, counts_side_effects, replay_in_both_modes, warm
 
 STOCK_LAX = {name: _compat.STOCK_CONTROL_FLOW[name] for name in
              ("while_loop", "fori_loop", "scan", "map", "cond", "switch")}
@@ -555,7 +555,6 @@ def test_a_body_stock_must_answer_is_traced_once_per_object(kind):
   first meeting's own stock trace (seen by the trace lookup while stock's
   eager control flow ran it) now tells the key goes to stock before any
   lifted trace. Two keys (two shapes) are met, each twice."""
-  from conftest import stock_off
 
   def run():
     counts = []
@@ -581,14 +580,8 @@ def test_a_body_stock_must_answer_is_traced_once_per_object(kind):
       counts.append((len(log), np.asarray(out).tolist()))
     return counts
 
-  want = stock_off(run)
+  want = replay_in_both_modes(run, clear=True)
   assert all(n == want[0][0] for n, _ in want), want
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
 
 
 def test_a_body_closing_over_arrays_warned_of_is_traced_once_per_object():
@@ -597,7 +590,6 @@ def test_a_body_closing_over_arrays_warned_of_is_traced_once_per_object():
   be warned of, so stock answers every object (the cache's own rule), and
   the first meeting's stock traces, read with the key's arrays, tell so
   before any lifted trace: each object's trace-time write is made once."""
-  from conftest import stock_off
 
   def run():
     counts = []
@@ -615,14 +607,8 @@ def test_a_body_closing_over_arrays_warned_of_is_traced_once_per_object():
   saved = jax.config.jax_captured_constants_warn_bytes
   jax.config.update("jax_captured_constants_warn_bytes", 64)
   try:
-    want = stock_off(run)
+    want = replay_in_both_modes(run, clear=True)
     assert [n for n, _ in want] == [1, 1, 1, 1]
-    for verify in (False, True):
-      jcc.clear()
-      jcc.enable(verify=verify)
-      for _ in range(2):
-        assert run() == want, verify
-      jcc.disable()
   finally:
     jax.config.update("jax_captured_constants_warn_bytes", saved)
 
@@ -655,7 +641,6 @@ def test_a_first_meeting_stock_answers_with_an_error_is_read_at_the_next(
   read); the next object of the key holds a callback: it is stock's again
   and read there, so its trace-time write is made once (it was traced
   lifted, then by stock: twice). The callback runs as under stock."""
-  from conftest import stock_off
   calls = []
 
   def run():
@@ -687,13 +672,7 @@ def test_a_first_meeting_stock_answers_with_an_error_is_read_at_the_next(
       out.append((len(log), got))
     return out, len(calls)
 
-  want = stock_off(run)
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
+  replay_in_both_modes(run, clear=True)
 
 
 @pytest.mark.parametrize("kind", ["scan", "map", "fori"])
@@ -702,7 +681,6 @@ def test_eager_control_flow_under_checking_leaks_is_as_stock(kind):
   first meeting's stock traces keeps none made inside another trace (JAX's
   lowering of the eager primitive closes over its tracers), which the
   leak check reported as a leaked trace at every call."""
-  from conftest import stock_off
 
   def run():
     out = []
@@ -719,10 +697,4 @@ def test_eager_control_flow_under_checking_leaks_is_as_stock(kind):
       out.append(jax.tree_util.tree_map(lambda a: np.asarray(a).tolist(), got))
     return out
 
-  want = stock_off(run)
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
+  replay_in_both_modes(run, clear=True)

@@ -18,7 +18,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache.front import entrance, inline, wrapper
 from jax_closure_cache.front import generated
-from conftest import STOCK_JIT, counting, assert_like_stock
+from conftest import STOCK_JIT, counting, assert_like_stock, replay_in_both_modes
 
 _front = pytest.importorskip("jax_closure_cache.front._entrance")
 
@@ -334,7 +334,6 @@ def test_a_partial_given_another_function_after_jit_is_answered_as_stock():
   and closure shape, must not be answered by the first function's entry:
   the matcher checks a partial's function's type and code."""
   import functools
-  from conftest import stock_off
 
   def make_add(w):
     def f(x, y):
@@ -357,10 +356,4 @@ def test_a_partial_given_another_function_after_jit_is_answered_as_stock():
       out.append(float(jf(jnp.float32(2.0))))
     return out
 
-  want = stock_off(run)
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
+  replay_in_both_modes(run, clear=True)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, stock_off, warm
+from conftest import STOCK_JIT, counting, replay_in_both_modes, stock_off, warm
 
 x = jnp.ones(3)
 
@@ -460,13 +460,7 @@ def test_closure_convert_of_a_function_whose_trace_writes_is_not_shared():
       vals.append(np.asarray(fc(jnp.ones(3), *consts)).tolist())
     return list(_CONVERT_LOG), vals
 
-  want = stock_off(run)
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
+  replay_in_both_modes(run, clear=True)
 
 
 def test_static_function_and_converted_closure_keep_no_array_alive():

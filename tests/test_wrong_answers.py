@@ -1521,10 +1521,4 @@ def test_an_attribute_a_modules_getattr_serves_is_read_as_stock_reads_it(
         out.append(float(jax.jit(f)(jnp.float32(1.0))))
     return out, len(_LAZY_READS), [(str(w.message), w.lineno) for w in caught]
 
-  want = stock_off(run)
-  for verify in (False, True):
-    jcc.clear()
-    jcc.enable(verify=verify)
-    for _ in range(2):
-      assert run() == want, verify
-    jcc.disable()
+  replay_in_both_modes(run, clear=True)
