@@ -18,6 +18,7 @@ from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as _core
 from jax._src import traceback_util as _traceback_util
+from jax._src import util as _util
 from jax._src.lib import _jax as _jaxlib_ext
 import contextlib as _contextlib
 import os as _os
@@ -128,8 +129,7 @@ _CPP_PJIT = getattr(_pjit_module, "_cpp_pjit", None)
 def wrapped_name(fun) -> str:
   """The ``__name__`` stock's jitted object of ``fun`` carries: its own, a
   ``functools.partial``'s function's, as JAX's ``util.wraps`` names it."""
-  from jax._src import util
-  return util.fun_name(fun)
+  return _util.fun_name(fun)
 
 
 def jit_info(jitted):
