@@ -61,7 +61,7 @@ _stock_switch = _compat.STOCK_CONTROL_FLOW["switch"]
 _stock_custom_linear_solve = _compat.STOCK_CONTROL_FLOW["custom_linear_solve"]
 _stock_custom_root = _compat.STOCK_CONTROL_FLOW["custom_root"]
 _DISABLE_JIT = _compat.DISABLE_JIT
-_trace_state_clean = _compat.trace_state_clean
+_top_level = _compat.trace_state_clean
 _transfers_guarded = _lowering.transfers_guarded
 
 
@@ -86,7 +86,7 @@ class _Launcher(wrapper.ClosureJitted):
     w = _front_of(launcher)
     if w is None:
       return cls(launcher, user, jit_options.lift_numpy_default())
-    w._set_user(user)
+    w._user_fun = user if callable(user) else launcher   # as ``_set_user``
     return w
 
   def _user(self):
@@ -125,10 +125,10 @@ class _Launcher(wrapper.ClosureJitted):
     whatever its closure holds now, beside the launch's other functions);
     ``_AGAIN`` for a function not launched before."""
     user = self._user_fun
-    if user not in _launched:
+    row = _rows.get(_ref(user), _AGAIN)
+    if row is _AGAIN:
       return _AGAIN
-    row = _rows.get(weakref.ref(user))
-    if row is None or not row.answers(self._fun):
+    if not row.answers(self._fun, user):
       return self._fun(*operands)   # the stock call
     pinned = row.pinned
     if pinned is None:
@@ -145,16 +145,15 @@ class _Launcher(wrapper.ClosureJitted):
       pinned = None
     else:   # no decision (an error, a disabled jit)
       return
-    launcher = self._fun
+    launcher, user = self._fun, self._user_fun
     try:
-      # the first of the row's functions to die drops it
-      key = weakref.ref(self._user_fun, _drop_row)
-      drop = lambda _, key=key: _rows.pop(key, None)
-      row = _Row(launcher.__code__, tuple([_hold(c.cell_contents, drop)
-                                           for c in launcher.__closure__]),
-                 pinned)
-      _rows[key] = row
-      _launched.add(self._user_fun)
+      row = _Row(user, _drop_row)   # goes with the function
+      row.code, row.pinned = launcher.__code__, pinned
+      row.parts = tuple([
+          _USER if v is user else v if v is None or type(v) is _StaticType
+          else _hold(v, user, row)
+          for v in [c.cell_contents for c in launcher.__closure__]])
+      _rows[row] = row
     except TypeError:   # a function that cannot be referenced weakly: no row
       pass
 
@@ -175,69 +174,85 @@ _wrap = _Launcher.made
 def _routable() -> bool:
   # (under a transfer guard, stock's own transfers: it moves the Python
   # bounds and operands a launcher keeps static)
-  return (_trace_state_clean() and not _DISABLE_JIT.value
+  return (_top_level() and not _DISABLE_JIT.value
           and not _transfers_guarded())
 
 
 # -- identity first, per user function ------------------------------------------
 
-class _Row:
+class _Row(weakref.ref):
   """What the first launch of a user's function decided, for its later
-  launches with the same functions and static parameters: ``code``, the
-  launcher's; ``parts``, its cells as :func:`_parts` holds them; ``pinned``,
-  ``[entry, key, leaves, calls]`` (the identity row of the entry it hit) or
-  None (stock answered). Holds the user's functions weakly; the leaves
-  while the function lives, as a jit's identity row does."""
+  launches with the same functions and static parameters; a weak
+  reference to the function (its own key in ``_rows``, dropping itself
+  as the function dies). ``code``: the launcher's (None once another of
+  the launch's functions died: every later launch is stock's); ``parts``:
+  its cells as :func:`_hold` holds them; ``pinned``: ``[entry, key,
+  leaves, calls]`` (the identity row of the entry it hit) or None (stock
+  answered). Holds the user's functions weakly; the leaves while the
+  function lives, as a jit's identity row does."""
   __slots__ = ("code", "parts", "pinned")
 
-  def __init__(self, code, parts, pinned):
-    self.code, self.parts, self.pinned = code, parts, pinned
-
-  def answers(self, launcher) -> bool:
-    """Whether ``launcher`` launches what this row's first launch did: the
-    same code, the same function objects, equal static parameters."""
+  def answers(self, launcher, user) -> bool:
+    """Whether ``launcher`` launches what this row's first launch of
+    ``user`` did: the same code, the same function objects, equal static
+    parameters."""
     if launcher.__code__ is not self.code:
       return False
     for held, cell in zip(self.parts, launcher.__closure__):
-      if not _same(held, cell.cell_contents):
+      if not _same(held, cell.cell_contents, user):
         return False
     return True
 
 
-def _hold(v, drop):
-  """A launcher cell's content as a row holds it: a static parameter or
-  None as it is, a tuple (``switch``'s branches) item by item, anything
-  else weakly, its death calling ``drop`` (the row goes with any of its
-  functions: it holds their arrays); raises TypeError where it cannot be."""
-  if v is None or type(v) is values.Static:
+#: A row's part for the user function itself (its key holds it weakly).
+_USER = object()
+
+
+def _hold(v, user, row):
+  """A launcher cell's content as ``row`` (of ``user``) holds it: the
+  function itself as ``_USER``, a static parameter or None as it is, a
+  tuple (``switch``'s branches) item by item, anything else weakly, its
+  death leaving the row answering nothing; raises TypeError where it
+  cannot be."""
+  if v is user:
+    return _USER
+  if v is None or type(v) is _StaticType:
     return v
   if type(v) is tuple or type(v) is list:
-    return (type(v), tuple([_hold(x, drop) for x in v]))
-  return weakref.ref(v, drop)
+    return (type(v), tuple([_hold(x, user, row) for x in v]))
+  return _ref(v, functools.partial(_forget_row, row))
 
 
-def _same(held, v) -> bool:
+def _same(held, v, user) -> bool:
+  if held is _USER:
+    return v is user
   if held is None:
     return v is None
-  if type(held) is values.Static:
-    return type(v) is values.Static and held == v
+  if type(held) is _StaticType:
+    return type(v) is _StaticType and held == v
   if type(held) is tuple:
     kind, items = held
     return (type(v) is kind and len(v) == len(items)
-            and all(_same(h, x) for h, x in zip(items, v)))
+            and all(_same(h, x, user) for h, x in zip(items, v)))
   return held() is v
 
 
-# weakref(user function) -> _Row, and the user functions launched before
-# while held (a row goes with any of its launch's functions; this mark only
-# with the function itself): the store's, in ``identity``
+# _Row (a weak reference to its user function) -> itself, found by a plain
+# weak reference to the function: the store's, in ``identity``
 _rows = identity.launch_rows
-_launched = identity.launched
+_ref = weakref.ref
 _getweakrefcount = weakref.getweakrefcount
+_StaticType = values.Static
 
 
-def _drop_row(key) -> None:
-  _rows.pop(key, None)
+def _drop_row(row) -> None:
+  _rows.pop(row, None)
+
+
+def _forget_row(row, _) -> None:
+  # the function stays launched, its launches stock's; the arrays the row
+  # pinned go
+  row.code = row.parts = row.pinned = None
 
 _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
 
@@ -333,6 +348,9 @@ def _array_bounds(lower, upper):
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   if not _routable():
     return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+  if type(lower) is int and type(upper) is int:   # the common case, at once
+    return _launch(_wrap(_fori_launcher(lower, upper, body_fun, unroll),
+                         body_fun), (None, None, init_val), _LONE)
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
   if ((static_lower is None or static_upper is None)
       and (isinstance(lower, _compat.ArrayImpl)

@@ -48,8 +48,9 @@ FILENAME = os.path.join(os.path.dirname(os.path.dirname(
 #: hit (:data:`HIT`) and in the wrapper's ``_call_entry``
 #: (:func:`call_entry_function`).
 CALL = """\
-# Spelled out for one and two arguments: a call through ``*args`` costs
-# the C++ dispatch about 0.2 us more. If it traces, the lifted function
+# Spelled out for one to three arguments (an eager fori_loop's launcher
+# takes three): a call through ``*args`` costs the C++ dispatch about
+# 0.2 us more. If it traces, the lifted function
 # rebuilds ``f``, passed with the call (Entry.caller).
 entry.caller = f
 try:
@@ -59,6 +60,8 @@ try:
     res = entry.jitted(out, args[0])
   elif len(args) == 2:
     res = entry.jitted(out, args[0], args[1])
+  elif len(args) == 3:
+    res = entry.jitted(out, args[0], args[1], args[2])
   else:
     res = entry.jitted(out, *args)
 except Exception as e:

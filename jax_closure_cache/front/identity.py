@@ -51,15 +51,11 @@ ENTRY, KEY, LEAVES, CALLS = range(4)   # a pinned row's fields
 # and equals only itself). Tables are emptied, never replaced.
 tables: dict[tuple, dict] = cache.STORE.table(
     "identity.tables", cache.Store.TRACES, empty=lambda: clear_tables())
-# weakref(user function) -> eager control flow's row of it
-# (``control_flow/launchers._Row``); each reference's callback is the
-# table's own ``pop``, so a row goes the moment its function dies
+# eager control flow's rows (``control_flow/launchers._Row``, a weak
+# reference to its user function, mapped to itself and found by a plain
+# weak reference), each dropping itself the moment its function dies
 launch_rows: dict = cache.STORE.table("identity.launch_rows",
                                       cache.Store.TRACES)
-# the user functions eager control flow launched before while they were
-# held (weakly): a later launch of one is its row's or stock's
-launched: "weakref.WeakSet" = cache.STORE.table(
-    "identity.launched", cache.Store.TRACES, weakref.WeakSet)
 ref = weakref.ref
 getweakrefcount = weakref.getweakrefcount
 # Without reference counts (not CPython), every hit records its row.

@@ -177,7 +177,7 @@ class _Bound(wrapper.ClosureJitted):
     self._bind(user, outer_stock, static_args)
 
   def _bind(self, user, outer_stock, static_args):
-    # the one place this class's slots are set
+    # where this class's slots are set (and ``made``, spelled out)
     self._user_fun = user
     self._outer_stock = outer_stock
     self._static_args = static_args   # (positions, names, values)
@@ -196,7 +196,9 @@ class _Bound(wrapper.ClosureJitted):
     if w is None:
       return cls(binder, options, options_key, lift_numpy, user, outer_stock,
                  static_args)
-    w._bind(user, outer_stock, static_args)
+    # (``_bind``, spelled out: one frame fewer on the hit path)
+    w._user_fun, w._outer_stock, w._static_args = (user, outer_stock,
+                                                   static_args)
     return w
 
   @staticmethod
@@ -514,11 +516,16 @@ class StaticArgsJitted(wrapper.ClosureJitted):
                         ((position,), (), (fun,)))
     # Its row, whether or not anything else holds ``fun`` now: a count of
     # references cannot tell (``J(*t)`` passes the caller's tuple as the
-    # call's own, ``J.__call__(g, x)`` makes none).
+    # call's own, ``J.__call__(g, x)`` makes none). (``_first_call``,
+    # spelled out: this is the hit path of a fresh static closure.)
     table = self._table()
-    return self._first_call(
-        bound, (*args[:position], *args[position + 1:]), {}, params, table,
-        None if table is None else identity.ref(fun, table.pop))
+    if position == 0 and len(args) == 2:
+      out = bound(args[1])
+    else:
+      out = bound(*args[:position], *args[position + 1:])
+    if table is not None:
+      table[identity.ref(fun, table.pop)] = (params, bound.decided())
+    return out
 
   @staticmethod
   def _first_call(bound, dynamic, dyn_kwargs, params, table, ref):

@@ -170,9 +170,12 @@ class _MatchSource:
     if part[0] is Static:
       # what Static's == compares (the hashes first: a value's own == may
       # say equal where its hash differs), without its Python-level call
-      return (f"type({first}) is not Static or {again}.ident_hash != "
+      # (the key's own object first: ``Static.of`` hands out one object
+      # per value, so a launcher's parameters are usually that very one)
+      return (f"{first} is not {self.bind(part[1])} and (type({again}) is "
+              f"not Static or {again}.ident_hash != "
               f"{self.bind(part[1].ident_hash)} or {again}.ident != "
-              f"{self.bind(part[1].ident)}")
+              f"{self.bind(part[1].ident)})")
     atom = Atom._make(part)   # an Atom (match_plan.simple_part)
     return (f"type({first}) is not {self.bind(atom.type)} or {again} != "
             f"{self.bind(atom.value)}")
