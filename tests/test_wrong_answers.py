@@ -1522,3 +1522,34 @@ def test_an_attribute_a_modules_getattr_serves_is_read_as_stock_reads_it(
     return out, len(_LAZY_READS), [(str(w.message), w.lineno) for w in caught]
 
   replay_in_both_modes(run, clear=True)
+
+
+class DropVar:   # a user's class, given the name of a deprecated jax.core one
+  scale = 2.0
+
+
+DropVar.__module__ = "jax.core"
+
+
+def test_whether_a_library_holds_a_class_is_read_without_its_modules_getattr():
+  """A user's class whose ``__module__`` and name are those of an attribute
+  a library module's ``__getattr__`` serves (``jax.core.DropVar``, a
+  deprecation shim): asking whether the module holds the class ran the
+  hook, so the cache's walk issued a DeprecationWarning stock never does.
+  The module's namespace is read now (``_compat.module_holds``)."""
+  import warnings
+
+  def run():
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      for i in range(4):
+        x = jnp.ones(3) * i
+
+        def f(y):
+          return y * DropVar.scale + x
+        out.append(float(jax.jit(f)(jnp.ones(3))[0]))
+    return out, [str(w.message) for w in caught]
+
+  want = replay_in_both_modes(run, clear=True)
+  assert want == ([2.0, 3.0, 4.0, 5.0], [])

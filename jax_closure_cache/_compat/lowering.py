@@ -231,15 +231,31 @@ def held_by_its_module(cls) -> bool:
   ``__module__`` is not. Raises where ``cls``'s attributes do."""
   if not type.__dict__["__flags__"].__get__(cls) & HEAPTYPE:
     return True
-  module = sys.modules.get(cls.__module__)
-  if module is None:
+  module = cls.__module__
+  return (module_holds(module, cls.__name__.rpartition(".")[2], cls)
+          or module_holds(module, cls.__qualname__, cls))
+
+
+def module_holds(module_name, path, obj) -> bool:
+  """Whether the imported module named ``module_name`` holds ``obj`` under
+  ``path`` (a name, or a dotted qualified name): its first name read from
+  the module's namespace, never through a module ``__getattr__`` (which
+  runs code: a lazy import, a deprecation warning), the rest as
+  attributes of what that holds. False for names that are not strings.
+  Raises where an attribute along the path does."""
+  if type(module_name) is not str or type(path) is not str:
     return False
-  if getattr(module, cls.__name__.rpartition(".")[2], None) is cls:
-    return True
-  reached = module
-  for name in cls.__qualname__.split("."):
-    reached = getattr(reached, name, None)
-  return reached is cls
+  names = getattr(sys.modules.get(module_name), "__dict__", None)
+  if type(names) is not dict:
+    return False
+  first, _, rest = path.partition(".")
+  reached = names.get(first, _ABSENT)
+  for name in rest.split(".") if rest else ():
+    reached = getattr(reached, name, _ABSENT)
+  return reached is obj
+
+
+_ABSENT = object()
 
 
 HEAPTYPE = 1 << 9   # Py_TPFLAGS_HEAPTYPE: made at run time, not in C

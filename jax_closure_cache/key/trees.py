@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import collections
 import enum
-import sys
 
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat.lowering import module_holds
 from jax_closure_cache.atoms import Inexact, exact_key, library_value_key
 from jax_closure_cache.key.code_plan import library_class, stable_module
 from jax_closure_cache.key.parts import Uncacheable
@@ -251,9 +251,8 @@ def _library_module_level(obj) -> bool:
   library's function, ``jax.nn.relu``)."""
   try:
     module = getattr(obj, "__module__", None)
-    name = getattr(obj, "__name__", None)
-    return (type(name) is str and stable_module(module)
-            and getattr(sys.modules.get(module), name, None) is obj)
+    return (type(module) is str and stable_module(module)
+            and module_holds(module, getattr(obj, "__name__", None), obj))
   except Exception:   # an attribute that raises when read
     return False
 
