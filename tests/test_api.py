@@ -256,11 +256,22 @@ def test_a_renamed_function_and_inexact_options_get_stocks_jitted_object():
     assert run() == want
 
 
+class _Nameless:
+  def __call__(self, x, y):
+    return x + y
+
+
+class _Named(_Nameless):
+  __name__ = "named_by_its_class"
+
+
 def test_a_partials_wrapper_is_named_as_stocks():
   """``jax.jit(functools.partial(f, ...))``: stock's object is named by the
   partial's function (``__name__`` and ``__qualname__``, nested partials
   too) and has empty annotations, as JAX's ``util.wraps`` makes it; the
-  package's wrapper, a front's or not, reads the same."""
+  package's wrapper, a front's or not, reads the same. So does the wrapper
+  of a callable object (``<unnamed function>`` without a ``__name__``,
+  where it read its class's name), alone or in a partial."""
   import functools
 
   def f(x, y, z=0):
@@ -271,11 +282,13 @@ def test_a_partials_wrapper_is_named_as_stocks():
             getattr(j, "__annotations__", None), repr(j))
 
   cases = [functools.partial(f, 1), functools.partial(functools.partial(f, 1), 2),
-           functools.partial(f, z=3)]
+           functools.partial(f, z=3), _Nameless(), _Named(),
+           functools.partial(_Nameless(), 1.0)]
   want = [read(STOCK_JIT(p)) for p in cases]
+  assert want[3][0] == "<unnamed function>"   # (what the test is about)
   jcc.enable()
   assert [read(jax.jit(p)) for p in cases] == want
-  for p, args in zip(cases, [(1.0, 2.0), (1.0,), (1.0, 2.0)]):
+  for p, args in zip(cases[:3], [(1.0, 2.0), (1.0,), (1.0, 2.0)]):
     for _ in range(3):   # stored and hit: the later wrappers are fronts'
       jax.jit(p)(*args)
   assert [read(jax.jit(p)) for p in cases] == want

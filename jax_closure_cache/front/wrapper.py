@@ -114,15 +114,13 @@ class _Wrapped(_FromFun):
 
 
 class _Name(_FromFun):
-  """``__name__``: a callable object without one is named by its class, a
-  ``functools.partial`` by its function, as stock's jitted object is."""
+  """``__name__``: as stock's jitted object names its function (JAX's
+  ``fun_name``: a ``functools.partial`` by its function, a callable object
+  without a name ``<unnamed function>``)."""
   __slots__ = ()
 
   def of_function(self, w):
-    fun = w._fun
-    if type(fun) is functools.partial:
-      return _compat.wrapped_name(fun)
-    return getattr(fun, "__name__", type(fun).__name__)
+    return _compat.wrapped_name(w._fun)
 
 
 #: What ``__getattr__`` takes from the user's function besides its own
@@ -131,9 +129,10 @@ class _Name(_FromFun):
 _WRAPPED_ONLY = frozenset(("__qualname__", "__annotations__",
                            "__type_params__"))
 
-def _partial_default(w, name: str):
-  """What JAX's ``util.wraps`` gives stock's object of a partial for
-  ``name``, which a partial has not: its name, empty annotations."""
+def _wraps_default(w, name: str):
+  """What JAX's ``util.wraps`` gives stock's object for ``name`` where the
+  function has none (a partial, a callable object): its name, empty
+  annotations."""
   return w.__name__ if name == "__qualname__" else {}
 
 
@@ -212,8 +211,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
         pass
       else:
         if name in _WRAPPED_ONLY:
-          if type(fun) is functools.partial and name != "__type_params__":
-            return getattr(fun, name, _partial_default(self, name))
+          if name != "__type_params__":   # (which util.wraps does not set)
+            return getattr(fun, name, _wraps_default(self, name))
           return getattr(fun, name)
         own = getattr(fun, "__dict__", None)
         if type(own) is dict and name in own:
