@@ -160,6 +160,8 @@ def covers_state(v) -> bool:
     state = vars(v)
   except TypeError:
     return False
+  if not state:   # (a jax.tree_util.Partial's: its own fields are flattened)
+    return True
   children, aux = _compat.flatten_one_level(v)
   held = collections.Counter(map(id, children))
   pending, depth = [aux], 3   # node data, and what its tuples hold
