@@ -1208,6 +1208,54 @@ def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
   assert jcc.stats()["verify_mismatches"] == 0
 
 
+_compile_time_eval = jax.ensure_compile_time_eval   # read as a global name
+
+
+@pytest.mark.parametrize("read", ["attribute", "global"])
+def test_a_value_computed_under_ensure_compile_time_eval_is_concrete_as_stocks(
+    read):
+  """Under ``jax.ensure_compile_time_eval()`` stock computes with a
+  closed-over array's value (its baked constant): the result is a
+  concrete array at trace time. A lifted trace stages it (a tracer), which
+  the trace's own code can see (a trace-time record of its type; no error,
+  so no fallback caught it: found by a differential pass). A key that
+  lifts an array where its code reads that context (as an attribute of
+  ``jax`` or a global name) is traced as stock traces it, under ``jit``
+  and eager ``fori_loop`` alike."""
+  from jax import lax
+  x = jnp.arange(3.0)
+  seen = []
+
+  def context():
+    return (jax.ensure_compile_time_eval() if read == "attribute"
+            else _compile_time_eval())
+
+  def run():
+    seen.clear()
+    outs = []
+    for i in range(5):
+      w = jnp.full(3, float(i % 3 + 1))
+
+      def body(j, c):
+        with context():
+          z = jnp.sum(w) * 2
+        seen.append(type(z).__name__)   # a trace-time record
+        return c + z
+
+      def f(c):
+        with (jax.ensure_compile_time_eval() if read == "attribute"
+              else _compile_time_eval()):
+          z = jnp.sum(w) * 2
+        seen.append(type(z).__name__)
+        return c * z
+      outs.append(np.asarray(lax.fori_loop(0, 2, body, x)).tolist())
+      outs.append(np.asarray(jax.jit(f)(x)).tolist())
+    return outs, list(seen)
+
+  want = replay_in_both_modes(run, clear=True)
+  assert set(want[1]) == {"ArrayImpl"}   # stock's: concrete every time
+
+
 def test_a_float_exponent_closed_over_is_lifted_as_stock_takes_pow_for_it():
   """``jnp.power`` asks whether its exponent is concrete, and takes
   ``integer_pow`` only for a concrete integer scalar: a closed-over float
