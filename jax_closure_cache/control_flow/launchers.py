@@ -308,6 +308,7 @@ def _static_bound(bound):
 # A launcher's static parameters (loop bounds, ``length``, ``unroll``...) are
 # keyed by value and exact types and never made dynamic.
 _Static = values.Static.of
+_StaticInts = values.Static.of_ints
 
 
 def _run_fori_loop(params, lower, upper, body_fun, init_val):
@@ -318,11 +319,16 @@ def _run_fori_loop(params, lower, upper, body_fun, init_val):
 
 
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):
-  params = _Static(static_lower, static_upper, unroll)
+  return _fori_launcher_of(_Static(static_lower, static_upper, unroll),
+                           body_fun)
 
+
+def _fori_launcher_of(params, body_fun):
   def launch_fori_loop(lower, upper, init_val):
     return _run_fori_loop(params, lower, upper, body_fun, init_val)
   return launch_fori_loop
+
+
 
 
 def _array_bounds(lower, upper):
@@ -348,9 +354,11 @@ def _array_bounds(lower, upper):
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   if not _routable():
     return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
-  if type(lower) is int and type(upper) is int:   # the common case, at once
-    return _launch(_wrap(_fori_launcher(lower, upper, body_fun, unroll),
-                         body_fun), (None, None, init_val), _LONE)
+  if type(lower) is int and type(upper) is int and unroll is None:
+    # the common case, at once
+    return _launch(_wrap(_fori_launcher_of(_StaticInts(lower, upper, None),
+                                           body_fun), body_fun),
+                   (None, None, init_val), _LONE)
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
   if ((static_lower is None or static_upper is None)
       and (isinstance(lower, _compat.ArrayImpl)
@@ -376,11 +384,18 @@ def _run_scan(params, f, init, xs):
 
 
 def _scan_launcher(f, length, reverse, unroll, split_transpose):
-  params = _Static(length, reverse, unroll, split_transpose)
+  if (length is None and reverse is False and type(unroll) is int
+      and unroll == 1 and split_transpose is False):
+    params = _SCAN_DEFAULTS   # (the common call: no Static.of to look up)
+  else:
+    params = _Static(length, reverse, unroll, split_transpose)
 
   def launch_scan(init, xs):
     return _run_scan(params, f, init, xs)
   return launch_scan
+
+
+_SCAN_DEFAULTS = values.Static(None, False, 1, False)
 
 
 @functools.wraps(_stock_scan)

@@ -251,9 +251,24 @@ class Static:
       found = _statics[typed] = Static(*value)
     return found
 
+  @staticmethod
+  def of_ints(*value) -> "Static":
+    """``Static.of(*value)`` for values the caller knows are exact Python
+    ints or None (a loop's bounds), looked up by the values alone: with no
+    bool among them, equal values are of equal types."""
+    found = _int_statics.get(value)
+    if found is None:
+      if len(_int_statics) >= 1024:
+        _int_statics.clear()
+      found = _int_statics[value] = Static(*value)
+    return found
+
 
 # (the values' types, the values) -> their Static (``Static.of``)
 _statics: dict = cache.STORE.table("values.statics", cache.Store.CALLS)
+# values of exact ints and None -> their Static (``Static.of_ints``)
+_int_statics: dict = cache.STORE.table("values.int_statics",
+                                       cache.Store.CALLS)
 _MEMO_TYPES = frozenset({int, bool, type(None)})
 
 
