@@ -500,6 +500,36 @@ def test_a_launch_row_keeps_no_array_of_a_function_dropped_since():
       assert alive() is None, kind
 
 
+def _long_lived_condition(c):   # a condition that outlives every launch
+  return c[0] < 4.0
+
+
+def test_a_launch_row_frees_its_arrays_when_its_body_dies_without_a_collection():
+  """A held body's row, pinning the arrays of the entry it hit, goes the
+  moment the body dies, with the cyclic collector off: nothing of the
+  row's refers back to it (a row whose other function's weak reference
+  named the row itself kept its arrays until a collection)."""
+  import gc
+  import weakref
+  jcc.enable()
+  x = jnp.zeros(3)
+  was = gc.isenabled()
+  gc.disable()
+  try:
+    for _ in range(3):   # a shared entry from the second launch on
+      big = jnp.ones(3) * 2.0
+      alive = weakref.ref(big)
+
+      def held(c, big=big):
+        return c + big
+      jax.lax.while_loop(_long_lived_condition, held, x)
+      del held, big
+      assert alive() is None
+  finally:
+    if was:
+      gc.enable()
+
+
 @counts_side_effects
 def test_an_entry_is_never_stored_over_a_stale_answer_of_jaxs_own_cache():
   """A body launched once, whose closure then changed, is answered by

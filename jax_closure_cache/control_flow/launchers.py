@@ -151,7 +151,7 @@ class _Launcher(wrapper.ClosureJitted):
       row.code, row.pinned = launcher.__code__, pinned
       row.parts = tuple([
           _USER if v is user else v if v is None or type(v) is _StaticType
-          else _hold(v, user, row)
+          else _hold(v, user)
           for v in [c.cell_contents for c in launcher.__closure__]])
       _rows[row] = row
     except TypeError:   # a function that cannot be referenced weakly: no row
@@ -208,8 +208,8 @@ class _Row(weakref.ref):
 _USER = object()
 
 
-def _hold(v, user, row):
-  """A launcher cell's content as ``row`` (of ``user``) holds it: the
+def _hold(v, user):
+  """A launcher cell's content as the row of ``user`` holds it: the
   function itself as ``_USER``, a static parameter or None as it is, a
   tuple (``switch``'s branches) item by item, anything else weakly, its
   death leaving the row answering nothing; raises TypeError where it
@@ -219,8 +219,11 @@ def _hold(v, user, row):
   if v is None or type(v) is _StaticType:
     return v
   if type(v) is tuple or type(v) is list:
-    return (type(v), tuple([_hold(x, user, row) for x in v]))
-  return _ref(v, functools.partial(_forget_row, row))
+    return (type(v), tuple([_hold(x, user) for x in v]))
+  # (the callback names the row by a plain reference to its function: one
+  # to the row itself would make a cycle keeping its pinned arrays alive
+  # until a collection)
+  return _ref(v, functools.partial(_forget_row, _ref(user)))
 
 
 def _same(held, v, user) -> bool:
@@ -249,10 +252,15 @@ def _drop_row(row) -> None:
   _rows.pop(row, None)
 
 
-def _forget_row(row, _) -> None:
+def _forget_row(user_ref, _) -> None:
   # the function stays launched, its launches stock's; the arrays the row
   # pinned go
-  row.code = row.parts = row.pinned = None
+  try:
+    row = _rows.get(user_ref)
+  except TypeError:   # the function died first: its row went with it
+    return
+  if row is not None:
+    row.code = row.parts = row.pinned = None
 
 _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
 
@@ -329,8 +337,6 @@ def _fori_launcher_of(params, body_fun):
   return launch_fori_loop
 
 
-
-
 def _array_bounds(lower, upper):
   """Both bounds as Python ints where one is a concrete jax array and stock
   would specialize on them (``int()`` of each, its scan path: so the
@@ -355,7 +361,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   if not _routable():
     return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
   if type(lower) is int and type(upper) is int and unroll is None:
-    # the common case, at once
+    # the common case, at once (the bounds' Static by their values alone)
     return _launch(_wrap(_fori_launcher_of(_StaticInts(lower, upper, None),
                                            body_fun), body_fun),
                    (None, None, init_val), _LONE)
