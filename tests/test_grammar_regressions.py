@@ -1211,24 +1211,27 @@ def test_a_trace_that_asks_whether_a_closed_over_array_is_concrete_is_stocks(
 _compile_time_eval = jax.ensure_compile_time_eval   # read as a global name
 
 
-@pytest.mark.parametrize("read", ["attribute", "global"])
+@pytest.mark.parametrize("read", ["attribute", "global", "enclosing"])
 def test_a_value_computed_under_ensure_compile_time_eval_is_concrete_as_stocks(
     read):
   """Under ``jax.ensure_compile_time_eval()`` stock computes with a
   closed-over array's value (its baked constant): the result is a
   concrete array at trace time. A lifted trace stages it (a tracer), which
   the trace's own code can see (a trace-time record of its type; no error,
-  so no fallback caught it: found by a differential pass). A key that
-  lifts an array where its code reads that context (as an attribute of
-  ``jax`` or a global name) is traced as stock traces it, under ``jit``
-  and eager ``fori_loop`` alike."""
+  so no fallback caught it: found by a differential pass). An operation
+  the block stages on a value computed from a lifted array is now a
+  question of its concreteness (``asks_lifted_value``: traced as stock
+  traces it), under ``jit`` and eager ``fori_loop``, the context read as
+  an attribute of ``jax`` or a global name, or entered around the call.
+  A block touching no closed-over array keeps its key (the ``pure``
+  function hits)."""
   from jax import lax
   x = jnp.arange(3.0)
   seen = []
 
   def context():
-    return (jax.ensure_compile_time_eval() if read == "attribute"
-            else _compile_time_eval())
+    return (_compile_time_eval() if read == "global"
+            else jax.ensure_compile_time_eval())
 
   def run():
     seen.clear()
@@ -1243,17 +1246,30 @@ def test_a_value_computed_under_ensure_compile_time_eval_is_concrete_as_stocks(
         return c + z
 
       def f(c):
-        with (jax.ensure_compile_time_eval() if read == "attribute"
-              else _compile_time_eval()):
-          z = jnp.sum(w) * 2
+        z = jnp.sum(w) * 2
         seen.append(type(z).__name__)
         return c * z
-      outs.append(np.asarray(lax.fori_loop(0, 2, body, x)).tolist())
-      outs.append(np.asarray(jax.jit(f)(x)).tolist())
+
+      def pure(c):   # its block reads no closed-over array
+        with context():
+          n = jnp.sum(jnp.arange(3.0))
+        return c * w + n
+      if read == "enclosing":
+        with context():
+          outs.append(np.asarray(jax.jit(f)(x)).tolist())
+      else:
+        outs.append(np.asarray(lax.fori_loop(0, 2, body, x)).tolist())
+      outs.append(np.asarray(jax.jit(pure)(x)).tolist())
     return outs, list(seen)
 
   want = replay_in_both_modes(run, clear=True)
   assert set(want[1]) == {"ArrayImpl"}   # stock's: concrete every time
+  jcc.clear()
+  jcc.enable()
+  run()
+  hits = jcc.stats()["hits"]
+  run()   # every key met before: ``pure`` hits
+  assert jcc.stats()["hits"] >= hits + 5
 
 
 def test_a_float_exponent_closed_over_is_lifted_as_stock_takes_pow_for_it():

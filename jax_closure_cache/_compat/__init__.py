@@ -63,16 +63,6 @@ STOCK_EVAL_SHAPE = _api.eval_shape
 
 #: Every tracer type derives from this (the public ``jax.core.Tracer``).
 Tracer = _core.Tracer
-#: The context managers under which JAX evaluates operations on concrete
-#: values eagerly at trace time (``jax.ensure_compile_time_eval``), and the
-#: generator functions ``contextlib.contextmanager`` made them of (which a
-#: walk of the decorated one reaches): code reading one sees a closed-over
-#: array's value computed (stock's baked constant) or staged (a lifted
-#: argument).
-CONCRETE_EVAL_CONTEXTS = tuple(
-    g for f in (getattr(_core, "ensure_compile_time_eval", None),
-                getattr(_core, "eval_context", None)) if f is not None
-    for g in (f, getattr(f, "__wrapped__", None)) if g is not None)
 #: A jaxpr's literal operand (``.val``).
 Literal = _core.Literal
 

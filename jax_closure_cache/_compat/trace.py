@@ -21,6 +21,8 @@ from jax._src.interpreters import partial_eval as _pe
 from jax._src.lax.control_flow import common as _control_flow_common
 from jax._src import stages as _stages
 import inspect as _inspect
+import threading
+import weakref as _weakref
 try:   # 0.10: a class in tree_util, its constructors static methods
   from jax._src.tree_util import FlatTree as flat_trees
 except ImportError:   # 0.11: a module of the same functions
@@ -401,7 +403,61 @@ def concreteness_patch_points(asked, watching, library_code) -> list:
         asked(self)
       return stock_repr(self)
     points.append((base, "__repr__", __repr__))
+  points += _folding_window_points(asked, watching)
   return points
+
+
+#: JAX's eager constant folding option, which ``jax.ensure_compile_time_eval``
+#: sets for its block (None on a release without it).
+_EAGER_FOLDING = getattr(_config, "eager_constant_folding", None)
+
+
+def eager_folding() -> bool:
+  """Whether JAX folds operations on concrete values at trace time now
+  (``jax.ensure_compile_time_eval``, or the option set): a trace under it
+  computes with a closed-over array's value where a lifted one stages."""
+  return bool(_EAGER_FOLDING is not None and _EAGER_FOLDING.value)
+
+
+def _folding_window_points(asked, watching) -> list:
+  """The thread-local hook of JAX's eager constant folding option: while
+  ``watching()``, the block it is on for (``ensure_compile_time_eval``)
+  is a window, and each input of an equation the current trace staged in
+  it is reported to ``asked`` at its end: stock's trace folds an
+  operation on a closed-over array there (a concrete value the trace's
+  own code may see), which a lifted trace stages (``asked`` keeps those
+  computed from a lifted array). An option that already has a hook keeps
+  it, called first; nothing where the release has no such hook."""
+  state = _EAGER_FOLDING
+  if state is None or not hasattr(state, "_update_thread_local_hook"):
+    return []
+  original = state._update_thread_local_hook
+  windows = threading.local()   # .open: (trace, first equation) or None
+
+  def hook(value):
+    if original is not None:
+      original(value)
+    if watching():
+      _folding_changed(value, windows, asked)
+  return [(state, "_update_thread_local_hook", hook)]
+
+
+def _folding_changed(value, windows, asked) -> None:
+  opened = getattr(windows, "open", None)
+  if value:   # a block entered (or one inside it left): a window if none
+    if opened is None:
+      frame = getattr(_core.trace_ctx.trace, "frame", None)
+      eqns = getattr(frame, "tracing_eqns", None)
+      windows.open = (eqns, len(eqns)) if type(eqns) is list else ((), 0)
+    return
+  windows.open = None
+  if opened is None:
+    return
+  eqns, start = opened
+  for made in eqns[start:]:
+    eqn = made() if isinstance(made, _weakref.ReferenceType) else made
+    for tracer in getattr(eqn, "in_tracers", ()):
+      asked(tracer)
 
 
 def _reporting_get(fget, asked, watching, by_user):

@@ -113,7 +113,7 @@ class Analysis(_key.Walk):
   code that writes its cells or globals (``cells``, ``reads``), and a
   budget of functions (``enter``)."""
   __slots__ = ("key", "roots", "lift_numpy", "in_object", "nesting",
-               "budget_values", "depth", "custom_rules", "lift_teller")
+               "budget_values", "depth", "custom_rules", "tracer_class")
 
   def __init__(self, lift_numpy: bool = False, lift_arrays: bool = True):
     super().__init__()
@@ -123,17 +123,9 @@ class Analysis(_key.Walk):
     self.in_object = not lift_arrays
     self.nesting = 0   # plain objects being walked, one inside another
     self.custom_rules: list = []   # (class, items) of custom_jvp/custom_vjp
-    # an object of jax's the code reads that tells a lifted array from
-    # stock's closed-over one: a tracer class, ``ensure_compile_time_eval``
-    # (``finish``)
-    self.lift_teller = None
+    self.tracer_class = None   # a tracer class the code reads (``finish``)
 
   stable = staticmethod(lambda f, module=None: is_stable(f))
-
-  def library_function(self, f):
-    self.note_lift_teller(f)   # (``jax.ensure_compile_time_eval``, read)
-    return f
-
   # a static argument as a dict key is keyed: atoms by exact type and bits,
   # values of jax, numpy and the standard library as they compare
   static_key = staticmethod(trees.key_atom)
@@ -203,7 +195,7 @@ class Analysis(_key.Walk):
         raise Uncacheable("drawn_state", f"a trace reads {v!r:.60}, whose "
                           "answers read state no key holds (stock reads it "
                           "again)")
-      self.note_lift_teller(v)
+      self.note_tracer_class(v)
       k = self.klass(v)
       if k is not v or t is type:
         return k
@@ -470,7 +462,7 @@ class Analysis(_key.Walk):
       if obj is NOCHAIN or obj is MISSING:
         return obj
       if _library_object(obj):
-        self.note_lift_teller(obj)
+        self.note_tracer_class(obj)
         return (LIBATTR, obj)   # checked by identity: a replacement is seen
     if obj is MISSING:
       return obj
@@ -522,37 +514,24 @@ class Analysis(_key.Walk):
     return (COPY if copyable else OBJ, i, self.identity(t), items,
             self.klass(t))
 
-  def note_lift_teller(self, v) -> None:
-    """Note ``v``, an object of jax's the code reads, where it tells a
-    lifted array from stock's closed-over one: a tracer class, or a
-    context that evaluates concrete values at trace time."""
+  def note_tracer_class(self, v) -> None:
     if isinstance(v, type) and issubclass(v, _compat.Tracer):
-      self.lift_teller = v
-    elif any(v is c for c in _compat.CONCRETE_EVAL_CONTEXTS):
-      self.lift_teller = v
+      self.tracer_class = v
 
   def finish(self, key) -> None:
     """Refuse a key that lifts an array where its code reads a tracer class
     (``isinstance(w, jax.core.Tracer)``: a lifted array is a tracer, stock's
-    closed-over array is not, and no trace shows the test) or
-    ``jax.ensure_compile_time_eval`` (under which stock computes with the
-    array's value, a lifted trace stages it), and a key whose
+    closed-over array is not, and no trace shows the test), and a key whose
     custom differentiation rule (a ``custom_jvp``'s ``jvp``, a
     ``custom_vjp``'s ``fwd`` and ``bwd``) reaches a lifted array: JAX keeps
     the rule in the trace and runs it when it differentiates the trace, so
     a rule rebuilt for the lifted trace would run then with that trace's
     tracers."""
-    if self.lift_teller is not None and self.leaves:
-      if isinstance(self.lift_teller, type):
-        raise Uncacheable(
-            "tests_tracers", f"its code reads {self.lift_teller.__name__}, "
-            "a class a lifted array is an instance of and stock's "
-            "closed-over array is not")
+    if self.tracer_class is not None and self.leaves:
       raise Uncacheable(
-          "compile_time_eval", f"its code reads "
-          f"{self.lift_teller.__name__}, under which stock computes with a "
-          "closed-over array's value at trace time where a lifted array "
-          "is staged")
+          "tests_tracers", f"its code reads {self.tracer_class.__name__}, "
+          "a class a lifted array is an instance of and stock's closed-over "
+          "array is not")
     if not self.custom_rules:
       return
     r = _RuleReach(())

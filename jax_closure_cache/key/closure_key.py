@@ -245,7 +245,7 @@ class Walk:
       return (t, v)
     if t is types.FunctionType:
       if v.__closure__ is None and self.stable(v):
-        return self.library_function(v)   # jax, numpy, the standard library
+        return v                  # jax, numpy, the standard library
       return self.function(v)
     if t is types.ModuleType:
       return self.module(v)
@@ -289,11 +289,6 @@ class Walk:
       return atoms.exact_key(v, _static_unkeyable)
     except atoms.Inexact as e:
       raise Unkeyable("static_argument", str(e)) from None
-
-  def library_function(self, f):
-    """The part of a function of jax's, numpy's or the standard library's
-    (``stable``): itself, by identity."""
-    return f
 
   def module(self, v):
     if self.stable(v, v.__name__):

@@ -55,6 +55,11 @@ class ValueQuestions:
     watch = cls(leaves)
     if not watch.sources:
       return call()
+    if _compat.trace.eager_folding():
+      # the whole trace folds what it can (a call inside
+      # ``ensure_compile_time_eval``): stock's, on the array's value
+      watch.asked = ("the trace runs under eager constant folding, which "
+                     "stock's trace applies to the closed-over array's value")
     outer = getattr(_active, "watches", ())
     _active.watches = (*outer, watch)   # a tuple, replaced: never shared
     try:
