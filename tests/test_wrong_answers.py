@@ -2,8 +2,10 @@
 found (issue 18), each compared call by call with stock on fresh objects
 and replayed so that hits are exercised."""
 
+import dataclasses
 import datetime
 import decimal
+import functools
 import importlib
 import itertools
 import random
@@ -1553,3 +1555,99 @@ def test_whether_a_library_holds_a_class_is_read_without_its_modules_getattr():
 
   want = replay_in_both_modes(run, clear=True)
   assert want == ([2.0, 3.0, 4.0, 5.0], [])
+
+
+class _SlotBase:
+  __slots__ = ("scale",)
+
+
+class _SlotNode(_SlotBase):   # a __dict__ (w) and a slot (scale)
+  def __init__(self, w, scale=1.0):
+    self.w = w
+    self.scale = scale
+
+
+jax.tree_util.register_pytree_node(
+    _SlotNode, lambda m: ((m.w,), None), lambda aux, ch: _SlotNode(ch[0]))
+
+
+class _DictNode(dict):   # its items are state; its flatten holds one
+  pass
+
+
+jax.tree_util.register_pytree_node(
+    _DictNode, lambda d: ((d["w"],), None),
+    lambda aux, ch: _DictNode(w=ch[0], scale=1.0))
+
+
+@jax.tree_util.register_pytree_node_class
+class _Converting:
+  def __init__(self, w):
+    self.w = jnp.asarray(w, jnp.float32)   # the constructor converts
+
+  def tree_flatten(self):
+    return (self.w,), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0])
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["w"],
+                   meta_fields=[])
+@dataclasses.dataclass
+class _PostInit:
+  w: Any
+
+  def __post_init__(self):
+    self.w = jnp.asarray(self.w, jnp.float32)
+
+
+@pytest.mark.parametrize("form", ["slot", "dict", "converting", "post_init"])
+def test_a_closed_over_pytree_its_unflatten_would_not_give_back_is_stocks(form):
+  """A custom pytree node closed over is rebuilt through its unflatten for
+  the lifted trace. Where that gives another object than the user's, the
+  trace read other state: a slot outside the flatten (lost), a dict
+  subclass's items outside it (reset), a constructor that converts a
+  field set after construction (int32 became float32 under ``jit``; a
+  ``TypeError`` from eager ``fori_loop``), all from the second function
+  object on (found by a differential pass; long-standing). The walk now
+  counts slots, a partial's parts, a tuple's items as state, refuses a
+  dict, list or set subclass's, and the rebuild refuses an unflatten whose
+  leaves are not the ones it was given: such closures trace as stock's."""
+  from jax import lax
+  x = jnp.arange(1, 3, dtype=jnp.int32)
+
+  def make(i):
+    if form == "slot":
+      return _SlotNode(jnp.ones(2, jnp.int32), i + 2)
+    if form == "dict":
+      return _DictNode(w=jnp.ones(2, jnp.int32), scale=i + 2)
+    n = _Converting(0) if form == "converting" else _PostInit(0)
+    n.w = jnp.full((2,), i, jnp.int32)   # set after the constructor
+    return n
+
+  def read(n):
+    if form == "slot":
+      return n.w * n.scale
+    if form == "dict":
+      return n["w"] * n["scale"]
+    return n.w
+
+  def outcome(thunk):
+    try:
+      r = thunk()
+      return str(r.dtype), np.asarray(r).tolist()
+    except Exception as e:   # stock's exception type
+      return type(e).__name__
+
+  def run():
+    out = []
+    for i in range(4):
+      n = make(i)
+      out.append(outcome(lambda: jax.jit(lambda p: p * read(n))(x)))
+      out.append(outcome(lambda: lax.fori_loop(
+          0, 2, lambda k, v: v * read(n), x)))
+    return out
+
+  replay_in_both_modes(run, clear=True)

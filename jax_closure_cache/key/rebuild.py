@@ -55,16 +55,23 @@ class Rebuild(_key.Rebuild):
   def tree(self, v, k):
     """A pytree with its lifted leaves replaced, each dict in the user's
     insertion order (an unflatten sorts them)."""
-    out = super().tree(v, k)
-    return (trees.restore_order(v, out)
-            if trees.has_dict(tree_part(k).treedef) else out)
+    leaves, treedef = _tree_flatten(v)
+    return self._unflatten(v, treedef, leaves, tree_part(k).leaves)
 
   def tree_aux(self, v, k):
     t = TreeAuxPart._make(k)
     leaves, treedef = _tree_flatten(v)
     treedef = self.treedef(treedef, (TREEDEF, t.nodes))   # first: the walk's order
-    out = _tree_unflatten(
-        treedef, [self.value(x, kx) for x, kx in zip(leaves, t.leaves)])
+    return self._unflatten(v, treedef, leaves, t.leaves)
+
+  def _unflatten(self, v, treedef, leaves, parts):
+    given = [self.value(x, kx) for x, kx in zip(leaves, parts)]
+    out = _tree_unflatten(treedef, given)
+    if not trees.rebuilt_as_given(out, given):
+      raise Uncacheable(
+          "pytree_state", f"the unflatten of a {type(v).__name__} made other "
+          "leaves than it was given (a constructor that converts or "
+          "computes), where stock's trace reads the object as it is")
     return trees.restore_order(v, out) if trees.has_dict(treedef) else out
 
   def treedef(self, treedef, k):

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
+import types
+import weakref
 
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import cache
 from jax_closure_cache._compat.lowering import module_holds
 from jax_closure_cache.atoms import Inexact, exact_key, library_value_key
 from jax_closure_cache.key.code_plan import library_class, stable_module
@@ -149,18 +153,30 @@ def restore_order(v, rebuilt):
 
 
 def covers_state(v) -> bool:
-  """Whether a custom node's flatten carries all of ``v``'s attributes as
-  they are: each is one of its children, its node data, or an item of a
-  tuple or list node data (a rebuild through its unflatten then holds the
-  same state). False for an object whose state is not in ``__dict__``
-  (``__slots__``) or is kept outside its flatten (``self.scale`` set in
-  ``__init__`` but not flattened). Node data is searched three tuples
-  deep (a dataclass node keeps its static fields in a tuple)."""
+  """Whether a custom node's flatten carries all of ``v``'s state as it
+  is: each attribute (in ``__dict__`` or a slot), a partial's function,
+  arguments and keywords, a tuple's items, is one of its children, its
+  node data, or an item of a tuple or list node data (a rebuild through its
+  unflatten then holds the same state). False for an object without a
+  ``__dict__``, one of a dict, list or set subclass (its items are state
+  of their own), or one with state kept outside its flatten
+  (``self.scale`` set in ``__init__`` but not flattened). Node data is
+  searched three tuples deep (a dataclass node keeps its static fields in
+  a tuple)."""
   try:
-    state = vars(v)
+    state = list(vars(v).values())
   except TypeError:
     return False
-  if not state:   # (a jax.tree_util.Partial's: its own fields are flattened)
+  if type(v) is _PARTIAL and not state:   # jax's: its flatten holds the rest
+    return True
+  if isinstance(v, _ITEMS_OF_THEIR_OWN):
+    return False
+  state += slot_values(v)
+  if isinstance(v, functools.partial):
+    state += (v.func, v.args, v.keywords)
+  elif isinstance(v, tuple):
+    state += v
+  if not state:   # (nothing outside what the node's class itself is)
     return True
   children, aux = _compat.flatten_one_level(v)
   held = collections.Counter(map(id, children))
@@ -171,11 +187,62 @@ def covers_state(v) -> bool:
       held[id(x)] += 1
       if type(x) in _SEQUENCES:
         pending.extend(x)
-  for x in state.values():   # each attribute takes a holder of its own
+  for x in state:   # each piece of state takes a holder of its own
     if held[id(x)] <= 0:
       return False
     held[id(x)] -= 1
   return True
+
+
+_PARTIAL = _compat.jax.tree_util.Partial
+_ITEMS_OF_THEIR_OWN = (dict, list, set, frozenset, bytearray,
+                       collections.deque)
+
+
+def slot_values(v) -> list:
+  """The values of ``v``'s slots that are set (``__slots__`` of its class
+  and its bases, read through their own descriptors)."""
+  slots = _SLOTS.get(type(v))
+  if slots is None:
+    slots = _SLOTS[type(v)] = _slot_descriptors(type(v))
+  out = []
+  for d in slots:
+    try:
+      out.append(d.__get__(v))
+    except AttributeError:   # not set
+      pass
+  return out
+
+
+def _slot_descriptors(t: type) -> tuple:
+  found = []
+  for c in t.__mro__:
+    names = c.__dict__.get("__slots__", ())
+    for name in (names,) if type(names) is str else names:
+      if name in ("__dict__", "__weakref__"):
+        continue
+      if name.startswith("__") and not name.endswith("__"):
+        name = f"_{c.__name__.lstrip('_')}{name}"   # a private name
+      d = c.__dict__.get(name)
+      if type(d) is _MemberDescriptor:
+        found.append(d)
+  return tuple(found)
+
+
+_MemberDescriptor = types.MemberDescriptorType   # a slot's
+#: class -> its slots' descriptors (:func:`slot_values`)
+_SLOTS = cache.STORE.table("trees.slots", cache.Store.FACTS,
+                           weakref.WeakKeyDictionary)
+
+
+def rebuilt_as_given(out, leaves: list) -> bool:
+  """Whether ``out``, an unflatten of ``leaves``, holds exactly those
+  objects as its leaves: an unflatten through a constructor that converts,
+  copies or computes (``jnp.asarray(w, jnp.float32)`` in ``__init__``, a
+  dataclass's ``__post_init__``) makes others, where stock's trace reads
+  the user's object as it is."""
+  got = _compat.jax.tree_util.tree_leaves(out)
+  return len(got) == len(leaves) and all(a is b for a, b in zip(got, leaves))
 
 
 def conflated_node_data(treedef) -> str | None:
