@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, stock_off
+from conftest import STOCK_JIT, counting, replay_in_both_modes, stock_off
 
 
 def make(w):
@@ -271,7 +271,8 @@ def test_a_partials_wrapper_is_named_as_stocks():
   too) and has empty annotations, as JAX's ``util.wraps`` makes it; the
   package's wrapper, a front's or not, reads the same. So does the wrapper
   of a callable object (``<unnamed function>`` without a ``__name__``,
-  where it read its class's name), alone or in a partial."""
+  where it read its class's name), alone or in a partial, and its
+  ``__doc__`` (``""`` where the function has none, where it read None)."""
   import functools
 
   def f(x, y, z=0):
@@ -279,7 +280,8 @@ def test_a_partials_wrapper_is_named_as_stocks():
 
   def read(j):
     return (j.__name__, getattr(j, "__qualname__", None),
-            getattr(j, "__annotations__", None), repr(j))
+            getattr(j, "__annotations__", None), repr(j), j.__doc__,
+            j.__module__)
 
   cases = [functools.partial(f, 1), functools.partial(functools.partial(f, 1), 2),
            functools.partial(f, z=3), _Nameless(), _Named(),
@@ -292,6 +294,37 @@ def test_a_partials_wrapper_is_named_as_stocks():
     for _ in range(3):   # stored and hit: the later wrappers are fronts'
       jax.jit(p)(*args)
   assert [read(jax.jit(p)) for p in cases] == want
+
+
+class _Scaled:
+  def __init__(self, w):
+    self.w = w
+
+  def __call__(self, p):
+    return p * self.w
+
+
+def test_a_shared_entrys_lowering_is_named_as_stocks():
+  """A re-created partial of a lambda, or callable object, called and then
+  lowered: stock's module is named after JAX's ``fun_name`` of it
+  (``jit__lambda``, ``jit__unnamed_function``); the shared entry's lifted
+  function was named ``partial`` or after the object's class from the
+  second object on (found by a differential pass; long-standing)."""
+  import functools
+  x = jnp.ones(2)
+
+  def run():
+    out = []
+    for i in range(3):
+      w = jnp.full((2,), float(i))
+      for o in (functools.partial(lambda a, p: a * p, w), _Scaled(w)):
+        j = jax.jit(o)
+        j(x)
+        out.append(j.lower(x).as_text().split(" ")[1])
+    return out
+
+  want = replay_in_both_modes(run, clear=True)
+  assert want[:2] == ["@jit__lambda", "@jit__unnamed_function"]
 
 
 def test_an_error_of_a_function_the_key_refuses_carries_no_refusal():

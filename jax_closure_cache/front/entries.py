@@ -272,7 +272,7 @@ class Presented:
 
   def __init__(self, fun, signature):
     self.fun, self.__signature__ = fun, signature
-    self.__name__ = getattr(fun, "__name__", type(fun).__name__)
+    self.__name__ = _compat.wrapped_name(fun)   # as stock's jit names it
     self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
 
   def __call__(self, *args, **kwargs):   # never called: inspect needs it
@@ -351,7 +351,7 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     return rebuild.call_lifted(current, a.key, leaves, args, kwargs)
 
   trace_lookup.own_code(lifted.__code__)
-  name = getattr(fun, "__name__", None) or type(fun).__name__
+  name = _compat.wrapped_name(fun)   # as stock's jit names it (fun_name)
   lifted.__name__ = name
   lifted.__qualname__ = getattr(fun, "__qualname__", name)
   lifted.__signature__ = _lifted_signature(fun)

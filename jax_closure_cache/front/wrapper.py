@@ -113,6 +113,24 @@ class _Wrapped(_FromFun):
     return w._fun
 
 
+class _Doc(_FromFun):
+  """``__doc__``: the function's, or ``""`` where it has none, as JAX's
+  ``util.wraps`` gives stock's jitted object."""
+  __slots__ = ()
+
+  def of_function(self, w):
+    return getattr(w._fun, "__doc__", "") or ""
+
+
+class _Module(_FromFun):
+  """``__module__``: the function's, or ``"<unknown module>"`` where it
+  has none, as JAX's ``util.wraps`` gives stock's jitted object."""
+  __slots__ = ()
+
+  def of_function(self, w):
+    return getattr(w._fun, "__module__", "<unknown module>")
+
+
 class _Name(_FromFun):
   """``__name__``: as stock's jitted object names its function (JAX's
   ``fun_name``: a ``functools.partial`` by its function, a callable object
@@ -144,10 +162,10 @@ class _WrapperType(type):
   here)."""
 
   def __new__(mcs, name, bases, ns, **kwargs):
-    for attr in ("__doc__", "__module__"):
+    for attr, kind in (("__doc__", _Doc), ("__module__", _Module)):
       value = ns.get(attr)
       if not isinstance(value, _FromFun):
-        ns[attr] = _FromFun(attr, value)
+        ns[attr] = kind(attr, value)
     return super().__new__(mcs, name, bases, ns, **kwargs)
 
   @property
