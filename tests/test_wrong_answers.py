@@ -1603,7 +1603,49 @@ class _PostInit:
     self.w = jnp.asarray(self.w, jnp.float32)
 
 
-@pytest.mark.parametrize("form", ["slot", "dict", "converting", "post_init"])
+@jax.tree_util.register_pytree_node_class
+class _Lossy:   # its unflatten drops its node data (k falls back to 1.0)
+  def __init__(self, w, k=1.0):
+    self.w, self.k = w, k
+
+  def tree_flatten(self):
+    return (self.w,), self.k
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0])
+
+
+@jax.tree_util.register_pytree_node_class
+class _Layer:   # a plain node, tied in two places of a dict
+  def __init__(self, w):
+    self.w = w
+
+  def tree_flatten(self):
+    return (self.w,), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0])
+
+
+@jax.tree_util.register_pytree_node_class
+class _Reordered:   # its unflatten sets its attributes in another order
+  def __init__(self, a, b):
+    self.a, self.b = a, b
+
+  def tree_flatten(self):
+    return (self.a, self.b), None
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    o = object.__new__(cls)
+    o.b, o.a = children[1], children[0]
+    return o
+
+
+@pytest.mark.parametrize("form", ["slot", "dict", "converting", "post_init",
+                                  "lossy", "tied", "reordered"])
 def test_a_closed_over_pytree_its_unflatten_would_not_give_back_is_stocks(form):
   """A custom pytree node closed over is rebuilt through its unflatten for
   the lifted trace. Where that gives another object than the user's, the
@@ -1613,8 +1655,10 @@ def test_a_closed_over_pytree_its_unflatten_would_not_give_back_is_stocks(form):
   ``TypeError`` from eager ``fori_loop``), all from the second function
   object on (found by a differential pass; long-standing). The walk now
   counts slots, a partial's parts, a tuple's items as state, refuses a
-  dict, list or set subclass's, and the rebuild refuses an unflatten whose
-  leaves are not the ones it was given: such closures trace as stock's."""
+  dict, list or set subclass's, and the rebuild refuses an unflatten that
+  does not give the object back as it is with only its lifted leaves
+  replaced (node data dropped, attributes set in another order, one node
+  reached twice rebuilt as two): such closures trace as stock's."""
   from jax import lax
   x = jnp.arange(1, 3, dtype=jnp.int32)
 
@@ -1623,6 +1667,13 @@ def test_a_closed_over_pytree_its_unflatten_would_not_give_back_is_stocks(form):
       return _SlotNode(jnp.ones(2, jnp.int32), i + 2)
     if form == "dict":
       return _DictNode(w=jnp.ones(2, jnp.int32), scale=i + 2)
+    if form == "lossy":
+      return _Lossy(jnp.full((2,), i, jnp.int32), k=i + 2)
+    if form == "tied":
+      layer = _Layer(jnp.full((2,), i, jnp.int32))
+      return {"enc": layer, "dec": layer}
+    if form == "reordered":
+      return _Reordered(jnp.full((2,), i, jnp.int32), jnp.ones(2, jnp.int32))
     n = _Converting(0) if form == "converting" else _PostInit(0)
     n.w = jnp.full((2,), i, jnp.int32)   # set after the constructor
     return n
@@ -1632,6 +1683,12 @@ def test_a_closed_over_pytree_its_unflatten_would_not_give_back_is_stocks(form):
       return n.w * n.scale
     if form == "dict":
       return n["w"] * n["scale"]
+    if form == "lossy":
+      return n.w * n.k
+    if form == "tied":
+      return n["enc"].w * (1 if n["enc"] is n["dec"] else 10)
+    if form == "reordered":
+      return next(iter(vars(n).values())) * 3
     return n.w
 
   def outcome(thunk):

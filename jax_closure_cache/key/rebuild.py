@@ -67,12 +67,15 @@ class Rebuild(_key.Rebuild):
   def _unflatten(self, v, treedef, leaves, parts):
     given = [self.value(x, kx) for x, kx in zip(leaves, parts)]
     out = _tree_unflatten(treedef, given)
-    if not trees.rebuilt_as_given(out, given):
+    if trees.has_dict(treedef):   # (an unflatten sorts a dict's keys)
+      out = trees.restore_order(v, out)
+    if not trees.rebuilt_as_given(v, out, leaves, given):
       raise Uncacheable(
-          "pytree_state", f"the unflatten of a {type(v).__name__} made other "
-          "leaves than it was given (a constructor that converts or "
-          "computes), where stock's trace reads the object as it is")
-    return trees.restore_order(v, out) if trees.has_dict(treedef) else out
+          "pytree_state", f"the unflatten of a {type(v).__name__} gave other "
+          "state than the object's own (a constructor that converts, node "
+          "data dropped, attributes in another order, one object rebuilt "
+          "as two), where stock's trace reads the object as it is")
+    return out
 
   def treedef(self, treedef, k):
     """``treedef`` with each custom node's data rebuilt (``Analysis.

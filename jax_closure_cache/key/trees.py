@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import struct
 import types
 import weakref
 
@@ -235,14 +236,80 @@ _SLOTS = cache.STORE.table("trees.slots", cache.Store.FACTS,
                            weakref.WeakKeyDictionary)
 
 
-def rebuilt_as_given(out, leaves: list) -> bool:
-  """Whether ``out``, an unflatten of ``leaves``, holds exactly those
-  objects as its leaves: an unflatten through a constructor that converts,
-  copies or computes (``jnp.asarray(w, jnp.float32)`` in ``__init__``, a
-  dataclass's ``__post_init__``) makes others, where stock's trace reads
-  the user's object as it is."""
-  got = _compat.jax.tree_util.tree_leaves(out)
-  return len(got) == len(leaves) and all(a is b for a, b in zip(got, leaves))
+def rebuilt_as_given(original, out, leaves: list, given: list) -> bool:
+  """Whether ``out``, an unflatten of ``original``'s structure with its
+  ``leaves`` replaced by ``given``, is ``original`` again with only those
+  replaced: each node of the same class, its attributes (and slots) of the
+  same names in the same order, each the given leaf, a node rebuilt as
+  the original's, or the very object the original holds; an object the
+  original reaches twice, one object in ``out`` too. An unflatten that
+  converts or computes (``jnp.asarray(w, jnp.float32)`` in ``__init__``,
+  a dataclass's ``__post_init__``), drops node data, or sets attributes in
+  another order gives something else, where stock's trace reads the
+  user's object as it is."""
+  replaced = {id(a): b for a, b in zip(leaves, given) if a is not b}
+  return _same_state(original, out, replaced, {}, 0)
+
+
+def _same_state(a, b, replaced: dict, seen: dict, depth: int) -> bool:
+  r = replaced.get(id(a), _ABSENT)
+  if r is not _ABSENT:
+    return b is r
+  if a is b:
+    return True
+  if depth > _STATE_DEPTH or type(a) is not type(b):
+    return False
+  if type(a) in _ATOMIC:   # (a rebuild may pass an equal new one along)
+    return _atom_bits(a) == _atom_bits(b)
+  known = seen.get(id(a))
+  if known is not None:   # reached before: the same rebuilt object again
+    return known[1] is b
+  seen[id(a)] = (a, b)   # (a kept alive: its id is not reused meanwhile)
+  depth += 1
+  if isinstance(a, (list, tuple)):
+    return (len(a) == len(b) and _same_attributes(a, b)
+            and all(_same_state(x, y, replaced, seen, depth)
+                    for x, y in zip(a, b)))
+  if isinstance(a, dict):
+    return (list(map(id, a)) == list(map(id, b)) and _same_attributes(a, b)
+            and all(_same_state(a[k], b[k], replaced, seen, depth)
+                    for k in a))
+  if isinstance(a, functools.partial):
+    if not (_same_state(a.func, b.func, replaced, seen, depth)
+            and _same_state(a.args, b.args, replaced, seen, depth)
+            and _same_state(a.keywords, b.keywords, replaced, seen, depth)):
+      return False
+  elif not type(a).__dictoffset__ and not slot_values(a):
+    return False   # a state of its own no attribute shows: itself only
+  return _same_attributes(a, b, replaced, seen, depth)
+
+
+def _same_attributes(a, b, replaced=None, seen=None, depth=0) -> bool:
+  """``a``'s and ``b``'s ``__dict__`` and slots: the same names in the same
+  order, each value the same state (with no ``replaced``: both empty)."""
+  da, db = (vars(a), vars(b)) if type(a).__dictoffset__ else ({}, {})
+  if list(da) != list(db):
+    return False
+  sa, sb = slot_values(a), slot_values(b)
+  if len(sa) != len(sb):
+    return False
+  if replaced is None:
+    return not da and not sa
+  return all(_same_state(x, y, replaced, seen, depth)
+             for x, y in zip((*da.values(), *sa), (*db.values(), *sb)))
+
+
+def _atom_bits(x):
+  if type(x) is float:
+    return struct.pack("<d", x)   # -0.0 and each NaN by its bits
+  if type(x) is complex:
+    return struct.pack("<dd", x.real, x.imag)
+  return x   # an int, bool, str, bytes or None: == is exact within a type
+
+
+_ATOMIC = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_STATE_DEPTH = 32
+_ABSENT = object()
 
 
 def conflated_node_data(treedef) -> str | None:
