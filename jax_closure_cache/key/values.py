@@ -245,11 +245,7 @@ class Static:
       return Static(*value)   # no hash or == of anything else is run here
     typed = kinds, value
     found = _statics.get(typed)
-    if found is None:
-      if len(_statics) >= 1024:
-        _statics.clear()
-      found = _statics[typed] = Static(*value)
-    return found
+    return found if found is not None else _memo(_statics, typed, value)
 
   @staticmethod
   def of_ints(*value) -> "Static":
@@ -257,11 +253,16 @@ class Static:
     ints or None (a loop's bounds), looked up by the values alone: with no
     bool among them, equal values are of equal types."""
     found = _int_statics.get(value)
-    if found is None:
-      if len(_int_statics) >= 1024:
-        _int_statics.clear()
-      found = _int_statics[value] = Static(*value)
-    return found
+    return found if found is not None else _memo(_int_statics, value, value)
+
+
+def _memo(table: dict, key, value: tuple) -> Static:
+  """``Static(*value)``, kept in ``table`` under ``key`` (a table of at most
+  1024, emptied when full): the miss of ``Static.of`` and ``of_ints``."""
+  if len(table) >= 1024:
+    table.clear()
+  found = table[key] = Static(*value)
+  return found
 
 
 # (the values' types, the values) -> their Static (``Static.of``)
