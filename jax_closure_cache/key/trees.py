@@ -18,7 +18,6 @@ from __future__ import annotations
 import collections
 import enum
 import functools
-import struct
 import types
 import weakref
 
@@ -260,7 +259,7 @@ def _same_state(a, b, replaced: dict, seen: dict, depth: int) -> bool:
   if depth > _STATE_DEPTH or type(a) is not type(b):
     return False
   if type(a) in _ATOMIC:   # (a rebuild may pass an equal new one along)
-    return _atom_bits(a) == _atom_bits(b)
+    return exact_key(a, _never) == exact_key(b, _never)
   known = seen.get(id(a))
   if known is not None:   # reached before: the same rebuilt object again
     return known[1] is b
@@ -299,12 +298,8 @@ def _same_attributes(a, b, replaced=None, seen=None, depth=0) -> bool:
              for x, y in zip((*da.values(), *sa), (*db.values(), *sb)))
 
 
-def _atom_bits(x):
-  if type(x) is float:
-    return struct.pack("<d", x)   # -0.0 and each NaN by its bits
-  if type(x) is complex:
-    return struct.pack("<dd", x.real, x.imag)
-  return x   # an int, bool, str, bytes or None: == is exact within a type
+def _never(v):   # (exact_key's fallback, unreached for _ATOMIC's types)
+  raise TypeError(type(v).__name__)
 
 
 _ATOMIC = frozenset({int, float, complex, bool, str, bytes, type(None)})
