@@ -52,7 +52,8 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
 
   ``jax.jit`` (JAX's own modules call their internal ``api.jit`` and keep
   stock behaviour), the control-flow functions and custom solves wherever
-  callers look them up at call time (``_compat.CONTROL_FLOW_OWNERS``), and
+  callers look them up at call time (``_compat.CONTROL_FLOW_OWNERS``),
+  ``cg`` and ``bicgstab`` (``_compat.SOLVER_OWNERS``), and
   ``closure_convert`` (``_compat.CLOSURE_CONVERT_OWNERS``), but only where
   the attribute is still JAX's own function; and the memoized trace lookup
   with the pjit functions around it (``_compat.trace.TRACE_PATCH_POINTS``).
@@ -66,6 +67,10 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   for owner in _compat.CONTROL_FLOW_OWNERS:
     for name, replacement in launchers.CACHED.items():
       if getattr(owner, name, None) is _compat.STOCK_CONTROL_FLOW[name]:
+        points.append((owner, name, replacement))
+  for owner in _compat.SOLVER_OWNERS:
+    for name, replacement in launchers.SOLVERS.items():
+      if getattr(owner, name, None) is _compat.STOCK_SOLVERS[name]:
         points.append((owner, name, replacement))
   for owner in _compat.CLOSURE_CONVERT_OWNERS:
     if getattr(owner, "closure_convert", None) is _compat.STOCK_CLOSURE_CONVERT:

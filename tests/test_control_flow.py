@@ -9,7 +9,8 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from jax_closure_cache import lax as cached_lax
-from conftest import counting, counts_side_effects, replay_in_both_modes, warm
+from conftest import (counting, counts_side_effects, replay_in_both_modes,
+                      stock_off, warm)
 
 STOCK_LAX = {name: _compat.STOCK_CONTROL_FLOW[name] for name in
              ("while_loop", "fori_loop", "scan", "map", "cond", "switch")}
@@ -728,3 +729,97 @@ def test_eager_control_flow_under_checking_leaks_is_as_stock(kind):
     return out
 
   replay_in_both_modes(run, clear=True)
+
+
+def _solver_outcome(call):
+  """What a caller sees of a solve: the solution's leaves (structure,
+  dtype, weak type, shape, committed-ness and bits) and the second output,
+  or the exception's type and text."""
+  try:
+    x, info = call()
+  except Exception as e:   # what a user's except clause would see
+    return type(e).__name__, str(e)
+  leaves, tree = jax.tree_util.tree_flatten(x)
+  return (str(tree), None if info is None else np.asarray(info).tolist(),
+          [(l.dtype, l.weak_type, l.shape, l.committed, np.asarray(l).tobytes())
+           for l in leaves])
+
+
+@pytest.mark.parametrize("solver", ["cg", "bicgstab"])
+def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
+  """``cg`` and ``bicgstab`` called eagerly with fresh functions are one
+  cached executable set-up included, and every call is stock's to the bit:
+  a matvec over an array, a matrix given as such, a pytree right-hand side
+  with a given ``x0`` and a fresh preconditioner, tolerances keyed by
+  exact type and bits (``0.0``/``-0.0``, ``1``/``1.0``), NumPy operands,
+  a debug callback in the matvec (its effects counted), a trace-time write
+  (not shared), and stock's errors (shapes, trees, a non-square matrix)."""
+  log, traced = [], []
+
+  def run():
+    solve = getattr(jax.scipy.sparse.linalg, solver)
+    del log[:], traced[:]
+    out = []
+    for s in (2.0, 3.0, 2.0):
+      a = jnp.eye(4) * s + 0.25
+      d = 1.0 / jnp.diag(a)
+      b = jnp.arange(1.0, 5.0)
+      out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b)))
+      out.append(_solver_outcome(lambda: solve(a, np.arange(4.0, dtype=np.float32))))
+      for tol, atol in ((1e-5, 0.0), (1e-5, -0.0), (1, 0.0), (1.0, 0.0)):
+        out.append(_solver_outcome(lambda: solve(
+            lambda v: a @ v, b, tol=tol, atol=atol, maxiter=3)))
+      tree_b = {"u": b, "v": b[:2] * s}
+      tree_x0 = {"u": b * 0.5, "v": jnp.ones(2)}
+      out.append(_solver_outcome(lambda: solve(
+          lambda t: {"u": a @ t["u"], "v": t["v"] * s}, tree_b, tree_x0,
+          M=jax.tree_util.Partial(lambda t: {"u": d * t["u"], "v": t["v"]}))))
+
+      def logged(v):
+        jax.debug.callback(lambda r: log.append(float(r)), v.sum())
+        return a @ v
+      out.append(_solver_outcome(lambda: solve(logged, b, maxiter=2)))
+
+      def writes(v):
+        traced.append(s)
+        return a @ v
+      out.append(_solver_outcome(lambda: solve(writes, b)))
+      out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, jnp.ones(3))))
+      out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, [b])))
+      out.append(_solver_outcome(lambda: solve(jnp.ones((4, 3)), b)))
+    return out, sorted(log), list(traced)
+
+  replay_in_both_modes(run, clear=True)
+
+
+def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(
+    monkeypatch):
+  """The whole eager call, its initial guess of zeros included, is the
+  cached executable: from the third matvec on no trace, no compile and no
+  eager ``zeros_like`` (stock computes it eagerly on every call, then traces
+  and compiles the solve)."""
+  eager_zeros = []
+  numpy_of_cg = _compat.STOCK_SOLVERS["cg"].__globals__["jnp"]
+  stock_zeros_like = numpy_of_cg.zeros_like
+
+  def zeros_like(x, *args, **kwargs):
+    if not isinstance(x, jax.core.Tracer):
+      eager_zeros.append(x.shape)
+    return stock_zeros_like(x, *args, **kwargs)
+  monkeypatch.setattr(numpy_of_cg, "zeros_like", zeros_like)
+  b = jnp.arange(1.0, 5.0)
+
+  def call(s):
+    a = jnp.eye(4) * s + 0.1
+    return jax.scipy.sparse.linalg.cg(lambda v: a @ v, b)[0]
+
+  want = stock_off(call, 2.0)
+  assert eager_zeros == [(4,)]
+  jcc.enable()
+  warm(lambda: call(1.0))
+  del eager_zeros[:]
+  with counting() as c:
+    got = call(2.0)
+  assert c == {"traces": 0, "compiles": 0}, c
+  assert eager_zeros == []
+  np.testing.assert_array_equal(got, want)

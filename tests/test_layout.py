@@ -66,7 +66,7 @@ ALLOWED = {
     "front": {"_compat", "atoms", "cache", "settings", "events", "diagnostics",
               "explain", "key",
               "lookup", "lowering"},
-    "control_flow": {"_compat", "front", "key"},
+    "control_flow": {"_compat", "atoms", "front", "key"},
 }
 
 

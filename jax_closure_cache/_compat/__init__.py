@@ -21,6 +21,7 @@ from jax._src import traceback_util as _traceback_util
 from jax._src import util as _util
 from jax._src.lib import _jax as _jaxlib_ext
 import contextlib as _contextlib
+import types as _types
 import os as _os
 import threading as _threading
 
@@ -204,6 +205,18 @@ STOCK_CONTROL_FLOW = {
     "custom_linear_solve": _solves.custom_linear_solve,
     "custom_root": _solves.custom_root,
 }
+
+import jax.scipy.sparse.linalg   # noqa: E402
+from jax._src.scipy.sparse import linalg as _sparse_linalg   # noqa: E402
+
+#: JAX's iterative solvers whose eager set-up before their custom linear
+#: solve is exact (``zeros_like``, ``device_put``, shape checks), as JAX
+#: defines them; and the modules callers look them up in.
+STOCK_SOLVERS = _types.MappingProxyType({
+    "cg": _sparse_linalg.cg,
+    "bicgstab": _sparse_linalg.bicgstab,
+})
+SOLVER_OWNERS = (jax.scipy.sparse.linalg,)
 
 import jax.custom_derivatives   # noqa: E402
 from jax._src import custom_derivatives as _custom_derivatives   # noqa: E402

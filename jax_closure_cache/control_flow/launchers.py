@@ -45,6 +45,7 @@ import weakref
 import numpy as np
 
 from jax_closure_cache import _compat
+from jax_closure_cache import atoms
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache.front import identity
 from jax_closure_cache.key import values
@@ -536,6 +537,57 @@ def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
     return _stock_custom_root(f, initial_guess, solve, tangent_solve, has_aux)
   return _wrap(_root_launcher(f, solve, tangent_solve, has_aux), f)(
       initial_guess)
+
+
+# JAX's iterative solvers set themselves up eagerly before their custom
+# linear solve: an initial guess of zeros, a device_put, shape checks. A
+# cached solve alone leaves that set-up, several times the solve's own run
+# at small sizes, on every call. Where the set-up is exact (``cg`` and
+# ``bicgstab``: allocation, placement and checks, no arithmetic; ``gmres``
+# computes norms eagerly, and stays stock around its cached solve), the
+# launcher makes the whole call one cached executable. The tolerances and
+# ``maxiter`` are static, by exact type and bits.
+
+_stock_solvers = _compat.STOCK_SOLVERS
+_exact_key = atoms.exact_key
+
+
+def _run_iterative(params, A, M, b, x0):
+  name, tol, atol, maxiter = params.value[:4]
+  return _stock_solvers[name](A, b, x0, tol=tol, atol=atol, maxiter=maxiter,
+                              M=M)
+
+
+def _iterative_launcher(name, A, M, tol, atol, maxiter):
+  params = _Static(name, tol, atol, maxiter, _exact_key(tol, None),
+                   _exact_key(atol, None))
+
+  def launch_iterative_solve(b, x0):
+    return _run_iterative(params, A, M, b, x0)
+  return launch_iterative_solve
+
+
+_TOLERANCE_TYPES = (float, int)
+
+
+def _iterative(name):
+  stock = _stock_solvers[name]
+
+  @functools.wraps(stock)
+  def solve(A, b, x0=None, *, tol=1e-5, atol=0.0, maxiter=None, M=None):
+    if (not _routable() or type(tol) not in _TOLERANCE_TYPES
+        or type(atol) not in _TOLERANCE_TYPES
+        or maxiter is not None and type(maxiter) is not int):
+      # (an array or NumPy tolerance: stock's, as it is)
+      return stock(A, b, x0, tol=tol, atol=atol, maxiter=maxiter, M=M)
+    return _wrap(_iterative_launcher(name, A, M, tol, atol, maxiter), A)(
+        b, x0)
+  return solve
+
+
+#: name -> the cached solver, for the patch registry.
+SOLVERS = types.MappingProxyType({name: _iterative(name)
+                                  for name in _stock_solvers})
 
 
 #: name -> the cached function, for the patch registry and ``lax``.

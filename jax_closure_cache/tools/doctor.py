@@ -33,6 +33,10 @@ EXPECTED_SIGNATURES = {
                                     "symmetric", "has_aux"),
     "jax.lax.custom_root": ("f", "initial_guess", "solve", "tangent_solve",
                             "has_aux"),
+    "jax.scipy.sparse.linalg.cg": ("A", "b", "x0", "tol", "atol", "maxiter",
+                                   "M"),
+    "jax.scipy.sparse.linalg.bicgstab": ("A", "b", "x0", "tol", "atol",
+                                         "maxiter", "M"),
 }
 
 
@@ -45,7 +49,9 @@ def _check_array_impl() -> bool:
 def check_patch_points() -> list[tuple[str, bool, str]]:
   """(what, ok, detail) for every JAX internal this package relies on."""
   originals = {"jax.jit": _compat.STOCK_JIT, **{
-      f"jax.lax.{n}": f for n, f in _compat.STOCK_CONTROL_FLOW.items()}}
+      f"jax.lax.{n}": f for n, f in _compat.STOCK_CONTROL_FLOW.items()}, **{
+      f"jax.scipy.sparse.linalg.{n}": f
+      for n, f in _compat.STOCK_SOLVERS.items()}}
   results = []
   for name, expected in EXPECTED_SIGNATURES.items():
     try:
