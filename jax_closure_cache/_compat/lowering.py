@@ -645,6 +645,18 @@ def checks_nans_or_infs() -> bool:
   return bool(_config.debug_nans.value or _config.debug_infs.value)
 
 
+#: ``jax_captured_constants_warn_bytes``: ``WARN_BYTES.value``, read on a
+#: stored entry's hit (a threshold lowered since the entry was stored makes
+#: a new object's lowering warn, which the hit would skip).
+WARN_BYTES = _config.captured_constants_warn_bytes
+
+
+def constants_bytes(arrays=()) -> int:
+  """The bytes stock's lowering counts of ``arrays`` against
+  ``jax_captured_constants_warn_bytes`` (those without ``nbytes``: 0)."""
+  return sum(getattr(x, "nbytes", 0) for x in arrays)
+
+
 def captured_constants_warning(arrays=(), nbytes: int = 0) -> str | None:
   """Why stock's lowering of a trace capturing ``arrays`` (any values;
   those without ``nbytes`` count 0) plus ``nbytes`` more bytes warns of its
@@ -655,7 +667,7 @@ def captured_constants_warning(arrays=(), nbytes: int = 0) -> str | None:
   warn = _config.captured_constants_warn_bytes.value
   if warn < 0:
     return None
-  total = nbytes + sum(getattr(x, "nbytes", 0) for x in arrays)
+  total = nbytes + constants_bytes(arrays)
   if total < warn:
     return None
   return (f"its captured constants ({total} bytes) reach "

@@ -47,6 +47,7 @@ from jax_closure_cache.lookup import trace_lookup
 
 _JaxArray = _compat.jax.Array
 _ArrayImpl = _compat.ArrayImpl
+_WARN_BYTES = _lowering.WARN_BYTES
 
 _STORE = cache.STORE
 # (options key, closure key) -> Entry
@@ -169,8 +170,8 @@ def _caller_for_trace(e, lift_numpy):
 class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "avals", "static", "caller", "walk", "classes", "_used",
-               "_swept")
+               "avals", "static", "caller", "walk", "classes",
+               "constant_bytes", "_used", "_swept")
 
   def __init__(self):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
@@ -191,6 +192,18 @@ class Entry(cache.Entry):
     # the argument classes its traces met (a guard, once one met any),
     # checked by every hit of the entry (``classes_hold``)
     self.classes: key_guards.ArgumentClasses | None = None
+    # the bytes stock's lowering of a call counts as captured constants
+    # (the lifted leaves and the trace's own), below the warning threshold
+    # when stored; a threshold lowered to them since makes a new object's
+    # lowering warn, so the entry answers no new object (``warned``)
+    self.constant_bytes = 0
+
+  def warned(self) -> bool:
+    """Whether stock's lowering of a new object's call would warn of its
+    captured constants now (``jax_captured_constants_warn_bytes`` lowered
+    to this entry's since it was stored): then no new object gets it. The
+    generated front spells this out."""
+    return 0 <= _WARN_BYTES.value <= self.constant_bytes
 
   def note_argument_classes(self, args, kwargs) -> None:
     """At a trace: the user's classes among the arguments' pytree nodes,

@@ -589,6 +589,9 @@ class MissStages:
     entry.nbytes = _compat.constants_nbytes(traced.jaxpr) + sum(
         int(getattr(c, "nbytes", 0) or 0)
         for c in _compat.separated_constants(traced))
+    entry.constant_bytes = max(entry.constant_bytes, _lowering.constants_bytes(
+        (*_compat.jax.tree_util.tree_leaves(leaves),
+         *_compat.captured_constants(traced))))
     try:
       entries.entries.put(key, entry)
     except TypeError as e:

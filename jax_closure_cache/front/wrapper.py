@@ -39,6 +39,7 @@ import weakref
 from typing import NamedTuple
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import cache
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
@@ -181,6 +182,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS,
             "GUARDED_LEAVES": entries.guarded_leaves,
+            "WARN_BYTES": _lowering.WARN_BYTES,
             **miss.HIT_STAGES})
 
 
@@ -332,7 +334,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       a, _, entry = self._stored()
     except (Uncacheable, TypeError):
       return None
-    if entry is None or entry.guards or not entry.classes_hold():
+    if (entry is None or entry.guards or not entry.classes_hold()
+        or entry.warned()):
       return None
     return entry, a.leaves
 
@@ -384,7 +387,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
           if leaves is not None:
             entry = q.entry()
             if (entry is not None and not entry.guards
-                and (entry.classes is None or entry.classes.holds())):
+                and (entry.classes is None or entry.classes.holds())
+                and not entry.warned()):
               if spec is _hot_spec[0]:
                 self._restore_front(quick)
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
@@ -516,7 +520,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return self._fallback(refused[0], args, kwargs, refused[1])
     if (entry is None or (entry.guards and
                           not all([g.holds() for g in entry.guards]))
-        or not entry.classes_hold()):
+        or not entry.classes_hold() or entry.warned()):
       return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):

@@ -397,6 +397,8 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if found is None:
     return None, None, False
   key, leaves, anchors, shared = found
+  if shared is not None and _warned(shared, leaves):
+    return None, None, False
   try:   # what this answer reads, for a later answer of JAX's own cache
     _answered_keys[fun] = key[1]
   except TypeError:
@@ -418,6 +420,20 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   closed = _trace.ClosedJaxpr(shared.jaxpr, [*shared.consts, *leaves])
   _closings[closed] = shared.jaxpr
   return (closed, shared.out_avals), None, stored
+
+
+def _warned(shared: _Shared, leaves) -> bool:
+  """Whether stock's lowering of this object's trace would warn of its
+  captured constants now, where ``shared`` (stored below the threshold)
+  would lower nothing: ``jax_captured_constants_warn_bytes`` lowered since.
+  Then the object traces as usual."""
+  if shared.jaxpr is not None:
+    consts = (*shared.consts, *leaves)
+  elif shared.answer is not None:
+    consts = shared.answer[0].consts
+  else:
+    return False
+  return _lowering.captured_constants_warning(consts) is not None
 
 
 def traced_code(fun):
