@@ -753,12 +753,15 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
   with a given ``x0`` and a fresh preconditioner, tolerances keyed by
   exact type and bits (``0.0``/``-0.0``, ``1``/``1.0``), NumPy operands,
   a debug callback in the matvec (its effects counted), a trace-time write
-  (not shared), and stock's errors (shapes, trees, a non-square matrix)."""
-  log, traced = [], []
+  (not shared), a matvec that reads its input where it can (stock hands it
+  the concrete initial guess once per trace), weakly typed right-hand
+  sides (stock's eager solve returns its solve's types), and stock's
+  errors (shapes, trees, a non-square matrix)."""
+  log, traced, read = [], [], []
 
   def run():
     solve = getattr(jax.scipy.sparse.linalg, solver)
-    del log[:], traced[:]
+    del log[:], traced[:], read[:]
     out = []
     for s in (2.0, 3.0, 2.0):
       a = jnp.eye(4) * s + 0.25
@@ -784,12 +787,47 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
         traced.append(s)
         return a @ v
       out.append(_solver_outcome(lambda: solve(writes, b)))
+
+      def reads(v):
+        try:
+          read.append(np.asarray(v).sum())
+        except jax.errors.TracerArrayConversionError:
+          pass
+        return a @ v
+      out.append(_solver_outcome(lambda: solve(reads, b)))
+      out.append(_solver_outcome(lambda: solve(reads, b, b * 0.5)))
+      out.append(_solver_outcome(lambda: solve(lambda v: s * v,
+                                               jnp.asarray(3.0))))
+      out.append(_solver_outcome(lambda: solve(
+          lambda v: [s * v[0], v[1]], [1.0, 2.0])))
+      out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b,
+                                               np.ones(4, np.float32))))
       out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, jnp.ones(3))))
       out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, [b])))
       out.append(_solver_outcome(lambda: solve(jnp.ones((4, 3)), b)))
-    return out, sorted(log), list(traced)
+    return out, sorted(log), list(traced), [float(r) for r in read]
 
   replay_in_both_modes(run, clear=True)
+
+
+def test_the_cached_solvers_pickle_as_stocks_do():
+  """``pickle`` finds a function by its module and name: the cached ``cg``
+  and ``bicgstab`` are found there while the cache is on (a partial of one
+  too), and stock's after ``disable()``."""
+  import functools
+  import pickle
+  jcc.enable()
+  for name in ("cg", "bicgstab"):
+    solve = getattr(jax.scipy.sparse.linalg, name)
+    assert solve is not _compat.STOCK_SOLVERS[name]
+    assert pickle.loads(pickle.dumps(solve)) is solve
+    made = pickle.loads(pickle.dumps(functools.partial(solve, tol=1e-3)))
+    assert made.func is solve and made.keywords == {"tol": 1e-3}
+  jcc.disable()
+  for name in ("cg", "bicgstab"):
+    solve = getattr(jax.scipy.sparse.linalg, name)
+    assert solve is _compat.STOCK_SOLVERS[name]
+    assert pickle.loads(pickle.dumps(solve)) is solve
 
 
 def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(

@@ -117,6 +117,12 @@ def is_committed(x) -> bool:
   return getattr(x, COMMITTED)
 
 
+#: ``jax_default_device`` (``jax.default_device``): where an array made from
+#: an uncommitted one goes (``DEFAULT_DEVICE.value``, thread-local blocks
+#: included).
+DEFAULT_DEVICE = _config.default_device
+
+
 def cache_size(jitted) -> int:
   """Executables compiled for a stock jitted function."""
   return jitted._cache_size()
@@ -211,12 +217,14 @@ from jax._src.scipy.sparse import linalg as _sparse_linalg   # noqa: E402
 
 #: JAX's iterative solvers whose eager set-up before their custom linear
 #: solve is exact (``zeros_like``, ``device_put``, shape checks), as JAX
-#: defines them; and the modules callers look them up in.
+#: defines them; and the modules callers look them up in, their defining
+#: one included (none of its own functions calls them, and ``pickle``
+#: finds a function by its module and name there).
 STOCK_SOLVERS = _types.MappingProxyType({
     "cg": _sparse_linalg.cg,
     "bicgstab": _sparse_linalg.bicgstab,
 })
-SOLVER_OWNERS = (jax.scipy.sparse.linalg,)
+SOLVER_OWNERS = (jax.scipy.sparse.linalg, _sparse_linalg)
 
 import jax.custom_derivatives   # noqa: E402
 from jax._src import custom_derivatives as _custom_derivatives   # noqa: E402

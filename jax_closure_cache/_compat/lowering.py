@@ -301,6 +301,28 @@ _NUMBERED_PER_TRACE = frozenset({"check"})
 _PRINTS = "np_printoptions"
 
 
+def eager_weak_types(jaxpr) -> str | None:
+  """Where a top-level equation of ``jaxpr`` gives other weak types run
+  eagerly than staged, or None. ``custom_linear_solve``'s eager
+  implementation returns what its solve computes (``b.astype(float32)``
+  is not weakly typed), where its staged outputs take the right-hand
+  side's types: an eager launcher compiled as one module would answer with
+  the staged ones."""
+  open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
+                else jaxpr)
+  for e in open_jaxpr.eqns:
+    if e.primitive.name != "custom_linear_solve":
+      continue
+    solve = getattr(e.params.get("jaxprs"), "solve", None)
+    staged = [getattr(v.aval, "weak_type", False) for v in e.outvars]
+    if solve is None or [getattr(a, "weak_type", False)
+                         for a in solve.out_avals] != staged:
+      return ("its custom_linear_solve's solve returns other weak types "
+              "than its right-hand side's, which stock's eager call returns "
+              "and a compiled launcher would not")
+  return None
+
+
 def runtime_callable(jaxpr) -> str | None:
   """The primitive of the first equation (nested jaxprs included) whose
   lowered parameters hold a Python callable its computation calls when it

@@ -312,7 +312,11 @@ def _harmless_askers() -> dict:
   known to be a tracer (``isinstance(x, Tracer) and is_concrete(x)``) and
   do with a concrete array what they do with a non-concrete tracer;
   ``jnp.power`` asks of its exponent, and takes ``integer_pow`` only for a
-  concrete integer scalar (a float or an array takes ``pow`` either way)."""
+  concrete integer scalar (a float or an array takes ``pow`` either way);
+  ``device_put`` under a trace asks for a concrete value's sharding as
+  the source it records (``srcs``), which only its transpose reads, never
+  its lowering (``lowering.structure.NOT_LOWERED``)."""
+  from jax._src import api as _api_module
   from jax._src.lax import lax as _lax
   from jax._src.numpy import array_constructors as _constructors
   from jax._src.numpy import ufuncs as _ufuncs
@@ -323,6 +327,7 @@ def _harmless_askers() -> dict:
   found = {}
   for owner, name, test in ((_lax, "_convert_element_type", None),
                             (_constructors, "array", None),
+                            (_api_module, "_infer_src_sharding", None),
                             (_ufuncs, "power", not_an_integer_scalar)):
     code = getattr(getattr(owner, name, None), "__code__", None)
     if code is not None:

@@ -545,29 +545,54 @@ def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
 # at small sizes, on every call. Where the set-up is exact (``cg`` and
 # ``bicgstab``: allocation, placement and checks, no arithmetic; ``gmres``
 # computes norms eagerly, and stays stock around its cached solve), the
-# launcher makes the whole call one cached executable. The tolerances and
-# ``maxiter`` are static, by exact type and bits.
+# launcher makes the whole call one cached executable. Its initial guess
+# is closed over, as stock's solve closes over it: a concrete array stock's
+# trace hands the operator (``A(x0)``), lifted here (a trace asking its
+# value is stock's), the zeros kept per kind of right-hand side
+# (``values.zeros_like``). The tolerances and ``maxiter`` are static, by
+# exact type and bits.
 
 _stock_solvers = _compat.STOCK_SOLVERS
 _exact_key = atoms.exact_key
+_tree_map = _compat.jax.tree_util.tree_map
+_tree_leaves = _compat.jax.tree_util.tree_leaves
 
 
-def _run_iterative(params, A, M, b, x0):
+def _run_iterative(params, A, M, x0, b):
   name, tol, atol, maxiter = params.value[:4]
   return _stock_solvers[name](A, b, x0, tol=tol, atol=atol, maxiter=maxiter,
                               M=M)
 
 
-def _iterative_launcher(name, A, M, tol, atol, maxiter):
+def _iterative_launcher(name, A, M, x0, tol, atol, maxiter):
   params = _Static(name, tol, atol, maxiter, _exact_key(tol, None),
                    _exact_key(atol, None))
 
-  def launch_iterative_solve(b, x0):
-    return _run_iterative(params, A, M, b, x0)
+  def launch_iterative_solve(b):
+    return _run_iterative(params, A, M, x0, b)
   return launch_iterative_solve
 
 
 _TOLERANCE_TYPES = (float, int)
+
+
+def _initial_guess(b, x0):
+  """The initial guess stock's set-up closes over (``x0``, or zeros like
+  ``b``), where it is jax arrays alone (as stock's ``device_put`` leaves
+  them); None for anything else, which stock answers as it is."""
+  if x0 is None and type(b) is _compat.ArrayImpl:   # the common call
+    return values.zeros_like(b)
+  if type(x0) is _compat.ArrayImpl:
+    return x0
+  try:
+    if x0 is None:
+      x0 = _tree_map(values.zeros_like, b)
+    leaves = _tree_leaves(x0)
+  except Exception:   # stock's own error
+    return None
+  if all(type(x) is _compat.ArrayImpl for x in leaves):
+    return x0
+  return None
 
 
 def _iterative(name):
@@ -580,8 +605,11 @@ def _iterative(name):
         or maxiter is not None and type(maxiter) is not int):
       # (an array or NumPy tolerance: stock's, as it is)
       return stock(A, b, x0, tol=tol, atol=atol, maxiter=maxiter, M=M)
-    return _wrap(_iterative_launcher(name, A, M, tol, atol, maxiter), A)(
-        b, x0)
+    guess = _initial_guess(b, x0)
+    if guess is None:
+      return stock(A, b, x0, tol=tol, atol=atol, maxiter=maxiter, M=M)
+    return _wrap(_iterative_launcher(name, A, M, guess, tol, atol, maxiter),
+                 A)(b)
   return solve
 
 

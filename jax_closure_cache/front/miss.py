@@ -249,11 +249,14 @@ class MissStages:
            _compile_warnings(donating) as warned:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
         called = self._runtime_callable(traced)
-        baked = None if called else self._baked_operand(traced)
+        weak = self._eager_weak_types(traced)
+        baked = None if called or weak else self._baked_operand(traced)
         folds = self._folds_zero(traced, a.leaves)
         captured = self._captured_constants(traced, a.leaves)
         if called is not None:
           pass   # never run: its callback would read the lifted trace's values
+        elif weak is not None:
+          pass   # stock's eager call answers: its outputs' types are its own
         elif baked is not None:
           out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
                                                  kwargs)
@@ -262,6 +265,7 @@ class MissStages:
     except Exception as e:
       return self._retry_stock(key, args, kwargs, e)
     for reason, detail in (("runtime_callable", called),
+                           ("eager_weak_type", weak),
                            ("folds_zero", folds),
                            ("captured_constants", captured)):
       if detail is not None and baked is None:
@@ -426,6 +430,7 @@ class MissStages:
           ("argument_node_data", key_trees.conflated_node_data(
               _compat.jax.tree_util.tree_structure((args, kwargs)))),
           ("runtime_callable", self._runtime_callable(traced)),
+          ("eager_weak_type", self._eager_weak_types(traced)),
           ("operand_zero", self._baked_operand(traced)),
           ("folds_zero", self._folds_zero(traced, leaves)),
           ("captured_constants", self._captured_constants(traced, leaves))):
@@ -451,6 +456,14 @@ class MissStages:
             "keeps for when it runs, or a check JAX numbers per trace): "
             "stock traces every object")
 
+
+  def _eager_weak_types(self, traced) -> str | None:
+    """For a launcher (whose stock runs its primitive eagerly), where its
+    trace gives other weak types than stock's eager call
+    (``_compat.lowering.eager_weak_types``), or None."""
+    if not self._constants_are_operands:
+      return None
+    return _lowering.eager_weak_types(traced.jaxpr)
 
   def _captured_constants(self, traced, leaves) -> str | None:
     """Why stock's own lowering of this call warns of the constants its

@@ -25,6 +25,7 @@ import types
 
 import numpy as np
 
+from jax_closure_cache import _compat
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.code_plan import (
@@ -271,6 +272,41 @@ _statics: dict = cache.STORE.table("values.statics", cache.Store.CALLS)
 _int_statics: dict = cache.STORE.table("values.int_statics",
                                        cache.Store.CALLS)
 _MEMO_TYPES = frozenset({int, bool, type(None)})
+
+
+# -- initial guesses of zeros ---------------------------------------------------
+
+#: Arrays of at most this many bytes are kept by :func:`zeros_like`.
+ZEROS_KEPT_BYTES = 1 << 16
+
+
+def zeros_like(x):
+  """``jnp.zeros_like(x)`` as stock computes it eagerly, the one array kept
+  per exact kind of a jax array ``x`` (its shape, dtype, weak type,
+  sharding and commitment, and for an uncommitted one the default device
+  it goes to; at most 256, of up to ``ZEROS_KEPT_BYTES`` each, emptied by
+  ``clear()``): an eager solver's initial guess, which it closes over and
+  never hands out. Anything else is made afresh, as stock makes it."""
+  if type(x) is not _compat.ArrayImpl:
+    return _compat.jax.numpy.zeros_like(x)
+  committed = _compat.is_committed(x)
+  kind = (x.shape, x.dtype, x.weak_type, x.sharding, committed,
+          None if committed else _compat.DEFAULT_DEVICE.value)
+  try:
+    found = _zeros.get(kind)
+  except TypeError:   # an unhashable sharding
+    return _compat.jax.numpy.zeros_like(x)
+  if found is None:
+    found = _compat.jax.numpy.zeros_like(x)
+    if found.nbytes <= ZEROS_KEPT_BYTES:
+      if len(_zeros) >= 256:
+        _zeros.clear()
+      _zeros[kind] = found
+  return found
+
+
+# (type, shape, dtype, ...) -> the zeros stock's ``zeros_like`` made for it
+_zeros: dict = cache.STORE.table("values.zeros", cache.Store.CALLS)
 
 
 # -- callable wrappers that the walk sees through ---------------------------

@@ -42,8 +42,10 @@ NESTED_CONST_ELEMENTS = 1 << 12
 
 #: Per primitive, the parameters its lowering never reads: the custom
 #: rules' differentiation functions (made afresh by every trace), which
-#: only transformations at trace time use.
+#: only transformations at trace time use, and the source placement a
+#: ``device_put`` records for its transpose.
 NOT_LOWERED = types.MappingProxyType({
+    "device_put": frozenset({"srcs"}),
     "custom_jvp_call": frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk",
                                   "symbolic_zeros"}),
     "custom_vjp_call": frozenset({"fwd_jaxpr_thunk", "bwd", "out_trees",
