@@ -276,16 +276,17 @@ _MEMO_TYPES = frozenset({int, bool, type(None)})
 
 # -- initial guesses of zeros ---------------------------------------------------
 
-#: Arrays of at most this many bytes are kept by :func:`zeros_like`.
-ZEROS_KEPT_BYTES = 1 << 16
+#: Arrays of at most this many bytes are kept by :func:`zeros_like`, at
+#: most this many of them (256 KiB in all).
+ZEROS_KEPT_BYTES, ZEROS_KEPT = 1 << 12, 64
 
 
 def zeros_like(x):
   """``jnp.zeros_like(x)`` as stock computes it eagerly, the one array kept
   per exact kind of a jax array ``x`` (its shape, dtype, weak type,
   sharding and commitment, and for an uncommitted one the default device
-  it goes to; at most 256, of up to ``ZEROS_KEPT_BYTES`` each, emptied by
-  ``clear()``): an eager solver's initial guess, which it closes over and
+  it goes to; ``ZEROS_KEPT`` of up to ``ZEROS_KEPT_BYTES`` each, emptied
+  by ``clear()``): an eager solver's initial guess, which it closes over and
   never hands out. Anything else is made afresh, as stock makes it."""
   if type(x) is not _compat.ArrayImpl:
     return _compat.jax.numpy.zeros_like(x)
@@ -299,13 +300,13 @@ def zeros_like(x):
   if found is None:
     found = _compat.jax.numpy.zeros_like(x)
     if found.nbytes <= ZEROS_KEPT_BYTES:
-      if len(_zeros) >= 256:
+      if len(_zeros) >= ZEROS_KEPT:
         _zeros.clear()
       _zeros[kind] = found
   return found
 
 
-# (type, shape, dtype, ...) -> the zeros stock's ``zeros_like`` made for it
+# (shape, dtype, ...) -> the zeros stock's ``zeros_like`` made for it
 _zeros: dict = cache.STORE.table("values.zeros", cache.Store.CALLS)
 
 
