@@ -754,14 +754,15 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
   exact type and bits (``0.0``/``-0.0``, ``1``/``1.0``), NumPy operands,
   a debug callback in the matvec (its effects counted), a trace-time write
   (not shared), a matvec that reads its input where it can (stock hands it
-  the concrete initial guess once per trace), weakly typed right-hand
+  the concrete initial guess once per trace: a fresh one, which it may
+  keep or delete), weakly typed right-hand
   sides (stock's eager solve returns its solve's types), and stock's
   errors (shapes, trees, a non-square matrix)."""
-  log, traced, read = [], [], []
+  log, traced, read, kept = [], [], [], []
 
   def run():
     solve = getattr(jax.scipy.sparse.linalg, solver)
-    del log[:], traced[:], read[:]
+    del log[:], traced[:], read[:], kept[:]
     out = []
     for s in (2.0, 3.0, 2.0):
       a = jnp.eye(4) * s + 0.25
@@ -794,6 +795,18 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
         except jax.errors.TracerArrayConversionError:
           pass
         return a @ v
+
+      def keeps(v):   # the concrete initial guess it is handed, kept
+        if not isinstance(v, jax.core.Tracer):
+          kept.append(v)
+        return a @ v
+
+      def deletes(v):   # ... or deleted
+        if not isinstance(v, jax.core.Tracer):
+          v.delete()
+        return a @ v
+      out.append(_solver_outcome(lambda: solve(keeps, b)))
+      out.append(_solver_outcome(lambda: solve(deletes, b)))
       out.append(_solver_outcome(lambda: solve(reads, b)))
       out.append(_solver_outcome(lambda: solve(reads, b, b * 0.5)))
       out.append(_solver_outcome(lambda: solve(lambda v: s * v,
@@ -805,7 +818,9 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
       out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, jnp.ones(3))))
       out.append(_solver_outcome(lambda: solve(lambda v: a @ v, b, [b])))
       out.append(_solver_outcome(lambda: solve(jnp.ones((4, 3)), b)))
-    return out, sorted(log), list(traced), [float(r) for r in read]
+    distinct = len({id(v) for v in kept})
+    return (out, sorted(log), list(traced), [float(r) for r in read],
+            len(kept), distinct)
 
   replay_in_both_modes(run, clear=True)
 

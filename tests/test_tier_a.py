@@ -884,6 +884,39 @@ def test_a_lowered_threshold_warns_as_stock_on_every_route(route):
     assert run() == want
 
 
+@counts_side_effects
+@pytest.mark.parametrize("route", ["closure_free", "closure", "lower"])
+def test_a_threshold_of_zero_warns_of_no_constants_as_stock(route):
+  """At a threshold of 0 stock's lowering of every new object warns, even
+  of no constants at all: an entry, or a closure-free function's canonical
+  stock object, made while it was higher answers no new object then."""
+  w = jnp.ones(3)
+
+  def call():
+    if route == "closure_free":
+      return jax.jit(lambda v: v * 2.0)(jnp.ones(3))
+    if route == "closure":
+      return jax.jit(lambda v: v * w)(jnp.ones(3))
+    return jax.jit(lambda v: v * 2.0).lower(jnp.ones(3)).compile()(jnp.ones(3))
+
+  def run():
+    counts = []
+    for step in range(8):
+      with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with _warn_bytes(0) if 3 <= step < 6 else contextlib.nullcontext():
+          out = call()
+      counts.append((float(out[0]), sum("constants were captured"
+                                        in str(x.message) for x in rec)))
+    return counts
+
+  want = stock_off(run)
+  assert [n for _, n in want] == [0, 0, 0, 1, 1, 1, 0, 0], want
+  jcc.enable()
+  for _ in range(2):
+    assert run() == want
+
+
 _WARNED_GLOBAL = np.ones(1000, np.float32)
 
 

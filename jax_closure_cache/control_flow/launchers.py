@@ -559,13 +559,17 @@ _tree_leaves = _compat.jax.tree_util.tree_leaves
 
 
 def _run_iterative(params, A, M, x0, b):
-  name, tol, atol, maxiter = params.value[:4]
+  name, tol, atol, maxiter, made = params.value[:5]
+  if made and _top_level():
+    # the stock form, run eagerly: stock's own zeros (the kept ones are
+    # never handed to the user's operator, which could keep or delete them)
+    x0 = None
   return _stock_solvers[name](A, b, x0, tol=tol, atol=atol, maxiter=maxiter,
                               M=M)
 
 
-def _iterative_launcher(name, A, M, x0, tol, atol, maxiter):
-  params = _Static(name, tol, atol, maxiter, _exact_key(tol, None),
+def _iterative_launcher(name, A, M, x0, made, tol, atol, maxiter):
+  params = _Static(name, tol, atol, maxiter, made, _exact_key(tol, None),
                    _exact_key(atol, None))
 
   def launch_iterative_solve(b):
@@ -608,8 +612,8 @@ def _iterative(name):
     guess = _initial_guess(b, x0)
     if guess is None:
       return stock(A, b, x0, tol=tol, atol=atol, maxiter=maxiter, M=M)
-    return _wrap(_iterative_launcher(name, A, M, guess, tol, atol, maxiter),
-                 A)(b)
+    return _wrap(_iterative_launcher(name, A, M, guess, x0 is None, tol, atol,
+                                     maxiter), A)(b)
   return solve
 
 

@@ -41,14 +41,21 @@ _store = cache.STORE.bounded("canonical.store")
 
 
 class Canonical(cache.Entry):
-  """A canonical stock jitted object and the anchors of its key."""
-  __slots__ = ("jitted", "anchors", "record")
+  """A canonical stock jitted object and the anchors of its key;
+  ``warn_bytes``: ``jax_captured_constants_warn_bytes`` when it was made
+  (stock's lowering of each new object warns or not by the threshold in
+  force, so an object made under another answers no new function)."""
+  __slots__ = ("jitted", "anchors", "record", "warn_bytes")
 
   def __init__(self, jitted, anchors, record):
     super().__init__()
     self.jitted = jitted
     self.anchors = anchors
     self.record = record
+    self.warn_bytes = _WARN_BYTES.value
+
+
+_WARN_BYTES = _lowering.WARN_BYTES
 
 
 _functions: "weakref.WeakSet[types.FunctionType]" = cache.STORE.table(
@@ -68,7 +75,7 @@ def _known(fun, full_options_key):
   for q in inline.canonical_quick.get(fun.__code__, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
       found = q.entry()
-      if found is not None:
+      if found is not None and found.warn_bytes == _WARN_BYTES.value:
         found.used = True
         events.hit(found.record)
         identity.remember(identity.table(full_options_key), fun,
@@ -124,7 +131,9 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
       nbytes=key_parts.baked_numpy_bytes(a.key)) is not None:
     # stock's lowering of each new object warns of its captured constants
     return None
-  key = (full_options_key, a.key)
+  # (the threshold in force: stock warns of each new object's constants by
+  # it, so an object made under another is not this key's)
+  key = (full_options_key, a.key, _WARN_BYTES.value)
   try:
     found = _store.get(key)
   except TypeError:

@@ -297,7 +297,7 @@ def zeros_like(x):
     found = _zeros.get(kind)
   except TypeError:   # an unhashable sharding
     return _compat.jax.numpy.zeros_like(x)
-  if found is None:
+  if found is None or found.is_deleted():   # (deleted: by a user, in a trace)
     found = _compat.jax.numpy.zeros_like(x)
     if found.nbytes <= ZEROS_KEPT_BYTES:
       if len(_zeros) >= ZEROS_KEPT:
