@@ -845,14 +845,15 @@ def test_the_cached_solvers_pickle_as_stocks_do():
     assert pickle.loads(pickle.dumps(solve)) is solve
 
 
+@pytest.mark.parametrize("solver", ["cg", "bicgstab"])
 def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(
-    monkeypatch):
+    monkeypatch, solver):
   """The whole eager call, its initial guess of zeros included, is the
   cached executable: from the third matvec on no trace, no compile and no
   eager ``zeros_like`` (stock computes it eagerly on every call, then traces
   and compiles the solve)."""
   eager_zeros = []
-  numpy_of_cg = _compat.STOCK_SOLVERS["cg"].__globals__["jnp"]
+  numpy_of_cg = _compat.STOCK_SOLVERS[solver].__globals__["jnp"]
   stock_zeros_like = numpy_of_cg.zeros_like
 
   def zeros_like(x, *args, **kwargs):
@@ -864,15 +865,47 @@ def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(
 
   def call(s):
     a = jnp.eye(4) * s + 0.1
-    return jax.scipy.sparse.linalg.cg(lambda v: a @ v, b)[0]
+    return getattr(jax.scipy.sparse.linalg, solver)(lambda v: a @ v, b)[0]
 
   want = stock_off(call, 2.0)
   assert eager_zeros == [(4,)]
   jcc.enable()
   warm(lambda: call(1.0))
   del eager_zeros[:]
+  hits = jcc.stats()["hits"]
   with counting() as c:
     got = call(2.0)
   assert c == {"traces": 0, "compiles": 0}, c
   assert eager_zeros == []
+  assert jcc.stats()["hits"] == hits + 1
+  np.testing.assert_array_equal(got, want)
+
+
+def test_a_large_right_hand_side_is_set_up_by_stock_alone(monkeypatch):
+  """Zeros over ``ZEROS_KEPT_BYTES`` are not kept: such a call is stock's
+  set-up (one eager ``zeros_like``, as stock's; none made beside it) around
+  the cached solve, with stock's results."""
+  from jax_closure_cache.key import values
+  eager_zeros = []
+  numpy_of_cg = _compat.STOCK_SOLVERS["cg"].__globals__["jnp"]
+  stock_zeros_like = numpy_of_cg.zeros_like
+
+  def zeros_like(x, *args, **kwargs):
+    if not isinstance(x, jax.core.Tracer):
+      eager_zeros.append(x.shape)
+    return stock_zeros_like(x, *args, **kwargs)
+  monkeypatch.setattr(numpy_of_cg, "zeros_like", zeros_like)
+  monkeypatch.setattr(jnp, "zeros_like", zeros_like)   # (the package's too)
+  n = values.ZEROS_KEPT_BYTES // 4 + 1
+  b = jnp.ones(n)
+
+  def call(s):
+    return jax.scipy.sparse.linalg.cg(lambda v: v * s, b, maxiter=2)[0]
+
+  want = stock_off(call, 2.0)
+  jcc.enable()
+  warm(lambda: call(1.0))
+  del eager_zeros[:]
+  got = call(2.0)
+  assert eager_zeros == [(n,)]
   np.testing.assert_array_equal(got, want)

@@ -805,11 +805,12 @@ def test_captured_constants_are_warned_of_at_every_call_as_stock(closure_key,
 
 
 @counts_side_effects
-@pytest.mark.parametrize("lowered_by", ["update", "context"])
+@pytest.mark.parametrize("lowered_by", ["update", "context", "block"])
 def test_constants_are_warned_of_once_the_threshold_is_lowered(lowered_by):
   """What stock does when ``jax_captured_constants_warn_bytes`` is lowered
-  after answers were stored: each new object's lowering warns of its
-  constants, at every step. The cache's stored answers do not."""
+  after answers were stored (by ``jax.config.update``, a context manager
+  updating it, or the option's own thread-local block): each new object's
+  lowering warns of its constants, at every step; so do the cache's."""
   table = np.arange(1000.0, dtype=np.float32)
 
   def run():
@@ -819,6 +820,8 @@ def test_constants_are_warned_of_once_the_threshold_is_lowered(lowered_by):
       with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         with (_warn_bytes(1000) if step >= 3 and lowered_by == "context"
+              else _local_warn_bytes(1000)
+              if step >= 3 and lowered_by == "block"
               else contextlib.nullcontext()):
           if step == 3 and lowered_by == "update":
             jax.config.update("jax_captured_constants_warn_bytes", 1000)
@@ -841,11 +844,13 @@ def test_constants_are_warned_of_once_the_threshold_is_lowered(lowered_by):
 
 
 @counts_side_effects
-@pytest.mark.parametrize("route", ["jit", "grad", "static", "partial"])
+@pytest.mark.parametrize("route", ["jit", "grad", "static", "partial",
+                                   "stock_jit"])
 def test_a_lowered_threshold_warns_as_stock_on_every_route(route):
   """The same as above through every route a fresh function takes: a
   re-created closure, a ``jax.grad`` of one, a function passed as a static
-  argument, a ``functools.partial``; with the threshold lowered inside a
+  argument, a ``functools.partial``, stock's own ``jax.jit`` object of a
+  fresh closure (the trace lookup); with the threshold lowered inside a
   block, and back up after it. (An eager loop's stock passes its body's
   constants as operands and warns of none.)"""
   table = np.arange(1000.0, dtype=np.float32)
@@ -859,6 +864,8 @@ def test_a_lowered_threshold_warns_as_stock_on_every_route(route):
           jnp.ones(1000))
     if route == "static":
       return apply(lambda v: v + table * s, jnp.ones(1000))
+    if route == "stock_jit":
+      return STOCK_JIT(lambda v: v + table * s)(jnp.ones(1000))
     return jax.jit(functools.partial(lambda t, v: v + t * s, table))(
         jnp.ones(1000))
 
@@ -918,6 +925,53 @@ def test_a_threshold_of_zero_warns_of_no_constants_as_stock(route):
 
 
 _WARNED_GLOBAL = np.ones(1000, np.float32)
+
+
+def _local_warn_bytes(n):
+  """The option's own block (thread-local), as ``jax.config``'s states are
+  context managers."""
+  from jax_closure_cache._compat import lowering as compat_lowering
+  return compat_lowering.WARN_BYTES(n)
+
+
+@counts_side_effects
+@pytest.mark.parametrize("threshold", [-2, 0])
+def test_a_lowered_threshold_warns_each_new_object_and_traces_it_once(
+    threshold, capsys):
+  """A stored entry, its threshold lowered since (to 0, or to -2: any
+  negative value but -1 warns at every lowering): each new object is
+  stock's, traced once (its trace-time print once, as stock's), warned of
+  once, through a function passed as a static argument (whose trace is not
+  replayed from layer two)."""
+  table = np.arange(4.0, dtype=np.float32)
+
+  def make(s):
+    def f(v, k):
+      print("traced", k)
+      return v + table * s * k
+    return f
+
+  def run():
+    counts = []
+    for step in range(6):
+      with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with (_warn_bytes(threshold) if step >= 3
+              else contextlib.nullcontext()):
+          out = jax.jit(make((1.0, 2.0)[step % 2]), static_argnums=1)(
+              jnp.ones(4), 2)
+      counts.append((float(out[1]), sum("constants were captured"
+                                        in str(w.message) for w in rec),
+                     capsys.readouterr().out.count("traced")))
+    return counts
+
+  want = stock_off(run)
+  assert [w for _, w, _ in want] == [0, 0, 0, 1, 1, 1], want
+  jcc.enable()
+  for _ in range(2):
+    got = run()
+    assert got[3:] == want[3:]
+    assert [v for v, _, _ in got] == [v for v, _, _ in want]
 
 
 @contextlib.contextmanager

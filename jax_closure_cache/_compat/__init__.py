@@ -123,6 +123,13 @@ def is_committed(x) -> bool:
 DEFAULT_DEVICE = _config.default_device
 
 
+def no_mesh_context() -> bool:
+  """Whether no mesh is set for the current block (``jax.set_mesh``,
+  ``jax.sharding.use_mesh``): an array made there may take its mesh."""
+  return (jax.sharding.get_abstract_mesh().empty
+          and jax.sharding.get_mesh().empty)
+
+
 def cache_size(jitted) -> int:
   """Executables compiled for a stock jitted function."""
   return jitted._cache_size()

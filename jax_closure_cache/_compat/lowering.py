@@ -683,11 +683,12 @@ def captured_constants_warning(arrays=(), nbytes: int = 0) -> str | None:
   """Why stock's lowering of a trace capturing ``arrays`` (any values;
   those without ``nbytes`` count 0) plus ``nbytes`` more bytes warns of its
   captured constants, or None. JAX warns from
-  ``jax_captured_constants_warn_bytes`` on (-1: never), at every lowering,
-  which a shared lowering's hit skips: every route that shares one asks
-  this, and shares none that it answers."""
+  ``jax_captured_constants_warn_bytes`` on (-1, exactly: never; any other
+  negative value: always), at every lowering, which a shared lowering's
+  hit skips: every route that shares one asks this, and shares none that
+  it answers."""
   warn = _config.captured_constants_warn_bytes.value
-  if warn < 0:
+  if warn == -1:
     return None
   total = nbytes + constants_bytes(arrays)
   if total < warn:

@@ -581,16 +581,22 @@ _TOLERANCE_TYPES = (float, int)
 
 
 def _initial_guess(b, x0):
-  """The initial guess stock's set-up closes over (``x0``, or zeros like
-  ``b``), where it is jax arrays alone (as stock's ``device_put`` leaves
-  them); None for anything else, which stock answers as it is."""
+  """The initial guess stock's set-up closes over: ``x0`` where it is jax
+  arrays alone (as stock's ``device_put`` leaves them), or zeros like
+  ``b`` where every leaf's are kept (``values.zeros_like``: small); None
+  for anything else, which stock answers as it is (its solve launched:
+  zeros made here as well as by stock's set-up would cost a call more)."""
   if x0 is None and type(b) is _compat.ArrayImpl:   # the common call
     return values.zeros_like(b)
   if type(x0) is _compat.ArrayImpl:
     return x0
   try:
     if x0 is None:
-      x0 = _tree_map(values.zeros_like, b)
+      zeros = [values.zeros_like(x) for x in _tree_leaves(b)]
+      if any(z is None for z in zeros):
+        return None
+      zeros = iter(zeros)
+      return _tree_map(lambda _: next(zeros), b)
     leaves = _tree_leaves(x0)
   except Exception:   # stock's own error
     return None

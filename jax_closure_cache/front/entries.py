@@ -203,7 +203,7 @@ class Entry(cache.Entry):
     captured constants now (``jax_captured_constants_warn_bytes`` lowered
     to this entry's since it was stored): then no new object gets it. The
     generated front spells this out."""
-    return 0 <= _WARN_BYTES.value <= self.constant_bytes
+    return (warn := _WARN_BYTES.value) != -1 and warn <= self.constant_bytes
 
   def note_argument_classes(self, args, kwargs) -> None:
     """At a trace: the user's classes among the arguments' pytree nodes,

@@ -162,7 +162,8 @@ def front_class(base: type, spec, code, quicks, env: dict,
              f"      entry = ENTRY{i}()",
              "      if (entry is None or entry.guards or entry.classes",
              "          is not None and not entry.classes.holds()",
-             "          or 0 <= WARN_BYTES.value <= entry.constant_bytes):",
+             "          or (warn := WARN_BYTES.value) != -1"
+             " and warn <= entry.constant_bytes):",
              "        break",
              f"      key = KEY{i}",
              textwrap.indent(hit_source(verify), "      ").rstrip("\n")]

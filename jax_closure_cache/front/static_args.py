@@ -479,7 +479,11 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       # stock object alive, and stock's path for a new one costs twice the
       # entry's.
       self._calls += 1
-      if self._calls >= identity.PROMOTE_AFTER_CALLS and not plain:
+      # (nor while the entry is warned of: stock's object would lower now
+      # and warn of its constants, where stock's lowered at the first call)
+      if (self._calls >= identity.PROMOTE_AFTER_CALLS and not plain
+          and not (type(state) is identity.PINNED
+                   and state[identity.ENTRY].warned())):
         # long-lived: stock's from now on (not with plain values: stock's
         # object would trace a value equal under == to the first call's,
         # which stock's own cache of the object answers with that trace)

@@ -489,6 +489,11 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     if not same:
       row[identity.CALLS] = -(1 << 62)   # never ask again
       return row
+    if row[identity.ENTRY].warned():
+      # stock's object would lower now and warn of its constants, where
+      # stock's own lowered once, at the first call: ask again later
+      row[identity.CALLS] = 0
+      return row
     return self._own()
 
   def _pin(self, entry, key, leaves) -> None:
@@ -518,9 +523,16 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       refused = "unhashable", str(e)
     if refused is not None:
       return self._fallback(refused[0], args, kwargs, refused[1])
+    if entry is not None and entry.warned():
+      # stock's lowering of this object warns of its constants now (the
+      # threshold was lowered since the entry was stored): stock's, with no
+      # lifted trace first, whose effects stock's trace would make again
+      return self._fallback("captured_constants", args, kwargs,
+                            _lowering.captured_constants_warning(
+                                nbytes=entry.constant_bytes))
     if (entry is None or (entry.guards and
                           not all([g.holds() for g in entry.guards]))
-        or not entry.classes_hold() or entry.warned()):
+        or not entry.classes_hold()):
       return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):

@@ -283,26 +283,27 @@ ZEROS_KEPT_BYTES, ZEROS_KEPT = 1 << 12, 64
 
 def zeros_like(x):
   """``jnp.zeros_like(x)`` as stock computes it eagerly, the one array kept
-  per exact kind of a jax array ``x`` (its shape, dtype, weak type,
-  sharding and commitment, and for an uncommitted one the default device
-  it goes to; ``ZEROS_KEPT`` of up to ``ZEROS_KEPT_BYTES`` each, emptied
-  by ``clear()``): an eager solver's initial guess, which it closes over and
-  never hands out. Anything else is made afresh, as stock makes it."""
-  if type(x) is not _compat.ArrayImpl:
-    return _compat.jax.numpy.zeros_like(x)
+  per exact kind of a jax array ``x`` of up to ``ZEROS_KEPT_BYTES`` (its
+  shape, dtype, weak type, sharding and commitment, and for an uncommitted
+  one the default device it goes to; outside any mesh block;
+  ``ZEROS_KEPT`` kinds, emptied by ``clear()``): an eager solver's initial
+  guess, which it closes over and never hands out. None for anything
+  else, whose zeros only stock makes."""
+  if (type(x) is not _compat.ArrayImpl or x.nbytes > ZEROS_KEPT_BYTES
+      or not _compat.no_mesh_context()):
+    return None
   committed = _compat.is_committed(x)
   kind = (x.shape, x.dtype, x.weak_type, x.sharding, committed,
           None if committed else _compat.DEFAULT_DEVICE.value)
   try:
     found = _zeros.get(kind)
   except TypeError:   # an unhashable sharding
-    return _compat.jax.numpy.zeros_like(x)
+    return None
   if found is None or found.is_deleted():   # (deleted: by a user, in a trace)
     found = _compat.jax.numpy.zeros_like(x)
-    if found.nbytes <= ZEROS_KEPT_BYTES:
-      if len(_zeros) >= ZEROS_KEPT:
-        _zeros.clear()
-      _zeros[kind] = found
+    if len(_zeros) >= ZEROS_KEPT:
+      _zeros.clear()
+    _zeros[kind] = found
   return found
 
 
