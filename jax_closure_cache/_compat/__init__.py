@@ -123,9 +123,22 @@ def is_committed(x) -> bool:
 DEFAULT_DEVICE = _config.default_device
 
 
+from jax._src import mesh as _mesh_lib   # noqa: E402
+
+_ABSTRACT_MESH_STATE = getattr(_config, "abstract_mesh_context_manager", None)
+_DEVICE_CONTEXT_STATE = getattr(_config, "device_context", None)
+
+
 def no_mesh_context() -> bool:
   """Whether no mesh is set for the current block (``jax.set_mesh``,
-  ``jax.sharding.use_mesh``): an array made there may take its mesh."""
+  ``jax.sharding.use_mesh``, the older ``with mesh:``): an array made
+  there may take its mesh. Read from the config states where this jax has
+  them (a hit path reads it), else through ``jax.sharding``."""
+  if not _mesh_lib.thread_resources.env.physical_mesh.empty:
+    return False
+  if _ABSTRACT_MESH_STATE is not None and _DEVICE_CONTEXT_STATE is not None:
+    a, d = _ABSTRACT_MESH_STATE.value, _DEVICE_CONTEXT_STATE.value
+    return (a is None or a.empty) and (d is None or d.empty)
   return (jax.sharding.get_abstract_mesh().empty
           and jax.sharding.get_mesh().empty)
 

@@ -289,8 +289,7 @@ def zeros_like(x):
   ``ZEROS_KEPT`` kinds, emptied by ``clear()``): an eager solver's initial
   guess, which it closes over and never hands out. None for anything
   else, whose zeros only stock makes."""
-  if (type(x) is not _compat.ArrayImpl or x.nbytes > ZEROS_KEPT_BYTES
-      or not _compat.no_mesh_context()):
+  if type(x) is not _compat.ArrayImpl or not _compat.no_mesh_context():
     return None
   committed = _compat.is_committed(x)
   kind = (x.shape, x.dtype, x.weak_type, x.sharding, committed,
@@ -300,6 +299,8 @@ def zeros_like(x):
   except TypeError:   # an unhashable sharding
     return None
   if found is None or found.is_deleted():   # (deleted: by a user, in a trace)
+    if x.nbytes > ZEROS_KEPT_BYTES:   # (only small kinds are ever found)
+      return None
     found = _compat.jax.numpy.zeros_like(x)
     if len(_zeros) >= ZEROS_KEPT:
       _zeros.clear()
