@@ -909,3 +909,39 @@ def test_a_large_right_hand_side_is_set_up_by_stock_alone(monkeypatch):
   got = call(2.0)
   assert eager_zeros == [(n,)]
   np.testing.assert_array_equal(got, want)
+
+
+def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
+  """Stock's eager ``while_loop``, ``fori_loop`` and ``scan`` return a carry
+  their body passes through unchanged (and a ``scan``'s ``xs`` returned as
+  its ``ys``) as the caller's own object: a Python ``float`` or ``int``, a
+  NumPy array, the very jax array; its ``cond`` returns a new array. So do
+  the launchers' hits."""
+  kept = jnp.arange(3.0)
+  host = np.arange(3.0, dtype=np.float32)
+
+  def seen(out, given):
+    return [(type(o).__name__, o is g, np.asarray(o).tobytes())
+            for o, g in zip(out, given)]
+
+  def run():
+    got = []
+    for i in range(3):
+      w = jnp.ones(3) * i
+      given = (0.5, 7, host, kept)
+      out = jax.lax.while_loop(
+          lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + w, *c[2:]),
+          (0, jnp.zeros(3), *given))
+      got.append(seen(out[2:], given))
+      out = jax.lax.fori_loop(0, 2, lambda k, c: (c[0] + w, *c[1:]),
+                              (jnp.zeros(3), *given))
+      got.append(seen(out[1:], given))
+      carry, ys = jax.lax.scan(lambda c, x: ((c[0] + w, *c[1:]), x),
+                               (jnp.zeros(3), *given), kept[:, None])
+      got.append(seen(carry[1:], given) + [ys is kept])
+      out = jax.lax.cond(True, lambda a, b: (a + w, b), lambda a, b: (a, b),
+                         jnp.zeros(3), 1.5)
+      got.append(type(out[1]).__name__)
+    return got
+
+  replay_in_both_modes(run, clear=True)

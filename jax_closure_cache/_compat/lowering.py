@@ -301,6 +301,19 @@ _NUMBERED_PER_TRACE = frozenset({"check"})
 _PRINTS = "np_printoptions"
 
 
+def forwarded_inputs(jaxpr, skip: int) -> tuple | None:
+  """``(output index, input index - skip)`` for each output of ``jaxpr``
+  that is one of its inputs past the first ``skip`` (the value returned as
+  it was passed), or None if none is."""
+  open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
+                else jaxpr)
+  position = {id(v): i for i, v in enumerate(open_jaxpr.invars)}
+  found = tuple((o, position[id(v)] - skip)
+                for o, v in enumerate(open_jaxpr.outvars)
+                if position.get(id(v), -1) >= skip)
+  return found or None
+
+
 def eager_weak_types(jaxpr) -> str | None:
   """Where a top-level equation of ``jaxpr`` gives other weak types run
   eagerly than staged, or None. ``custom_linear_solve``'s eager

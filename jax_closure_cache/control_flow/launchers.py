@@ -113,11 +113,36 @@ class _Launcher(wrapper.ClosureJitted):
     if _getweakrefcount(user):
       out = self.answer_again(operands)
       if out is not _AGAIN:
-        return out
+        return self._as_forwarded(operands, out)
     out = self(*operands)
     if _getrefcount(user) > lone:
       self.remember()
-    return out
+    return self._as_forwarded(operands, out)
+
+  def _as_forwarded(self, operands, out):
+    """``out``, where the entry that answered returns an operand as it was
+    passed (a carry a loop passes through, a ``scan``'s ``xs`` as its
+    ``ys``), with the caller's own object there, as stock's eager loop
+    returns it: a jax array itself; a Python scalar or NumPy array as it
+    is for a carry (a ``scan`` puts a NumPy ``xs`` on the device, as the
+    entry's output already is). Loops only: stock's eager ``cond`` and
+    ``switch`` return new arrays."""
+    row = self._row
+    if (type(row) is not identity.PINNED
+        or self._fun.__code__ not in _FORWARDING_CODES):
+      return out
+    forwarded = row[identity.ENTRY].forwarded
+    if forwarded is None:
+      return out
+    given = _tree_leaves(operands)
+    carries = (len(_tree_leaves(operands[0]))
+               if self._fun.__code__ is _SCAN_CODE else len(given))
+    leaves, tree = _tree_flatten(out)
+    for o, i in forwarded:
+      x = given[i]
+      if type(x) is _compat.ArrayImpl or i < carries:
+        leaves[o] = x
+    return _tree_unflatten(tree, leaves)
 
   def answer_again(self, operands):
     """The answer of a launch of a user's function launched before: as its
@@ -264,6 +289,9 @@ def _forget_row(user_ref, _) -> None:
     row.code = row.parts = row.pinned = None
 
 _getrefcount = getattr(sys, "getrefcount", lambda _: 1 << 30)
+_tree_leaves = _compat.jax.tree_util.tree_leaves
+_tree_flatten = _compat.jax.tree_util.tree_flatten
+_tree_unflatten = _compat.jax.tree_util.tree_unflatten
 
 
 _AGAIN = object()
@@ -403,6 +431,11 @@ def _scan_launcher(f, length, reverse, unroll, split_transpose):
 
 
 _SCAN_DEFAULTS = values.Static(None, False, 1, False)
+_SCAN_CODE = _scan_launcher(None, None, False, 1, False).__code__
+#: The launchers whose stock loop returns a passed-through carry as given.
+_FORWARDING_CODES = frozenset({
+    _SCAN_CODE, _while_launcher(None, None).__code__,
+    _fori_launcher_of(None, None).__code__})
 
 
 @functools.wraps(_stock_scan)
@@ -555,7 +588,6 @@ def custom_root(f, initial_guess, solve, tangent_solve, has_aux=False):
 _stock_solvers = _compat.STOCK_SOLVERS
 _exact_key = atoms.exact_key
 _tree_map = _compat.jax.tree_util.tree_map
-_tree_leaves = _compat.jax.tree_util.tree_leaves
 
 
 def _run_iterative(params, A, M, x0, b):

@@ -171,7 +171,7 @@ class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
                "avals", "static", "caller", "walk", "classes",
-               "constant_bytes", "_used", "_swept")
+               "constant_bytes", "forwarded", "_used", "_swept")
 
   def __init__(self):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
@@ -197,6 +197,10 @@ class Entry(cache.Entry):
     # when stored; a threshold lowered to them since makes a new object's
     # lowering warn, so the entry answers no new object (``warned``)
     self.constant_bytes = 0
+    # the outputs its trace returns as an argument was passed, ``(output
+    # index, flat argument index)`` (``_compat.lowering.forwarded_inputs``):
+    # eager control flow's stock returns the caller's own object there
+    self.forwarded = None
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
