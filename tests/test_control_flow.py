@@ -845,6 +845,24 @@ def test_the_cached_solvers_pickle_as_stocks_do():
     assert pickle.loads(pickle.dumps(solve)) is solve
 
 
+def _count_eager_zeros(monkeypatch, solver, also_public=False) -> list:
+  """The shapes of the eager ``zeros_like`` calls the solver's module makes
+  from now on (and ``jax.numpy``'s, the package's own, with
+  ``also_public``)."""
+  eager_zeros = []
+  numpy_of_solver = _compat.STOCK_SOLVERS[solver].__globals__["jnp"]
+  stock_zeros_like = numpy_of_solver.zeros_like
+
+  def zeros_like(x, *args, **kwargs):
+    if not isinstance(x, jax.core.Tracer):
+      eager_zeros.append(x.shape)
+    return stock_zeros_like(x, *args, **kwargs)
+  monkeypatch.setattr(numpy_of_solver, "zeros_like", zeros_like)
+  if also_public:
+    monkeypatch.setattr(jnp, "zeros_like", zeros_like)
+  return eager_zeros
+
+
 @pytest.mark.parametrize("solver", ["cg", "bicgstab"])
 def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(
     monkeypatch, solver):
@@ -852,15 +870,7 @@ def test_a_fresh_cg_matvec_runs_its_set_up_inside_the_cached_executable(
   cached executable: from the third matvec on no trace, no compile and no
   eager ``zeros_like`` (stock computes it eagerly on every call, then traces
   and compiles the solve)."""
-  eager_zeros = []
-  numpy_of_cg = _compat.STOCK_SOLVERS[solver].__globals__["jnp"]
-  stock_zeros_like = numpy_of_cg.zeros_like
-
-  def zeros_like(x, *args, **kwargs):
-    if not isinstance(x, jax.core.Tracer):
-      eager_zeros.append(x.shape)
-    return stock_zeros_like(x, *args, **kwargs)
-  monkeypatch.setattr(numpy_of_cg, "zeros_like", zeros_like)
+  eager_zeros = _count_eager_zeros(monkeypatch, solver)
   b = jnp.arange(1.0, 5.0)
 
   def call(s):
@@ -886,16 +896,7 @@ def test_a_large_right_hand_side_is_set_up_by_stock_alone(monkeypatch):
   set-up (one eager ``zeros_like``, as stock's; none made beside it) around
   the cached solve, with stock's results."""
   from jax_closure_cache.key import values
-  eager_zeros = []
-  numpy_of_cg = _compat.STOCK_SOLVERS["cg"].__globals__["jnp"]
-  stock_zeros_like = numpy_of_cg.zeros_like
-
-  def zeros_like(x, *args, **kwargs):
-    if not isinstance(x, jax.core.Tracer):
-      eager_zeros.append(x.shape)
-    return stock_zeros_like(x, *args, **kwargs)
-  monkeypatch.setattr(numpy_of_cg, "zeros_like", zeros_like)
-  monkeypatch.setattr(jnp, "zeros_like", zeros_like)   # (the package's too)
+  eager_zeros = _count_eager_zeros(monkeypatch, "cg", also_public=True)
   n = values.ZEROS_KEPT_BYTES // 4 + 1
   b = jnp.ones(n)
 
