@@ -128,12 +128,11 @@ class _Launcher(wrapper.ClosureJitted):
     entry's output already is). Loops only: stock's eager ``cond`` and
     ``switch`` return new arrays."""
     row = self._row
-    if (type(row) is not identity.PINNED
-        or self._fun.__code__ not in _FORWARDING_CODES):
+    if type(row) is not identity.PINNED:
       return out
     forwarded = row[identity.ENTRY].forwarded
-    if forwarded is None:
-      return out
+    if forwarded is None or self._fun.__code__ not in _FORWARDING_CODES:
+      return out   # (the common case first: hashing a code object costs)
     given = _tree_leaves(operands)
     carries = (len(_tree_leaves(operands[0]))
                if self._fun.__code__ is _SCAN_CODE else len(given))
