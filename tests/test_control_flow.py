@@ -946,3 +946,50 @@ def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
     return got
 
   replay_in_both_modes(run, clear=True)
+
+
+@pytest.mark.parametrize("kind", ["while", "fori", "scan", "map", "cond",
+                                  "switch"])
+def test_a_body_closing_over_an_array_it_never_reads_verifies(kind):
+  """A fresh body closes over one array it reads and one it never reads
+  (``if unused is not None``). Stock's trace drops the unused one; so does
+  the lifted trace. Verify mode's own stock trace traces the body as stock
+  does (not through the lookup's shared trace, which lifts every
+  closed-over array): every hit verifies, and the results are stock's."""
+  x = jnp.arange(3.0)
+
+  def body_of(w, unused):
+    if kind == "while":
+      return lambda: jax.lax.while_loop(
+          lambda c: c[0] < 3 if unused is not None else False,
+          lambda c: (c[0] + 1, c[1] * w if unused is not None else c[1]),
+          (0, x))
+    if kind == "fori":
+      return lambda: jax.lax.fori_loop(
+          0, 3, lambda i, c: c + w if unused is not None else c, x)
+    if kind == "scan":
+      return lambda: jax.lax.scan(
+          lambda c, xi: (c + xi * w if unused is not None else c, None),
+          x, x[:2])
+    if kind == "map":
+      return lambda: jax.lax.map(
+          lambda r: r * w if unused is not None else r, x)
+    if kind == "cond":
+      return lambda: jax.lax.cond(
+          x[0] > -1, lambda v: v * w if unused is not None else v,
+          lambda v: v - 1.0, x)
+    return lambda: jax.lax.switch(
+        1, [lambda v: v - w, lambda v: v * w if unused is not None else v],
+        x)
+
+  def run():
+    got = []
+    for i in range(3):
+      out = body_of(jnp.float32(i + 2), jnp.full(4, i))()
+      got.append([np.asarray(o).tobytes() for o in
+                  jax.tree_util.tree_leaves(out)])
+    return got
+
+  before = jcc.stats().get("verify_mismatches", 0)
+  replay_in_both_modes(run, clear=True)
+  assert jcc.stats().get("verify_mismatches", 0) == before

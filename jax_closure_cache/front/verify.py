@@ -61,12 +61,14 @@ _STATIC_OPTIONS = ("static_argnums", "static_argnames")
 def _stock_jaxpr(f, args, kwargs, options: dict):
   """Stock's trace of ``f`` for this call: with static arguments, as stock
   ``jax.jit(f, static_argnums=..., static_argnames=...)`` traces it (never
-  a shared trace); else through JAX's own trace cache."""
+  a shared trace); else through JAX's own trace cache. Traces made inside
+  it (an eager loop's body) are stock's own too: a trace the lookup shares
+  by closure key lifts closed-over arrays the body never reads."""
   static = {k: v for k, v in options.items() if k in _STATIC_OPTIONS and v}
-  if static:
-    with trace_lookup.unshared():
+  with trace_lookup.unshared():   # inner traces too (a loop's body)
+    if static:
       return _compat.STOCK_JIT(f, **static).trace(*args, **kwargs).jaxpr
-  return _compat.trace.stock_trace(f, args, kwargs)
+    return _compat.trace.stock_trace(f, args, kwargs)
 
 
 def _difference(f, hit_trace, leaves, args, kwargs,
