@@ -916,8 +916,9 @@ def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
   """Stock's eager ``while_loop``, ``fori_loop`` and ``scan`` return a carry
   their body passes through unchanged (and a ``scan``'s ``xs`` returned as
   its ``ys``) as the caller's own object: a Python ``float`` or ``int``, a
-  NumPy array, the very jax array; its ``cond`` returns a new array. So do
-  the launchers' hits."""
+  NumPy array, the very jax array; its ``cond`` returns a new array; its
+  ``map`` returns a jax ``xs`` its function returns unchanged. So do the
+  launchers' hits."""
   kept = jnp.arange(3.0)
   host = np.arange(3.0, dtype=np.float32)
 
@@ -943,6 +944,16 @@ def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
       out = jax.lax.cond(True, lambda a, b: (a + w, b), lambda a, b: (a, b),
                          jnp.zeros(3), 1.5)
       got.append(type(out[1]).__name__)
+      # a map's xs returned as its result: the caller's jax array itself,
+      # a NumPy xs put on the device; batched, a new array
+      for xs in (kept[:, None], host[:, None], {"k": kept, "h": host}):
+        out = jax.lax.map(lambda v: (v, jax.tree_util.tree_map(
+            lambda u: u * w[0], v)), xs)
+        got.append(seen(jax.tree_util.tree_leaves(out[0]),
+                        jax.tree_util.tree_leaves(xs)))
+      out = jax.lax.map(lambda v: v if w is not None else v, kept,
+                        batch_size=2)
+      got.append((out is kept, np.asarray(out).tobytes()))
     return got
 
   replay_in_both_modes(run, clear=True)
@@ -993,3 +1004,42 @@ def test_a_body_closing_over_an_array_it_never_reads_verifies(kind):
   before = jcc.stats().get("verify_mismatches", 0)
   replay_in_both_modes(run, clear=True)
   assert jcc.stats().get("verify_mismatches", 0) == before
+
+
+@pytest.mark.parametrize("kind", ["while", "fori", "scan", "map"])
+def test_what_a_loop_passes_through_is_read_per_argument_signature(kind):
+  """One fresh body per call, traced for three carries of other types and
+  lengths (one shared entry, a trace per signature): a float carry it
+  passes through, an int carry it doubles, a longer carry. Each call's
+  results are stock's (values and which objects are the caller's own),
+  whichever signature the entry traced last."""
+  def body(w, c):
+    rest = tuple(v if v.dtype == jnp.float32 else v * 2 for v in c[1:])
+    return (c[0] + w, *rest)
+
+  def launch(w, carry):
+    if kind == "while":
+      out = jax.lax.while_loop(lambda c: c[0][0] < 2,
+                               lambda c: body(w, c), carry)
+    elif kind == "fori":
+      out = jax.lax.fori_loop(0, 2, lambda i, c: body(w, c), carry)
+    elif kind == "scan":
+      out, _ = jax.lax.scan(lambda c, _: (body(w, c), None), carry,
+                            length=2)
+    else:
+      out = jax.lax.map(lambda c: body(w, c), carry)
+    return [(o is g, np.asarray(o).dtype.name, np.asarray(o).tobytes())
+            for o, g in zip(out, carry)]
+
+  ints = jnp.arange(3, dtype=jnp.int32)
+  floats = jnp.arange(3.0)
+
+  def run():
+    got = []
+    for carry in [(jnp.zeros(3), ints), (jnp.zeros(3), floats),
+                  (jnp.zeros(3), floats, ints), (jnp.zeros(3), ints),
+                  (jnp.zeros(3), floats, floats), (jnp.zeros(3), floats)]:
+      got.append(launch(jnp.float32(1.5), carry))
+    return got
+
+  replay_in_both_modes(run, clear=True)

@@ -273,6 +273,14 @@ def stock_trace(fun, args, kwargs):
   return closed
 
 
+def call_signature(args, kwargs) -> tuple:
+  """What a trace of ``fun(*args, **kwargs)`` is specialized to: the
+  arguments' tree and each leaf's abstract value (its shape, dtype, weak
+  type and sharding). Hashable where the tree's node data is."""
+  leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+  return tree, tuple([typeof(x) for x in leaves])
+
+
 def run_traced_eagerly(traced, args, kwargs):
   """A ``jit(...).trace(*args, **kwargs)`` result run as eager JAX runs
   its equations: one primitive at a time, each applied to concrete

@@ -125,17 +125,23 @@ class _Launcher(wrapper.ClosureJitted):
     ``ys``), with the caller's own object there, as stock's eager loop
     returns it: a jax array itself; a Python scalar or NumPy array as it
     is for a carry (a ``scan`` puts a NumPy ``xs`` on the device, as the
-    entry's output already is). Loops only: stock's eager ``cond`` and
-    ``switch`` return new arrays."""
+    entry's output already is; a ``map``'s operand is its ``xs``). Loops
+    only: stock's eager ``cond`` and ``switch`` return new arrays."""
     row = self._row
     if type(row) is not identity.PINNED:
       return out
-    forwarded = row[identity.ENTRY].forwarded
-    if forwarded is None or self._fun.__code__ not in _FORWARDING_CODES:
+    entry = row[identity.ENTRY]
+    if entry.forwarded is None or self._fun.__code__ not in _FORWARDING_CODES:
       return out   # (the common case first: hashing a code object costs)
+    # (the forwarding of this call's signature: a shared entry traces one
+    # per signature, and each may forward other carries)
+    forwarded = entry.forwarded_for(operands, {})
+    if forwarded is None:
+      return out
     given = _tree_leaves(operands)
-    carries = (len(_tree_leaves(operands[0]))
-               if self._fun.__code__ is _SCAN_CODE else len(given))
+    code = self._fun.__code__
+    carries = (len(_tree_leaves(operands[0])) if code is _SCAN_CODE
+               else 0 if code is _MAP_CODE else len(given))
     leaves, tree = _tree_flatten(out)
     for o, i in forwarded:
       x = given[i]
@@ -431,10 +437,6 @@ def _scan_launcher(f, length, reverse, unroll, split_transpose):
 
 _SCAN_DEFAULTS = values.Static(None, False, 1, False)
 _SCAN_CODE = _scan_launcher(None, None, False, 1, False).__code__
-#: The launchers whose stock loop returns a passed-through carry as given.
-_FORWARDING_CODES = frozenset({
-    _SCAN_CODE, _while_launcher(None, None).__code__,
-    _fori_launcher_of(None, None).__code__})
 
 
 @functools.wraps(_stock_scan)
@@ -460,11 +462,22 @@ def _map_launcher(f, batch_size):
   return launch_map
 
 
+_MAP_CODE = _map_launcher(None, None).__code__
+#: The launchers whose stock loop returns a passed-through carry as given
+#: (``map``: its ``xs``, a ``scan``'s, returned as its result).
+_FORWARDING_CODES = frozenset({
+    _SCAN_CODE, _MAP_CODE, _while_launcher(None, None).__code__,
+    _fori_launcher_of(None, None).__code__})
+
+
 @functools.wraps(_stock_map)
 def map(f, xs, *, batch_size=None):   # noqa: A001 -- mirrors jax.lax.map
   if not _routable():
     return _stock_map(f, xs, batch_size=batch_size)
-  return _wrap(_map_launcher(f, batch_size), f)(xs)
+  # (no row: stock's map wraps ``f`` anew for its scan, so its cache never
+  # answers a body by its identity)
+  launcher = _wrap(_map_launcher(f, batch_size), f)
+  return launcher._as_forwarded((xs,), launcher(xs))
 
 
 _NO_OPERAND = object()

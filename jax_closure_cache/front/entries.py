@@ -197,10 +197,12 @@ class Entry(cache.Entry):
     # when stored; a threshold lowered to them since makes a new object's
     # lowering warn, so the entry answers no new object (``warned``)
     self.constant_bytes = 0
-    # the outputs its trace returns as an argument was passed, ``(output
-    # index, flat argument index)`` (``_compat.lowering.forwarded_inputs``):
-    # eager control flow's stock returns the caller's own object there
-    self.forwarded = None
+    # per argument signature (``_compat.trace.call_signature``), the
+    # outputs its trace returns as an argument was passed, ``(output index,
+    # flat argument index)`` (``_compat.lowering.forwarded_inputs``): eager
+    # control flow's stock returns the caller's own object there. None
+    # while no trace forwarded any; a signature not in it forwards none.
+    self.forwarded: dict | None = None
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -208,6 +210,35 @@ class Entry(cache.Entry):
     to this entry's since it was stored): then no new object gets it. The
     generated front spells this out."""
     return (warn := _WARN_BYTES.value) != -1 and warn <= self.constant_bytes
+
+  def note_forwarded(self, jaxpr, lifted: int, args, kwargs) -> None:
+    """At a trace of this call's signature, its jaxpr (whose first
+    ``lifted`` inputs are the lifted leaves): which outputs it returns as
+    an argument was passed."""
+    found = _lowering.forwarded_inputs(jaxpr, lifted)
+    if found is None and self.forwarded is None:
+      return   # (the common case: no trace of it forwards anything)
+    try:
+      signature = _compat.trace.call_signature(args, kwargs)
+      hash(signature)
+    except TypeError:   # unhashable node data: this signature forwards none
+      return
+    if found is not None:
+      if self.forwarded is None:
+        self.forwarded = {}
+      self.forwarded[signature] = found
+    else:
+      self.forwarded.pop(signature, None)
+
+  def forwarded_for(self, args, kwargs) -> tuple | None:
+    """The outputs the trace of this call's signature returned as an
+    argument was passed (``note_forwarded``), or None."""
+    if self.forwarded is None:
+      return None
+    try:
+      return self.forwarded.get(_compat.trace.call_signature(args, kwargs))
+    except TypeError:   # unhashable node data: never recorded
+      return None
 
   def note_argument_classes(self, args, kwargs) -> None:
     """At a trace: the user's classes among the arguments' pytree nodes,

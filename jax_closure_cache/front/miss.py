@@ -248,8 +248,9 @@ class MissStages:
       with entries.calling(entry, self._fun, a), _watching(), \
            _compile_warnings(donating) as warned:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-        entry.forwarded = _lowering.forwarded_inputs(
-            traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(a.leaves)))
+        entry.note_forwarded(
+            traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(a.leaves)),
+            args, kwargs)
         called = self._runtime_callable(traced)
         weak = self._eager_weak_types(traced)
         baked = None if called or weak else self._baked_operand(traced)
@@ -428,8 +429,9 @@ class MissStages:
     except Exception:   # store() reports it
       traced = None
     if traced is not None:
-      entry.forwarded = _lowering.forwarded_inputs(
-          traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(leaves)))
+      entry.note_forwarded(
+          traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(leaves)),
+          args, kwargs)
       for reason, detail in (
           ("argument_node_data", key_trees.conflated_node_data(
               _compat.jax.tree_util.tree_structure((args, kwargs)))),

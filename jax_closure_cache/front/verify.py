@@ -36,15 +36,10 @@ _checked = cache.STORE.table("verify.checked", cache.Store.CALLS,
                              weakref.WeakKeyDictionary)
 
 
-def _signature(args, kwargs):
-  leaves, tree = _compat.jax.tree_util.tree_flatten((args, kwargs))
-  return tree, tuple(_compat.trace.typeof(x) for x in leaves)
-
-
 def _first_check(f, args, kwargs) -> bool:
   """Whether this is ``f``'s first check for this argument signature."""
   try:
-    sig = _signature(args, kwargs)
+    sig = _compat.trace.call_signature(args, kwargs)
     seen = _checked.setdefault(f, set())
   except TypeError:   # unhashable or not weakly referable: check every call
     return True
