@@ -49,6 +49,24 @@ _JaxArray = _compat.jax.Array
 _ArrayImpl = _compat.ArrayImpl
 _WARN_BYTES = _lowering.WARN_BYTES
 
+#: Whether stock's lowering of a new function object's call would warn of
+#: an entry's captured constants now, as one expression over ``entry`` and
+#: ``WARN_BYTES`` (off at -1 only, as stock's check is).
+WARNED = ("(warn := WARN_BYTES.value) != -1"
+          " and warn <= entry.constant_bytes")
+#: Whether a stored entry (None: gone) may not answer a new function object
+#: of its key now: it keeps guards (the slow path checks them), an argument
+#: class its traces met reads otherwise, or stock would warn (``WARNED``).
+#: The generated front inlines this text; ``refuses_new_object`` is compiled
+#: from it for the wrapper's other paths, so the two cannot differ.
+REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
+                      " None and not entry.classes.holds() or " + WARNED)
+_warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
+               {"WARN_BYTES": _WARN_BYTES})
+refuses_new_object = eval(
+    compile(f"lambda entry: {REFUSES_NEW_OBJECT}", __file__, "eval"),
+    {"WARN_BYTES": _WARN_BYTES})
+
 _STORE = cache.STORE
 # (options key, closure key) -> Entry
 entries = _STORE.bounded("entries.entries")
@@ -207,9 +225,9 @@ class Entry(cache.Entry):
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
     captured constants now (``jax_captured_constants_warn_bytes`` lowered
-    to this entry's since it was stored): then no new object gets it. The
-    generated front spells this out."""
-    return (warn := _WARN_BYTES.value) != -1 and warn <= self.constant_bytes
+    to this entry's since it was stored): then no new object gets it
+    (``WARNED``)."""
+    return _warned(self)
 
   def note_forwarded(self, jaxpr, lifted: int, args, kwargs) -> None:
     """At a trace of this call's signature, its jaxpr (whose first

@@ -35,6 +35,7 @@ import os
 import textwrap
 
 from jax_closure_cache import _compat
+from jax_closure_cache.front import entries
 
 #: Filename of every generated front (in tracebacks and profiles): below
 #: the package's folder, so that JAX's traceback filter hides it as it
@@ -160,10 +161,7 @@ def front_class(base: type, spec, code, quicks, env: dict,
              "      except Exception:   # an unfilled cell, a failing flatten",
              "        break",
              f"      entry = ENTRY{i}()",
-             "      if (entry is None or entry.guards or entry.classes",
-             "          is not None and not entry.classes.holds()",
-             "          or (warn := WARN_BYTES.value) != -1"
-             " and warn <= entry.constant_bytes):",
+             f"      if {entries.REFUSES_NEW_OBJECT}:",
              "        break",
              f"      key = KEY{i}",
              textwrap.indent(hit_source(verify), "      ").rstrip("\n")]

@@ -334,8 +334,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       a, _, entry = self._stored()
     except (Uncacheable, TypeError):
       return None
-    if (entry is None or entry.guards or not entry.classes_hold()
-        or entry.warned()):
+    if entries.refuses_new_object(entry):
       return None
     return entry, a.leaves
 
@@ -386,9 +385,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
           leaves = q.match(fun)
           if leaves is not None:
             entry = q.entry()
-            if (entry is not None and not entry.guards
-                and (entry.classes is None or entry.classes.holds())
-                and not entry.warned()):
+            if not entries.refuses_new_object(entry):
               if spec is _hot_spec[0]:
                 self._restore_front(quick)
               return _hit(self, fun, q.key, entry, leaves, args, kwargs)
