@@ -96,6 +96,31 @@ def main():
       same(got, jax.jit(lambda u: u + v)(jnp.ones(4)), "single-device")
   assert jcc.stats()["fallback_reasons"].get("array_by_identity", 0) >= 2
 
+  # A mesh of Explicit axes, no argument and no mesh context: stock's trace
+  # of a closure over such an array raises (the device assignment is not
+  # the mesh's); a committed array is never lifted, so the cache's trace
+  # raises too, for every object (each met twice). Under the mesh, both
+  # answer alike.
+  explicit = jax.make_mesh((4, 2), ("data", "model"),
+                           axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  explicit_ws = [jax.device_put(jnp.eye(8) * (i + 1.0),
+                                NamedSharding(explicit, P(None, "model")))
+                 for i in range(3)]
+  for v in explicit_ws:
+    for _ in range(2):
+      raised = []
+      for jit in (jcc.jit, jax.jit):
+        try:
+          jit(lambda: v * 2.0)()
+        except Exception as e:   # noqa: BLE001 -- compared with stock's
+          raised.append((type(e), str(e)))
+        else:
+          raised.append(None)
+      assert raised[0] is not None and raised[0] == raised[1], raised
+  with jax.set_mesh(explicit):
+    check_fresh("Explicit mesh, under set_mesh", lambda w: (lambda: w * 2.0),
+                explicit_ws, ())
+
   # An ambient mesh: stock keys it, and so does the shared entry.
   with jax.set_mesh(mesh):
     check_fresh("under set_mesh", tanh_mm, ws, (x,))
