@@ -4,6 +4,7 @@ Every fresh function below closes over a different array, and every result
 is compared with stock on a fresh function object, so a key that ignored the
 closed-over values would fail here."""
 
+import ast
 import functools
 import os
 import subprocess
@@ -896,3 +897,72 @@ def test_a_static_function_stock_must_answer_is_traced_once_per_object():
     jcc.enable(verify=verify)
     for _ in range(2):
       assert run() == want, verify
+
+
+_EQ_RAISES = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, numpy as np
+    import jax_closure_cache as jcc
+
+    class EqRaises:   # hashed alike: stock's caches compare them
+      def __init__(self, n):
+        self.n = n
+      def __hash__(self):
+        return 1
+      def __eq__(self, other):
+        raise RuntimeError("not comparable")
+
+    def run():
+      def scaled(c, x):
+        return x * c.n
+      out = []
+      for i in range(3):
+        w = jnp.float32(i + 1.0)
+        calls = [(scaled, EqRaises(2)), (scaled, EqRaises(3)),
+                 (lambda d, x: x * w, np.timedelta64(1, "s")),
+                 (lambda d, x: x * w, np.timedelta64(1, "Y"))]
+        for fun, static in calls:
+          try:
+            got = jax.jit(fun, static_argnums=0)(static, jnp.ones(2))
+            out.append(np.asarray(got).tobytes().hex())
+          except Exception as e:
+            out.append(type(e).__name__ + ": " + str(e).split(".")[0])
+      return out
+
+    if sys.argv[1] != "off":
+      jcc.enable(verify=sys.argv[1] == "verify")
+    for _ in range(2):
+      print(run())
+    print(jcc.stats().get("verify_mismatches", 0) if sys.argv[1] != "off"
+          else 0)
+    """)
+
+
+def test_static_values_whose_comparison_raises_raise_as_stocks():
+  """Static values stock's caches compare and whose ``==`` raises (a
+  class's own ``__eq__``; ``np.timedelta64(1, 'Y')`` against ``(1, 's')``),
+  a wrapper made anew for each round and a fresh function beside them, each
+  mode in a process of its own: the first run gives stock's results and
+  errors (stock's ``ValueError`` naming the comparison, never the user's
+  own error) in the same calls. In the second, JAX's global caches compare
+  the new function's values with the first run's, which the cache does
+  not (a known limit): where the cache raises, stock raises the same."""
+  def mode(name):
+    out = subprocess.run([sys.executable, "-c", _EQ_RAISES, name],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, second, mismatches = out.stdout.splitlines()
+    return ast.literal_eval(first), ast.literal_eval(second), mismatches
+
+  want_first, want_second, _ = mode("off")
+  incomparable = ("ValueError: static arguments should be comparable "
+                  "using __eq__")
+  assert incomparable in want_first
+  for name in ("on", "verify"):
+    first, second, mismatches = mode(name)
+    assert first == want_first, name
+    assert mismatches == "0", name
+    raised = [(got, want) for got, want in zip(second, want_second)
+              if got.startswith(("ValueError", "RuntimeError"))]
+    assert raised and all(got == want for got, want in raised), (name,
+                                                                 raised)

@@ -21,6 +21,7 @@ import operator
 import random
 import sys
 import threading
+import traceback
 import types
 
 import numpy as np
@@ -199,6 +200,21 @@ def kept_as_library_object(t: type) -> bool:
 
 # -- static values ------------------------------------------------------------
 
+def _incomparable(values, others) -> ValueError:
+  """Stock's error for static values whose ``==`` raised: its cache's
+  ``ValueError``, naming the two values' types and the error raised."""
+  for a, b in zip(values, others):
+    try:
+      a == b   # noqa: B015 -- run for its error
+    except Exception:   # noqa: BLE001
+      return ValueError(
+          "static arguments should be comparable using __eq__.The following "
+          "error was raised when comparing two objects of types "
+          f"{type(a)} and {type(b)}. The error was:\n"
+          + traceback.format_exc().rstrip("\n"))
+  return ValueError("static arguments should be comparable using __eq__")
+
+
 class Static:
   """Values a caller holds static (a launcher's loop bounds, a jitted
   function's non-function static arguments), keyed by value and exact
@@ -225,8 +241,12 @@ class Static:
   def __eq__(self, other):
     # as stock's cache finds a static argument: equal hashes, then ==
     # (a class whose == ignores what its hash reads is two traces there)
-    return (type(other) is Static and self.ident_hash == other.ident_hash
-            and self.ident == other.ident)
+    if type(other) is not Static or self.ident_hash != other.ident_hash:
+      return False
+    try:
+      return self.ident == other.ident
+    except Exception:   # noqa: BLE001 -- raised as stock's cache raises it
+      raise _incomparable(self.value, other.value) from None
 
   def __hash__(self):
     if self.ident_hash is None:
