@@ -119,6 +119,12 @@ class _Launcher(wrapper.ClosureJitted):
       self.remember()
     return self._as_forwarded(operands, out)
 
+  def _launch_rowless(self, operands):
+    """Call this launcher wrapper, keeping no row for its user function
+    (one stock's cache never answers by identity: ``map`` wraps it anew
+    for its ``scan``), its forwarded operands the caller's own."""
+    return self._as_forwarded(operands, self(*operands))
+
   def _as_forwarded(self, operands, out):
     """``out``, where the entry that answered returns an operand as it was
     passed (a carry a loop passes through, a ``scan``'s ``xs`` as its
@@ -304,6 +310,7 @@ _AGAIN = object()
 
 # (called as a function: ``_launch(wrapper, operands, lone)``)
 _launch = _Launcher._launch
+_launch_rowless = _Launcher._launch_rowless
 
 
 #: References to a user function that a launch holds alone, counted in
@@ -474,10 +481,7 @@ _FORWARDING_CODES = frozenset({
 def map(f, xs, *, batch_size=None):   # noqa: A001 -- mirrors jax.lax.map
   if not _routable():
     return _stock_map(f, xs, batch_size=batch_size)
-  # (no row: stock's map wraps ``f`` anew for its scan, so its cache never
-  # answers a body by its identity)
-  launcher = _wrap(_map_launcher(f, batch_size), f)
-  return launcher._as_forwarded((xs,), launcher(xs))
+  return _launch_rowless(_wrap(_map_launcher(f, batch_size), f), (xs,))
 
 
 _NO_OPERAND = object()
