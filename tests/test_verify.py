@@ -2,6 +2,8 @@
 compared (``front/verify.py`` for the closure key's hits, tier A's in
 ``lowering/shared.py``); the oracle the other tests run under."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import cache
 from conftest import (STOCK_JIT, assert_like_stock, needs_trace_lookup,
-                      stock_off, ticker)
+                      replay_in_both_modes, stock_off, ticker)
 
 
 def make(w):
@@ -244,3 +246,45 @@ def test_tier_as_oracle_reads_a_lowered_module_by_what_it_computes():
   assert module_form(twice_one) == module_form(two_copies)
   assert module_form(lowered(one, make(3.0))) != module_form(two_copies)
   assert module_form(lowered(one)) != module_form(twice_one)
+
+
+def test_the_lift_numpy_default_changed_between_calls_verifies():
+  """``enable(lift_numpy=...)`` switched between calls (entries made under
+  one setting met under the other), on every route a closed-over NumPy
+  array takes: jit, eager ``fori_loop`` and ``cond``, and a ``cond`` and
+  a ``scan`` body inside a jitted closure, and a closure-free function
+  reading a global array. The results are stock's and verify mode finds
+  no mismatch."""
+  def run():
+    out = []
+    for lift in (True, False, True, False):
+      with (jcc.enabled(verify=cache.verifying(), lift_numpy=lift)
+            if jcc.is_enabled() else contextlib.nullcontext()):
+        out += calls()
+    return [np.asarray(o).tobytes() for o in out]
+
+  def calls():
+    out = []
+    for i in range(3):
+      a = np.arange(3.0, dtype=np.float32) + (i % 2)
+      x = jnp.ones(3)
+      out.append(jax.jit(lambda v: v * a)(x))
+      out.append(jax.lax.fori_loop(0, 2, lambda k, v: v * a, x))
+      out.append(jax.lax.cond(True, lambda v: v + a, lambda v: v, x))
+      out.append(jax.jit(lambda v: jax.lax.cond(
+          v[0] > 0, lambda u: u * a, lambda u: u, v))(x))
+      out.append(jax.jit(lambda v: jax.lax.scan(
+          lambda c, _: (c * a, None), v, length=2)[0])(x))
+      out.append(jax.jit(_times_global)(x))
+    return out
+
+  before = jcc.stats()["verify_mismatches"]
+  replay_in_both_modes(run, clear=True)
+  assert jcc.stats()["verify_mismatches"] == before
+
+
+_GLOBAL_ARRAY = np.arange(3.0, dtype=np.float32)
+
+
+def _times_global(v):
+  return v * _GLOBAL_ARRAY
