@@ -203,18 +203,23 @@ def canonical(c):
 def test_random_closures_match_stock_and_never_share_wrongly(a, b):
   jcc.clear()
   x = jnp.arange(3.0, dtype=jnp.float32)
-  # Stock bakes closed-over arrays as constants that XLA may fold, so sums
-  # can round differently in the last ulp (one example: 33.20862 vs
-  # 33.208622); dtypes and weak types must still match exactly.
+  # Stock bakes closed-over arrays as constants that XLA folds with its
+  # other constants; a key whose scalars it folds so is stock's, and the
+  # rest compute alike: results, dtypes and weak types exactly stock's.
   # a's first object is stock's, its second compiles the shared entry; b,
   # if its key is a's, hits it twice, else its first object is a key met
   # once (stock's) and its second, met again, compiles its own entry
-  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x, rtol=1e-6)
-  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x, rtol=1e-6)
-  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x, rtol=1e-6)
-  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x, rtol=1e-6)
+  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x)
+  assert_like_stock(jcc.jit(make_fold(a))(x), make_fold(a), x)
+  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x)
+  assert_like_stock(jcc.jit(make_fold(b))(x), make_fold(b), x)
   same = canonical(a) == canonical(b)
   s = jcc.stats()
-  assert s["fallback_reasons"] == ({} if same else {"key_met_once": 1}), \
-      (a, b)
+  reasons = dict(s["fallback_reasons"])
+  if reasons.pop("folds_constants", 0):
+    # scalars XLA folds together in stock's module (a lifted array's sum
+    # added after another scalar): stock answers that key's objects
+    assert s["hits"] == 0, (a, b)
+    return
+  assert reasons == ({} if same else {"key_met_once": 1}), (a, b)
   assert (s["hits"], s["misses"]) == ((2, 2) if same else (0, 3)), (a, b)

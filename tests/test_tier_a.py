@@ -98,9 +98,81 @@ def test_learning_rate_schedule_compiles_twice():
   with counting() as c:
     got = run(100)
   for g, w in zip(got, want):
-    same_as_stock(g, w, rtol=2e-6)   # the literal is now an argument
+    same_as_stock(g, w)   # the literal an argument, bit for bit
   assert c["compiles"] == 2, (c, jcc.stats()["tier_a"])
   assert jcc.stats()["tier_a"]["met_once"] == 1
+  assert jcc.stats()["verify_mismatches"] == 0
+
+
+#: Scalar constants XLA folds together in stock's module (a changing
+#: Python float ``c``, or a closed-over 0-d array, beside a literal):
+#: passed as an argument, the product or sum would keep the written order.
+_REASSOCIATED = {
+    "product": lambda y, c: (y * c) * 3.0,
+    "product_first": lambda y, c: 3.0 * (c * y),
+    "quotient": lambda y, c: (y / c) * 3.0,
+    "quotients": lambda y, c: (y / c) / 3.0,
+    "sum": lambda y, c: (y + c) - 3.0,
+    "square": lambda y, c: (y * c) * c,
+    "factored": lambda y, c: y * c + y * (1 - c),
+    "scaled_total": lambda y, c: jnp.sum(y) * c * 3.0,
+    "inside_cond": lambda y, c: jax.lax.cond(y[0] > -100, lambda u: (u * c)
+                                             * 3.0, lambda u: u, y),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(_REASSOCIATED))
+def test_scalars_xla_folds_together_are_stocks_bit_for_bit(pattern):
+  """A changing Python float (tier A's changed literal) and a fresh
+  closed-over 0-d array (the closure key's lifted leaf) beside another
+  scalar constant, in a chain XLA reassociates in stock's module: the
+  cache's results are stock's bit for bit (such a jaxpr is stock's), and
+  verify mode finds nothing to report."""
+  f = _REASSOCIATED[pattern]
+  y = jnp.asarray(np.random.default_rng(0).standard_normal(64) * 10,
+                  jnp.float32)
+
+  def run():
+    out = []
+    for c in (2.0, 3.0, 0.1, 1 / 3, 7.0, -0.5, 1e-3, 12.5):
+      out.append(jax.jit(lambda v: f(v, c))(y))
+      w = jnp.float32(c)
+      out.append(jax.jit(lambda v: f(v, w))(y))
+    return [np.asarray(o).tobytes() for o in out]
+
+  want = stock_off(run)
+  for closure_key in (False, True):
+    jcc.clear()
+    jcc.enable(closure_key=closure_key, verify=True)
+    for _ in range(2):
+      assert run() == want, closure_key
+    assert jcc.stats()["verify_mismatches"] == 0
+    jcc.disable()
+
+
+def test_a_scalar_beside_no_other_constant_of_its_chain_is_shared():
+  """What the reassociation check leaves shared: a changing learning rate
+  scaling a value no other scalar constant multiplies (Adam's update), a
+  mean (whose divisor never changes) scaled by a literal: one shared
+  executable after the first step, bit for bit stock's."""
+  y = jnp.asarray(np.random.default_rng(1).standard_normal(64), jnp.float32)
+
+  def run(n):
+    out = []
+    for i in range(n):
+      lr = 0.5 / (i + 1)
+      out.append(jax.jit(lambda v: v - lr * (0.9 * v + 0.1 * v * v)
+                         / (jnp.sqrt(v * v) + 1e-8))(y))
+      out.append(jax.jit(lambda v: jnp.mean(v * lr) * 2.0)(y))
+    return out
+
+  want = stock_off(run, 6)
+  jcc.enable(closure_key=False, verify=True)
+  with counting() as c:
+    got = run(6)
+  for g, w in zip(got, want):
+    same_as_stock(g, w)
+  assert c["compiles"] == 4, c   # each structure: its first two steps
   assert jcc.stats()["verify_mismatches"] == 0
 
 

@@ -254,7 +254,7 @@ class MissStages:
         called = self._runtime_callable(traced)
         weak = self._eager_weak_types(traced)
         baked = None if called or weak else self._baked_operand(traced)
-        folds = self._folds_zero(traced, a.leaves)
+        folds = self._folds(traced, a.leaves)
         captured = self._captured_constants(traced, a.leaves)
         if called is not None:
           pass   # never run: its callback would read the lifted trace's values
@@ -269,7 +269,7 @@ class MissStages:
       return self._retry_stock(key, args, kwargs, e)
     for reason, detail in (("runtime_callable", called),
                            ("eager_weak_type", weak),
-                           ("folds_zero", folds),
+                           folds or (None, None),
                            ("captured_constants", captured)):
       if detail is not None and baked is None:
         # stock answers (its module bakes the closed-over arrays), and this
@@ -380,10 +380,10 @@ class MissStages:
       # data (the trace's own objects) to later objects' callers
       trace_lookup.closure_cache.traced_apart.note(code, "output_node_data")
     lifted = {id(x) for x in _compat.jax.tree_util.tree_leaves(a.leaves)}
+    folds = folding.difference(traced.jaxpr, lifted_constants=lifted)
     for reason, detail in (
         ("runtime_callable", self._runtime_callable(traced)),
-        ("folds_zero", folding.zero_sum(traced.jaxpr,
-                                        lifted_constants=lifted)),
+        folds or (None, None),
         ("captured_constants", _lowering.captured_constants_warning(
             _compat.captured_constants(traced)))):
       if detail is not None:
@@ -438,7 +438,7 @@ class MissStages:
           ("runtime_callable", self._runtime_callable(traced)),
           ("eager_weak_type", self._eager_weak_types(traced)),
           ("operand_zero", self._baked_operand(traced)),
-          ("folds_zero", self._folds_zero(traced, leaves)),
+          self._folds(traced, leaves) or (None, None),
           ("captured_constants", self._captured_constants(traced, leaves))):
         if detail is not None:
           entries.entries.discard(key)
@@ -480,13 +480,16 @@ class MissStages:
         *_compat.captured_constants(traced)))
 
 
-  def _folds_zero(self, traced, leaves) -> str | None:
-    """Where ``traced`` adds a value computed from its lifted arrays alone to
-    one that may be all zeros (``lowering/folding.py``), for a wrapper whose
-    stock bakes those arrays (a launcher's stock takes them as operands)."""
+  def _folds(self, traced, leaves):
+    """Where ``traced``, its lifted arrays passed as arguments, computes
+    otherwise than stock's module, which bakes them and folds them with its
+    other constants (``lowering/folding.py``: a zero added, scalars
+    reassociated), for a wrapper whose stock bakes those arrays (a
+    launcher's stock takes them as operands): a ``folding.Finding``, or
+    None."""
     if self._constants_are_operands:
       return None
-    return folding.zero_sum(traced.jaxpr, lifted_inputs=len(
+    return folding.difference(traced.jaxpr, lifted_inputs=len(
         _compat.jax.tree_util.tree_leaves(leaves)))
 
 

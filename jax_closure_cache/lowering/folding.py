@@ -1,4 +1,19 @@
-"""Where passing a constant as an argument changes the sign of a zero.
+"""Where passing a constant as an argument changes what XLA computes.
+
+Two kinds of difference, each found structurally:
+
+* the sign of a zero (reason ``folds_zero``);
+* a reassociation (reason ``folds_constants``): XLA rewrites
+  ``(x * c1) * c2`` as ``x * (c1 * c2)`` and ``(x + c1) + c2`` as
+  ``x + (c1 + c2)`` where it sees both scalars as constants, and rounds
+  otherwise than the order the program wrote (a learning rate ``lr`` in
+  ``(g * lr) * 0.5``); a sum of two products by such scalars
+  (``x * c1 + x * c2``) was measured to differ too. A scalar
+  passed as an argument (a changed literal, a lifted 0-d array) keeps the
+  written order in the cache's module only. An array constant is not
+  reassociated so.
+
+The sign of a zero:
 
 XLA simplifies ``x + 0`` to ``x`` wherever it can see the zero: an array
 constant of zeros, or one it folded from constants (``c * 0.0``,
@@ -9,7 +24,7 @@ the jaxpr's constants and changed literals). A value computed from those
 alone is a constant XLA folds in stock's module and a runtime value in the
 cache's, so an addition of such a value and a value that may be all zeros
 is simplified in one module and summed in the other: the sign of a zero
-can differ. :func:`zero_sum` finds such an addition.
+can differ. :func:`difference` finds such an addition.
 
 The answer is structural (which values may be zero follows from literals,
 constants and the equations, never from a lifted array's contents), so it
@@ -81,24 +96,39 @@ _NOT_INLINED = frozenset({"update_jaxpr"})
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
-def zero_sum(closed, lifted_inputs: int = 0, constants_lifted: bool = False,
-             literals_lifted: bool = False,
-             lifted_constants: frozenset | set = frozenset()) -> str | None:
-  """Where ``closed`` adds a value folded by stock only to one that may be
-  all zeros (the description), or None. Its first ``lifted_inputs`` inputs
-  are passed where stock bakes them; with ``constants_lifted`` its
+class Finding(NamedTuple):
+  """Why passing some of a jaxpr's constants as arguments would compute
+  otherwise than stock's module: ``reason`` (``folds_zero`` or
+  ``folds_constants``, as fallbacks are counted) and ``detail``."""
+  reason: str
+  detail: str
+
+
+_UNREADABLE = "folds_zero"   # (a jaxpr this module cannot read: not shared)
+
+
+def difference(closed, lifted_inputs: int = 0,
+               constants_lifted: bool = False,
+               lifted_literals: frozenset = frozenset(),
+               lifted_constants: frozenset | set = frozenset()
+               ) -> Finding | None:
+  """Where ``closed`` computes otherwise with some of its constants passed
+  as arguments (the description), or None. Its first ``lifted_inputs``
+  inputs are passed where stock bakes them; with ``constants_lifted`` its
   constants too (else those whose ``id`` is in ``lifted_constants``: a
-  stock trace's closed-over arrays a lifted trace would pass), with
-  ``literals_lifted`` its top-level non-zero floating literals."""
+  stock trace's closed-over arrays a lifted trace would pass), and the
+  top-level literals at ``lifted_literals`` (``(equation index, operand
+  index)``)."""
   try:
-    return _zero_sum(closed, lifted_inputs, constants_lifted,
-                     literals_lifted, lifted_constants)
+    return _difference(closed, lifted_inputs, constants_lifted,
+                       lifted_literals, lifted_constants)
   except Exception as e:   # never an error: not shared
-    return f"its jaxpr could not be read ({type(e).__name__}: {e})"
+    return Finding(_UNREADABLE, f"its jaxpr could not be read "
+                   f"({type(e).__name__}: {e})")
 
 
-def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted,
-              lifted_constants):
+def _difference(closed, lifted_inputs, constants_lifted, lifted_literals,
+                lifted_constants):
   jaxpr, consts = _compat.closed_parts(closed)
   env: dict = {}
   for v, c in zip(jaxpr.constvars, consts):
@@ -106,7 +136,7 @@ def _zero_sum(closed, lifted_inputs, constants_lifted, literals_lifted,
               else _CONSTANT._replace(zero=_all_zero(c)))
   for i, v in enumerate(jaxpr.invars):
     env[v] = _LIFTED if i < lifted_inputs else _ARGUMENT
-  return _walk(jaxpr, env, literals_lifted, nested_lifted=constants_lifted)
+  return _walk(jaxpr, env, lifted_literals, nested_lifted=constants_lifted)
 
 
 def _all_zero(c) -> bool:
@@ -114,27 +144,37 @@ def _all_zero(c) -> bool:
   return _compat.all_zero(c, booleans=True, unknown=True)
 
 
-def _walk(jaxpr, env: dict, literals_lifted: bool,
-          nested_lifted: bool) -> str | None:
-  def read(x) -> _State:
+def _walk(jaxpr, env: dict, lifted_literals: frozenset,
+          nested_lifted: bool) -> Finding | None:
+  def read(x, slot) -> _State:
     if type(x) is _compat.Literal:
-      zero = _all_zero(x.val)
-      if literals_lifted and not zero and type(x.val) is not bool and (
-          isinstance(x.val, float) or _compat.inexact_dtype(
-              getattr(x.val, "dtype", np.dtype(type(x.val))))):
+      if slot in lifted_literals:
         return _LIFTED
-      return _CONSTANT._replace(zero=zero)
+      return _CONSTANT._replace(zero=_all_zero(x.val))
     return env.get(x, _ARGUMENT)
 
   known: dict = {}   # var -> the NumPy scalar it holds (literal arithmetic)
+  # var -> (family, whether a lifted value is among its constants): the
+  # result of a ``mul``/``div`` or ``add``/``sub`` of a runtime value and a
+  # scalar constant of stock's module, which XLA reassociates with a
+  # further such constant
+  chained: dict = {}
+  scalar_constants: set = set()   # vars: a scalar constant (broadcast too)
+
+  def scalar_constant(x, state: _State) -> bool:
+    if state.varying:
+      return False
+    if type(x) is _compat.Literal:
+      return np.ndim(x.val) == 0
+    return x in scalar_constants or getattr(x.aval, "shape", None) == ()
 
   def scalar(x):
     if type(x) is _compat.Literal:
       return x.val if np.ndim(x.val) == 0 else None
     return known.get(x)
 
-  for e in jaxpr.eqns:
-    ins = [read(x) for x in e.invars]
+  for n, e in enumerate(jaxpr.eqns):
+    ins = [read(x, (n, i)) for i, x in enumerate(e.invars)]
     name = e.primitive.name
     if (name in _SCALAR or name == "convert_element_type") and not any(
         s.lifted or s.varying for s in ins):
@@ -148,11 +188,18 @@ def _walk(jaxpr, env: dict, literals_lifted: bool,
     if name in _ZERO_SENSITIVE and _signed(e) and any(
         s.folded_by_stock_only for s in ins) and any(
             s.zero and not s.varying for s in ins):
-      return (f"`{name}` takes a value computed from lifted inputs alone "
-              "(a constant XLA folds in stock's module) and one that may "
-              "be all zeros: XLA simplifies x + 0 to x, which keeps a -0.0 "
-              "IEEE's sum does not (and folds max and min otherwise than "
-              "the runtime)")
+      return Finding("folds_zero", (
+          f"`{name}` takes a value computed from lifted inputs alone "
+          "(a constant XLA folds in stock's module) and one that may "
+          "be all zeros: XLA simplifies x + 0 to x, which keeps a -0.0 "
+          "IEEE's sum does not (and folds max and min otherwise than "
+          "the runtime)"))
+    if (name == "broadcast_in_dim" and len(e.invars) == 1
+        and scalar_constant(e.invars[0], ins[0])):
+      scalar_constants.add(e.outvars[0])
+    found = _reassociated(e, ins, chained, scalar_constant)
+    if found:
+      return found
     outs, found = _nested(e, ins, nested_lifted)
     if found:
       return found
@@ -176,6 +223,51 @@ def _walk(jaxpr, env: dict, literals_lifted: bool,
       outs = [_State(lifted, varying, zero)] * len(e.outvars)
     for v, s in zip(e.outvars, outs):
       env[v] = s
+  return None
+
+
+#: the families XLA reassociates a scalar constant within
+_FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",
+                                  "sub": "add"})
+
+
+def _reassociated(e, ins: list, chained: dict, scalar_constant):
+  """The finding where equation ``e`` and the one giving its runtime
+  operand each take a scalar constant of stock's module in one family
+  (``(x * c1) * c2``), or ``e`` adds two products of scalar constants
+  (``x * c1 + x * c2``), a lifted value among those constants: XLA folds
+  them together in stock's module only. Notes ``e``'s own result in
+  ``chained``. None where there is nothing to find."""
+  family = _FAMILY.get(e.primitive.name)
+  if family is None or len(e.invars) != 2 or not _signed(e):
+    return None
+  constant = [scalar_constant(x, s) for x, s in zip(e.invars, ins)]
+  if constant[0] != constant[1]:   # a runtime value and a scalar constant
+    k = constant.index(True)
+    operand = e.invars[1 - k]
+    before = chained.get(operand) if type(operand) is not _compat.Literal \
+        else None
+    lifted = ins[k].lifted
+    if before is not None and before[0] == family and (lifted or before[1]):
+      return Finding("folds_constants", (
+          f"`{e.primitive.name}` takes a scalar constant of stock's module "
+          f"and the result of a `{family}` by another: XLA folds the two "
+          "constants together there (reassociating the product or sum), "
+          "and rounds otherwise than the module that takes a lifted one as "
+          "an argument"))
+    if ins[1 - k].varying:
+      chained[e.outvars[0]] = (family, lifted)
+    return None
+  if family == "add" and not any(constant):
+    parts = [chained.get(x) if type(x) is not _compat.Literal else None
+             for x in e.invars]
+    if all(p is not None and p[0] == "mul" for p in parts) and any(
+        p[1] for p in parts):
+      return Finding("folds_constants", (
+          f"`{e.primitive.name}` of two products by scalar constants of "
+          "stock's module: XLA factors them there (x * c1 + x * c2 as "
+          "x * (c1 + c2)), and rounds otherwise than the module that takes "
+          "a lifted one as an argument"))
   return None
 
 
@@ -311,7 +403,7 @@ def _read(j, ins: list, nested_lifted: bool):
   env = {v: (_LIFTED if nested_lifted else _CONSTANT._replace(
       zero=_all_zero(c))) for v, c in zip(inner.constvars, consts)}
   env.update(zip(inner.invars, ins))
-  found = _walk(inner, env, False, nested_lifted)
+  found = _walk(inner, env, frozenset(), nested_lifted)
   if found:
     return None, found
   return [_read_literal(v) if type(v) is _compat.Literal

@@ -168,6 +168,12 @@ class Lowerings:
 
 
 LOWERINGS = cache.STORE.own("shared.LOWERINGS", Lowerings(), cache.Store.CALLS)
+
+#: How a refusal for a ``folding.Finding`` is counted, by its reason.
+_REFUSED_FOLDING = types.MappingProxyType({
+    "folds_zero": "a zero XLA folds in stock's module",
+    "folds_constants": "scalar constants XLA folds together in stock's "
+                       "module"})
 cache.STORE.report("tier_a", LOWERINGS.report, reset=LOWERINGS.reset_counts)
 
 
@@ -323,13 +329,14 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
-  folds = folding.zero_sum(jaxpr, constants_lifted=True,
-                           literals_lifted=any(lifted))
+  folds = folding.difference(
+      jaxpr, constants_lifted=True, lifted_literals=_lifted_slots(
+          _compat.closed_parts(jaxpr)[0], lifted))
   if folds is not None:
-    LOWERINGS.refuse("a zero XLA folds in stock's module")
+    LOWERINGS.refuse(_REFUSED_FOLDING[folds.reason])
     if _explaining():
       logger.warning("jax_closure_cache: tier A does not share %s's "
-                     "lowering: %s", call.name, folds)
+                     "lowering: %s", call.name, folds.detail)
     return call.stock(jaxpr)
   try:
     computation = _lower_lifted(jaxpr, lifted, call)
@@ -371,28 +378,43 @@ def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
           *_own_constants(s.hoisted)]
 
 
+def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
+  """Where the literals the ``lifted`` flags pass as arguments are:
+  ``(equation index, operand index)``, ``(None, output index)`` for an
+  output. The flags follow the literals a shared lowering may take as
+  arguments (``structure.lifted_operands``, ``structure.lifted_literal``)
+  in the jaxpr's order."""
+  flags = iter(lifted)
+  slots = []
+  runtime = set(open_jaxpr.invars)
+  for n, e in enumerate(open_jaxpr.eqns):
+    live = structure.reads_runtime(runtime, e)
+    if live and any(type(v) is _compat.Literal for v in e.invars):
+      slots += [(n, i) for i, lift in enumerate(
+          structure.lifted_operands(e, live)) if lift and next(flags)]
+  slots += [(None, i) for i, v in enumerate(open_jaxpr.outvars)
+            if structure.lifted_literal(v) and next(flags)]
+  return frozenset(slots)
+
+
 def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
   """Stock's lowering of ``jaxpr`` with its constants and the ``lifted``
   literals as leading arguments."""
   open_jaxpr, _ = _compat.closed_parts(jaxpr)
-  flags = iter(lifted)
+  slots = _lifted_slots(open_jaxpr, lifted)
   new_vars: list = []
 
-  def operand(v, lift):
-    if lift and next(flags):
+  def operand(v, slot):
+    if slot in slots:
       new = _compat.Var(v.aval)
       new_vars.append(new)
       return new
     return v
 
   hoisted_vars: list = []
-  runtime = set(open_jaxpr.invars)
 
-  def equation(e):
-    live = structure.reads_runtime(runtime, e)
-    if live and any(type(v) is _compat.Literal for v in e.invars):
-      e = e.replace(invars=list(map(operand, e.invars,
-                                    structure.lifted_operands(e, live))))
+  def equation(n, e):
+    e = e.replace(invars=[operand(v, (n, i)) for i, v in enumerate(e.invars)])
     if structure.hoists(e):   # a nested jit's constants: its first operands
       inner, _ = _compat.closed_parts(e.params["jaxpr"])
       _, params = structure.constants_as_inputs(e)
@@ -401,9 +423,8 @@ def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
       e = e.replace(invars=[*outer, *e.invars], params=params)
     return e
 
-  eqns = list(map(equation, open_jaxpr.eqns))
-  outvars = [operand(v, structure.lifted_literal(v))
-             for v in open_jaxpr.outvars]
+  eqns = list(map(equation, range(len(open_jaxpr.eqns)), open_jaxpr.eqns))
+  outvars = [operand(v, (None, i)) for i, v in enumerate(open_jaxpr.outvars)]
   leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
   n = len(leading)
   closed = _compat.with_leading_inputs(
