@@ -118,6 +118,15 @@ _REASSOCIATED = {
     "scaled_total": lambda y, c: jnp.sum(y) * c * 3.0,
     "inside_cond": lambda y, c: jax.lax.cond(y[0] > -100, lambda u: (u * c)
                                              * 3.0, lambda u: u, y),
+    # through a move XLA sees through
+    "through_reshape": lambda y, c: (y * c).reshape(8, 8) * 0.3,
+    "through_rev": lambda y, c: (y * c)[::-1] * 0.3,
+    "through_broadcast": lambda y, c: jnp.broadcast_to(y + c, (2, 64)) + 0.3,
+    # a function of the constant alone, which XLA evaluates at compile time
+    "tanh_of_it": lambda y, c: y + jnp.tanh(c),
+    "log_of_it": lambda y, c: y + jnp.log(jnp.abs(c)),
+    "rsqrt_of_it": lambda y, c: y * jax.lax.rsqrt(jnp.abs(c)),
+    "power": lambda y, c: jax.lax.pow(jnp.abs(y), jnp.float32(c)),
 }
 
 
@@ -153,8 +162,10 @@ def test_scalars_xla_folds_together_are_stocks_bit_for_bit(pattern):
 def test_a_scalar_beside_no_other_constant_of_its_chain_is_shared():
   """What the reassociation check leaves shared: a changing learning rate
   scaling a value no other scalar constant multiplies (Adam's update), a
-  mean (whose divisor never changes) scaled by a literal: one shared
-  executable after the first step, bit for bit stock's."""
+  mean (whose divisor never changes) scaled by a literal, a constant from
+  which a sum is subtracted (``c - (x + 0.3)``, which XLA does not
+  reassociate): one shared executable after the first step, bit for bit
+  stock's."""
   y = jnp.asarray(np.random.default_rng(1).standard_normal(64), jnp.float32)
 
   def run(n):
@@ -164,6 +175,7 @@ def test_a_scalar_beside_no_other_constant_of_its_chain_is_shared():
       out.append(jax.jit(lambda v: v - lr * (0.9 * v + 0.1 * v * v)
                          / (jnp.sqrt(v * v) + 1e-8))(y))
       out.append(jax.jit(lambda v: jnp.mean(v * lr) * 2.0)(y))
+      out.append(jax.jit(lambda v: lr - (v + 0.3))(y))
     return out
 
   want = stock_off(run, 6)
@@ -172,7 +184,7 @@ def test_a_scalar_beside_no_other_constant_of_its_chain_is_shared():
     got = run(6)
   for g, w in zip(got, want):
     same_as_stock(g, w)
-  assert c["compiles"] == 4, c   # each structure: its first two steps
+  assert c["compiles"] == 6, c   # each structure: its first two steps
   assert jcc.stats()["verify_mismatches"] == 0
 
 

@@ -7,11 +7,17 @@ Two kinds of difference, each found structurally:
   ``(x * c1) * c2`` as ``x * (c1 * c2)`` and ``(x + c1) + c2`` as
   ``x + (c1 + c2)`` where it sees both scalars as constants, and rounds
   otherwise than the order the program wrote (a learning rate ``lr`` in
-  ``(g * lr) * 0.5``); a sum of two products by such scalars
+  ``(g * lr) * 0.5``), through a reshape, transpose, reversal or
+  broadcast between the two; a sum of two products by such scalars
   (``x * c1 + x * c2``) was measured to differ too. A scalar
   passed as an argument (a changed literal, a lifted 0-d array) keeps the
   written order in the cache's module only. An array constant is not
-  reassociated so.
+  reassociated so. Likewise (reason ``folds_constants``) a function of
+  values computed from lifted inputs alone other than IEEE's correctly
+  rounded arithmetic and moves (``tanh(c)``, ``log(c)``, ``rsqrt(c)``, a
+  sum): XLA evaluates it at compile time in stock's module, with its own
+  arithmetic, where the cache's computes it at run time; and a ``pow``
+  whose exponent is such a value (XLA rewrites ``x ** 3.0`` as products).
 
 The sign of a zero:
 
@@ -89,6 +95,20 @@ _SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.s
            "mul": np.multiply, "div": np.divide, "max": np.maximum,
            "min": np.minimum, "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
            "abs": np.abs, "sign": np.sign, "square": np.square})
+#: operations whose value on constants XLA's compile-time evaluator gives
+#: exactly as the runtime computes it (IEEE's correctly rounded arithmetic,
+#: comparisons, moves); any other (``tanh``, ``log``, ``rsqrt``, a sum's or
+#: a product's order) may round otherwise, so on lifted values alone it is
+#: a finding
+_EXACT_ON_CONSTANTS = _MOVES | frozenset({
+    "add", "add_any", "sub", "mul", "div", "max", "min", "abs", "sign",
+    "floor", "ceil", "round", "square", "sqrt", "eq", "ne", "lt", "le", "gt",
+    "ge", "and", "or", "not", "xor", "clamp", "iota", "is_finite",
+    "copysign", "nextafter"})
+#: moves XLA reassociates a constant through (``(x * c).reshape(...) * 2``;
+#: not a slice, a negation or a conversion)
+_CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
+                          "squeeze", "expand_dims", "copy", "copy_p"})
 #: a nested jaxpr XLA never simplifies as the equation's own code (a
 #: scatter's combiner)
 _NOT_INLINED = frozenset({"update_jaxpr"})
@@ -197,6 +217,23 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     if (name == "broadcast_in_dim" and len(e.invars) == 1
         and scalar_constant(e.invars[0], ins[0])):
       scalar_constants.add(e.outvars[0])
+    if (name not in _EXACT_ON_CONSTANTS and _signed(e) and ins
+        and not _jaxprs_in(e.params) and not any(s.varying for s in ins)
+        and any(s.lifted for s in ins)):
+      return Finding("folds_constants", (
+          f"`{name}` of values computed from lifted inputs alone: XLA "
+          "evaluates it at compile time in stock's module, with its own "
+          "arithmetic, where the cache's module computes it at run time "
+          "(the last bits differ)"))
+    if name == "pow" and any(s.lifted and not s.varying for s in ins):
+      return Finding("folds_constants", (
+          "`pow` of a value computed from lifted inputs alone: XLA rewrites "
+          "a constant power in stock's module (x ** 3.0 as a product)"))
+    if name in _CHAIN_MOVES and e.invars and (
+        type(e.invars[0]) is not _compat.Literal):
+      before = chained.get(e.invars[0])
+      if before is not None:
+        chained[e.outvars[0]] = before
     found = _reassociated(e, ins, chained, scalar_constant)
     if found:
       return found
@@ -248,7 +285,11 @@ def _reassociated(e, ins: list, chained: dict, scalar_constant):
     before = chained.get(operand) if type(operand) is not _compat.Literal \
         else None
     lifted = ins[k].lifted
-    if before is not None and before[0] == family and (lifted or before[1]):
+    # (a constant divided or subtracted by the chain, ``c - (x + 1.0)``,
+    # is not reassociated: XLA turns ``x - c`` into ``x + -c`` only)
+    commutes = k == 1 or e.primitive.name in ("mul", "add")
+    if (before is not None and before[0] == family and commutes
+        and (lifted or before[1])):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` takes a scalar constant of stock's module "
           f"and the result of a `{family}` by another: XLA folds the two "
