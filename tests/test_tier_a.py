@@ -127,7 +127,17 @@ _REASSOCIATED = {
     "log_of_it": lambda y, c: y + jnp.log(jnp.abs(c)),
     "rsqrt_of_it": lambda y, c: y * jax.lax.rsqrt(jnp.abs(c)),
     "power": lambda y, c: jax.lax.pow(jnp.abs(y), jnp.float32(c)),
+    # across a call XLA inlines, either way
+    "into_a_jit": lambda y, c: _times_three(y * c),
+    "out_of_a_jit": lambda y, c: jax.jit(lambda u: u * c)(y) * 3.0,
+    "gradient_sum": lambda y, c: jax.grad(
+        lambda u: jnp.sum(u * c * u) * 0.5)(y),
 }
+
+
+@jax.jit
+def _times_three(u):
+  return u * 3.0
 
 
 @pytest.mark.parametrize("pattern", sorted(_REASSOCIATED))
@@ -386,7 +396,7 @@ def test_a_constant_only_dead_code_reads_is_not_passed():
       x = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("x")))
       def run(i):
         c, d = jnp.ones(3) * i, jnp.float32(i + 1)
-        return jax.jit(lambda x: (jnp.sin(c), x * d)[1])(x)
+        return jax.jit(lambda x: (c * 2.0, x * d)[1])(x)
       want = [np.asarray(run(i)) for i in range(4)]
       jcc.enable(verify=True, closure_key=False)   # tier A alone
       got = [np.asarray(run(i)) for i in range(4)]

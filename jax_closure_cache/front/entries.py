@@ -67,6 +67,9 @@ refuses_new_object = eval(
     compile(f"lambda entry: {REFUSES_NEW_OBJECT}", __file__, "eval"),
     {"WARN_BYTES": _WARN_BYTES})
 
+_NONE_YET = object()   # (Entry.forwarded_alike: no trace noted yet)
+_VARIES = object()   # (Entry.forwarded_alike: signatures differ)
+
 _STORE = cache.STORE
 # (options key, closure key) -> Entry
 entries = _STORE.bounded("entries.entries")
@@ -188,6 +191,7 @@ def _caller_for_trace(e, lift_numpy):
 class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
+               "forwarded_alike",
                "avals", "static", "caller", "walk", "classes",
                "constant_bytes", "forwarded", "_used", "_swept")
 
@@ -221,6 +225,9 @@ class Entry(cache.Entry):
     # control flow's stock returns the caller's own object there. None
     # while no trace forwarded any; a signature not in it forwards none.
     self.forwarded: dict | None = None
+    # what every signature traced so far forwards, while they all agree
+    # (a launch then reads no signature); _VARIES once two differ
+    self.forwarded_alike = _NONE_YET
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -234,12 +241,17 @@ class Entry(cache.Entry):
     ``lifted`` inputs are the lifted leaves): which outputs it returns as
     an argument was passed."""
     found = _lowering.forwarded_inputs(jaxpr, lifted)
+    if self.forwarded_alike is _NONE_YET:
+      self.forwarded_alike = found
+    elif self.forwarded_alike != found:
+      self.forwarded_alike = _VARIES
     if found is None and self.forwarded is None:
       return   # (the common case: no trace of it forwards anything)
     try:
       signature = _compat.trace.call_signature(args, kwargs)
       hash(signature)
-    except TypeError:   # unhashable node data: this signature forwards none
+    except Exception:   # unhashable node data: this signature forwards none
+      self.forwarded_alike = _VARIES
       return
     if found is not None:
       if self.forwarded is None:
@@ -253,9 +265,11 @@ class Entry(cache.Entry):
     argument was passed (``note_forwarded``), or None."""
     if self.forwarded is None:
       return None
+    if self.forwarded_alike is not _VARIES:
+      return self.forwarded_alike   # (every signature forwards the same)
     try:
       return self.forwarded.get(_compat.trace.call_signature(args, kwargs))
-    except TypeError:   # unhashable node data: never recorded
+    except Exception:   # node data unhashable or failing ==: never recorded
       return None
 
   def note_argument_classes(self, args, kwargs) -> None:

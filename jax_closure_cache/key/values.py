@@ -203,9 +203,14 @@ def kept_as_library_object(t: type) -> bool:
 def _incomparable(values, others) -> ValueError:
   """Stock's error for static values whose ``==`` raised: its cache's
   ``ValueError``, naming the two values' types and the error raised."""
-  for a, b in zip(values, others):
+  pairs = list(zip(values, others))
+  while pairs:
+    a, b = pairs.pop(0)
+    if type(a) is tuple and type(b) is tuple and len(a) == len(b):
+      pairs[:0] = zip(a, b)   # (the values themselves, not their holders)
+      continue
     try:
-      a == b   # noqa: B015 -- run for its error
+      bool(a == b)   # as the comparison of the tuples reads it
     except Exception:   # noqa: BLE001
       return ValueError(
           "static arguments should be comparable using __eq__.The following "

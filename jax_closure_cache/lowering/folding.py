@@ -14,10 +14,11 @@ Two kinds of difference, each found structurally:
   written order in the cache's module only. An array constant is not
   reassociated so. Likewise (reason ``folds_constants``) a function of
   values computed from lifted inputs alone other than IEEE's correctly
-  rounded arithmetic and moves (``tanh(c)``, ``log(c)``, ``rsqrt(c)``, a
-  sum): XLA evaluates it at compile time in stock's module, with its own
+  rounded arithmetic and moves (``tanh(c)``, ``log(c)``, ``rsqrt(c)``):
+  XLA evaluates it at compile time in stock's module, with its own
   arithmetic, where the cache's computes it at run time; and a ``pow``
   whose exponent is such a value (XLA rewrites ``x ** 3.0`` as products).
+  A reduction of such values (its order of summation) is not modelled.
 
 The sign of a zero:
 
@@ -104,7 +105,15 @@ _EXACT_ON_CONSTANTS = _MOVES | frozenset({
     "add", "add_any", "sub", "mul", "div", "max", "min", "abs", "sign",
     "floor", "ceil", "round", "square", "sqrt", "eq", "ne", "lt", "le", "gt",
     "ge", "and", "or", "not", "xor", "clamp", "iota", "is_finite",
-    "copysign", "nextafter"})
+    "nextafter", "rem", "integer_pow", "reduce_max", "reduce_min",
+    "argmax", "argmin", "dynamic_slice", "dynamic_update_slice", "gather",
+    "sort"})
+#: reductions and contractions (and scatters), whose compile-time value in
+#: stock's module may sum in another order than the runtime: not modelled
+#: (a cross-entropy gradient scatters constants at lifted labels and sums
+#: them; refusing every such jaxpr would share none of them)
+_ORDERED = frozenset({"reduce_sum", "reduce_prod", "dot_general", "cumsum",
+                      "cumprod", "cumlogsumexp", "cummax", "cummin"})
 #: moves XLA reassociates a constant through (``(x * c).reshape(...) * 2``;
 #: not a slice, a negation or a conversion)
 _CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
@@ -118,13 +127,14 @@ _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 class Finding(NamedTuple):
   """Why passing some of a jaxpr's constants as arguments would compute
-  otherwise than stock's module: ``reason`` (``folds_zero`` or
-  ``folds_constants``, as fallbacks are counted) and ``detail``."""
+  otherwise than stock's module: ``reason`` (``folds_zero``,
+  ``folds_constants``, or ``folding_unread`` for a jaxpr it cannot read,
+  as fallbacks are counted) and ``detail``."""
   reason: str
   detail: str
 
 
-_UNREADABLE = "folds_zero"   # (a jaxpr this module cannot read: not shared)
+_UNREADABLE = "folding_unread"   # (a jaxpr this module cannot read: not shared)
 
 
 def difference(closed, lifted_inputs: int = 0,
@@ -164,8 +174,50 @@ def _all_zero(c) -> bool:
   return _compat.all_zero(c, booleans=True, unknown=True)
 
 
+class _Chains:
+  """What the reassociation rule tracks through a jaxpr, and across the
+  calls XLA inlines: ``chained``, var -> (family, whether a lifted value is
+  among its constants) for the result of a ``mul``/``div`` or
+  ``add``/``sub`` of a runtime value and a scalar constant of stock's
+  module (which XLA reassociates with a further such constant); and
+  ``scalars``, the vars that are a scalar constant (broadcast too)."""
+  __slots__ = ("chained", "scalars")
+
+  def __init__(self):
+    self.chained: dict = {}
+    self.scalars: set = set()
+
+  def scalar_constant(self, x, state: _State) -> bool:
+    if state.varying:
+      return False
+    if type(x) is _compat.Literal:
+      return np.ndim(x.val) == 0
+    return x in self.scalars or getattr(x.aval, "shape", None) == ()
+
+  def into(self, outer_vars, ins: list, inner_vars) -> "_Chains":
+    """The tags of a called jaxpr's inputs, from its operands'."""
+    inner = _Chains()
+    for x, s, v in zip(outer_vars, ins, inner_vars):
+      if type(x) is not _compat.Literal and x in self.chained:
+        inner.chained[v] = self.chained[x]
+      if self.scalar_constant(x, s):
+        inner.scalars.add(v)
+    return inner
+
+  def out_of(self, inner: "_Chains", inner_vars, outer_vars) -> None:
+    """A call's outputs tagged as its jaxpr's outputs are."""
+    for v, x in zip(inner_vars, outer_vars):
+      if type(v) is _compat.Literal:
+        continue
+      if v in inner.chained:
+        self.chained[x] = inner.chained[v]
+      if v in inner.scalars:
+        self.scalars.add(x)
+
+
 def _walk(jaxpr, env: dict, lifted_literals: frozenset,
-          nested_lifted: bool) -> Finding | None:
+          nested_lifted: bool, chains: _Chains | None = None
+          ) -> Finding | None:
   def read(x, slot) -> _State:
     if type(x) is _compat.Literal:
       if slot in lifted_literals:
@@ -174,19 +226,9 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     return env.get(x, _ARGUMENT)
 
   known: dict = {}   # var -> the NumPy scalar it holds (literal arithmetic)
-  # var -> (family, whether a lifted value is among its constants): the
-  # result of a ``mul``/``div`` or ``add``/``sub`` of a runtime value and a
-  # scalar constant of stock's module, which XLA reassociates with a
-  # further such constant
-  chained: dict = {}
-  scalar_constants: set = set()   # vars: a scalar constant (broadcast too)
-
-  def scalar_constant(x, state: _State) -> bool:
-    if state.varying:
-      return False
-    if type(x) is _compat.Literal:
-      return np.ndim(x.val) == 0
-    return x in scalar_constants or getattr(x.aval, "shape", None) == ()
+  chains = _Chains() if chains is None else chains
+  chained = chains.chained
+  scalar_constant = chains.scalar_constant
 
   def scalar(x):
     if type(x) is _compat.Literal:
@@ -216,10 +258,13 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
           "the runtime)"))
     if (name == "broadcast_in_dim" and len(e.invars) == 1
         and scalar_constant(e.invars[0], ins[0])):
-      scalar_constants.add(e.outvars[0])
-    if (name not in _EXACT_ON_CONSTANTS and _signed(e) and ins
+      chains.scalars.add(e.outvars[0])
+    if (name not in _EXACT_ON_CONSTANTS and name not in _ORDERED
+        and not name.startswith("scatter") and _signed(e) and ins
         and not _jaxprs_in(e.params) and not any(s.varying for s in ins)
-        and any(s.lifted for s in ins)):
+        and any(s.lifted and _inexact(x) for x, s in zip(e.invars, ins))):
+      # (lifted floating values: lifted integers, a scatter's indices,
+      # choose positions, which both modules compute alike)
       return Finding("folds_constants", (
           f"`{name}` of values computed from lifted inputs alone: XLA "
           "evaluates it at compile time in stock's module, with its own "
@@ -237,7 +282,7 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     found = _reassociated(e, ins, chained, scalar_constant)
     if found:
       return found
-    outs, found = _nested(e, ins, nested_lifted)
+    outs, found = _nested(e, ins, nested_lifted, chains)
     if found:
       return found
     if outs is None:
@@ -265,7 +310,7 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
 
 #: the families XLA reassociates a scalar constant within
 _FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",
-                                  "sub": "add"})
+                                  "add_any": "add", "sub": "add"})
 
 
 def _reassociated(e, ins: list, chained: dict, scalar_constant):
@@ -296,7 +341,9 @@ def _reassociated(e, ins: list, chained: dict, scalar_constant):
           "constants together there (reassociating the product or sum), "
           "and rounds otherwise than the module that takes a lifted one as "
           "an argument"))
-    if ins[1 - k].varying:
+    # (a constant divided by a runtime value, ``c / x``, starts no chain
+    # XLA reassociates)
+    if ins[1 - k].varying and (k == 1 or e.primitive.name != "div"):
       chained[e.outvars[0]] = (family, lifted)
     return None
   if family == "add" and not any(constant):
@@ -327,6 +374,11 @@ def _evaluate(name: str, vals: list, aval):
     return None
 
 
+def _inexact(x) -> bool:
+  """Whether an operand holds floating or complex values."""
+  return _compat.inexact_dtype(getattr(x.aval, "dtype", None))
+
+
 def _signed(e) -> bool:
   """Whether an equation's result has signed zeros (a floating type)."""
   return any(_compat.inexact_dtype(getattr(v.aval, "dtype", None))
@@ -348,7 +400,7 @@ def _jaxprs_in(params) -> list:
   return found
 
 
-def _nested(e, ins: list, nested_lifted: bool):
+def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
   """``(output states or None, finding or None)`` of an equation holding
   jaxprs. A call maps its operands to its jaxpr's inputs one to one, a
   ``cond`` to each branch's; a loop's carry (and a scan's slice) is a
@@ -404,7 +456,12 @@ def _nested(e, ins: list, nested_lifted: bool):
   call = next((p[k] for k in _CALL_JAXPR if k in p), None)
   if call is not None and len(jaxprs) == 1 and len(
       _compat.jaxpr_inputs(call)) == len(ins):
-    return _read(call, ins, nested_lifted)
+    # XLA inlines a call: a chain goes on across it, both ways
+    inner, _ = _closed_or_open(call)
+    inner_chains = chains.into(e.invars, ins, inner.invars)
+    outs, found = _read(call, ins, nested_lifted, inner_chains)
+    chains.out_of(inner_chains, inner.outvars, e.outvars)
+    return outs, found
   if "branches" in p and len(ins) >= 1:
     outs, found = None, None
     for b in p["branches"]:
@@ -438,13 +495,14 @@ def _loop_parameter(s: _State) -> _State:
   return _State(s.lifted, True, False)
 
 
-def _read(j, ins: list, nested_lifted: bool):
-  """``(output states, finding)`` of a nested jaxpr given its inputs'."""
+def _read(j, ins: list, nested_lifted: bool, chains: _Chains | None = None):
+  """``(output states, finding)`` of a nested jaxpr given its inputs'
+  (and, for a call, their ``chains``, which the walk extends)."""
   inner, consts = _closed_or_open(j)
   env = {v: (_LIFTED if nested_lifted else _CONSTANT._replace(
       zero=_all_zero(c))) for v, c in zip(inner.constvars, consts)}
   env.update(zip(inner.invars, ins))
-  found = _walk(inner, env, frozenset(), nested_lifted)
+  found = _walk(inner, env, frozenset(), nested_lifted, chains)
   if found:
     return None, found
   return [_read_literal(v) if type(v) is _compat.Literal
@@ -456,6 +514,7 @@ def _read_literal(v) -> _State:
 
 
 def _closed_or_open(j):
-  if hasattr(j, "eqns"):
-    return j, ()
-  return _compat.closed_parts(j)
+  # (a closed jaxpr has ``eqns`` too: its constants are read first)
+  if isinstance(j, _compat.ClosedJaxpr):
+    return _compat.closed_parts(j)
+  return j, ()

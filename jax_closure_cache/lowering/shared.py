@@ -168,13 +168,14 @@ class Lowerings:
 
 
 LOWERINGS = cache.STORE.own("shared.LOWERINGS", Lowerings(), cache.Store.CALLS)
+cache.STORE.report("tier_a", LOWERINGS.report, reset=LOWERINGS.reset_counts)
 
 #: How a refusal for a ``folding.Finding`` is counted, by its reason.
 _REFUSED_FOLDING = types.MappingProxyType({
     "folds_zero": "a zero XLA folds in stock's module",
     "folds_constants": "scalar constants XLA folds together in stock's "
-                       "module"})
-cache.STORE.report("tier_a", LOWERINGS.report, reset=LOWERINGS.reset_counts)
+                       "module",
+    "folding_unread": "a jaxpr the folding check cannot read"})
 
 
 class CallLowering(NamedTuple):
@@ -329,9 +330,13 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
-  folds = folding.difference(
-      jaxpr, constants_lifted=True, lifted_literals=_lifted_slots(
-          _compat.closed_parts(jaxpr)[0], lifted))
+  try:
+    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
+  except Exception as e:   # stock's own lowering answers
+    LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
+    return call.stock(jaxpr)
+  folds = folding.difference(jaxpr, constants_lifted=True,
+                             lifted_literals=slots)
   if folds is not None:
     LOWERINGS.refuse(_REFUSED_FOLDING[folds.reason])
     if _explaining():
@@ -339,7 +344,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
                      "lowering: %s", call.name, folds.detail)
     return call.stock(jaxpr)
   try:
-    computation = _lower_lifted(jaxpr, lifted, call)
+    computation = _lower_lifted(jaxpr, slots, call)
   except DeadConstant as e:
     LOWERINGS.refuse(str(e))
     return call.stock(jaxpr)
@@ -397,11 +402,10 @@ def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
   return frozenset(slots)
 
 
-def _lower_lifted(jaxpr, lifted: tuple, call: CallLowering):
-  """Stock's lowering of ``jaxpr`` with its constants and the ``lifted``
-  literals as leading arguments."""
+def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
+  """Stock's lowering of ``jaxpr`` with its constants and the literals at
+  ``slots`` (``_lifted_slots``) as leading arguments."""
   open_jaxpr, _ = _compat.closed_parts(jaxpr)
-  slots = _lifted_slots(open_jaxpr, lifted)
   new_vars: list = []
 
   def operand(v, slot):
@@ -444,7 +448,8 @@ def _verified(jaxpr, s, call, entry) -> bool:
   """Verify mode: this jaxpr lowered afresh the same way is the module the
   hit runs (counted; a mismatch logged)."""
   with _compat.oracle_muted():
-    fresh = _lower_lifted(jaxpr, entry.lifted, call)
+    fresh = _lower_lifted(jaxpr, _lifted_slots(
+        _compat.closed_parts(jaxpr)[0], entry.lifted), call)
   same = module_form(fresh.as_text()) == module_form(
       entry.computation.as_text())
   cache.count_verified(same)
