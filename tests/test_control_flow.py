@@ -475,6 +475,97 @@ def test_a_launch_keeps_a_row_only_for_a_function_held_elsewhere(kind):
   assert len(launchers._rows) == before
 
 
+@pytest.mark.parametrize("kind", ["while_loop", "fori_loop", "scan", "cond"])
+def test_a_fronts_launch_counts_the_callers_references_as_the_generic_does(
+    kind, monkeypatch):
+  """A launcher's front class launches with the hit inline
+  (``generated.front_class``'s ``launch``). It records a row exactly where
+  the generic launch would: for a body the caller holds, not for one
+  written in the call, also where its match fails after it named the body
+  (a closed-over value of another type) and the generic launch answers."""
+  from jax_closure_cache.control_flow import launchers
+  remembered = []
+  original = launchers._Launcher.remember
+  monkeypatch.setattr(launchers._Launcher, "remember",
+                      lambda self: remembered.append(1) or original(self))
+  x = jnp.ones(2)
+
+  def written(w):   # the launch's functions made in its own call
+    if kind == "while_loop":
+      return jax.lax.while_loop(lambda c: c[0] < 3.0, lambda c: c + w, x)
+    if kind == "fori_loop":
+      return jax.lax.fori_loop(0, 2, lambda i, c: c + w, x)
+    if kind == "scan":
+      return jax.lax.scan(lambda c, v: (c + w, None), x, None, length=2)[0]
+    return jax.lax.cond(True, lambda c: c + w, lambda c: c, x)
+
+  def run():
+    out = [written(jnp.float32(k)) for k in range(1, 5)]
+    # a closed-over value of another type: the match names the body, fails
+    out += [written(np.float32(k)) for k in (5, 6)]
+    for k in range(3):   # a body the caller holds by name, once
+      w = jnp.float32(k + 7)
+
+      def held(*c):   # (a loop's index or a scan's row first)
+        return (c[0] + w, None) if kind == "scan" else c[-1] + w
+      for _ in range(2):
+        if kind == "while_loop":
+          out.append(jax.lax.while_loop(lambda c: c[0] < 3.0, held, x))
+        elif kind == "fori_loop":
+          out.append(jax.lax.fori_loop(0, 2, held, x))
+        elif kind == "scan":
+          out.append(jax.lax.scan(held, x, None, length=2)[0])
+        else:
+          out.append(jax.lax.cond(True, held, lambda c: c, x))
+    return [np.asarray(o).tolist() for o in out]
+
+  want = stock_off(run)
+  jcc.enable()
+  front_code = {"while_loop": launchers._while_launcher,
+                "cond": launchers._cond_launcher}.get(kind)
+  for _ in range(2):
+    del remembered[:]
+    assert run() == want
+    # written: none; held: each body's first launch (its second reads the
+    # row)
+    assert len(remembered) == 3
+  if front_code is not None:
+    code = front_code(None, None).__code__
+    assert "launch" in vars(launchers.inline.client_fronts[code])
+
+
+@pytest.mark.parametrize("kind", ["while_loop", "fori_loop", "scan", "cond"])
+def test_a_launch_whose_new_signature_fails_lifted_is_answered_as_stocks(
+    kind):
+  """A fresh body meeting a stored entry with a carry of another shape
+  traces that signature with its closed-over scalar lifted; where that
+  trace fails (``float`` of it) stock answers (the front's launch retries
+  as the generic one does), and a body the caller holds, launched again,
+  keeps its first answer."""
+  def launch(body, x):
+    if kind == "while_loop":
+      return jax.lax.while_loop(lambda c: c.sum() < 3.0, body, x)
+    if kind == "fori_loop":
+      return jax.lax.fori_loop(0, 2, lambda i, c: body(c), x)
+    if kind == "scan":
+      return jax.lax.scan(lambda c, v: (body(c), None), x, None,
+                          length=2)[0]
+    return jax.lax.cond(True, body, lambda c: c, x)
+
+  def run():
+    out = []
+    for k, x in enumerate([jnp.ones(2)] * 4 + [jnp.ones((2, 2))] * 3):
+      w = jnp.float32(k + 1.0)
+
+      def body(c):
+        return c + (w if c.ndim == 1 else float(w))
+      out.append(launch(body, x))
+      out.append(launch(body, x))   # held by name: launched again
+    return [(np.asarray(o).tolist(), str(o.dtype)) for o in out]
+
+  replay_in_both_modes(run, clear=True)
+
+
 def test_a_launch_row_keeps_no_array_of_a_function_dropped_since():
   """A row kept for a body the caller holds goes when any function of its
   launch dies: an array closed over by a dropped ``cond`` false branch or

@@ -90,6 +90,43 @@ def supported_text() -> str:
 DISABLE_JIT = _config.disable_jit
 #: Whether no trace is running (an eager call, not a trace's inner call).
 trace_state_clean = _core.trace_state_clean
+
+
+def _top_level_reads():
+  """``trace_state_clean`` as config reads, for eager control flow's hot
+  path (JAX's own check is two properties and two calls deep): the config
+  states and values ``TracingContext`` compares, where this release keeps
+  them as module attributes and its checks' code names them, with whether
+  an empty trace state (None) also counts as clean (``is_empty``, where
+  ``trace_state_clean`` calls it); None where the check is of another
+  form, or the reads disagree with it now."""
+  names = ("trace_state_strong_ref", "eval_trace", "axis_env_state",
+           "top_axis_env")
+  check = getattr(getattr(_core, "TracingContext", None), "is_top_level",
+                  None)
+  clean_names = getattr(getattr(trace_state_clean, "__code__", None),
+                        "co_names", ())
+  if (check is None or not all(hasattr(_core, n) for n in names)
+      or not {"eval_trace", "top_axis_env"} <= set(
+          getattr(getattr(check, "__code__", None), "co_names", ()))
+      or not set(clean_names) <= {"trace_ctx", "is_top_level", "is_empty"}):
+    return None
+  trace, eval_trace, axis, top = (getattr(_core, n) for n in names)
+  empty_is_clean = "is_empty" in clean_names
+  now = trace.value
+  if (now is eval_trace and axis.value is top
+      or now is None and empty_is_clean) is not trace_state_clean():
+    return None
+  return trace, eval_trace, axis, top, empty_is_clean
+
+
+#: ``(trace_state, eval_trace, axis_env_state, top_axis_env,
+#: empty_is_clean)``: no trace is running (``trace_state_clean``, read
+#: directly) where ``trace_state.value is eval_trace and
+#: axis_env_state.value is top_axis_env``, or (``empty_is_clean``) where
+#: ``trace_state.value`` is None; None where this release's check is not
+#: of that form.
+TOP_LEVEL_READS = _top_level_reads()
 #: ``with NO_TRACING(True):`` a trace JAX would make raises ``RuntimeError``
 #: before it runs the function (``jax_no_tracing``): what JAX's caches
 #: answer is read without running the user's code again.

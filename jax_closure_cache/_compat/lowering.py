@@ -649,6 +649,10 @@ def _inexact_values(c):
 
 _HOST_TO_DEVICE_GUARD = getattr(_config, "transfer_guard_host_to_device",
                                 None)
+#: The host-to-device transfer guard's config state (``.value``: None or a
+#: level), for a hot path reading it directly; None in a release without
+#: guards.
+HOST_TO_DEVICE_GUARD = _HOST_TO_DEVICE_GUARD
 
 
 def transfers_guarded() -> bool:

@@ -70,6 +70,9 @@ class _Launcher(wrapper.ClosureJitted):
   """A cached launcher; its stock form is itself, called eagerly."""
   __slots__ = ("_user_fun",)
   _constants_are_operands = True
+  #: Its front classes also generate ``launch`` (``generated.front_class``):
+  #: this class's, with the hit inline.
+  front_launches = True
 
   def __init__(self, launcher, user, lift_numpy: bool):
     super().__init__(launcher, {}, (), lift_numpy)
@@ -100,11 +103,12 @@ class _Launcher(wrapper.ClosureJitted):
   def _front_home():
     return _Launcher, _fronts
 
-  def _launch(self, operands, lone: int):
+  def launch(self, operands, lone: int):
     """Call this launcher wrapper: its user function's row first (if it
     has one), else the launch, then the row recorded where something other
     than this launch holds the function (more than ``lone`` references,
-    counted from here: it may be launched again)."""
+    counted from here: it may be launched again). A front class's
+    ``launch`` is this one with the hit inline (``generated.LAUNCHED``)."""
     user = self._user_fun
     if type(user) is not types.FunctionType:
       # rows are for plain functions: a callable object's hash and == are
@@ -208,11 +212,27 @@ _front_of = wrapper.front_maker(_fronts, _Launcher)
 _wrap = _Launcher.made
 
 
-def _routable() -> bool:
+def _routable_by_calls() -> bool:
   # (under a transfer guard, stock's own transfers: it moves the Python
   # bounds and operands a launcher keeps static)
   return (_top_level() and not _DISABLE_JIT.value
           and not _transfers_guarded())
+
+
+if (_compat.TOP_LEVEL_READS is not None
+    and _lowering.HOST_TO_DEVICE_GUARD is not None):
+  # ``_routable`` as config reads (it runs before every eager launch)
+  _TRACE, _EVAL, _AXES, _TOP_AXES, _EMPTY_CLEAN = _compat.TOP_LEVEL_READS
+  _GUARD = _lowering.HOST_TO_DEVICE_GUARD
+  _UNGUARDED = (None, "allow")
+
+  def _routable() -> bool:   # ``_routable_by_calls``, read directly
+    trace = _TRACE.value
+    return ((trace is _EVAL and _AXES.value is _TOP_AXES
+             or trace is None and _EMPTY_CLEAN)
+            and not _DISABLE_JIT.value and _GUARD.value in _UNGUARDED)
+else:
+  _routable = _routable_by_calls
 
 
 # -- identity first, per user function ------------------------------------------
@@ -308,16 +328,15 @@ _tree_unflatten = _compat.jax.tree_util.tree_unflatten
 _AGAIN = object()
 
 
-# (called as a function: ``_launch(wrapper, operands, lone)``)
-_launch = _Launcher._launch
 _launch_rowless = _Launcher._launch_rowless
 
 
 #: References to a user function that a launch holds alone, counted in
-#: :meth:`_Launcher._launch`: the cached function's parameter (a call from Python
-#: moves the caller's reference there), the launcher's cell, the wrapper's
-#: ``_user_fun``, ``_launch``'s local and getrefcount's argument; one fewer
-#: for ``switch``, whose first branch its sequence holds for all three.
+#: :meth:`_Launcher.launch` (and a front's, before its match): the cached
+#: function's parameter (a call from Python moves the caller's reference
+#: there), the launcher's cell, the wrapper's ``_user_fun``, ``launch``'s
+#: local and getrefcount's argument; one fewer for ``switch``, whose first
+#: branch its sequence holds for all three.
 _LONE = 5
 
 
@@ -342,8 +361,8 @@ def _while_launcher(cond_fun, body_fun):
 def while_loop(cond_fun, body_fun, init_val):
   if not _routable():
     return _stock_while_loop(cond_fun, body_fun, init_val)
-  return _launch(_wrap(_while_launcher(cond_fun, body_fun), body_fun),
-                 (init_val,), _LONE)
+  return _wrap(_while_launcher(cond_fun, body_fun), body_fun).launch(
+      (init_val,), _LONE)
 
 
 def _static_bound(bound):
@@ -367,15 +386,31 @@ def _run_fori_loop(params, lower, upper, body_fun, init_val):
                           body_fun, init_val, unroll=unroll)
 
 
+def _run_static_fori_loop(params, body_fun, init_val):
+  lower, upper, unroll = params.value
+  return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+
+
 def _fori_launcher(static_lower, static_upper, body_fun, unroll):
-  return _fori_launcher_of(_Static(static_lower, static_upper, unroll),
-                           body_fun)
+  params = _Static(static_lower, static_upper, unroll)
+  if static_lower is not None and static_upper is not None:
+    return _static_fori_launcher(params, body_fun)
+  return _fori_launcher_of(params, body_fun)
 
 
 def _fori_launcher_of(params, body_fun):
   def launch_fori_loop(lower, upper, init_val):
     return _run_fori_loop(params, lower, upper, body_fun, init_val)
   return launch_fori_loop
+
+
+def _static_fori_launcher(params, body_fun):
+  """The launcher of a loop with both bounds static (the commonest: Python
+  ints), its only operand the carry (a None operand costs JAX's dispatch
+  a pytree node per call)."""
+  def launch_static_fori_loop(init_val):
+    return _run_static_fori_loop(params, body_fun, init_val)
+  return launch_static_fori_loop
 
 
 def _array_bounds(lower, upper):
@@ -403,9 +438,9 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     return _stock_fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
   if type(lower) is int and type(upper) is int and unroll is None:
     # the common case, at once (the bounds' Static by their values alone)
-    return _launch(_wrap(_fori_launcher_of(_StaticInts(lower, upper, None),
-                                           body_fun), body_fun),
-                   (None, None, init_val), _LONE)
+    return _wrap(_static_fori_launcher(_StaticInts(lower, upper, None),
+                                       body_fun), body_fun).launch(
+        (init_val,), _LONE)
   static_lower, static_upper = _static_bound(lower), _static_bound(upper)
   if ((static_lower is None or static_upper is None)
       and (isinstance(lower, _compat.ArrayImpl)
@@ -417,9 +452,10 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     static_lower, static_upper = bounds
   # A Python int bound is a static cell (stock unrolls to a scan of known
   # length); an array bound is an operand, so new values never recompile.
-  return _launch(
-      _wrap(_fori_launcher(static_lower, static_upper, body_fun, unroll),
-            body_fun),
+  launcher = _fori_launcher(static_lower, static_upper, body_fun, unroll)
+  if static_lower is not None and static_upper is not None:
+    return _wrap(launcher, body_fun).launch((init_val,), _LONE)
+  return _wrap(launcher, body_fun).launch(
       (None if static_lower is not None else lower,
        None if static_upper is not None else upper, init_val), _LONE)
 
@@ -452,9 +488,8 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1,
   if not _routable():
     return _stock_scan(f, init, xs, length=length, reverse=reverse,
                        unroll=unroll, _split_transpose=_split_transpose)
-  return _launch(
-      _wrap(_scan_launcher(f, length, reverse, unroll, _split_transpose), f),
-      (init, xs), _LONE)
+  return _wrap(_scan_launcher(f, length, reverse, unroll, _split_transpose),
+               f).launch((init, xs), _LONE)
 
 
 def _run_map(params, f, xs):
@@ -474,7 +509,8 @@ _MAP_CODE = _map_launcher(None, None).__code__
 #: (``map``: its ``xs``, a ``scan``'s, returned as its result).
 _FORWARDING_CODES = frozenset({
     _SCAN_CODE, _MAP_CODE, _while_launcher(None, None).__code__,
-    _fori_launcher_of(None, None).__code__})
+    _fori_launcher_of(None, None).__code__,
+    _static_fori_launcher(None, None).__code__})
 
 
 @functools.wraps(_stock_map)
@@ -503,8 +539,8 @@ def cond(pred, true_fun, false_fun, *operands, operand=_NO_OPERAND):
     if operand is _NO_OPERAND:
       return _stock_cond(pred, true_fun, false_fun, *operands)
     return _stock_cond(pred, true_fun, false_fun, *operands, operand=operand)
-  return _launch(_wrap(_cond_launcher(true_fun, false_fun), true_fun),
-                 (pred, *operands), _LONE)
+  return _wrap(_cond_launcher(true_fun, false_fun), true_fun).launch(
+      (pred, *operands), _LONE)
 
 
 def _first(branches):
@@ -534,8 +570,8 @@ def switch(index, branches, *operands, operand=_NO_OPERAND):
     # (a generator or map: stock's own error; one branch: stock calls it
     # itself, op by op)
     return _stock_switch(index, branches, *operands)
-  return _launch(_wrap(_switch_launcher(branches), _first(branches)),
-                 (index, *operands), _LONE - 1)
+  return _wrap(_switch_launcher(branches), _first(branches)).launch(
+      (index, *operands), _LONE - 1)
 
 
 # Custom solves trace their functions into jaxprs on every eager call and

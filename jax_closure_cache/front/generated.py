@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import os
 import textwrap
+import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache.front import entries
@@ -49,8 +50,8 @@ FILENAME = os.path.join(os.path.dirname(os.path.dirname(
 #: hit (:data:`HIT`) and in the wrapper's ``_call_entry``
 #: (:func:`call_entry_function`).
 CALL = """\
-# Spelled out for one to three arguments (an eager fori_loop's launcher
-# takes three): a call through ``*args`` costs the C++ dispatch about
+# Spelled out for one to three arguments (an eager loop's launcher takes
+# one to three): a call through ``*args`` costs the C++ dispatch about
 # 0.2 us more. If it traces, the lifted function
 # rebuilds ``f``, passed with the call (Entry.caller).
 entry.caller = f
@@ -134,6 +135,63 @@ def call_entry_function(env):
   return namespace["_call_entry"]
 
 
+#: A launcher's return after its hit (``launch_source``), in place of
+#: HIT's ``return``s: the user function's row recorded where something
+#: other than the launch held it (``held``, counted before the match), the
+#: operands an entry forwards given back as the caller's own, as the
+#: generic launch (``_Launcher.launch``) does after its wrapper's call.
+LAUNCHED = """\
+if held:
+  self.remember()
+row = self._row
+if type(row) is PINNED and row[0].forwarded is not None:
+  return self._as_forwarded(args, res)
+return res
+"""
+
+#: The hit's call of a stock retry, which a launcher follows by LAUNCHED.
+_RETRY = "return RETRY_STOCK(self, key, args, kwargs, e)\n"
+
+
+def launch_source(verify: bool) -> str:
+  """:func:`hit_source` for a launcher's ``launch(self, args, lone)``: each
+  of its two ``return`` statements followed by :data:`LAUNCHED` instead
+  (the retry's before its ``finally``, which only clears
+  ``entry.caller``)."""
+  head, sep, tail = hit_source(verify).rpartition("return res\n")
+  retry_at = head.find(_RETRY)
+  if not sep or tail.strip() or retry_at < 0 or head.count(_RETRY) != 1:
+    raise AssertionError("HIT's returns are not where launch_source "
+                         "expects them")
+  indent = head[head.rfind("\n", 0, retry_at) + 1:retry_at]
+  retried = ("res = " + _RETRY[len("return "):]
+             + textwrap.indent(LAUNCHED, indent))
+  return head.replace(_RETRY, retried) + LAUNCHED
+
+
+def _keyed_blocks(quicks, names: dict, hit: str, indent: str) -> list:
+  """Each stored key's checks and ``hit``, as lines at ``indent``: a
+  ``while True`` block per key whose ``break`` says "not this one"."""
+  body = []
+  for i, (key, src, entry_ref) in enumerate(quicks):
+    lines = src.block(miss="break")
+    names.update(src.env)   # bound names are unique: ``Q{i}_K{n}``
+    names[f"KEY{i}"] = key
+    names[f"ENTRY{i}"] = entry_ref
+    body += [indent + "while True:   # stored key %d; break: not this one" % i,
+             indent + "  try:",
+             *(indent + line for line in lines),
+             indent + "  except Exception:   # an unfilled cell, a failing "
+             "flatten",
+             indent + "    break",
+             indent + f"  entry = ENTRY{i}()",
+             indent + f"  if {entries.REFUSES_NEW_OBJECT}:",
+             indent + "    break",
+             indent + f"  key = KEY{i}",
+             textwrap.indent(hit, indent + "  ").rstrip("\n")]
+  return body
+
+
 def front_class(base: type, spec, code, quicks, env: dict,
                 verify: bool = False) -> type:
   """A subclass of ``base`` whose ``__call__`` takes the hit inline for
@@ -144,31 +202,51 @@ def front_class(base: type, spec, code, quicks, env: dict,
 
   Its instances are wrappers of functions of ``code`` with ``spec``: both
   are class attributes (shadowing ``base``'s slots, never assigned), so
-  ``jit`` sets two fewer attributes per wrapper."""
+  ``jit`` sets two fewer attributes per wrapper.
+
+  Where ``base`` is a launcher's class (``base.front_launches``: eager
+  control flow's), the class also gets a generated ``launch(self, args,
+  lone)``: the generic ``base.launch`` (a wrapper's call followed by its
+  launch's own steps) with the hit inline, for a user function
+  (``self._user_fun``) that is a plain function nothing refers to weakly,
+  followed by :data:`LAUNCHED`; ``lone``: the references to the user
+  function a launch holds alone, counted from its frame."""
   names = dict(env)
   names.update(GENERIC=base.__call__, LONE=env["LONE_REFS"])
   body = ["def __call__(self, *args, **kwargs):",
           "  f = self._fun",
-          "  if self._row is None and not getweakrefcount(f):"]
-  for i, (key, src, entry_ref) in enumerate(quicks):
-    lines = src.block(miss="break")
-    names.update(src.env)   # bound names are unique: ``Q{i}_K{n}``
-    names[f"KEY{i}"] = key
-    names[f"ENTRY{i}"] = entry_ref
-    body += ["    while True:   # stored key %d; break: not this one" % i,
-             "      try:",
-             *("    " + line for line in lines),
-             "      except Exception:   # an unfilled cell, a failing flatten",
-             "        break",
-             f"      entry = ENTRY{i}()",
-             f"      if {entries.REFUSES_NEW_OBJECT}:",
-             "        break",
-             f"      key = KEY{i}",
-             textwrap.indent(hit_source(verify), "      ").rstrip("\n")]
-  body.append("  return GENERIC(self, *args, **kwargs)")
+          "  if self._row is None and not getweakrefcount(f):",
+          *_keyed_blocks(quicks, names, hit_source(verify), "    "),
+          "  return GENERIC(self, *args, **kwargs)"]
+  methods = {}
+  if getattr(base, "front_launches", False):
+    names.update(GENERIC_LAUNCH=base.launch, PINNED=list,
+                 FunctionType=types.FunctionType)
+    launch = [
+        "def launch(self, args, lone):",
+        "  user = self._user_fun",
+        "  f = self._fun",
+        "  if (type(user) is FunctionType and self._row is None",
+        "      and not getweakrefcount(user) and not getweakrefcount(f)):",
+        "    # (counted before the match, whose locals may name it too)",
+        "    held = getrefcount(user) > lone",
+        "    kwargs = {}",
+        *_keyed_blocks(quicks, names, launch_source(verify), "    "),
+        "  return GENERIC_LAUNCH(self, args, lone)"]
+    # The generic launch counts references to the user function from its
+    # own frame: this one's locals (the match's among them) name nothing
+    # when it is called.
+    scratch = dict(names)
+    exec(compile("\n".join(launch), FILENAME, "exec"), scratch)
+    held = [v for v in scratch["launch"].__code__.co_varnames
+            if v not in ("self", "args", "lone")]
+    launch.insert(-1, "  " + " = ".join(held) + " = None")
+    body += launch
   exec(compile("\n".join(body), FILENAME, "exec"), names)
+  if "launch" in names:
+    methods["launch"] = names["launch"]
   cls = type(base.__name__, (base,), {
-      "__slots__": (), "__call__": names["__call__"],
+      "__slots__": (), "__call__": names["__call__"], **methods,
       "__module__": base.__module__, "__qualname__": base.__qualname__,
       "__doc__": base.__doc__, "_code": code, "_spec": spec,
       # keyed, split and joined as ``base`` (values.register_wrapper)
