@@ -941,6 +941,85 @@ def test_under_debug_nans_each_call_reports_as_stocks_does(capfd):
       assert (out.out, out.err) == (want_out.out, want_out.err)
 
 
+# One mode's run of the NaN-check switches (``sys.argv[1]``: stock, on or
+# verify; ``sys.argv[2]``: "global" for ``jax.config.update``, "context"
+# for ``jax.debug_nans``): fresh functions of each route, stored before the
+# checks go on, met again with them on and off; prints each call's outcome
+# and what was printed, then the cache's mismatches.
+_NAN_SWITCHES = r"""
+import contextlib, io, sys
+import numpy as np, jax, jax.numpy as jnp
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+b = np.linspace(-1, 1, 4).astype(np.float32)
+
+def routes(W, x, s):
+  body = lambda c: jnp.tanh(c @ W + b) * jnp.sqrt(c[0, 0] + s)
+  yield "fori", lambda: jax.lax.fori_loop(0, 3, lambda k, c: body(c), x)
+  yield "scan", lambda: jax.lax.scan(lambda c, v: (body(c), None), x, None,
+                                     length=3)[0]
+  yield "while", lambda: jax.lax.while_loop(lambda c: c[0, 0] < 9.0,
+                                            lambda c: body(c) + 9.0, x)
+  yield "cond", lambda: jax.lax.cond(True, body, lambda c: c, x)
+  yield "jit", lambda: jax.jit(lambda c: body(c) * 2.0)(x)
+  yield "grad", lambda: jax.jit(jax.grad(lambda c: body(c).sum()))(x)
+
+out = []
+for i, on in enumerate([False, False, False, True, False, True, True]):
+  rng = np.random.RandomState(i % 3)
+  x = jnp.asarray(rng.randn(2, 4).astype(np.float32))
+  W = jnp.asarray(rng.randn(4, 4).astype(np.float32))
+  s = 0.3 if i % 2 else -9.0   # (a NaN at every other call)
+  if sys.argv[2] == "global":
+    jax.config.update("jax_debug_nans", on)
+    ctx = contextlib.nullcontext()
+  else:
+    ctx = jax.debug_nans(on)
+  for name, call in routes(W, x, s):
+    printed = io.StringIO()
+    with ctx, contextlib.redirect_stdout(printed):
+      try:
+        r = np.asarray(call())
+        got = (str(r.dtype), r.tobytes().hex(), bool(np.isnan(r).any()))
+      except Exception as e:
+        got = (type(e).__name__, str(e).split(".")[0])
+    out.append((i, name, got, printed.getvalue()))
+  ctx = None
+print(repr(out))
+print(jcc.stats()["verify_mismatches"] if sys.argv[1] != "stock" else 0)
+"""
+
+
+@pytest.mark.parametrize("switch", ["global", "context"])
+def test_nan_checks_switched_on_after_entries_were_stored_are_stocks(switch):
+  """``jax_debug_nans`` switched on and off between calls, by
+  ``jax.config.update`` and by ``jax.debug_nans``, after entries were
+  stored: eager loops and ``cond`` with fresh bodies, a fresh jitted
+  closure and a fresh ``jit(grad)`` give stock's values, errors and
+  printed lines at every call (stock's eager loop checks each primitive
+  as it runs it, so a launch is stock's while the checks are on, and so
+  is each trace it makes), each mode in a process of its own."""
+  import ast
+  import subprocess
+  import sys
+
+  def mode(name):
+    done = subprocess.run([sys.executable, "-c", _NAN_SWITCHES, name, switch],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    calls, mismatches = done.stdout.splitlines()[-2:]
+    return ast.literal_eval(calls), mismatches
+
+  want, _ = mode("stock")
+  assert any(got[0] == "FloatingPointError" for _, _, got, _ in want)
+  assert any(got[-1] is True for _, _, got, _ in want)   # NaNs, unchecked
+  for name in ("on", "verify"):
+    got, mismatches = mode(name)
+    assert mismatches == "0", name
+    assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]
+
+
 class _GenericScale(__import__("typing").Generic[__import__("typing").TypeVar("T")]):
   """A user class deriving ``typing.Generic`` (written in C from Python
   3.12, with no state of an instance's)."""

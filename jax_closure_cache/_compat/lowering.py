@@ -684,6 +684,11 @@ def checks_nans_or_infs() -> bool:
   return bool(_config.debug_nans.value or _config.debug_infs.value)
 
 
+#: The config states ``checks_nans_or_infs`` reads (``.value``), for a hot
+#: path reading them directly.
+DEBUG_NANS, DEBUG_INFS = _config.debug_nans, _config.debug_infs
+
+
 #: ``jax_captured_constants_warn_bytes``: ``WARN_BYTES.value``, read on a
 #: stored entry's hit (a threshold lowered since the entry was stored makes
 #: a new object's lowering warn, which the hit would skip).

@@ -214,9 +214,13 @@ _wrap = _Launcher.made
 
 def _routable_by_calls() -> bool:
   # (under a transfer guard, stock's own transfers: it moves the Python
-  # bounds and operands a launcher keeps static)
+  # bounds and operands a launcher keeps static; with NaN or Inf checks on,
+  # stock's eager loop checks each primitive's outputs as it runs it, and
+  # reports a bad value as that primitive's, where a launch's executable
+  # would report it as a jitted function's and re-run it de-optimized)
   return (_top_level() and not _DISABLE_JIT.value
-          and not _transfers_guarded())
+          and not _transfers_guarded()
+          and not _lowering.checks_nans_or_infs())
 
 
 if (_compat.TOP_LEVEL_READS is not None
@@ -225,12 +229,14 @@ if (_compat.TOP_LEVEL_READS is not None
   _TRACE, _EVAL, _AXES, _TOP_AXES, _EMPTY_CLEAN = _compat.TOP_LEVEL_READS
   _GUARD = _lowering.HOST_TO_DEVICE_GUARD
   _UNGUARDED = (None, "allow")
+  _NANS, _INFS = _lowering.DEBUG_NANS, _lowering.DEBUG_INFS
 
   def _routable() -> bool:   # ``_routable_by_calls``, read directly
     trace = _TRACE.value
     return ((trace is _EVAL and _AXES.value is _TOP_AXES
              or trace is None and _EMPTY_CLEAN)
-            and not _DISABLE_JIT.value and _GUARD.value in _UNGUARDED)
+            and not _DISABLE_JIT.value and _GUARD.value in _UNGUARDED
+            and not _NANS.value and not _INFS.value)
 else:
   _routable = _routable_by_calls
 

@@ -56,16 +56,24 @@ WARNED = ("(warn := WARN_BYTES.value) != -1"
           " and warn <= entry.constant_bytes")
 #: Whether a stored entry (None: gone) may not answer a new function object
 #: of its key now: it keeps guards (the slow path checks them), an argument
-#: class its traces met reads otherwise, or stock would warn (``WARNED``).
+#: class its traces met reads otherwise, stock would warn (``WARNED``), or
+#: NaN or Inf checks are on (stock's first call of a new object checks its
+#: outputs and re-runs it de-optimized, reporting as it goes; an entry's
+#: re-run is of the lifted function, and reports otherwise).
 #: The generated front inlines this text; ``refuses_new_object`` is compiled
-#: from it for the wrapper's other paths, so the two cannot differ.
+#: from it for the wrapper's other paths, so the two cannot differ. It reads
+#: the names in ``REFUSES_NEW_OBJECT_NAMES``.
 REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
-                      " None and not entry.classes.holds() or " + WARNED)
+                      " None and not entry.classes.holds() or " + WARNED
+                      + " or DEBUG_NANS.value or DEBUG_INFS.value")
+REFUSES_NEW_OBJECT_NAMES = types.MappingProxyType({
+    "WARN_BYTES": _WARN_BYTES, "DEBUG_NANS": _lowering.DEBUG_NANS,
+    "DEBUG_INFS": _lowering.DEBUG_INFS})
 _warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
                {"WARN_BYTES": _WARN_BYTES})
 refuses_new_object = eval(
     compile(f"lambda entry: {REFUSES_NEW_OBJECT}", __file__, "eval"),
-    {"WARN_BYTES": _WARN_BYTES})
+    dict(REFUSES_NEW_OBJECT_NAMES))
 
 _NONE_YET = object()   # (Entry.forwarded_alike: no trace noted yet)
 _VARIES = object()   # (Entry.forwarded_alike: signatures differ)

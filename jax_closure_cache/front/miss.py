@@ -46,6 +46,12 @@ def _compile_warnings(record: bool):
 
 
 
+#: Why a call is stock's while NaN or Inf checks are on (``debug_nans``).
+CHECKS_OUTPUTS = ("jax_debug_nans or jax_debug_infs is on: JAX re-runs a "
+                  "computation that gives one op by op, and stock's own "
+                  "function reports it")
+
+
 class MissStages:
   """The wrapper's slow paths, as methods of its base class, in the order a
   first call meets them: ``_stored`` (the key and its stored entry),
@@ -216,9 +222,7 @@ class MissStages:
     if _lowering.checks_nans_or_infs():
       # JAX re-runs a computation that gave a NaN op by op, reporting as it
       # goes; a lifted entry's failure and stock's retry would report twice
-      return self._fallback("debug_nans", args, kwargs,
-          "jax_debug_nans or jax_debug_infs is on: JAX re-runs a computation "
-          "that gives one op by op, and stock's own function reports it")
+      return self._fallback("debug_nans", args, kwargs, CHECKS_OUTPUTS)
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
     if baked is not None:
       # An array kept by identity (committed to a device, or inside an

@@ -182,7 +182,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS,
             "GUARDED_LEAVES": entries.guarded_leaves,
-            "WARN_BYTES": _lowering.WARN_BYTES,
+            **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
 
 
@@ -520,6 +520,10 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       refused = "unhashable", str(e)
     if refused is not None:
       return self._fallback(refused[0], args, kwargs, refused[1])
+    if entry is not None and _lowering.checks_nans_or_infs():
+      # (as ``refuses_new_object``: stock's first call of a new object
+      # checks its outputs and re-runs it de-optimized, reporting as it goes)
+      return self._fallback("debug_nans", args, kwargs, miss.CHECKS_OUTPUTS)
     if entry is not None and entry.warned():
       # stock's lowering of this object warns of its constants now (the
       # threshold was lowered since the entry was stored): stock's, with no

@@ -32,6 +32,7 @@ import threading
 import types
 
 from jax_closure_cache import _compat
+from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import cache
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import rebuild
@@ -92,7 +93,10 @@ def unshared():
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   _calls.n = getattr(_calls, "n", 0) + 1
-  if getattr(_unshared, "on", False):
+  # (with NaN or Inf checks on, stock's: an eager primitive run on a trace
+  # this lookup shares is answered by JAX's cache of that primitive, whose
+  # compiled call skips the checks a new trace's first call makes)
+  if getattr(_unshared, "on", False) or _lowering.checks_nans_or_infs():
     traced = _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
   else:
