@@ -513,3 +513,54 @@ def test_a_lifted_array_in_a_bound_jaxprs_constants_is_never_shared(verify):
     for a, b in zip(g, w):
       same_as_stock(a, b)
   assert jcc.stats()["verify_mismatches"] == 0
+
+
+# One mode's run (``sys.argv[1]``: stock, on or verify) of fresh outer
+# jitted functions whose bodies call fresh inner jitted closures over a jax
+# array and a NumPy array, under a captured-constants threshold below what
+# each inner function closes over: prints each call's warnings and result.
+_NESTED_CONSTANTS = r"""
+import sys, warnings
+import numpy as np, jax, jax.numpy as jnp
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+jax.config.update("jax_captured_constants_warn_bytes", 16)
+b = np.linspace(-1, 1, 4).astype(np.float32)
+out = []
+for i in range(4):
+  W = jnp.asarray(np.random.RandomState(i).randn(4, 4).astype(np.float32))
+  x = jnp.ones((2, 4))
+
+  def outer(x):
+    y = jax.jit(lambda x: jnp.tanh(x @ W + b))(x)
+    return y + jax.jit(lambda x: jnp.tanh(x @ W - b))(x)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    r = np.asarray(jax.jit(outer)(x))
+  out.append(([str(w.message)[:70] for w in caught], r.tobytes().hex()))
+print(repr(out))
+"""
+
+
+def test_nested_jits_warned_of_their_constants_warn_as_stocks():
+  """Stock's lowering warns of captured constants once for each function
+  whose own constants reach ``jax_captured_constants_warn_bytes``: a fresh
+  outer jit calling two fresh inner jitted closures warns twice per call.
+  The lookup never lifts arrays that warn on their own (lifted, they would
+  be the outer trace's constants, warned of once); each mode in a process
+  of its own."""
+  import ast
+  import subprocess
+  import sys
+
+  def mode(name):
+    done = subprocess.run([sys.executable, "-c", _NESTED_CONSTANTS, name],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.splitlines()[-1])
+
+  want = mode("stock")
+  assert all(len(warned) == 2 for warned, _ in want)
+  for name in ("on", "verify"):
+    assert mode(name) == want, name

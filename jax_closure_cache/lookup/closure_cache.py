@@ -412,6 +412,11 @@ def _lookup(traced, fun, in_avals, debug_info, ctx, sig):
   if shared is None and (first_object(fun, traced_code(fun))   # as usual
       | (not met_before(key))):   # lifted only for a key met again
     return None, None, False
+  if shared is None and _lowering.captured_constants_warning(leaves):
+    # stock's lowering warns of the arrays it closes over, once for each
+    # function whose own constants reach the threshold (a nested jit's
+    # apart); lifted, they would all be this trace's: traced as usual
+    return None, None, False
   stored = shared is not None
   shared = trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                         debug_info, ctx)
