@@ -1020,6 +1020,68 @@ def test_nan_checks_switched_on_after_entries_were_stored_are_stocks(switch):
     assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]
 
 
+# One mode's run (``sys.argv[1]``): a long-lived jitted function made before
+# the cache is on, a fresh closure-free jitted function (the cache answers
+# it with a canonical stock object) and eager ``cond``/``switch`` with fresh
+# bodies closing over a NumPy array (which the cache may run equation by
+# equation), then NaN checks switched on globally: prints each call's
+# outcome.
+_NAN_HOOK = r"""
+import sys
+import numpy as np, jax, jax.numpy as jnp
+import jax_closure_cache as jcc
+held = jax.jit(lambda c: jnp.sqrt(c - 10.0))
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+b = np.linspace(-1, 1, 4).astype(np.float32)
+
+def canon(c):
+  return jnp.sqrt(c - 10.0)
+
+out = []
+for i, on in enumerate([False, False, False, True]):
+  x = jnp.asarray(np.random.RandomState(i % 3).randn(2, 4).astype(np.float32))
+  W = jnp.asarray(np.random.RandomState(i % 3).randn(4, 4).astype(np.float32))
+  jax.config.update("jax_debug_nans", on)
+  body = lambda c: jnp.tanh(c @ W + b)
+  for name, call in [
+      ("held", lambda: held(x)), ("canonical", lambda: jax.jit(canon)(x)),
+      ("cond", lambda: jax.lax.cond(True, body, lambda c: c, x)),
+      ("switch", lambda: jax.lax.switch(1, [lambda c: c, body], x))]:
+    try:
+      got = ("ok", bool(np.isnan(np.asarray(call())).any()))
+    except Exception as e:
+      got = (type(e).__name__,)
+    out.append((i, name, got))
+print(repr(out))
+"""
+
+
+def test_cached_calls_leave_jaxs_nan_checks_to_later_calls_as_stock():
+  """JAX's compiled calls check for NaNs through a per-thread hook state
+  that its own ``debug_nans(False)`` context leaves set to None when it
+  exits: the cache runs an eager ``cond`` with a closed-over NumPy array
+  equation by equation (JAX's ``jaxpr_as_fun``, which enters that
+  context), and keeps the state as it was, so NaN checks switched on
+  later reach a long-lived jitted function and a canonical object as in
+  stock (they returned NaNs); each mode in a process of its own."""
+  import ast
+  import subprocess
+  import sys
+
+  def mode(name):
+    done = subprocess.run([sys.executable, "-c", _NAN_HOOK, name],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.splitlines()[-1])
+
+  want = mode("stock")
+  assert ((3, "held", ("FloatingPointError",)) in want
+          and (3, "canonical", ("FloatingPointError",)) in want)
+  for name in ("on", "verify"):
+    assert mode(name) == want, name
+
+
 class _GenericScale(__import__("typing").Generic[__import__("typing").TypeVar("T")]):
   """A user class deriving ``typing.Generic`` (written in C from Python
   3.12, with no state of an instance's)."""

@@ -287,8 +287,33 @@ def run_traced_eagerly(traced, args, kwargs):
   operands, the jaxpr's constants among them (an eager ``lax.cond``'s
   way, where ``jit`` would bake them into its module)."""
   args_flat = jax.tree_util.tree_leaves((args, kwargs))
-  out_flat = _core.jaxpr_as_fun(traced.jaxpr)(*args_flat)
+  with _nan_hook_kept():
+    out_flat = _core.jaxpr_as_fun(traced.jaxpr)(*args_flat)
   return jax.tree_util.tree_unflatten(traced.out_tree, out_flat)
+
+
+# The state through which JAX's compiled calls check their outputs for NaNs
+# (set per thread by ``jax.debug_nans`` contexts, globally by
+# ``jax.config.update``): JAX's own ``debug_nans(False)`` context, exited,
+# sets it to None for the thread where it was unset, so a later global
+# update never reaches that thread's compiled calls. ``jaxpr_as_fun``
+# enters one; stock's eager call of the same computation does not.
+_POST_HOOK = getattr(__import__("jax._src.api", fromlist=["api"]),
+                     "_post_hook_state", None)
+if not all(hasattr(_POST_HOOK, n) for n in ("get_local", "set_local")):
+  _POST_HOOK = None
+
+
+class _nan_hook_kept:
+  """Keeps the thread's NaN-check hook state as it was across a block."""
+  __slots__ = ("before",)
+
+  def __enter__(self):
+    self.before = None if _POST_HOOK is None else _POST_HOOK.get_local()
+
+  def __exit__(self, *exc):
+    if _POST_HOOK is not None and _POST_HOOK.get_local() is not self.before:
+      _POST_HOOK.set_local(self.before)
 
 
 # -- what a trace asks of a value that a closed-over array answers by value --
