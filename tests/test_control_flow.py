@@ -1050,6 +1050,37 @@ def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
   replay_in_both_modes(run, clear=True)
 
 
+def test_a_held_body_launched_again_passes_its_carries_through_as_stocks():
+  """A body the caller holds, launched twice: its second launch is
+  answered by its row's entry, and returns a carry the body passes through
+  as the caller's own object too (a NumPy array, a Python float, the very
+  jax array), as stock's eager loops do."""
+  host = np.arange(3.0, dtype=np.float32)
+  kept = jnp.arange(3.0)
+
+  def run():
+    got = []
+    for i in range(3):
+      w = jnp.full(3, float(i + 1))
+
+      def passthru(*c):   # (a loop's index first)
+        return (c[-1][0] + w, *c[-1][1:])
+
+      def scanned(c, x):
+        return passthru(c), x
+      given = (jnp.zeros(3), host, 0.5, kept)
+      for _ in range(2):
+        outs = [jax.lax.fori_loop(0, 3, passthru, given),
+                jax.lax.while_loop(lambda c: c[0][0] < 5.0, passthru,
+                                   (jnp.ones(3), *given[1:])),
+                jax.lax.scan(scanned, given, None, length=2)[0]]
+        got.append([[(type(o).__name__, o is g) for o, g in
+                     zip(out[1:], given[1:])] for out in outs])
+    return got
+
+  replay_in_both_modes(run, clear=True)
+
+
 @pytest.mark.parametrize("kind", ["while", "fori", "scan", "map", "cond",
                                   "switch"])
 def test_a_body_closing_over_an_array_it_never_reads_verifies(kind):

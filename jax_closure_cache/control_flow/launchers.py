@@ -174,6 +174,9 @@ class _Launcher(wrapper.ClosureJitted):
     pinned = row.pinned
     if pinned is None:
       return self._fun(*operands)
+    # (this launch's wrapper answers by the row's entry: so it forwards what
+    # that entry's traces forward, ``_as_forwarded``)
+    self._row = pinned
     return self._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
                             pinned[identity.LEAVES], operands, {})
 
@@ -659,8 +662,11 @@ def _run_iterative(params, A, M, x0, b):
 
 
 def _iterative_launcher(name, A, M, x0, made, tol, atol, maxiter):
-  params = _Static(name, tol, atol, maxiter, made, _exact_key(tol, None),
-                   _exact_key(atol, None))
+  # (the caller checked the types: floats or ints, an int or None, a bool)
+  tol_key, atol_key = _exact_key(tol, None), _exact_key(atol, None)
+  params = values.exactly(
+      (name, tol_key, atol_key, type(maxiter), maxiter, made),
+      name, tol, atol, maxiter, made, tol_key, atol_key)
 
   def launch_iterative_solve(b):
     return _run_iterative(params, A, M, x0, b)
