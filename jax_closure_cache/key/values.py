@@ -282,6 +282,15 @@ class Static:
     return found if found is not None else _memo(_int_statics, value, value)
 
 
+def exactly(key, *value) -> Static:
+  """``Static(*value)``, made once per ``key``, which the caller makes of
+  the values' exact types and bits (``atoms.exact_key``): a launcher's
+  parameters that are not all ints, bools and None (a solver's
+  tolerances), whose Static its every call would make anew."""
+  found = _exact_statics.get(key)
+  return found if found is not None else _memo(_exact_statics, key, value)
+
+
 def _memo(table: dict, key, value: tuple) -> Static:
   """``Static(*value)``, kept in ``table`` under ``key`` (a table of at most
   1024, emptied when full): the miss of ``Static.of`` and ``of_ints``."""
@@ -296,6 +305,9 @@ _statics: dict = cache.STORE.table("values.statics", cache.Store.CALLS)
 # values of exact ints and None -> their Static (``Static.of_ints``)
 _int_statics: dict = cache.STORE.table("values.int_statics",
                                        cache.Store.CALLS)
+# a caller's exact key of its values -> their Static (``exactly``)
+_exact_statics: dict = cache.STORE.table("values.exact_statics",
+                                         cache.Store.CALLS)
 _MEMO_TYPES = frozenset({int, bool, type(None)})
 
 
