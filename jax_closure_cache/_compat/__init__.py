@@ -102,22 +102,28 @@ def _top_level_reads():
   form, or the reads disagree with it now."""
   names = ("trace_state_strong_ref", "eval_trace", "axis_env_state",
            "top_axis_env")
-  check = getattr(getattr(_core, "TracingContext", None), "is_top_level",
-                  None)
+  context = getattr(_core, "TracingContext", None)
   clean_names = getattr(getattr(trace_state_clean, "__code__", None),
                         "co_names", ())
-  if (check is None or not all(hasattr(_core, n) for n in names)
-      or not {"eval_trace", "top_axis_env"} <= set(
-          getattr(getattr(check, "__code__", None), "co_names", ()))
+
+  def reads(member, *read):   # a member's code names what is ``read``
+    code = getattr(getattr(getattr(context, member, None), "fget",
+                           getattr(context, member, None)), "__code__", None)
+    return set(read) <= set(getattr(code, "co_names", ()))
+  if (context is None or not all(hasattr(_core, n) for n in names)
+      or not reads("is_top_level", "eval_trace", "top_axis_env")
+      or not reads("trace", "trace_state_strong_ref")
+      or not reads("axis_env", "axis_env_state")
+      or "is_empty" in clean_names and not reads("is_empty", "trace")
       or not set(clean_names) <= {"trace_ctx", "is_top_level", "is_empty"}):
     return None
-  trace, eval_trace, axis, top = (getattr(_core, n) for n in names)
+  state, eval_trace, axis, top = (getattr(_core, n) for n in names)
   empty_is_clean = "is_empty" in clean_names
-  now = trace.value
+  now = state.value
   if (now is eval_trace and axis.value is top
       or now is None and empty_is_clean) is not trace_state_clean():
     return None
-  return trace, eval_trace, axis, top, empty_is_clean
+  return state, eval_trace, axis, top, empty_is_clean
 
 
 #: ``(trace_state, eval_trace, axis_env_state, top_axis_env,

@@ -37,6 +37,7 @@ import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache.front import entries
+from jax_closure_cache.front import identity
 
 #: Filename of every generated front (in tracebacks and profiles): below
 #: the package's folder, so that JAX's traceback filter hides it as it
@@ -144,7 +145,7 @@ LAUNCHED = """\
 if held:
   self.remember()
 row = self._row
-if type(row) is PINNED and row[0].forwarded is not None:
+if type(row) is PINNED and row[ENTRY].forwarded is not None:
   return self._as_forwarded(args, res)
 return res
 """
@@ -220,8 +221,8 @@ def front_class(base: type, spec, code, quicks, env: dict,
           "  return GENERIC(self, *args, **kwargs)"]
   methods = {}
   if getattr(base, "front_launches", False):
-    names.update(GENERIC_LAUNCH=base.launch, PINNED=list,
-                 FunctionType=types.FunctionType)
+    names.update(GENERIC_LAUNCH=base.launch, PINNED=identity.PINNED,
+                 ENTRY=identity.ENTRY, FunctionType=types.FunctionType)
     launch = [
         "def launch(self, args, lone):",
         "  user = self._user_fun",
@@ -238,8 +239,10 @@ def front_class(base: type, spec, code, quicks, env: dict,
     # when it is called.
     scratch = dict(names)
     exec(compile("\n".join(launch), FILENAME, "exec"), scratch)
-    held = [v for v in scratch["launch"].__code__.co_varnames
-            if v not in ("self", "args", "lone")]
+    code_ = scratch["launch"].__code__
+    if code_.co_cellvars or code_.co_freevars:   # (a local no line clears)
+      raise AssertionError("a generated launch has cell variables")
+    held = [v for v in code_.co_varnames if v not in ("self", "args", "lone")]
     launch.insert(-1, "  " + " = ".join(held) + " = None")
     body += launch
   exec(compile("\n".join(body), FILENAME, "exec"), names)
