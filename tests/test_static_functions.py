@@ -84,6 +84,60 @@ def test_a_fresh_static_closure_is_answered_by_the_binders_generated_front(
                  for cls in made), made
 
 
+_SCALE = 2.0
+
+
+def _module_level_square(v):
+  return v * v
+
+
+def test_closure_free_fresh_functions_as_static_arguments_take_the_quick_path(
+    monkeypatch):
+  """A fresh lambda that closes over nothing (it reads a global) passed as
+  the one static argument takes the quick path closures take (no search
+  for functions among the static values, no identity lookup: nothing
+  refers to it weakly, so no row can name it), with stock's results as
+  the global it reads is rebound, beside a module-level function passed
+  again (its row answers it) and fresh closures, in verify mode too."""
+  from jax_closure_cache.front import static_args
+  quick = []
+  original = static_args.StaticArgsJitted._call_quick
+  monkeypatch.setattr(static_args.StaticArgsJitted, "_call_quick",
+                      lambda self, *a: quick.append(1) or original(self, *a))
+  global _SCALE
+  v = jnp.arange(3.0)
+
+  def run():
+    global _SCALE
+    apply = jax.jit(_apply, static_argnums=0)
+    out = []
+    for i in range(6):
+      _SCALE = 2.0 if i < 3 else 3.0
+      out.append(apply(lambda u: u * _SCALE + 1.0, v))
+      out.append(apply(_module_level_square, v + i))
+      w = jnp.full(3, float(i))
+      out.append(apply(lambda u: u - w, v))
+    return [(np.asarray(o).tobytes(), str(o.dtype), o.weak_type)
+            for o in out]
+
+  try:
+    replay_in_both_modes(run, clear=True)
+  finally:
+    _SCALE = 2.0
+  assert quick   # (the closure-free lambda's calls among them)
+  del quick[:]
+  jcc.enable()
+  apply = jax.jit(_apply, static_argnums=0)
+
+  def halve():   # a fresh closure-free function of one code per call
+    return lambda u: u * 0.5
+  for i in range(4):
+    apply(halve(), v)
+  with counting() as c:
+    apply(halve(), v)
+  assert quick and c["traces"] == 0 and c["compiles"] == 0
+
+
 class _EqualToAll:
   """A static value whose ``==`` says equal to every other and whose hash
   reads one field: stock's cache of one jitted function takes two such

@@ -369,7 +369,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     self._owned = None
     # ``(n, position, params, options, options_key)`` of the last call
     # with n positional arguments whose one static argument, at
-    # ``position``, was a fresh closure (the bound call's options with it):
+    # ``position``, was a fresh plain function, with or without a closure
+    # (the bound call's options with it):
     # a later such call skips the search for functions among the static
     # values and the identity lookup (``_call_quick``)
     self._quick = None
@@ -404,7 +405,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     quick = self._quick
     if quick is not None and not kwargs and len(args) == quick[0]:
       fun = args[quick[1]]
-      if (type(fun) is types.FunctionType and fun.__closure__ is not None
+      if (type(fun) is types.FunctionType
           and not identity.getweakrefcount(fun)
           and not _compat.DISABLE_JIT.value):
         return self._call_quick(quick, fun, args)
@@ -503,15 +504,15 @@ class StaticArgsJitted(wrapper.ClosureJitted):
                            table if single else None, ref)
     if single:
       if (not names and not plain and len(positions) == 1
-          and type(user) is types.FunctionType
-          and user.__closure__ is not None):
+          and type(user) is types.FunctionType):
         self._quick = (len(args), positions[0], params,
                        *layout.bound_options(tuple(positions)))
     return out
 
   def _call_quick(self, quick, fun, args):
     """:meth:`_call_bound` for a call shaped as ``quick`` whose static
-    function ``fun`` is a closure nothing refers to weakly, so no identity
+    function ``fun`` is a plain function nothing refers to weakly (a fresh
+    lambda, closing over values or not), so no identity
     row can name it: its first call, decided as the general path decides
     one (the same binder, options and parameters, its row recorded)."""
     _, position, params, options, options_key = quick
