@@ -1050,6 +1050,37 @@ def test_a_carry_a_loop_passes_through_is_the_callers_own_object():
   replay_in_both_modes(run, clear=True)
 
 
+def test_an_operand_every_branch_passes_through_is_stocks_object():
+  """Stock's eager ``cond`` and ``switch`` return an operand every branch
+  returns unchanged through ``asarray``: a jax array as the caller's own
+  object, a NumPy array or Python float as a new array; where one branch
+  changes it, a new array. So do the launchers' hits."""
+  kept = jnp.arange(3.0)
+  host = np.arange(3.0, dtype=np.float32)
+
+  def run():
+    got = []
+    for i in range(4):
+      w = jnp.full(3, float(i))
+      given = (kept, host, 0.5)
+      outs = [jax.lax.cond(True, lambda a, b, c: (a, b, c + w),
+                           lambda a, b, c: (a, b, c - w), *given),
+              jax.lax.cond(False, lambda a, b, c: (a * w, b, c * w),
+                           lambda a, b, c: (a, b, c + w), *given),
+              jax.lax.switch(i % 2, [lambda a, b, c: (a, b, c + w),
+                                     lambda a, b, c: (a, b, c * w)], *given),
+              jax.lax.cond(True, lambda d: {"k": d["k"], "v": d["v"] + w},
+                           lambda d: d, {"k": kept, "v": kept})]
+      for out in outs:
+        leaves = jax.tree_util.tree_leaves(out)
+        got.append([(type(o).__name__, o is kept, np.asarray(o).tobytes())
+                    for o in leaves])
+    return got
+
+  want = replay_in_both_modes(run, clear=True)
+  assert [leaf[1] for leaf in want[0]] == [True, False, False]
+
+
 def test_a_held_body_launched_again_passes_its_carries_through_as_stocks():
   """A body the caller holds, launched twice: its second launch is
   answered by its row's entry, and returns a carry the body passes through

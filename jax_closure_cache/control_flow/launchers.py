@@ -135,8 +135,10 @@ class _Launcher(wrapper.ClosureJitted):
     ``ys``), with the caller's own object there, as stock's eager loop
     returns it: a jax array itself; a Python scalar or NumPy array as it
     is for a carry (a ``scan`` puts a NumPy ``xs`` on the device, as the
-    entry's output already is; a ``map``'s operand is its ``xs``). Loops
-    only: stock's eager ``cond`` and ``switch`` return new arrays."""
+    entry's output already is; a ``map``'s operand is its ``xs``). Stock's
+    eager ``cond`` and ``switch`` return an operand every branch returns
+    unchanged through ``asarray``: a jax array itself, anything else a
+    new array, as the entry's output already is."""
     row = self._row
     if type(row) is not identity.PINNED:
       return out
@@ -151,7 +153,7 @@ class _Launcher(wrapper.ClosureJitted):
     given = _tree_leaves(operands)
     code = self._fun.__code__
     carries = (len(_tree_leaves(operands[0])) if code is _SCAN_CODE
-               else 0 if code is _MAP_CODE else len(given))
+               else 0 if code in _ARRAYS_ONLY_CODES else len(given))
     leaves, tree = _tree_flatten(out)
     for o, i in forwarded:
       x = given[i]
@@ -514,12 +516,6 @@ def _map_launcher(f, batch_size):
 
 
 _MAP_CODE = _map_launcher(None, None).__code__
-#: The launchers whose stock loop returns a passed-through carry as given
-#: (``map``: its ``xs``, a ``scan``'s, returned as its result).
-_FORWARDING_CODES = frozenset({
-    _SCAN_CODE, _MAP_CODE, _while_launcher(None, None).__code__,
-    _fori_launcher_of(None, None).__code__,
-    _static_fori_launcher(None, None).__code__})
 
 
 @functools.wraps(_stock_map)
@@ -567,6 +563,20 @@ def _switch_launcher(branches):
   def launch_switch(index, *operands):
     return _run_switch(index, branches, operands)
   return launch_switch
+
+
+#: The launchers whose stock call returns an operand its functions pass
+#: through as given (a loop's carry; ``map``: its ``xs``, a ``scan``'s,
+#: returned as its result; ``cond`` and ``switch``: one every branch
+#: returns unchanged), and those of them that return a jax array operand
+#: alone so (``_as_forwarded``).
+_ARRAYS_ONLY_CODES = frozenset({
+    _MAP_CODE, _cond_launcher(None, None).__code__,
+    _switch_launcher(None).__code__})
+_FORWARDING_CODES = frozenset({
+    _SCAN_CODE, _while_launcher(None, None).__code__,
+    _fori_launcher_of(None, None).__code__,
+    _static_fori_launcher(None, None).__code__, *_ARRAYS_ONLY_CODES})
 
 
 @functools.wraps(_stock_switch)
