@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, replay_like_stock, stock_off
+from conftest import (STOCK_JIT, counting, replay_in_both_modes,
+                      replay_like_stock, stock_off)
 
 from jax_closure_cache.front import identity  # noqa: E402
 
@@ -275,3 +276,39 @@ def test_a_function_holding_itself_in_an_attribute_is_not_kept_alive():
   del f
   gc.collect()
   assert dead() is None
+
+
+_RAISES_BELOW = [2]
+
+
+def test_a_closure_free_function_whose_first_trace_raised_shares_no_object():
+  """A closure-free function whose stock trace raised (a global it reads
+  not yet set) is never answered through a shared stock object of its
+  code: that object, called again after the global changed, holds a trace
+  of the new state, and a later fresh object of the first state got that
+  trace's result where stock raises. Fresh objects per round, each
+  called under the failing state and then the good one, in both modes."""
+  x = jnp.float32(0.0)
+
+  def run():
+    out = []
+    for _ in range(4):
+      _RAISES_BELOW[0] = 2
+
+      def f(v):
+        if _RAISES_BELOW[0] < 3:
+          raise ValueError("not ready")
+        return v + _RAISES_BELOW[0]
+      try:
+        out.append(float(jax.jit(f)(x)))
+      except ValueError as e:
+        out.append(str(e))
+      _RAISES_BELOW[0] = 5
+      out.append(float(jax.jit(f)(x)))   # the same object, traced anew
+    return out
+
+  try:
+    want = replay_in_both_modes(run, clear=True)
+  finally:
+    _RAISES_BELOW[0] = 2
+  assert want[0] == "not ready" and want[1] == 5.0

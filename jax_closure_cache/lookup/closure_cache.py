@@ -96,8 +96,12 @@ class TracedApart:
   #: ``output_node_data``: a trace's outputs' pytree nodes held the trace's
   #: own objects (``trees.output_node_data``), which a shared object's
   #: cache would hand to later objects' callers.
+  #: ``raised``: a stock trace raised, so the object's stock cache holds
+  #: no trace of the state its key was taken in, and its next call traces
+  #: whatever state it meets then (a global rebound after the error): a
+  #: shared object would answer later objects of the first state from it.
   REASONS = ("wrote", "callable", "argument_node_data", "argument_class",
-             "output_node_data")
+             "output_node_data", "raised")
 
   def __init__(self):
     self._why: "weakref.WeakKeyDictionary[types.CodeType, frozenset]" = (
@@ -181,8 +185,14 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     # trace without running it: ``note_cached_answer``)
     watch = StateWatch(fun)
     skipped = skipped_writers()
-    with watching():
-      answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
+    try:
+      with watching():
+        answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
+    except BaseException:
+      code = traced_code(fun)
+      if code is not None:
+        traced_apart.note(code, "raised")
+      raise
     # a write is not shared, nor its code's canonical object: one to what
     # the watch sees, or to anything else the key covers (a class attribute
     # a property's getter counts its reads in), or one an inner trace
