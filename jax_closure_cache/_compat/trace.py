@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import numpy as _np
+from jax._src import api as _api
 from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as _core
@@ -298,8 +299,7 @@ def run_traced_eagerly(traced, args, kwargs):
 # sets it to None for the thread where it was unset, so a later global
 # update never reaches that thread's compiled calls. ``jaxpr_as_fun``
 # enters one; stock's eager call of the same computation does not.
-_POST_HOOK = getattr(__import__("jax._src.api", fromlist=["api"]),
-                     "_post_hook_state", None)
+_POST_HOOK = getattr(_api, "_post_hook_state", None)
 if not all(hasattr(_POST_HOOK, n) for n in ("get_local", "set_local")):
   _POST_HOOK = None
 
