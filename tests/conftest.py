@@ -173,6 +173,18 @@ def replay_in_both_modes(run, clear: bool = False):
   return want
 
 
+def script_lines(script: str, *argv: str) -> list:
+  """``python -c script *argv`` in a process of its own (one mode of a
+  test whose stock answer depends on JAX's process-wide caches): its
+  output's lines, after checking it exited cleanly."""
+  import subprocess
+  import sys
+  done = subprocess.run([sys.executable, "-c", script, *argv],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr
+  return done.stdout.splitlines()
+
+
 def stock_off(run, *args):
   """``run(*args)`` with the cache off (stock jit on fresh objects)."""
   was = jcc.is_enabled()

@@ -14,7 +14,7 @@ import pytest
 import jax_closure_cache as jcc
 from conftest import (
     STOCK_JIT, assert_like_stock, counting, counts_side_effects,
-    replay_like_stock, stock_off, warm)
+    replay_like_stock, script_lines, stock_off, warm)
 
 
 class Holder:
@@ -1001,14 +1001,9 @@ def test_nan_checks_switched_on_after_entries_were_stored_are_stocks(switch):
   as it runs it, so a launch is stock's while the checks are on, and so
   is each trace it makes), each mode in a process of its own."""
   import ast
-  import subprocess
-  import sys
 
   def mode(name):
-    done = subprocess.run([sys.executable, "-c", _NAN_SWITCHES, name, switch],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    calls, mismatches = done.stdout.splitlines()[-2:]
+    calls, mismatches = script_lines(_NAN_SWITCHES, name, switch)[-2:]
     return ast.literal_eval(calls), mismatches
 
   want, _ = mode("stock")
@@ -1066,14 +1061,9 @@ def test_cached_calls_leave_jaxs_nan_checks_to_later_calls_as_stock():
   later reach a long-lived jitted function and a canonical object as in
   stock (they returned NaNs); each mode in a process of its own."""
   import ast
-  import subprocess
-  import sys
 
   def mode(name):
-    done = subprocess.run([sys.executable, "-c", _NAN_HOOK, name],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return ast.literal_eval(done.stdout.splitlines()[-1])
+    return ast.literal_eval(script_lines(_NAN_HOOK, name)[-1])
 
   want = mode("stock")
   assert ((3, "held", ("FloatingPointError",)) in want

@@ -16,7 +16,8 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from conftest import (STOCK_JIT, assert_like_stock, counting,
-                      needs_trace_lookup, same_as_stock, stock_off)
+                      needs_trace_lookup, same_as_stock, script_lines,
+                      stock_off)
 
 pytestmark = needs_trace_lookup
 
@@ -551,14 +552,9 @@ def test_nested_jits_warned_of_their_constants_warn_as_stocks():
   be the outer trace's constants, warned of once); each mode in a process
   of its own."""
   import ast
-  import subprocess
-  import sys
 
   def mode(name):
-    done = subprocess.run([sys.executable, "-c", _NESTED_CONSTANTS, name],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return ast.literal_eval(done.stdout.splitlines()[-1])
+    return ast.literal_eval(script_lines(_NESTED_CONSTANTS, name)[-1])
 
   want = mode("stock")
   assert all(len(warned) == 2 for warned, _ in want)
