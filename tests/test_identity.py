@@ -80,6 +80,44 @@ def test_new_signature_after_cell_change_retraces_with_current_values():
   np.testing.assert_array_equal(mine(x2), theirs(x2))   # 2.0: the old one
 
 
+def test_a_changed_pinned_object_leaves_its_entry_the_first_states():
+  """A pinned object whose closure changed, called with a signature its
+  entry never traced, is traced by stock over its state now; the entry it
+  was pinned to keeps its own key's state, for fresh objects of that
+  state and for the pinned object's earlier signatures. Through ``jit``
+  and an eager loop (a held body), fresh objects, both modes; each run
+  meets the new signature for the first time (a size of its own)."""
+  sizes = iter(range(5, 500))
+
+  def run():
+    x4, x8 = jnp.ones(4), jnp.ones(next(sizes))
+    out = []
+    for _ in range(3):   # stock's object, the shared entry's, a hit
+      out.append(jax.jit(make(1.0)[0])(x4))
+    f, set_f = make(1.0)
+    jf = jax.jit(f)
+    out.append(jf(x4))   # pinned to the entry
+    set_f(2.0)
+    out += [jf(x4), jf(x8), jf(x8), jf(x4)]   # 1.0, 2.0, 2.0, 1.0
+    out += [jax.jit(make(1.0)[0])(x8) for _ in range(2)]   # 1.0
+    for _ in range(3):
+      body = make(3.0)[0]
+      out.append(jax.lax.fori_loop(0, 2, lambda i, c: body(c), x4))
+    body, set_body = make(3.0)
+    loop = lambda i, c: body(c)
+    out.append(jax.lax.fori_loop(0, 2, loop, x4))
+    set_body(0.5)
+    out += [jax.lax.fori_loop(0, 2, loop, x8),
+            jax.lax.fori_loop(0, 2, loop, x4)]
+    for _ in range(2):
+      body = make(3.0)[0]
+      out.append(jax.lax.fori_loop(0, 2, lambda i, c: body(c), x8))
+    return [(o.dtype, o.weak_type, float(o[0])) for o in out]
+
+  want = replay_in_both_modes(run, clear=True)
+  assert [w[2] for w in want[3:10]] == [1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 1.0]
+
+
 def _an_entry_met_twice(monkeypatch):
   """Promotion after 5 calls; a closure's code whose key has an entry:
   its first object stock's, its second the shared entry's."""
@@ -312,3 +350,41 @@ def test_a_closure_free_function_whose_first_trace_raised_shares_no_object():
   finally:
     _RAISES_BELOW[0] = 2
   assert want[0] == "not ready" and want[1] == 5.0
+
+
+_SCALE_NOW = 1.0   # rebound by the test below, through the module's globals
+_CFG = {"s": 1.0}
+
+
+def _reads_globals(w):
+  def f(x):
+    return x * _SCALE_NOW * _CFG["s"] + w
+  return f
+
+
+def test_a_pinned_object_reading_changed_globals_leaves_its_entry_alone():
+  """The same through a rebound global and a dict's item: a new signature
+  of the pinned object reads them now, as stock's trace does; fresh
+  objects of the first state get the first state's answer."""
+  sizes = iter(range(5, 500, 2))
+  g = globals()
+
+  def run():
+    w = jnp.zeros(())
+    x4, x8, x9 = jnp.ones(4), jnp.ones(next(sizes)), jnp.ones(next(sizes))
+    g["_SCALE_NOW"] = 1.0
+    out = [jax.jit(_reads_globals(w))(x4) for _ in range(3)]
+    jf = jax.jit(_reads_globals(w))
+    out.append(jf(x4))
+    g["_SCALE_NOW"] = 2.0
+    out += [jf(x4), jf(x8), jf(x4), jf(x8)]
+    g["_SCALE_NOW"] = 1.0
+    _CFG["s"] = 3.0
+    out += [jf(x9), jf(x4), jf(x8), jf(x9)]
+    _CFG["s"] = 1.0
+    out += [jax.jit(_reads_globals(w))(x) for x in (x8, x9, x8, x9)]
+    return [(o.dtype, o.weak_type, float(o[0])) for o in out]
+
+  want = replay_in_both_modes(run, clear=True)
+  assert [w[2] for w in want[4:]] == [1.0, 2.0, 1.0, 2.0, 3.0, 1.0, 2.0,
+                                      3.0, 1.0, 1.0, 1.0, 1.0]

@@ -183,6 +183,29 @@ class NoCaller(Exception):
   ``Entry.caller``): the call is answered by stock."""
 
 
+class CallerChanged(Exception):
+  """A trace of an entry for a function object whose closure key is no
+  longer the entry's: an object pinned to the entry at its first call,
+  whose closure changed since (a ``nonlocal`` rebound), called with a new
+  argument signature. Stock traces that signature over the object's
+  state now; the entry's trace would be that state's computation stored
+  under the earlier state's key. The call is answered by stock, and the
+  object's row stays pinned (its earlier signatures keep their answers,
+  as stock's cache keeps its earlier traces)."""
+
+
+def caller_changed(error) -> bool:
+  """Whether ``error`` is, or was raised from, :class:`CallerChanged` (JAX
+  may re-raise from inside a trace with it as the cause)."""
+  seen = 0
+  while error is not None and seen < 8:
+    if isinstance(error, CallerChanged):
+      return True
+    error = error.__cause__ or error.__context__
+    seen += 1
+  return False
+
+
 def _caller_for_trace(e, lift_numpy):
   """The function whose call of entry ``e`` traces, and its walk (the
   miss's own, if it made one)."""
@@ -199,7 +222,7 @@ def _caller_for_trace(e, lift_numpy):
 class Entry(cache.Entry):
   """One shared executable: a stock jitted lifted function and its guards."""
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
-               "forwarded_alike",
+               "forwarded_alike", "closure_key",
                "avals", "static", "caller", "walk", "classes",
                "constant_bytes", "forwarded", "_used", "_swept")
 
@@ -207,6 +230,9 @@ class Entry(cache.Entry):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
     super().__init__()
     self.jitted = None
+    # the closure key it is stored under: a trace for a caller whose key
+    # is another now is refused (``CallerChanged``); None: not checked
+    self.closure_key = None
     self.anchors: list = []
     self.guards: list = []
     self.traces = 0    # incremented inside every trace of the lifted function
@@ -413,6 +439,9 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
     current, a = _caller_for_trace(e, lift_numpy)
     if len(a.leaves) != len(leaves):
       raise AssertionError("closure layout changed between key and trace")
+    if e is not None and e.closure_key is not None and a.key != e.closure_key:
+      raise CallerChanged("the calling function's closure changed since its "
+                          "first call was answered by this entry")
     if e is not None:
       avals = [getattr(x, "aval", None) for x in leaves]
       static = e.static

@@ -131,6 +131,14 @@ class MissStages:
     stands."""
     if self._ran_on_deleted_array(error):
       raise error
+    if entries.caller_changed(error):
+      # this object's new signature, as stock traces it: over its state
+      # now; the entry and the object's row stay as they are
+      events.fallback(self._user(), code_of(self._user()), "caller_changed",
+                      "the function's closure changed since its first call, "
+                      "and this call's argument signature is new: stock "
+                      "traces it over the closure as it is now")
+      return self.stock()(*args, **kwargs)
     self._own()
     out = self.stock()(*args, **kwargs)   # stock's error propagates as is
     entries.entries.discard(key)
@@ -237,6 +245,7 @@ class MissStages:
     classes_before = key_guards.ArgumentClasses.of(
         closure.argument_classes(arguments_tree))
     entry = entries.Entry()
+    entry.closure_key = a.key
     entry.anchors = a.anchors   # keeps the ids in ``key`` from being reused
     presented = self._presented()
     entry.jitted = entries.make_lifted_jit(
