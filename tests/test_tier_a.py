@@ -811,8 +811,12 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
   def make(eps, table):
     def f(m):
       x = m.astype(jnp.float32)
+      # (no complex quotient or product, nor a quotient by an array, of a
+      # constant: XLA folds those otherwise than the runtime computes them,
+      # so they are never shared; ``test_divisions_xla_rewrites_...``)
       return (x < eps, jnp.where(x > 1, eps, x), x // eps,
-              x.astype(jnp.complex64) / (1j * eps), x < table, x // table)
+              x.astype(jnp.complex64) + 1j * eps,
+              x < table, x * table)
     return f
 
   # (a jax array the closure key lifts is an argument of its entry: one
@@ -833,6 +837,57 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
     assert run() == want
   assert jcc.stats()["verify_mismatches"] == 0
   assert jcc.stats()["tier_a"]["hits"] > 0   # the normal values share
+
+
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_divisions_xla_rewrites_with_constants_are_stocks(closure_key):
+  """Where stock's XLA rewrites an operation with a constant it bakes (a
+  quotient by an array as a product by its folded reciprocal, ``x /
+  sqrt(c)`` as ``x * rsqrt(c)``, two array constants of a product or sum
+  reassociated, complex quotients and products simplified or folded), a
+  closed-over value or a changed literal passed as an argument would round
+  otherwise: such a jaxpr is never shared. Fresh functions, three values
+  each, tier A alone and both tiers; every bit as stock's."""
+  rng = np.random.default_rng(0)
+  vals = [np.array(rng.uniform(1, 13, 6), np.float32) for _ in range(3)]
+  x = jnp.arange(1.0, 7.0, dtype=jnp.float32)
+  rows = jnp.arange(1.0, 13.0, dtype=jnp.float32).reshape(2, 6)
+  xc = jnp.asarray([1.7 + 0.3j, -2.9 + 1.1j, 0.77 - 2.4j], jnp.complex64)
+  xr = jnp.asarray([float.fromhex("-0x1.f45dc4p-1"),
+                    float.fromhex("-0x1.a42a04p-3")], jnp.float32)
+  makers = [
+      lambda i: (lambda v: v / vals[i]),   # a NumPy constant
+      lambda i: (lambda v, c=jnp.asarray(vals[i]): v / c),
+      lambda i: (lambda v, c1=jnp.asarray(vals[i]),
+                         c2=jnp.asarray(vals[i - 1]): (v * c1) * c2),
+      lambda i: (lambda v, c1=jnp.asarray(vals[i]) * 1e-3,
+                         c2=jnp.asarray(vals[i - 1]): (v * 0.37 + c1) + c2),
+      lambda i: (lambda v, c=jnp.asarray(vals[i]):
+                         rows / c[None, :] + v[0]),
+      lambda i: (lambda v, c=jnp.asarray(vals[i][1]):
+                         v / jnp.sqrt(c)),
+      lambda i: (lambda v, m=jnp.asarray(vals[i]),
+                         s=jnp.asarray(vals[i - 1]):
+                         (v - m) / jnp.sqrt(s + 1e-5) * 1.5 + 0.1),
+      lambda i: (lambda v, c=(3.0, 7.0, 11.0)[i]: xc / c + v[0]),
+      lambda i: (lambda v, c=(1 + 2j, 0.5j, 3 + 0j)[i]:
+                         xr * c + 1.0),
+      # read alike, and shared: a PRNG key's extended dtype among them
+      lambda i: (lambda v, c=jnp.asarray(vals[i]): v * c + jax.random.key_data(
+          jax.random.split(jax.random.key(7))[1])[0].astype(v.dtype)),
+  ]
+
+  def run():
+    return [_bits(jax.jit(make(i))(x)) for make in makers for i in range(3)]
+
+  want = stock_off(run)
+  jcc.enable(closure_key=closure_key)
+  for _ in range(2):
+    assert run() == want
+  assert jcc.stats()["verify_mismatches"] == 0
+  tier_a = jcc.stats()["tier_a"]
+  assert not [r for r in tier_a["refused"] if "cannot read" in r]
+  assert tier_a["hits"] > 0 or closure_key   # the last row shares
 
 
 @counts_side_effects

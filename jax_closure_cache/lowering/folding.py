@@ -11,13 +11,19 @@ Two kinds of difference, each found structurally:
   broadcast between the two; a sum of two products by such scalars
   (``x * c1 + x * c2``) was measured to differ too. A scalar
   passed as an argument (a changed literal, a lifted 0-d array) keeps the
-  written order in the cache's module only. An array constant is not
-  reassociated so. Likewise (reason ``folds_constants``) a function of
-  values computed from lifted inputs alone other than IEEE's correctly
-  rounded arithmetic and moves (``tanh(c)``, ``log(c)``, ``rsqrt(c)``):
-  XLA evaluates it at compile time in stock's module, with its own
-  arithmetic, where the cache's computes it at run time; and a ``pow``
-  whose exponent is such a value (XLA rewrites ``x ** 3.0`` as products).
+  written order in the cache's module only. Two array constants are
+  reassociated alike (``(x * c1) * c2``, ``(x + c1) + c2``); an array and
+  a scalar were not seen to be. Likewise (reason ``folds_constants``) a
+  function of values computed from lifted inputs alone other than IEEE's
+  correctly rounded arithmetic and moves (``tanh(c)``, ``log(c)``,
+  ``rsqrt(c)``, a complex product or quotient): XLA evaluates it at
+  compile time in stock's module, with its own arithmetic, where the
+  cache's computes it at run time; a ``pow`` whose exponent is such a
+  value (XLA rewrites ``x ** 3.0`` as products); a quotient by such a
+  value that is an array, a square root or complex (XLA rewrites ``x / c``
+  as ``x * (1 / c)`` and ``x / sqrt(c)`` as ``x * rsqrt(c)``, folding the
+  reciprocal); and a complex product by one (XLA simplifies it with the
+  constant's parts). A real scalar divisor is divided by in both modules.
   A reduction of such values (its order of summation) is not modelled.
 
 The sign of a zero:
@@ -108,6 +114,11 @@ _EXACT_ON_CONSTANTS = _MOVES | frozenset({
     "nextafter", "rem", "integer_pow", "reduce_max", "reduce_min",
     "argmax", "argmin", "dynamic_slice", "dynamic_update_slice", "gather",
     "sort"})
+#: those of them exact on complex values too (a complex product, quotient
+#: or root is a formula, which XLA's evaluator and its runtime may round
+#: otherwise)
+_EXACT_ON_COMPLEX = _MOVES | frozenset({
+    "add", "add_any", "sub", "eq", "ne", "real", "imag", "complex", "conj"})
 #: reductions and contractions (and scatters), whose compile-time value in
 #: stock's module may sum in another order than the runtime: not modelled
 #: (a cross-entropy gradient scatters constants at lifted labels and sums
@@ -179,13 +190,28 @@ class _Chains:
   calls XLA inlines: ``chained``, var -> (family, whether a lifted value is
   among its constants) for the result of a ``mul``/``div`` or
   ``add``/``sub`` of a runtime value and a scalar constant of stock's
-  module (which XLA reassociates with a further such constant); and
-  ``scalars``, the vars that are a scalar constant (broadcast too)."""
-  __slots__ = ("chained", "scalars")
+  module (which XLA reassociates with a further such constant);
+  ``scalars``, the vars that are a scalar constant (broadcast too); and
+  ``roots``, the vars that are a square root (or its reciprocal) of values
+  computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
+  ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
+  __slots__ = ("chained", "scalars", "roots")
 
   def __init__(self):
     self.chained: dict = {}
     self.scalars: set = set()
+    self.roots: set = set()
+
+  def constant_kind(self, x, state: _State) -> str | None:
+    """``"scalar"`` for a scalar constant of stock's module (broadcast
+    too), ``"array"`` for any other value that is one (not computed from a
+    call argument), else None: XLA reassociates two constants of one kind
+    (``(x * c1) * c2``)."""
+    if self.scalar_constant(x, state):
+      return "scalar"
+    if state.varying or type(x) is _compat.Literal:
+      return None
+    return "array"
 
   def scalar_constant(self, x, state: _State) -> bool:
     if state.varying:
@@ -202,6 +228,8 @@ class _Chains:
         inner.chained[v] = self.chained[x]
       if self.scalar_constant(x, s):
         inner.scalars.add(v)
+      if type(x) is not _compat.Literal and x in self.roots:
+        inner.roots.add(v)
     return inner
 
   def out_of(self, inner: "_Chains", inner_vars, outer_vars) -> None:
@@ -213,6 +241,8 @@ class _Chains:
         self.chained[x] = inner.chained[v]
       if v in inner.scalars:
         self.scalars.add(x)
+      if v in inner.roots:
+        self.roots.add(x)
 
 
 def _walk(jaxpr, env: dict, lifted_literals: frozenset,
@@ -259,7 +289,9 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     if (name == "broadcast_in_dim" and len(e.invars) == 1
         and scalar_constant(e.invars[0], ins[0])):
       chains.scalars.add(e.outvars[0])
-    if (name not in _EXACT_ON_CONSTANTS and name not in _ORDERED
+    if ((name not in _EXACT_ON_CONSTANTS
+         or _complex(e) and name not in _EXACT_ON_COMPLEX)
+        and name not in _ORDERED
         and not name.startswith("scatter") and _signed(e) and ins
         and not _jaxprs_in(e.params) and not any(s.varying for s in ins)
         and any(s.lifted and _inexact(x) for x, s in zip(e.invars, ins))):
@@ -274,12 +306,17 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       return Finding("folds_constants", (
           "`pow` of a value computed from lifted inputs alone: XLA rewrites "
           "a constant power in stock's module (x ** 3.0 as a product)"))
+    found = _constant_divisor(e, ins, chains) or _complex_product(e, ins)
+    if found:
+      return found
+    if name in ("sqrt", "rsqrt") and ins and ins[0].folded_by_stock_only:
+      chains.roots.add(e.outvars[0])
     if name in _CHAIN_MOVES and e.invars and (
         type(e.invars[0]) is not _compat.Literal):
       before = chained.get(e.invars[0])
       if before is not None:
         chained[e.outvars[0]] = before
-    found = _reassociated(e, ins, chained, scalar_constant)
+    found = _reassociated(e, ins, chained, chains.constant_kind)
     if found:
       return found
     outs, found = _nested(e, ins, nested_lifted, chains)
@@ -313,18 +350,20 @@ _FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",
                                   "add_any": "add", "sub": "add"})
 
 
-def _reassociated(e, ins: list, chained: dict, scalar_constant):
+def _reassociated(e, ins: list, chained: dict, constant_kind):
   """The finding where equation ``e`` and the one giving its runtime
-  operand each take a scalar constant of stock's module in one family
-  (``(x * c1) * c2``), or ``e`` adds two products of scalar constants
-  (``x * c1 + x * c2``), a lifted value among those constants: XLA folds
-  them together in stock's module only. Notes ``e``'s own result in
-  ``chained``. None where there is nothing to find."""
+  operand each take a constant of stock's module of one kind (two scalars,
+  or two arrays: ``constant_kind``) in one family (``(x * c1) * c2``), or
+  ``e`` adds two products of scalar constants (``x * c1 + x * c2``), a
+  lifted value among those constants: XLA folds them together in stock's
+  module only. Notes ``e``'s own result in ``chained``. None where there
+  is nothing to find."""
   family = _FAMILY.get(e.primitive.name)
   if family is None or len(e.invars) != 2 or not _signed(e):
     return None
-  constant = [scalar_constant(x, s) for x, s in zip(e.invars, ins)]
-  if constant[0] != constant[1]:   # a runtime value and a scalar constant
+  kinds = [constant_kind(x, s) for x, s in zip(e.invars, ins)]
+  constant = [k is not None for k in kinds]
+  if constant[0] != constant[1]:   # a runtime value and a constant
     k = constant.index(True)
     operand = e.invars[1 - k]
     before = chained.get(operand) if type(operand) is not _compat.Literal \
@@ -334,9 +373,9 @@ def _reassociated(e, ins: list, chained: dict, scalar_constant):
     # is not reassociated: XLA turns ``x - c`` into ``x + -c`` only)
     commutes = k == 1 or e.primitive.name in ("mul", "add")
     if (before is not None and before[0] == family and commutes
-        and (lifted or before[1])):
+        and before[2] == kinds[k] and (lifted or before[1])):
       return Finding("folds_constants", (
-          f"`{e.primitive.name}` takes a scalar constant of stock's module "
+          f"`{e.primitive.name}` takes a constant of stock's module "
           f"and the result of a `{family}` by another: XLA folds the two "
           "constants together there (reassociating the product or sum), "
           "and rounds otherwise than the module that takes a lifted one as "
@@ -344,19 +383,63 @@ def _reassociated(e, ins: list, chained: dict, scalar_constant):
     # (a constant divided by a runtime value, ``c / x``, starts no chain
     # XLA reassociates)
     if ins[1 - k].varying and (k == 1 or e.primitive.name != "div"):
-      chained[e.outvars[0]] = (family, lifted)
+      chained[e.outvars[0]] = (family, lifted, kinds[k])
     return None
   if family == "add" and not any(constant):
     parts = [chained.get(x) if type(x) is not _compat.Literal else None
              for x in e.invars]
-    if all(p is not None and p[0] == "mul" for p in parts) and any(
-        p[1] for p in parts):
+    if all(p is not None and p[0] == "mul" and p[2] == "scalar"
+           for p in parts) and any(p[1] for p in parts):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` of two products by scalar constants of "
           "stock's module: XLA factors them there (x * c1 + x * c2 as "
           "x * (c1 + c2)), and rounds otherwise than the module that takes "
           "a lifted one as an argument"))
   return None
+
+
+def _constant_divisor(e, ins: list, chains: _Chains) -> Finding | None:
+  """The finding where ``e`` divides by a value computed from lifted inputs
+  alone (a constant in stock's module) that XLA rewrites there: an array
+  (``x / c`` as ``x * (1 / c)``, the reciprocal folded), a square root
+  (``x / sqrt(c)`` as ``x * rsqrt(c)``), or any complex divisor; the
+  runtime divides in the cache's module, and the last bits differ. A real
+  scalar divisor is divided by in both."""
+  if e.primitive.name != "div" or len(e.invars) != 2 or not _signed(e):
+    return None
+  divisor, state = e.invars[1], ins[1]
+  if not state.folded_by_stock_only:
+    return None
+  if (_complex(e) or not chains.scalar_constant(divisor, state)
+      or (type(divisor) is not _compat.Literal and divisor in chains.roots)):
+    return Finding("folds_constants", (
+        "`div` by a value computed from lifted inputs alone (an array, a "
+        "square root, or a complex number): XLA rewrites it in stock's "
+        "module as a product by the reciprocal it folds at compile time, "
+        "where the cache's module divides at run time (the last bits "
+        "differ)"))
+  return None
+
+
+def _complex_product(e, ins: list) -> Finding | None:
+  """The finding where ``e`` multiplies complex values by one computed from
+  lifted inputs alone: XLA expands the product into real arithmetic in
+  stock's module and simplifies it with the constant's parts (a zero
+  imaginary part), where the cache's module computes it whole."""
+  if e.primitive.name != "mul" or not _complex(e) or not any(
+      s.folded_by_stock_only for s in ins):
+    return None
+  return Finding("folds_constants", (
+      "complex `mul` by a value computed from lifted inputs alone: XLA "
+      "simplifies the product with the constant's parts in stock's module "
+      "(the last bits differ)"))
+
+
+def _complex(e) -> bool:
+  """Whether an equation's result is complex."""
+  # (a NumPy dtype's kind: an extended dtype, a PRNG key's, is none)
+  return any(isinstance(d := getattr(v.aval, "dtype", None), np.dtype)
+             and d.kind == "c" for v in e.outvars)
 
 
 def _evaluate(name: str, vals: list, aval):
