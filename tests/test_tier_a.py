@@ -872,6 +872,9 @@ def test_divisions_xla_rewrites_with_constants_are_stocks(closure_key):
       lambda i: (lambda v, c=(3.0, 7.0, 11.0)[i]: xc / c + v[0]),
       lambda i: (lambda v, c=(1 + 2j, 0.5j, 3 + 0j)[i]:
                          xr * c + 1.0),
+      lambda i: (lambda v, a=jnp.asarray(vals[i]).reshape(2, 3),
+                 b=jnp.asarray(vals[i - 1]).reshape(3, 2):
+                 v.reshape(3, 2) @ (a @ b)),   # a contraction XLA folds
       # read alike, and shared: a PRNG key's extended dtype among them
       lambda i: (lambda v, c=jnp.asarray(vals[i]): v * c + jax.random.key_data(
           jax.random.split(jax.random.key(7))[1])[0].astype(v.dtype)),
