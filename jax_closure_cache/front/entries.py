@@ -474,8 +474,52 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
   lifted.__signature__ = _lifted_signature(fun)
   if code is not None:
     lifted.__wrapped__ = _SourceStub(code, name)
-  return _compat.STOCK_JIT(lifted, **jit_options.lifted_options(options,
-                                                                n_args))
+  jitted = _compat.STOCK_JIT(lifted, **jit_options.lifted_options(options,
+                                                                  n_args))
+  return _DonationChecked(jitted) if jit_options.donates(options) else jitted
+
+
+#: Why a donating call whose arguments include a lifted leaf is stock's.
+DONATES_A_LEAF = (
+    "an argument of this donating call is an array its closure holds too: "
+    "XLA refuses to donate a buffer the same call also reads (and logs the "
+    "refusal), where stock's module bakes the closed-over array")
+
+
+class DonatesALeaf(Exception):
+  """A donating entry called with one of its lifted leaves among the
+  arguments (:data:`DONATES_A_LEAF`): the call is answered by stock."""
+
+
+def donated_leaf(leaves, args, kwargs) -> bool:
+  """Whether an argument of a call (any leaf: donated or not, a call is
+  answered by stock either way) is one of the lifted ``leaves``."""
+  try:
+    lifted = {id(x) for x in _compat.jax.tree_util.tree_leaves(leaves)}
+    return bool(lifted) and any(
+        id(x) in lifted
+        for x in _compat.jax.tree_util.tree_leaves((args, kwargs)))
+  except Exception:   # a flatten that fails: the call's own error
+    return False
+
+
+class _DonationChecked:
+  """A donating entry's jitted function, called only where no argument is
+  one of the lifted leaves passed with it (else :class:`DonatesALeaf`,
+  raised before XLA sees the call); its other attributes are the jitted
+  function's (``trace``, ``lower``)."""
+  __slots__ = ("_jitted",)
+
+  def __init__(self, jitted):
+    self._jitted = jitted
+
+  def __call__(self, leaves, *args, **kwargs):
+    if donated_leaf(leaves, args, kwargs):
+      raise DonatesALeaf(DONATES_A_LEAF)
+    return self._jitted(leaves, *args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted, name)
 
 
 def tracer_leak(error):

@@ -131,6 +131,12 @@ class MissStages:
     stands."""
     if self._ran_on_deleted_array(error):
       raise error
+    if isinstance(error, entries.DonatesALeaf):
+      # this call's (stock bakes the closed-over array); the entry and the
+      # object's row stay, for its calls that pass no such argument
+      events.fallback(self._user(), code_of(self._user()),
+                      "donated_lifted_array", entries.DONATES_A_LEAF)
+      return self.stock()(*args, **kwargs)
     if entries.caller_changed(error):
       # this object's new signature, as stock traces it: over its state
       # now; the entry and the object's row stay as they are
@@ -239,6 +245,10 @@ class MissStages:
           f"a {key_guards.describe_array(baked)} array is kept by identity "
           "(committed, or inside an object) and would be baked into a shared "
           "executable that keeps it alive")
+    if (jit_options.donates(self._spec.options)
+        and entries.donated_leaf(a.leaves, args, kwargs)):
+      return self._fallback("donated_lifted_array", args, kwargs,
+                            entries.DONATES_A_LEAF)
     self.stock()   # made now: validates the options as stock jit() would
     # what the arguments' classes hold before the call: a trace (or an
     # unflatten) that writes there is not stored (``_store``)
