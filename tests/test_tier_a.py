@@ -813,7 +813,7 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
       x = m.astype(jnp.float32)
       # (no complex quotient or product, nor a quotient by an array, of a
       # constant: XLA folds those otherwise than the runtime computes them,
-      # so they are never shared; ``test_divisions_xla_rewrites_...``)
+      # so they are never shared; ``test_what_xla_rewrites_with_baked_constants_is_never_shared``)
       return (x < eps, jnp.where(x > 1, eps, x), x // eps,
               x.astype(jnp.complex64) + 1j * eps,
               x < table, x * table)
@@ -840,14 +840,18 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
 
 
 @pytest.mark.parametrize("closure_key", [False, True])
-def test_divisions_xla_rewrites_with_constants_are_stocks(closure_key):
+def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
   """Where stock's XLA rewrites an operation with a constant it bakes (a
   quotient by an array as a product by its folded reciprocal, ``x /
   sqrt(c)`` as ``x * rsqrt(c)``, two array constants of a product or sum
-  reassociated, complex quotients and products simplified or folded), a
-  closed-over value or a changed literal passed as an argument would round
-  otherwise: such a jaxpr is never shared. Fresh functions, three values
-  each, tier A alone and both tiers; every bit as stock's."""
+  reassociated, one-element arrays as scalars, complex quotients and
+  products simplified or folded, a branch or a one-trip loop inlined and a
+  product reassociated across it, a choice by a lifted predicate folded,
+  sums, ``min`` of signed zeros and 8-bit float NaNs folded by its own
+  evaluator), a closed-over value or a changed literal passed as an
+  argument would round otherwise: such a jaxpr is never shared. Fresh
+  functions, three values each, tier A alone and both tiers; every bit as
+  stock's."""
   rng = np.random.default_rng(0)
   vals = [np.array(rng.uniform(1, 13, 6), np.float32) for _ in range(3)]
   x = jnp.arange(1.0, 7.0, dtype=jnp.float32)
@@ -875,6 +879,26 @@ def test_divisions_xla_rewrites_with_constants_are_stocks(closure_key):
       lambda i: (lambda v, a=jnp.asarray(vals[i]).reshape(2, 3),
                  b=jnp.asarray(vals[i - 1]).reshape(3, 2):
                  v.reshape(3, 2) @ (a @ b)),   # a contraction XLA folds
+      lambda i: (lambda v, lr=(0.1, 0.0137, 0.00731)[i]: jax.lax.cond(
+          jnp.asarray(True), lambda y: y * 0.37, lambda y: y * 0.59, v * lr)),
+      lambda i: (lambda v, lr=(0.1, 0.0137, 0.00731)[i]: jax.lax.scan(
+          lambda c, _: (c * 0.37, None), v * lr, None, length=1)[0]),
+      lambda i: (lambda v, lr=(0.1, 0.0137, 0.00731)[i]: jax.lax.while_loop(
+          lambda c: c[0] < 1, lambda c: (c[0] + 1, c[1] * 0.37),
+          (0, v * lr))[1]),
+      lambda i: (lambda v, t=jnp.asarray(vals[i][3] - 6.0): jax.lax.cond(
+          t > 0, lambda y: y * 0.59, lambda y: y * 0.23, v) * 0.37),
+      lambda i: (lambda v, t=jnp.asarray(vals[i][4] - 6.0):
+                 jnp.where(t > 0, v * 0.37, v) * 0.59),
+      lambda i: (lambda v, c=jnp.asarray(vals[i][:1]): (v * c) * 0.37),
+      lambda i: (lambda v, c=jnp.asarray(np.random.default_rng(i).uniform(
+          -2, 2, 5000).astype(np.float32)): v * jnp.mean(c)),
+      lambda i: (lambda v, a=jnp.asarray(np.array(
+          [-0.0] * 5 + [vals[i][0]], np.float32)), b=jnp.asarray(np.array(
+              [0.0] * 5 + [20.0], np.float32)): v * jnp.clip(a, -1.0, b)),
+      lambda i: (lambda v, c=jnp.asarray(np.array(
+          [np.nan] * 5 + [vals[i][0]], np.float32)):
+                 v * c.astype(jnp.float8_e4m3fn).astype(jnp.float32)),
       # read alike, and shared: a PRNG key's extended dtype among them
       lambda i: (lambda v, c=jnp.asarray(vals[i]): v * c + jax.random.key_data(
           jax.random.split(jax.random.key(7))[1])[0].astype(v.dtype)),

@@ -108,25 +108,20 @@ _SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.s
 #: a product's order) may round otherwise, so on lifted values alone it is
 #: a finding
 _EXACT_ON_CONSTANTS = _MOVES | frozenset({
-    "add", "add_any", "sub", "mul", "div", "max", "min", "abs", "sign",
+    "add", "add_any", "sub", "mul", "div", "abs", "sign",
     "floor", "ceil", "round", "square", "sqrt", "eq", "ne", "lt", "le", "gt",
-    "ge", "and", "or", "not", "xor", "clamp", "iota", "is_finite",
-    "nextafter", "rem", "integer_pow", "reduce_max", "reduce_min",
+    "ge", "and", "or", "not", "xor", "iota", "is_finite",
+    "nextafter", "rem", "integer_pow",
     "argmax", "argmin", "dynamic_slice", "dynamic_update_slice", "gather",
     "sort"})
+# (``max``, ``min``, ``clamp`` and their reductions are not among them: XLA's
+# evaluator was measured to fold ``min(0.0, -0.0)`` otherwise than the
+# runtime, and a lifted array's zeros and their signs are not known here)
 #: those of them exact on complex values too (a complex product, quotient
 #: or root is a formula, which XLA's evaluator and its runtime may round
 #: otherwise)
 _EXACT_ON_COMPLEX = _MOVES | frozenset({
     "add", "add_any", "sub", "eq", "ne", "real", "imag", "complex", "conj"})
-#: reductions (and scatters), whose compile-time value in stock's module
-#: may sum in another order than the runtime: not modelled (a cross-entropy
-#: gradient scatters constants at lifted labels and sums them; refusing
-#: every such jaxpr would share none of them). A contraction of such values
-#: (``a @ b``, both closed over) is a finding: XLA's evaluator was measured
-#: to round it otherwise than the runtime.
-_ORDERED = frozenset({"reduce_sum", "reduce_prod", "cumsum", "cumprod",
-                      "cumlogsumexp", "cummax", "cummin"})
 #: moves XLA reassociates a constant through (``(x * c).reshape(...) * 2``;
 #: not a slice, a negation or a conversion)
 _CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
@@ -134,6 +129,18 @@ _CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
 #: a nested jaxpr XLA never simplifies as the equation's own code (a
 #: scatter's combiner)
 _NOT_INLINED = frozenset({"update_jaxpr"})
+#: sums, whose value on constants XLA's evaluator computes in its own
+#: order: a finding where values computed from lifted inputs reach one (a
+#: sum of constants placed at lifted positions, a cross-entropy gradient's
+#: scatter of -1/n at the labels, is read as the other modules' alike)
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_prod", "cumsum", "cumprod",
+                         "cumlogsumexp"})
+#: operands that give positions, not values (a gather's indices, a dynamic
+#: slice's starts, a select's predicate), by primitive; a scatter's are its
+#: second operand
+_POSITIONS = types.MappingProxyType({
+    "gather": (1,), "dynamic_slice": (1, 2, 3, 4, 5, 6, 7, 8),
+    "dynamic_update_slice": (2, 3, 4, 5, 6, 7, 8), "select_n": (0,)})
 #: call-like primitives: one jaxpr input per operand, one output per output
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -197,12 +204,16 @@ class _Chains:
   ``roots``, the vars that are a square root (or its reciprocal) of values
   computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
   ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
-  __slots__ = ("chained", "scalars", "roots")
+  __slots__ = ("chained", "scalars", "roots", "valued")
 
   def __init__(self):
     self.chained: dict = {}
     self.scalars: set = set()
     self.roots: set = set()
+    # the vars whose values (not only their positions: a scatter's or a
+    # gather's indices) are computed from lifted inputs; None until a walk
+    # starts with every lifted input as one
+    self.valued: set | None = None
 
   def constant_kind(self, x, state: _State) -> str | None:
     """``"scalar"`` for a scalar constant of stock's module (broadcast
@@ -219,13 +230,19 @@ class _Chains:
     if state.varying:
       return False
     if type(x) is _compat.Literal:
-      return np.ndim(x.val) == 0
-    return x in self.scalars or getattr(x.aval, "shape", None) == ()
+      return np.size(x.val) == 1
+    # (a one-element array too: XLA broadcasts it as a scalar)
+    shape = getattr(x.aval, "shape", None)
+    return x in self.scalars or shape is not None and math.prod(shape) == 1
 
   def into(self, outer_vars, ins: list, inner_vars) -> "_Chains":
     """The tags of a called jaxpr's inputs, from its operands'."""
     inner = _Chains()
+    inner.valued = set()
     for x, s, v in zip(outer_vars, ins, inner_vars):
+      if (s.lifted if type(x) is _compat.Literal
+          else self.valued is None or x in self.valued):
+        inner.valued.add(v)
       if type(x) is not _compat.Literal and x in self.chained:
         inner.chained[v] = self.chained[x]
       if self.scalar_constant(x, s):
@@ -245,6 +262,8 @@ class _Chains:
         self.scalars.add(x)
       if v in inner.roots:
         self.roots.add(x)
+      if self.valued is not None and v in inner.valued:
+        self.valued.add(x)
 
 
 def _walk(jaxpr, env: dict, lifted_literals: frozenset,
@@ -267,9 +286,30 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       return x.val if np.ndim(x.val) == 0 else None
     return known.get(x)
 
+  valued = chains.valued
+  if valued is None:   # every lifted input
+    valued = chains.valued = {v for v in jaxpr.invars
+                              if env.get(v, _ARGUMENT).lifted}
+  valued.update(v for v in jaxpr.constvars if env.get(v, _ARGUMENT).lifted)
+
   for n, e in enumerate(jaxpr.eqns):
     ins = [read(x, (n, i)) for i, x in enumerate(e.invars)]
     name = e.primitive.name
+    skip = _POSITIONS.get(name, ())
+    if name.startswith("scatter"):
+      skip = (1,)
+    if any(x in valued if type(x) is not _compat.Literal else s.lifted
+           for i, (x, s) in enumerate(zip(e.invars, ins)) if i not in skip):
+      valued.update(e.outvars)
+    if (name in _REDUCTIONS and _signed(e) and e.invars
+        and not any(s.varying for s in ins)
+        and type(e.invars[0]) is not _compat.Literal
+        and e.invars[0] in valued):
+      return Finding("folds_constants", (
+          f"`{name}` of values computed from lifted inputs alone: XLA's "
+          "evaluator sums them at compile time in stock's module, in its "
+          "own order, where the cache's module sums at run time (the last "
+          "bits differ)"))
     if (name in _SCALAR or name == "convert_element_type") and not any(
         s.lifted or s.varying for s in ins):
       vals = [scalar(x) for x in e.invars]
@@ -293,17 +333,28 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       chains.scalars.add(e.outvars[0])
     if ((name not in _EXACT_ON_CONSTANTS
          or _complex(e) and name not in _EXACT_ON_COMPLEX)
-        and name not in _ORDERED
-        and not name.startswith("scatter") and _signed(e) and ins
+        and not name.startswith("scatter") and name not in _REDUCTIONS
+        and _signed(e) and ins
         and not _jaxprs_in(e.params) and not any(s.varying for s in ins)
         and any(s.lifted and _inexact(x) for x, s in zip(e.invars, ins))):
       # (lifted floating values: lifted integers, a scatter's indices,
-      # choose positions, which both modules compute alike)
+      # choose positions, which both modules compute alike. A scatter's
+      # compile-time value may combine in another order: not modelled, as
+      # a cross-entropy gradient scatters constants at lifted labels. A
+      # contraction of such values, ``a @ b``, is a finding, and so is a
+      # reduction, above, where values of lifted inputs reach it.)
       return Finding("folds_constants", (
           f"`{name}` of values computed from lifted inputs alone: XLA "
           "evaluates it at compile time in stock's module, with its own "
           "arithmetic, where the cache's module computes it at run time "
           "(the last bits differ)"))
+    if (name == "convert_element_type" and any(
+        s.folded_by_stock_only for s in ins)
+        and _narrow_float(e.invars[0], e.outvars[0])):
+      return Finding("folds_constants", (
+          "a conversion to or from an 8-bit float of a value computed from "
+          "lifted inputs alone: XLA's evaluator keeps another NaN payload "
+          "than the runtime in stock's module"))
     if name == "pow" and any(s.lifted and not s.varying for s in ins):
       return Finding("folds_constants", (
           "`pow` of a value computed from lifted inputs alone: XLA rewrites "
@@ -318,6 +369,17 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       before = chained.get(e.invars[0])
       if before is not None:
         chained[e.outvars[0]] = before
+    if name == "select_n" and len(e.invars) > 1 and not ins[0].varying:
+      # a constant choice, which XLA folds where it sees the predicate (in
+      # stock's module, a lifted one too): a chain goes on through it
+      before = next((chained[x] for x in e.invars[1:]
+                     if type(x) is not _compat.Literal and x in chained),
+                    None)
+      if before is not None:
+        # (a choice stock's module alone folds, by a lifted predicate:
+        # the chain goes on there only)
+        chained[e.outvars[0]] = (before if not ins[0].folded_by_stock_only
+                                 else (before[0], True, before[2]))
     found = _reassociated(e, ins, chained, chains.constant_kind)
     if found:
       return found
@@ -361,9 +423,11 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
   module only. Notes ``e``'s own result in ``chained``. None where there
   is nothing to find."""
   family = _FAMILY.get(e.primitive.name)
+  kinds = [constant_kind(x, s) for x, s in zip(e.invars, ins)]
+  if e.primitive.name == "dot_general" and "scalar" in kinds:
+    family = "mul"   # XLA rewrites a product by a one-element constant
   if family is None or len(e.invars) != 2 or not _signed(e):
     return None
-  kinds = [constant_kind(x, s) for x, s in zip(e.invars, ins)]
   constant = [k is not None for k in kinds]
   if constant[0] != constant[1]:   # a runtime value and a constant
     k = constant.index(True)
@@ -373,7 +437,7 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
     lifted = ins[k].lifted
     # (a constant divided or subtracted by the chain, ``c - (x + 1.0)``,
     # is not reassociated: XLA turns ``x - c`` into ``x + -c`` only)
-    commutes = k == 1 or e.primitive.name in ("mul", "add")
+    commutes = k == 1 or e.primitive.name in ("mul", "add", "dot_general")
     if (before is not None and before[0] == family and commutes
         and before[2] == kinds[k] and (lifted or before[1])):
       return Finding("folds_constants", (
@@ -435,6 +499,12 @@ def _complex_product(e, ins: list) -> Finding | None:
       "complex `mul` by a value computed from lifted inputs alone: XLA "
       "simplifies the product with the constant's parts in stock's module "
       "(the last bits differ)"))
+
+
+def _narrow_float(x, out) -> bool:
+  """Whether a conversion reads or makes an 8-bit (or narrower) float."""
+  return any(str(getattr(getattr(v, "aval", None), "dtype", "")).startswith(
+      ("float8", "float4")) for v in (x, out))
 
 
 def _complex(e) -> bool:
@@ -499,17 +569,20 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
   if "body_jaxpr" in p and "cond_nconsts" in p:
     # XLA removes a loop it finds to run once, and folds what it computed:
     # the carry is read as straight-line code's would be, joined over
-    # iterations
+    # iterations, and a chain goes on into the body and out of the loop
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     carry = list(ins[nc + nb:])
+    body = _closed_or_open(p["body_jaxpr"])[0]
     for _ in range(8):
       _, found = _read(p["cond_jaxpr"], [*ins[:nc], *carry], nested_lifted)
       if found:
         return None, found
+      inner = chains.into(e.invars[nc + nb:], carry, body.invars[nb:])
       outs, found = _read(p["body_jaxpr"], [*ins[nc:nc + nb], *carry],
-                          nested_lifted)
+                          nested_lifted, inner)
       if found:
         return None, found
+      chains.out_of(inner, body.outvars, e.outvars)
       joined = [_join(c, o) for c, o in zip(carry, outs)]
       if joined == carry:
         return carry, None
@@ -526,13 +599,19 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
       if found:
         return None, found
       return [_loop_parameter(o) for o in outs], None
-    # removed or unrolled by XLA: straight-line code, the carry joined
+    # removed or unrolled by XLA: straight-line code, the carry joined, a
+    # chain on into the body and out of the loop
     carry = list(ins[nc:nc + ncarry])
+    body = _closed_or_open(p["jaxpr"])[0]
     for _ in range(8):
+      inner = chains.into(e.invars[nc:nc + ncarry], carry,
+                          body.invars[nc:nc + ncarry])
       outs, found = _read(p["jaxpr"], [*ins[:nc], *carry,
-                                       *ins[nc + ncarry:]], nested_lifted)
+                                       *ins[nc + ncarry:]], nested_lifted,
+                          inner)
       if found:
         return None, found
+      chains.out_of(inner, body.outvars[:ncarry], e.outvars[:ncarry])
       joined = [_join(c, o) for c, o in zip(carry, outs)]
       if joined == carry:
         return outs, None
@@ -545,14 +624,32 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
     inner, _ = _closed_or_open(call)
     inner_chains = chains.into(e.invars, ins, inner.invars)
     outs, found = _read(call, ins, nested_lifted, inner_chains)
+    if chains.valued is not None:   # which outputs, as the call says
+      chains.valued.difference_update(e.outvars)
     chains.out_of(inner_chains, inner.outvars, e.outvars)
     return outs, found
   if "branches" in p and len(ins) >= 1:
+    # a constant index (in stock's module: a lifted one too): XLA inlines
+    # the branch it picks, and a chain goes on into it and out
+    inlined = not ins[0].varying
     outs, found = None, None
     for b in p["branches"]:
-      b_outs, found = _read(b, ins[1:], nested_lifted)
+      inner, body = None, _closed_or_open(b)[0]
+      if inlined:
+        inner = chains.into(e.invars[1:], ins[1:], body.invars)
+        if ins[0].folded_by_stock_only:   # inlined in stock's module only
+          inner.chained = {v: (c[0], True, c[2])
+                           for v, c in inner.chained.items()}
+      b_outs, found = _read(b, ins[1:], nested_lifted, inner)
       if found:
         return None, found
+      if inlined:
+        chains.out_of(inner, body.outvars, e.outvars)
+        if ins[0].folded_by_stock_only:
+          for v in e.outvars:
+            if v in chains.chained:
+              c = chains.chained[v]
+              chains.chained[v] = (c[0], True, c[2])
       outs = b_outs if outs is None else [_join(x, y)
                                           for x, y in zip(outs, b_outs)]
     return outs, None
