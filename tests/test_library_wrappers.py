@@ -306,8 +306,10 @@ def test_odeint_imported_before_enable_is_reached():
   jcc.enable()
 
   def program(i):
-    w = jnp.full((1,), 0.5 + 0.1 * i)
-    return ode.odeint(lambda y, t: -w * y, jnp.ones(1),
+    # (two elements: a one-element array is a scalar to XLA, which factors
+    # the Runge-Kutta sums of its products, and is never shared)
+    w = jnp.full((2,), 0.5 + 0.1 * i)
+    return ode.odeint(lambda y, t: -w * y, jnp.ones(2),
                       jnp.linspace(0.0, 1.0, 3))
   compiles = _run_like_stock(program)
   assert compiles[2:] == [0] * (len(compiles) - 2)
@@ -360,8 +362,8 @@ def test_six_patterns_mixed_in_one_program_replayed():
     c = solve(jax.make_jaxpr(lambda v: v - w)(X), b)
     state = _State(apply=_Inner(w).apply)
     d = jax.jit(lambda v: state.apply(v))(c)
-    e = ode.odeint(lambda y, t: -w[:1] * y, jnp.ones(1),
-                   jnp.linspace(0.0, 0.5, 3))
+    e = ode.odeint(lambda y, t: -w[:2] * y, jnp.ones(2),
+                   jnp.linspace(0.0, 0.5, 3))   # (not one element: a scalar)
     return d, e
   compiles = _run_like_stock(program, rounds=4)
   assert compiles[3:] == [0] * (len(compiles) - 3)

@@ -847,8 +847,10 @@ def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
   reassociated, one-element arrays as scalars, complex quotients and
   products simplified or folded, a branch or a one-trip loop inlined and a
   product reassociated across it, a choice by a lifted predicate folded,
-  sums, ``min`` of signed zeros and 8-bit float NaNs folded by its own
-  evaluator), a closed-over value or a changed literal passed as an
+  sums, ``min`` of signed zeros and arithmetic narrower than 32 bits
+  folded by its own evaluator, a product of constants it folds before an
+  addition the runtime fuses with it, ``abs`` of a complex value), a
+  closed-over value or a changed literal passed as an
   argument would round otherwise: such a jaxpr is never shared. Fresh
   functions, three values each, tier A alone and both tiers; every bit as
   stock's."""
@@ -899,6 +901,19 @@ def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
       lambda i: (lambda v, c=jnp.asarray(np.array(
           [np.nan] * 5 + [vals[i][0]], np.float32)):
                  v * c.astype(jnp.float8_e4m3fn).astype(jnp.float32)),
+      lambda i: (lambda v, m=jnp.asarray(vals[i]): 0.9 * m + 0.1 * v),
+      lambda i: (lambda v, c=jnp.asarray(vals[i]),
+                 d=jnp.asarray(vals[i - 1]): v - c * d),
+      lambda i: (lambda v, c=jnp.asarray(vals[i], jnp.bfloat16),
+                 d=jnp.asarray(vals[i - 1], jnp.bfloat16):
+                 v + (c + d).astype(v.dtype)),
+      lambda i: (lambda v, c=jnp.asarray(vals[i]):
+                 v * (c.astype(jnp.bfloat16) * 1.37).astype(v.dtype)),
+      lambda i: (lambda v, c=jnp.asarray(vals[i] + 1j * vals[i - 1]):
+                 v * jnp.abs(c)),
+      lambda i: (lambda v, c=jnp.asarray(np.random.default_rng(i).uniform(
+          -2, 2, 5000).astype(np.float32)): jax.lax.scan(
+              lambda a, _: (a * jnp.sum(c), None), v, None, length=1)[0]),
       # read alike, and shared: a PRNG key's extended dtype among them
       lambda i: (lambda v, c=jnp.asarray(vals[i]): v * c + jax.random.key_data(
           jax.random.split(jax.random.key(7))[1])[0].astype(v.dtype)),

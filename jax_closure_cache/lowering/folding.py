@@ -24,7 +24,14 @@ Two kinds of difference, each found structurally:
   as ``x * (1 / c)`` and ``x / sqrt(c)`` as ``x * rsqrt(c)``, folding the
   reciprocal); and a complex product by one (XLA simplifies it with the
   constant's parts). A real scalar divisor is divided by in both modules.
-  A reduction of such values (its order of summation) is not modelled.
+  So is (reason ``folds_constants``) a sum, a contraction, a ``min`` or
+  ``max`` of such values, arithmetic on them narrower than 32 bits (XLA's
+  evaluator rounds after every operation, the runtime drops roundings it
+  finds excess), a product of them that an addition of a runtime value
+  takes (the runtime fuses the two into one multiply-add), and a chain
+  reassociated across a branch XLA inlines, a one-trip loop it removes or
+  a choice by a constant predicate. A scatter of such values at lifted
+  positions (a cross-entropy gradient's) is not modelled.
 
 The sign of a zero:
 
@@ -135,12 +142,17 @@ _NOT_INLINED = frozenset({"update_jaxpr"})
 #: scatter of -1/n at the labels, is read as the other modules' alike)
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_prod", "cumsum", "cumprod",
                          "cumlogsumexp"})
-#: operands that give positions, not values (a gather's indices, a dynamic
-#: slice's starts, a select's predicate), by primitive; a scatter's are its
-#: second operand
-_POSITIONS = types.MappingProxyType({
-    "gather": (1,), "dynamic_slice": (1, 2, 3, 4, 5, 6, 7, 8),
-    "dynamic_update_slice": (2, 3, 4, 5, 6, 7, 8), "select_n": (0,)})
+#: operations on a scalar's broadcast whose result is one too (every
+#: element the same value)
+_SCALAR_KEEPING = frozenset(_SCALAR) | frozenset({
+    "broadcast_in_dim", "reshape", "convert_element_type", "transpose",
+    "squeeze", "expand_dims", "copy", "copy_p", "rev", "integer_pow",
+    "rsqrt", "tanh", "logistic", "log1p", "expm1"})
+#: moves of elements that compute nothing (a conversion is not one: it
+#: rounds)
+_SHAPE_MOVES = _CHAIN_MOVES | frozenset({"slice", "concatenate", "pad",
+                                         "select_n", "gather",
+                                         "dynamic_slice"})
 #: call-like primitives: one jaxpr input per operand, one output per output
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
@@ -195,16 +207,17 @@ def _all_zero(c) -> bool:
 
 
 class _Chains:
-  """What the reassociation rule tracks through a jaxpr, and across the
-  calls XLA inlines: ``chained``, var -> (family, whether a lifted value is
-  among its constants) for the result of a ``mul``/``div`` or
-  ``add``/``sub`` of a runtime value and a scalar constant of stock's
-  module (which XLA reassociates with a further such constant);
+  """What the rules track through a jaxpr, and across the calls XLA
+  inlines: ``chained``, var -> (family, whether a lifted value is among
+  its constants, the constants' kind: ``"scalar"`` or ``"array"``) for
+  the result of a ``mul``/``div`` or ``add``/``sub`` of a runtime value
+  and a constant of stock's module (which XLA reassociates with a further
+  constant of the kind);
   ``scalars``, the vars that are a scalar constant (broadcast too); and
   ``roots``, the vars that are a square root (or its reciprocal) of values
   computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
   ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
-  __slots__ = ("chained", "scalars", "roots", "valued")
+  __slots__ = ("chained", "scalars", "roots", "valued", "mapped", "products")
 
   def __init__(self):
     self.chained: dict = {}
@@ -214,6 +227,11 @@ class _Chains:
     # gather's indices) are computed from lifted inputs; None until a walk
     # starts with every lifted input as one
     self.valued: set | None = None
+    self.mapped: set = set()   # the inputs ``into`` read valued or not
+    # the vars that are a product of values computed from lifted inputs
+    # alone (moved too): a constant in stock's module, which an addition
+    # of a runtime value fuses with in the cache's (one rounding)
+    self.products: set = set()
 
   def constant_kind(self, x, state: _State) -> str | None:
     """``"scalar"`` for a scalar constant of stock's module (broadcast
@@ -239,6 +257,7 @@ class _Chains:
     """The tags of a called jaxpr's inputs, from its operands'."""
     inner = _Chains()
     inner.valued = set()
+    inner.mapped = set(inner_vars)
     for x, s, v in zip(outer_vars, ins, inner_vars):
       if (s.lifted if type(x) is _compat.Literal
           else self.valued is None or x in self.valued):
@@ -249,6 +268,8 @@ class _Chains:
         inner.scalars.add(v)
       if type(x) is not _compat.Literal and x in self.roots:
         inner.roots.add(v)
+      if type(x) is not _compat.Literal and x in self.products:
+        inner.products.add(v)
     return inner
 
   def out_of(self, inner: "_Chains", inner_vars, outer_vars) -> None:
@@ -262,6 +283,8 @@ class _Chains:
         self.scalars.add(x)
       if v in inner.roots:
         self.roots.add(x)
+      if v in inner.products:
+        self.products.add(x)
       if self.valued is not None and v in inner.valued:
         self.valued.add(x)
 
@@ -286,18 +309,19 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       return x.val if np.ndim(x.val) == 0 else None
     return known.get(x)
 
-  valued = chains.valued
-  if valued is None:   # every lifted input
-    valued = chains.valued = {v for v in jaxpr.invars
-                              if env.get(v, _ARGUMENT).lifted}
-  valued.update(v for v in jaxpr.constvars if env.get(v, _ARGUMENT).lifted)
+  if chains.valued is None:
+    chains.valued = set()
+  valued = chains.valued   # and every lifted input no call mapped
+  valued.update(v for v in (*jaxpr.constvars, *jaxpr.invars)
+                if v not in chains.mapped and env.get(v, _ARGUMENT).lifted)
 
   for n, e in enumerate(jaxpr.eqns):
     ins = [read(x, (n, i)) for i, x in enumerate(e.invars)]
     name = e.primitive.name
-    skip = _POSITIONS.get(name, ())
-    if name.startswith("scatter"):
-      skip = (1,)
+    # (a scatter's indices give positions, not values: one of constants at
+    # lifted positions, a cross-entropy gradient's, sums alike; any other
+    # operand that picks, a gather's or a select's, counts as a value)
+    skip = (1,) if name.startswith("scatter") else ()
     if any(x in valued if type(x) is not _compat.Literal else s.lifted
            for i, (x, s) in enumerate(zip(e.invars, ins)) if i not in skip):
       valued.update(e.outvars)
@@ -348,13 +372,15 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
           "evaluates it at compile time in stock's module, with its own "
           "arithmetic, where the cache's module computes it at run time "
           "(the last bits differ)"))
-    if (name == "convert_element_type" and any(
-        s.folded_by_stock_only for s in ins)
-        and _narrow_float(e.invars[0], e.outvars[0])):
+    if (name not in _SHAPE_MOVES and ins and not any(s.varying for s in ins)
+        and any(s.folded_by_stock_only for s in ins)
+        and _narrow_float(*e.invars, *e.outvars)):
       return Finding("folds_constants", (
-          "a conversion to or from an 8-bit float of a value computed from "
-          "lifted inputs alone: XLA's evaluator keeps another NaN payload "
-          "than the runtime in stock's module"))
+          f"`{name}` of a float narrower than 32 bits computed from lifted "
+          "inputs alone: XLA's evaluator rounds to it after every operation "
+          "in stock's module (and keeps another NaN payload for an 8-bit "
+          "float), where the runtime computes in 32 bits and drops a "
+          "rounding it finds excess"))
     if name == "pow" and any(s.lifted and not s.varying for s in ins):
       return Finding("folds_constants", (
           "`pow` of a value computed from lifted inputs alone: XLA rewrites "
@@ -362,19 +388,38 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     found = _constant_divisor(e, ins, chains) or _complex_product(e, ins)
     if found:
       return found
+    found = _fused(e, ins, chains)
+    if found:
+      return found
     if name in ("sqrt", "rsqrt") and ins and ins[0].folded_by_stock_only:
       chains.roots.add(e.outvars[0])
+    if (name == "mul" and _signed(e) and ins
+        and all(s.folded_by_stock_only or not s.varying for s in ins)
+        and any(s.folded_by_stock_only for s in ins)):
+      chains.products.add(e.outvars[0])
+    if (e.invars and len(e.outvars) == 1 and name in _SCALAR_KEEPING
+        and all(scalar_constant(x, s) for x, s in zip(e.invars, ins))):
+      chains.scalars.add(e.outvars[0])   # a scalar's broadcast, computed on
     if name in _CHAIN_MOVES and e.invars and (
         type(e.invars[0]) is not _compat.Literal):
       before = chained.get(e.invars[0])
       if before is not None:
         chained[e.outvars[0]] = before
+      if e.invars[0] in chains.roots:
+        chains.roots.add(e.outvars[0])
+      if e.invars[0] in chains.products:
+        chains.products.add(e.outvars[0])
     if name == "select_n" and len(e.invars) > 1 and not ins[0].varying:
       # a constant choice, which XLA folds where it sees the predicate (in
       # stock's module, a lifted one too): a chain goes on through it
-      before = next((chained[x] for x in e.invars[1:]
-                     if type(x) is not _compat.Literal and x in chained),
-                    None)
+      found_chains = {chained[x] for x in e.invars[1:]
+                      if type(x) is not _compat.Literal and x in chained}
+      if len({c[0] for c in found_chains}) > 1:
+        return Finding("folds_constants", (
+            "a choice by a constant predicate between results of a `mul` "
+            "and of an `add` by constants: XLA folds the choice and "
+            "reassociates either chain"))
+      before = max(found_chains, key=lambda c: (c[1], c[2]), default=None)
       if before is not None:
         # (a choice stock's module alone folds, by a lifted predicate:
         # the chain goes on there only)
@@ -501,17 +546,46 @@ def _complex_product(e, ins: list) -> Finding | None:
       "(the last bits differ)"))
 
 
-def _narrow_float(x, out) -> bool:
-  """Whether a conversion reads or makes an 8-bit (or narrower) float."""
-  return any(str(getattr(getattr(v, "aval", None), "dtype", "")).startswith(
-      ("float8", "float4")) for v in (x, out))
+def _narrow_float(*vs) -> bool:
+  """Whether one of ``vs`` (vars or literals) is a float narrower than 32
+  bits (bfloat16, float16, the 8- and 4-bit floats)."""
+  for v in vs:
+    d = getattr(getattr(v, "aval", None), "dtype", None)
+    name = str(d)
+    if name.startswith(("float8", "float4", "bfloat16")) or name == "float16":
+      return True
+  return False
+
+
+def _fused(e, ins: list, chains: _Chains) -> Finding | None:
+  """The finding where ``e`` adds a runtime value and a product of values
+  computed from lifted inputs alone (``x + c * 1.5``, an Adam moment's
+  ``0.9 * m + g``): stock's module folds the product to a constant and
+  adds it, rounding twice; the cache's computes both at run time, where
+  XLA fuses them into one multiply-add (one rounding)."""
+  if e.primitive.name not in ("add", "add_any", "sub") or not _signed(e):
+    return None
+  if not any(s.varying for s in ins):
+    return None
+  for x, s in zip(e.invars, ins):
+    if (type(x) is not _compat.Literal and not s.varying
+        and x in chains.products):
+      return Finding("folds_constants", (
+          f"`{e.primitive.name}` of a runtime value and a product of values "
+          "computed from lifted inputs alone: stock's module folds the "
+          "product and rounds it before the addition, the cache's fuses "
+          "the two into one multiply-add"))
+  return None
 
 
 def _complex(e) -> bool:
-  """Whether an equation's result is complex."""
-  # (a NumPy dtype's kind: an extended dtype, a PRNG key's, is none)
-  return any(isinstance(d := getattr(v.aval, "dtype", None), np.dtype)
-             and d.kind == "c" for v in e.outvars)
+  """Whether an equation's result or an operand is complex."""
+  # (a NumPy dtype's kind: an extended dtype, a PRNG key's, is none; its
+  # operands too: ``abs`` of a complex value is a formula with a real
+  # result)
+  return any(isinstance(d := getattr(getattr(v, "aval", None), "dtype",
+                                     None), np.dtype)
+             and d.kind == "c" for v in (*e.outvars, *e.invars))
 
 
 def _evaluate(name: str, vals: list, aval):

@@ -173,8 +173,8 @@ cache.STORE.report("tier_a", LOWERINGS.report, reset=LOWERINGS.reset_counts)
 #: How a refusal for a ``folding.Finding`` is counted, by its reason.
 _REFUSED_FOLDING = types.MappingProxyType({
     "folds_zero": "a zero XLA folds in stock's module",
-    "folds_constants": "scalar constants XLA folds together in stock's "
-                       "module",
+    "folds_constants": "constants XLA folds or rewrites in stock's module "
+                       "(reassociated, evaluated, fused)",
     "folding_unread": "a jaxpr the folding check cannot read"})
 
 
