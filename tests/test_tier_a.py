@@ -848,8 +848,10 @@ def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
   products simplified or folded, a branch or a one-trip loop inlined and a
   product reassociated across it, a choice by a lifted predicate folded,
   sums, ``min`` of signed zeros and arithmetic narrower than 32 bits
-  folded by its own evaluator, a product of constants it folds before an
-  addition the runtime fuses with it, ``abs`` of a complex value), a
+  folded by its own evaluator, a product or square of constants it folds
+  before an addition the runtime fuses with it, through a slice too,
+  ``abs`` of a complex value, a transposed constant laid out anew for a
+  dot), a
   closed-over value or a changed literal passed as an
   argument would round otherwise: such a jaxpr is never shared. Fresh
   functions, three values each, tier A alone and both tiers; every bit as
@@ -914,6 +916,14 @@ def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
       lambda i: (lambda v, c=jnp.asarray(np.random.default_rng(i).uniform(
           -2, 2, 5000).astype(np.float32)): jax.lax.scan(
               lambda a, _: (a * jnp.sum(c), None), v, None, length=1)[0]),
+      lambda i: (lambda v, w=jnp.asarray(np.random.default_rng(i).uniform(
+          -1, 1, (24, 32)).astype(np.float32)):
+                 (jnp.tile(v, (16, 6))[:, :32] * 0.173) @ w.T),
+      lambda i: (lambda v, c=jnp.asarray(np.random.default_rng(i).uniform(
+          -2, 2, 16).astype(np.float32)), d=jnp.asarray(
+              np.random.default_rng(i + 7).uniform(-2, 2, 16).astype(
+                  np.float32)): v + (c * d)[3:9]),
+      lambda i: (lambda v, c=jnp.asarray(vals[i]): v + jnp.square(c)),
       # read alike, and shared: a PRNG key's extended dtype among them
       lambda i: (lambda v, c=jnp.asarray(vals[i]): v * c + jax.random.key_data(
           jax.random.split(jax.random.key(7))[1])[0].astype(v.dtype)),

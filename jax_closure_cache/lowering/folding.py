@@ -27,8 +27,11 @@ Two kinds of difference, each found structurally:
   So is (reason ``folds_constants``) a sum, a contraction, a ``min`` or
   ``max`` of such values, arithmetic on them narrower than 32 bits (XLA's
   evaluator rounds after every operation, the runtime drops roundings it
-  finds excess), a product of them that an addition of a runtime value
-  takes (the runtime fuses the two into one multiply-add), and a chain
+  finds excess), a product or square of them that an addition of a
+  runtime value takes, moved too (the runtime fuses the two into one
+  multiply-add), a transpose of them in a dot (``x @ W.T``: stock's module
+  lays the constant out anew, the cache's moves the transpose into the
+  dot and multiplies with another kernel), and a chain
   reassociated across a branch XLA inlines, a one-trip loop it removes or
   a choice by a constant predicate. A scatter of such values at lifted
   positions (a cross-entropy gradient's) is not modelled.
@@ -142,6 +145,8 @@ _NOT_INLINED = frozenset({"update_jaxpr"})
 #: scatter of -1/n at the labels, is read as the other modules' alike)
 _REDUCTIONS = frozenset({"reduce_sum", "reduce_prod", "cumsum", "cumprod",
                          "cumlogsumexp"})
+#: products, which the runtime fuses with an addition that takes them
+_PRODUCTS = frozenset({"mul", "square", "integer_pow"})
 #: operations on a scalar's broadcast whose result is one too (every
 #: element the same value)
 _SCALAR_KEEPING = frozenset(_SCALAR) | frozenset({
@@ -217,7 +222,8 @@ class _Chains:
   ``roots``, the vars that are a square root (or its reciprocal) of values
   computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
   ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
-  __slots__ = ("chained", "scalars", "roots", "valued", "mapped", "products")
+  __slots__ = ("chained", "scalars", "roots", "valued", "mapped", "products",
+               "transposed")
 
   def __init__(self):
     self.chained: dict = {}
@@ -232,6 +238,11 @@ class _Chains:
     # alone (moved too): a constant in stock's module, which an addition
     # of a runtime value fuses with in the cache's (one rounding)
     self.products: set = set()
+    # the vars computed from lifted inputs alone through a transpose: a
+    # constant laid out anew in stock's module, where the cache's XLA
+    # moves the transpose into a dot's dimensions (another kernel, another
+    # order of summation)
+    self.transposed: set = set()
 
   def constant_kind(self, x, state: _State) -> str | None:
     """``"scalar"`` for a scalar constant of stock's module (broadcast
@@ -270,6 +281,8 @@ class _Chains:
         inner.roots.add(v)
       if type(x) is not _compat.Literal and x in self.products:
         inner.products.add(v)
+      if type(x) is not _compat.Literal and x in self.transposed:
+        inner.transposed.add(v)
     return inner
 
   def out_of(self, inner: "_Chains", inner_vars, outer_vars) -> None:
@@ -285,6 +298,8 @@ class _Chains:
         self.roots.add(x)
       if v in inner.products:
         self.products.add(x)
+      if v in inner.transposed:
+        self.transposed.add(x)
       if self.valued is not None and v in inner.valued:
         self.valued.add(x)
 
@@ -393,10 +408,23 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       return found
     if name in ("sqrt", "rsqrt") and ins and ins[0].folded_by_stock_only:
       chains.roots.add(e.outvars[0])
-    if (name == "mul" and _signed(e) and ins
-        and all(s.folded_by_stock_only or not s.varying for s in ins)
-        and any(s.folded_by_stock_only for s in ins)):
-      chains.products.add(e.outvars[0])
+    lifted_alone = (bool(ins) and not any(s.varying for s in ins)
+                    and any(s.folded_by_stock_only for s in ins))
+    if name in _PRODUCTS and _signed(e) and lifted_alone:
+      chains.products.add(e.outvars[0])   # (a square is a product too)
+    if lifted_alone and (name == "transpose" or any(
+        x in chains.transposed for x in e.invars
+        if type(x) is not _compat.Literal)):
+      chains.transposed.update(e.outvars)
+    if name == "dot_general" and any(
+        x in chains.transposed for x in e.invars
+        if type(x) is not _compat.Literal):
+      return Finding("folds_constants", (
+          "`dot_general` of a transpose of values computed from lifted "
+          "inputs alone (x @ W.T): stock's module lays the constant out "
+          "transposed, the cache's XLA moves the transpose into the dot's "
+          "dimensions and multiplies with another kernel, summing in "
+          "another order"))
     if (e.invars and len(e.outvars) == 1 and name in _SCALAR_KEEPING
         and all(scalar_constant(x, s) for x, s in zip(e.invars, ins))):
       chains.scalars.add(e.outvars[0])   # a scalar's broadcast, computed on
@@ -409,6 +437,11 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
         chains.roots.add(e.outvars[0])
       if e.invars[0] in chains.products:
         chains.products.add(e.outvars[0])
+    if ((name in _MOVES or name in _SHAPE_MOVES) and e.invars
+        and type(e.invars[0]) is not _compat.Literal
+        and e.invars[0] in chains.products):
+      # (a slice, a pad, a negation between: the runtime fuses through)
+      chains.products.update(e.outvars)
     if name == "select_n" and len(e.invars) > 1 and not ins[0].varying:
       # a constant choice, which XLA folds where it sees the predicate (in
       # stock's module, a lifted one too): a chain goes on through it
