@@ -410,7 +410,8 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       chains.roots.add(e.outvars[0])
     lifted_alone = (bool(ins) and not any(s.varying for s in ins)
                     and any(s.folded_by_stock_only for s in ins))
-    if name in _PRODUCTS and _signed(e) and lifted_alone:
+    if (name in _PRODUCTS and _signed(e) and lifted_alone
+        and not _exact_scaling(e)):
       chains.products.add(e.outvars[0])   # (a square is a product too)
     if lifted_alone and (name == "transpose" or any(
         x in chains.transposed for x in e.invars
@@ -587,6 +588,22 @@ def _narrow_float(*vs) -> bool:
     name = str(d)
     if name.startswith(("float8", "float4", "bfloat16")) or name == "float16":
       return True
+  return False
+
+
+def _exact_scaling(e) -> bool:
+  """Whether ``e`` multiplies by a literal power of two (``-1.0 * b``,
+  ``0.5 * c``): a product rounded alike, folded or fused."""
+  if e.primitive.name != "mul":
+    return False
+  for x in e.invars:
+    if type(x) is _compat.Literal and np.ndim(x.val) == 0:
+      try:
+        v = abs(complex(x.val))
+      except (TypeError, ValueError):
+        return False
+      return v != 0 and v == v and v != float("inf") and (
+          math.frexp(v)[0] == 0.5)
   return False
 
 
