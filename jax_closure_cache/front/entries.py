@@ -195,15 +195,21 @@ class CallerChanged(Exception):
 
 
 def caller_changed(error) -> bool:
-  """Whether ``error`` is, or was raised from, :class:`CallerChanged` (JAX
-  may re-raise from inside a trace with it as the cause)."""
+  """Whether ``error`` is, or was raised from, :class:`CallerChanged`."""
+  return _behind(error, CallerChanged) is not None
+
+
+def _behind(error, cls):
+  """The exception of class ``cls`` that ``error`` is or was raised from,
+  if any (JAX may re-raise an exception from inside a trace with it as
+  the cause)."""
   seen = 0
   while error is not None and seen < 8:
-    if isinstance(error, CallerChanged):
-      return True
+    if isinstance(error, cls):
+      return error
     error = error.__cause__ or error.__context__
     seen += 1
-  return False
+  return None
 
 
 def _caller_for_trace(e, lift_numpy):
@@ -523,14 +529,7 @@ class _DonationChecked:
 
 
 def tracer_leak(error):
-  """The closure key's ``TracerLeak`` behind ``error``, if any (JAX may
-  re-raise an exception from inside a trace with it as the cause)."""
-  seen = 0
-  while error is not None and seen < 8:
-    if isinstance(error, trace_lookup.closure_cache.TracerLeak):
-      return error
-    error = error.__cause__ or error.__context__
-    seen += 1
-  return None
+  """The closure key's ``TracerLeak`` behind ``error``, if any."""
+  return _behind(error, trace_lookup.closure_cache.TracerLeak)
 
 

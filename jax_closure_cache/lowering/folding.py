@@ -411,7 +411,7 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     lifted_alone = (bool(ins) and not any(s.varying for s in ins)
                     and any(s.folded_by_stock_only for s in ins))
     if (name in _PRODUCTS and _signed(e) and lifted_alone
-        and not _exact_scaling(e)):
+        and not _exact_scaling(e, ins)):
       chains.products.add(e.outvars[0])   # (a square is a product too)
     if lifted_alone and (name == "transpose" or any(
         x in chains.transposed for x in e.invars
@@ -591,13 +591,15 @@ def _narrow_float(*vs) -> bool:
   return False
 
 
-def _exact_scaling(e) -> bool:
+def _exact_scaling(e, ins: list) -> bool:
   """Whether ``e`` multiplies by a literal power of two (``-1.0 * b``,
-  ``0.5 * c``): a product rounded alike, folded or fused."""
+  ``0.5 * c``) of the jaxpr's own, not one passed as an argument (a
+  changed literal: another call's may be no power of two): a product
+  rounded alike, folded or fused."""
   if e.primitive.name != "mul":
     return False
-  for x in e.invars:
-    if type(x) is _compat.Literal and np.ndim(x.val) == 0:
+  for x, s in zip(e.invars, ins):
+    if type(x) is _compat.Literal and np.ndim(x.val) == 0 and not s.lifted:
       try:
         v = abs(complex(x.val))
       except (TypeError, ValueError):
