@@ -924,6 +924,8 @@ def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
               np.random.default_rng(i + 7).uniform(-2, 2, 16).astype(
                   np.float32)): v + (c * d)[3:9]),
       lambda i: (lambda v, c=jnp.asarray(vals[i]): v + jnp.square(c)),
+      lambda i: (lambda v, c=jnp.asarray(vals[i]), t=jnp.asarray(
+          vals[i][0] + 5.0): jnp.where(t > 0, v * 0.37, v * c) * 0.59),
       # a changed literal, a power of two when the entry is made, then not
       lambda i: (lambda v, c=jnp.asarray(vals[i]), lr=(0.3, 0.5, 0.7)[i]:
                  v + c * lr),

@@ -448,13 +448,15 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       # stock's module, a lifted one too): a chain goes on through it
       found_chains = {chained[x] for x in e.invars[1:]
                       if type(x) is not _compat.Literal and x in chained}
-      if len({c[0] for c in found_chains}) > 1:
+      if len({(c[0], c[2]) for c in found_chains}) > 1:
         return Finding("folds_constants", (
-            "a choice by a constant predicate between results of a `mul` "
-            "and of an `add` by constants: XLA folds the choice and "
-            "reassociates either chain"))
-      before = max(found_chains, key=lambda c: (c[1], c[2]), default=None)
+            "a choice by a constant predicate between results of operations "
+            "by constants of two families or kinds (a product and a sum, "
+            "by a scalar and by an array): XLA folds the choice and "
+            "reassociates the chain it keeps"))
+      before = next(iter(found_chains), None)
       if before is not None:
+        before = (before[0], any(c[1] for c in found_chains), before[2])
         # (a choice stock's module alone folds, by a lifted predicate:
         # the chain goes on there only)
         chained[e.outvars[0]] = (before if not ins[0].folded_by_stock_only
