@@ -211,6 +211,11 @@ def _all_zero(c) -> bool:
   return _compat.all_zero(c, booleans=True, unknown=True)
 
 
+#: the var sets of :class:`_Chains` that a call's inputs and outputs carry
+#: as they are (``scalars`` is read from the operand's state on the way in)
+_TAGS = ("roots", "products", "transposed")
+
+
 class _Chains:
   """What the rules track through a jaxpr, and across the calls XLA
   inlines: ``chained``, var -> (family, whether a lifted value is among
@@ -273,16 +278,15 @@ class _Chains:
       if (s.lifted if type(x) is _compat.Literal
           else self.valued is None or x in self.valued):
         inner.valued.add(v)
-      if type(x) is not _compat.Literal and x in self.chained:
-        inner.chained[v] = self.chained[x]
       if self.scalar_constant(x, s):
         inner.scalars.add(v)
-      if type(x) is not _compat.Literal and x in self.roots:
-        inner.roots.add(v)
-      if type(x) is not _compat.Literal and x in self.products:
-        inner.products.add(v)
-      if type(x) is not _compat.Literal and x in self.transposed:
-        inner.transposed.add(v)
+      if type(x) is _compat.Literal:
+        continue
+      if x in self.chained:
+        inner.chained[v] = self.chained[x]
+      for tag in _TAGS:
+        if x in getattr(self, tag):
+          getattr(inner, tag).add(v)
     return inner
 
   def out_of(self, inner: "_Chains", inner_vars, outer_vars) -> None:
@@ -292,14 +296,9 @@ class _Chains:
         continue
       if v in inner.chained:
         self.chained[x] = inner.chained[v]
-      if v in inner.scalars:
-        self.scalars.add(x)
-      if v in inner.roots:
-        self.roots.add(x)
-      if v in inner.products:
-        self.products.add(x)
-      if v in inner.transposed:
-        self.transposed.add(x)
+      for tag in ("scalars", *_TAGS):
+        if v in getattr(inner, tag):
+          getattr(self, tag).add(x)
       if self.valued is not None and v in inner.valued:
         self.valued.add(x)
 
@@ -436,8 +435,6 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
         chained[e.outvars[0]] = before
       if e.invars[0] in chains.roots:
         chains.roots.add(e.outvars[0])
-      if e.invars[0] in chains.products:
-        chains.products.add(e.outvars[0])
     if ((name in _MOVES or name in _SHAPE_MOVES) and e.invars
         and type(e.invars[0]) is not _compat.Literal
         and e.invars[0] in chains.products):
