@@ -18,7 +18,7 @@ import jax_closure_cache as jcc
 from jax_closure_cache import _compat, cache
 from conftest import (
     STOCK_JIT, counting, counts_side_effects, needs_trace_lookup,
-    stock_off)
+    script_lines, stock_off)
 
 
 def _jvp_of_recreated_stock_jits(stock_jit, x, rounds):
@@ -675,3 +675,48 @@ def test_a_kept_function_whose_closed_over_array_was_donated_never_reads_state_a
     else:
       np.testing.assert_array_equal(a, wa)
   assert 0 < raised < len(got)   # the first object is stock's
+
+
+_X64_SWITCHED = r"""
+import functools, sys
+import jax, jax.numpy as jnp, numpy as np
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+G = np.array([0.5, 3.25])        # a module global read by a fresh lambda
+I = np.array([3, 2 ** 40])
+
+def runs(a):
+  yield "global", lambda: jax.jit(lambda x: x + G)(1)
+  yield "jit", lambda: jax.jit(lambda x: x * 2 + a)(1)
+  yield "partial", lambda: jax.jit(functools.partial(lambda a, x: x + a, a))(1)
+  yield "scan", lambda: jax.lax.scan(
+      lambda s, x: (s + a, x), jnp.zeros(a.shape, a.dtype), jnp.arange(2.0))[0]
+  yield "fori", lambda: jax.lax.fori_loop(
+      0, 3, lambda i, s: s + a, jnp.zeros(a.shape, a.dtype))
+
+for a in (G, I):
+  for name, run in runs(a):
+    for x64 in (False, False, True, True, False, True):
+      try:
+        with jax.enable_x64(x64):
+          r = run()
+        print(name, x64, jax.typeof(r), np.asarray(r).tobytes().hex())
+      except Exception as e:
+        print(name, x64, type(e).__name__)
+"""
+
+
+def test_a_64_bit_numpy_constant_traced_again_under_x64_lowers_as_stocks():
+  """A float64 or int64 NumPy array read by re-created functions, called
+  with ``jax_enable_x64`` off twice and then on: JAX memoizes its
+  conversion of the array (to float32) by the array alone, so a trace
+  under x64 reads that copy while anything holds a trace of it, and its
+  lowering raises ``ValueError``. Stock holds no such trace of a fresh
+  function; the cache's shared stock object of a closure-free function
+  held one, and the third call raised where stock's answered. One
+  process per mode (the memoized copies are process-wide)."""
+  want = script_lines(_X64_SWITCHED, "stock")
+  assert not any("Error" in line for line in want), want
+  for mode in ("on", "verify"):
+    assert script_lines(_X64_SWITCHED, mode) == want, mode

@@ -635,6 +635,7 @@ def library_or_own_code(code) -> bool:
 
 from jax._src import dtypes as _dtypes   # noqa: E402
 import sys as _sys   # noqa: E402
+import numpy as _np   # noqa: E402
 import weakref as _weakref   # noqa: E402
 
 _canonicalize_value = getattr(_dtypes, "canonicalize_value", None)
@@ -642,6 +643,28 @@ _canonicalize_dtype = getattr(_dtypes, "canonicalize_dtype", None)
 #: id(array) -> its stale converted copy that releasing the package's own
 #: entries did not free (held by the user's objects, as stock would be)
 _stale_kept: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
+
+
+def converted_by_x64(dtype) -> bool:
+  """Whether JAX converts a NumPy array of ``dtype`` otherwise with
+  ``jax_enable_x64`` on than off (``float64`` to ``float32`` without it, a
+  view with it). Its memoized conversion of such an array is keyed by the
+  array alone, not by the setting: while anything holds a trace of the
+  array made under one setting, a trace under the other reads that
+  copy, of the wrong dtype, and its lowering raises ``ValueError``
+  (stock too, for as long as the user holds such a trace)."""
+  if _canonicalize_dtype_in is not None:
+    try:
+      return (_canonicalize_dtype_in(True, False, dtype)
+              != _canonicalize_dtype_in(False, False, dtype))
+    except Exception:   # a dtype JAX does not take
+      return False
+  return _np.dtype(dtype) in _X64_DEPENDENT
+
+
+_canonicalize_dtype_in = getattr(_dtypes, "_canonicalize_dtype", None)
+_X64_DEPENDENT = frozenset(map(_np.dtype, (
+    "float64", "int64", "uint64", "complex128")))
 
 
 def stale_conversion(arr):

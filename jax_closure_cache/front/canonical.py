@@ -127,9 +127,15 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
     return None
+  baked = key_parts.baked_numpy(a.key)
   if _lowering.captured_constants_warning(
       nbytes=key_parts.baked_numpy_bytes(a.key)) is not None:
     # stock's lowering of each new object warns of its captured constants
+    return None
+  if any(_compat.converted_by_x64(n.dtype) for n in baked):
+    # its trace would hold JAX's memoized conversion of the array, which a
+    # stock trace of the array under the other x64 setting then reads
+    # (``_compat.converted_by_x64``): only the user's objects may hold it
     return None
   # (the threshold in force: stock warns of each new object's constants by
   # it, so an object made under another is not this key's)

@@ -154,18 +154,23 @@ float_key = _key.float_key
 numpy_key = _key.Walk.numpy
 
 
-def baked_numpy_bytes(key) -> int:
-  """The bytes of the NumPy arrays a key holds baked (``NUMPY`` parts,
-  anywhere in it): the constants a trace of what it covers captures."""
-  total, todo = 0, [key]
+def baked_numpy(key) -> list:
+  """The NumPy arrays a key holds baked (``NUMPY`` parts, anywhere in it,
+  as :class:`NumpyPart`): the constants a trace of what it covers
+  captures."""
+  found, todo = [], [key]
   while todo:
     k = todo.pop()
     if type(k) is tuple:
       if k and k[0] is NUMPY:
-        n = NumpyPart._make(k)
-        total += n.dtype.itemsize * math.prod(n.shape)
+        found.append(NumpyPart._make(k))
       else:
         todo.extend(k)
     elif type(k) is frozenset:
       todo.extend(k)
-  return total
+  return found
+
+
+def baked_numpy_bytes(key) -> int:
+  """The bytes of the NumPy arrays a key holds baked (:func:`baked_numpy`)."""
+  return sum(n.dtype.itemsize * math.prod(n.shape) for n in baked_numpy(key))
