@@ -5,6 +5,7 @@ side effects are compared with stock jax.jit on a fresh function object."""
 
 import logging
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ import pytest
 import jax_closure_cache as jcc
 from conftest import (
     STOCK_JIT, assert_like_stock, counting, counts_side_effects,
-    replay_like_stock, script_lines, stock_off, warm)
+    replay_in_both_modes, replay_like_stock, script_lines, stock_off, warm)
 
 
 class Holder:
@@ -1109,3 +1110,66 @@ def test_generic_objects_are_keyed_by_their_state(kind):
     assert_like_stock(grad, jax.grad(make(w, g)), x)
   g = kind(3.0)   # a changed attribute: stock's answer, not 2.0's
   assert_like_stock(jcc.jit(make(jnp.ones(4), g))(x), make(jnp.ones(4), g), x)
+
+
+def test_checkpoint_residuals_logged_after_entries_were_stored_are_stocks():
+  """``jax_log_checkpoint_residuals`` switched on after entries were
+  stored: stock logs, at each trace that differentiates a
+  ``jax.checkpoint``, what it saves, so every fresh ``jit(grad(loss))``,
+  fresh static function and eager ``scan`` body logs; a hit traces
+  nothing, so while the option is on, new function objects are stock's
+  (tier A still shares their executables)."""
+  records = []
+
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record.getMessage().split("\n")[0])
+
+  apply = jax.jit(lambda f, v: f(v), static_argnums=0)
+
+  def make(c):
+    @jax.checkpoint
+    def g(v):
+      return jnp.sin(jnp.cos(v) * c)
+    return lambda v: jnp.sum(g(v) * v)
+
+  def grads(c):   # a plain closure (its key has a matcher: the front's hit)
+    def loss_grad(v):
+      return jax.grad(lambda u: jnp.sum(jax.checkpoint(jnp.sin)(u) * u * c))(v)
+    return loss_grad
+
+  lock = threading.Lock()
+
+  def branching(c):   # traced each call (a lock: not keyed), its branch shared
+    def outer(v):
+      assert lock is not None
+      return jax.lax.cond(v[0] > -1, grads(c), lambda u: u, v)
+    return outer
+
+  def run():
+    out = []
+    x = jnp.arange(3.0)
+    for i, on in enumerate([False] * 6 + [True] * 3 + [False, True]):
+      jax.config.update("jax_log_checkpoint_residuals", on)
+      del records[:]
+      c = 1.5 + (i % 2)
+      vals = (jax.jit(jax.grad(make(c)))(x),
+              jax.jit(grads(c))(x),
+              jax.jit(branching(c))(x),
+              apply(jax.grad(make(c)), x),
+              jax.lax.scan(lambda s, v: (s + grads(c)(v), v),
+                           jnp.zeros(3), jnp.stack([x, x]))[0])
+      out.append((on, [np.asarray(v).tobytes() for v in vals],
+                  list(records)))
+    return out
+
+  logger = logging.getLogger("jax._src.ad_checkpoint")
+  handler = Keep()
+  logger.addHandler(handler)
+  try:
+    want = stock_off(run)
+    assert any(on and logs for on, _, logs in want)
+    replay_in_both_modes(run, clear=True)
+  finally:
+    logger.removeHandler(handler)
+    jax.config.update("jax_log_checkpoint_residuals", False)

@@ -689,6 +689,29 @@ def checks_nans_or_infs() -> bool:
 DEBUG_NANS, DEBUG_INFS = _config.debug_nans, _config.debug_infs
 
 
+class _Off:
+  """A config state this JAX lacks, read as off."""
+  value = False
+
+
+#: ``jax_log_checkpoint_residuals`` (``.value``): while it is on, JAX logs,
+#: at each trace that differentiates a ``jax.checkpoint``, what it saves.
+LOG_RESIDUALS = getattr(_config, "log_checkpoint_residuals", _Off())
+
+
+def logs_residuals() -> bool:
+  """Whether ``jax_log_checkpoint_residuals`` is on: a trace the cache
+  skips would not log what its checkpoints save, where stock's does."""
+  return bool(LOG_RESIDUALS.value)
+
+
+def reports_per_trace() -> bool:
+  """Whether stock reports as it traces or runs a new function object
+  (:func:`checks_nans_or_infs`, :func:`logs_residuals`): no shared trace
+  may answer one then."""
+  return checks_nans_or_infs() or logs_residuals()
+
+
 #: ``jax_captured_constants_warn_bytes``: ``WARN_BYTES.value``, read on a
 #: stored entry's hit (a threshold lowered since the entry was stored makes
 #: a new object's lowering warn, which the hit would skip).

@@ -59,16 +59,19 @@ WARNED = ("(warn := WARN_BYTES.value) != -1"
 #: class its traces met reads otherwise, stock would warn (``WARNED``), or
 #: NaN or Inf checks are on (stock's first call of a new object checks its
 #: outputs and re-runs it de-optimized, reporting as it goes; an entry's
-#: re-run is of the lifted function, and reports otherwise).
+#: re-run is of the lifted function, and reports otherwise), or JAX logs
+#: what each trace's differentiated checkpoints save (a hit traces nothing).
 #: The generated front inlines this text; ``refuses_new_object`` is compiled
 #: from it for the wrapper's other paths, so the two cannot differ. It reads
 #: the names in ``REFUSES_NEW_OBJECT_NAMES``.
 REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
                       " None and not entry.classes.holds() or " + WARNED
-                      + " or DEBUG_NANS.value or DEBUG_INFS.value")
+                      + " or DEBUG_NANS.value or DEBUG_INFS.value"
+                      " or LOG_RESIDUALS.value")
 REFUSES_NEW_OBJECT_NAMES = types.MappingProxyType({
     "WARN_BYTES": _WARN_BYTES, "DEBUG_NANS": _lowering.DEBUG_NANS,
-    "DEBUG_INFS": _lowering.DEBUG_INFS})
+    "DEBUG_INFS": _lowering.DEBUG_INFS,
+    "LOG_RESIDUALS": _lowering.LOG_RESIDUALS})
 _warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
                {"WARN_BYTES": _WARN_BYTES})
 refuses_new_object = eval(

@@ -50,6 +50,10 @@ def _compile_warnings(record: bool):
 CHECKS_OUTPUTS = ("jax_debug_nans or jax_debug_infs is on: JAX re-runs a "
                   "computation that gives one op by op, and stock's own "
                   "function reports it")
+#: Why a call is stock's while checkpoint residuals are logged.
+LOGS_RESIDUALS = ("jax_log_checkpoint_residuals is on: JAX logs what each "
+                  "trace's differentiated checkpoints save, and a shared "
+                  "trace is not traced again")
 
 
 class MissStages:
@@ -237,6 +241,9 @@ class MissStages:
       # JAX re-runs a computation that gave a NaN op by op, reporting as it
       # goes; a lifted entry's failure and stock's retry would report twice
       return self._fallback("debug_nans", args, kwargs, CHECKS_OUTPUTS)
+    if _lowering.logs_residuals():
+      return self._fallback("log_checkpoint_residuals", args, kwargs,
+                            LOGS_RESIDUALS)
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
     if baked is not None:
       # An array kept by identity (committed to a device, or inside an

@@ -524,6 +524,9 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       # (as ``refuses_new_object``: stock's first call of a new object
       # checks its outputs and re-runs it de-optimized, reporting as it goes)
       return self._fallback("debug_nans", args, kwargs, miss.CHECKS_OUTPUTS)
+    if entry is not None and _lowering.logs_residuals():
+      return self._fallback("log_checkpoint_residuals", args, kwargs,
+                            miss.LOGS_RESIDUALS)
     if entry is not None and entry.warned():
       # stock's lowering of this object warns of its constants now (the
       # threshold was lowered since the entry was stored): stock's, with no

@@ -95,8 +95,9 @@ def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   _calls.n = getattr(_calls, "n", 0) + 1
   # (with NaN or Inf checks on, stock's: an eager primitive run on a trace
   # this lookup shares is answered by JAX's cache of that primitive, whose
-  # compiled call skips the checks a new trace's first call makes)
-  if getattr(_unshared, "on", False) or _lowering.checks_nans_or_infs():
+  # compiled call skips the checks a new trace's first call makes; with
+  # checkpoint residuals logged, stock's: a shared trace logs nothing)
+  if getattr(_unshared, "on", False) or _lowering.reports_per_trace():
     traced = _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
   else:
