@@ -720,3 +720,35 @@ def test_a_64_bit_numpy_constant_traced_again_under_x64_lowers_as_stocks():
   assert not any("Error" in line for line in want), want
   for mode in ("on", "verify"):
     assert script_lines(_X64_SWITCHED, mode) == want, mode
+
+
+_LOWERING_ERROR = r"""
+import sys
+import jax, numpy as np
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+npa = np.array([1.5, 2.5])
+apply = jax.jit(lambda f, x: f(x), static_argnums=0)
+for x64 in (False, True, True):
+  try:
+    with jax.enable_x64(x64):
+      r = apply(lambda x: x * 1.5 + npa, 2)
+    print(jax.typeof(r), np.asarray(r))
+  except Exception as e:
+    print(type(e).__name__, str(e))
+"""
+
+
+def test_an_error_while_lowering_quotes_the_locations_stock_quotes():
+  """An error JAX raises while lowering quotes each failing equation's
+  location: the chain of user frames that made it. Stock's long-lived
+  jitted function holds its trace of a float64 array made without x64,
+  so its trace under x64 reads JAX's float32 copy and fails to lower (the
+  error ``test_a_64_bit_numpy_constant_...`` keeps the cache from causing
+  where stock has none). The cache's message named its own frames in that
+  chain; JAX records no frame of the package (as none of its own)."""
+  want = script_lines(_LOWERING_ERROR, "stock")
+  assert any(line.startswith("ValueError") for line in want), want
+  for mode in ("on", "verify"):
+    assert script_lines(_LOWERING_ERROR, mode) == want, mode

@@ -17,6 +17,7 @@ from jax._src import api as _api
 from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import source_info_util as _source_info_util
 from jax._src import traceback_util as _traceback_util
 from jax._src import util as _util
 from jax._src.lib import _jax as _jaxlib_ext
@@ -25,10 +26,15 @@ import types as _types
 import os as _os
 import threading as _threading
 
-# JAX hides its own frames from user tracebacks; ours are no more the user's
-# business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows them).
-_traceback_util.register_exclusion(
-    _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+# JAX hides its own frames from user tracebacks, and from the source
+# information it records for each equation (the locations of a lowered
+# module, which an error while lowering quotes); ours are no more the
+# user's business than pjit's are (``JAX_TRACEBACK_FILTERING=off`` shows
+# them in tracebacks).
+_PACKAGE_DIR = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+_traceback_util.register_exclusion(_PACKAGE_DIR)
+if hasattr(_source_info_util, "register_exclusion"):
+  _source_info_util.register_exclusion(_PACKAGE_DIR)
 
 #: The releases this package runs on, with what runs there (the one table
 #: ``doctor``, ``enable()`` and the activation hook read; jaxlib must be the
