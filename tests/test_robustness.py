@@ -752,3 +752,63 @@ def test_an_error_while_lowering_quotes_the_locations_stock_quotes():
   assert any(line.startswith("ValueError") for line in want), want
   for mode in ("on", "verify"):
     assert script_lines(_LOWERING_ERROR, mode) == want, mode
+
+
+_PRNG_SWITCHED = r"""
+import sys, warnings
+import jax, jax.numpy as jnp, numpy as np
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+K = jax.random.PRNGKey(3)      # a raw key, read as a module global
+apply = jax.jit(lambda f, x: f(x), static_argnums=0)
+
+def runs(s):
+  yield "closure-free", lambda: jax.jit(lambda x: jax.random.PRNGKey(1) + x)(
+      np.uint32(0))
+  yield "global key", lambda: jax.jit(
+      lambda x: jax.random.uniform(K, (2,)) + x)(1.0)
+  yield "closure", lambda: jax.jit(
+      lambda x: jax.random.normal(jax.random.PRNGKey(7), (2,)) * s + x)(1.0)
+  yield "static", lambda: apply(
+      lambda x: jax.random.bits(jax.random.PRNGKey(2), (2,)) + x, np.uint32(1))
+  yield "fori", lambda: jax.lax.fori_loop(
+      0, 2, lambda i, c: c + s * jax.random.uniform(
+          jax.random.fold_in(jax.random.PRNGKey(5), i), (2,)), jnp.zeros(2))
+
+settings = [("jax_default_prng_impl", v) for v in
+            ("threefry2x32", "threefry2x32", "rbg", "rbg", "threefry2x32")]
+settings += [("jax_legacy_prng_key", v) for v in ("allow", "warn", "warn",
+                                                  "error", "allow")]
+for option, value in settings:
+  jax.config.update(option, value)
+  for i in range(2):
+    for name, run in runs(0.5 + i):
+      with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+          r = run()
+          got = (str(jax.typeof(r)), np.asarray(r).tobytes().hex())
+        except Exception as e:
+          got = type(e).__name__
+      print(option, value, name, got, len(w))
+"""
+
+
+def test_prng_options_changed_between_calls_are_read_as_stock_reads_them():
+  """``jax_default_prng_impl`` and ``jax_legacy_prng_key`` changed between
+  calls of re-created functions that use ``jax.random``: JAX's trace
+  context leaves them out, so stock's jitted object called again answers
+  from its earlier trace, but each new object traces under the options in
+  force (another key shape and values; a warning or an error for a raw
+  key). The cache's canonical stock object, its shared entries and its
+  shared traces answered new objects from a trace made under the first
+  options. One process per mode."""
+  want = script_lines(_PRNG_SWITCHED, "stock")
+  assert len({line.split(" ", 3)[3] for line in want
+              if "closure-free" in line}) > 1, want
+  assert any(line.endswith(" 1") for line in want), want   # warned
+  assert any("ValueError" in line for line in want), want   # refused
+  for mode in ("on", "verify"):
+    got = script_lines(_PRNG_SWITCHED, mode)
+    assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:4]

@@ -44,8 +44,11 @@ class Canonical(cache.Entry):
   """A canonical stock jitted object and the anchors of its key;
   ``warn_bytes``: ``jax_captured_constants_warn_bytes`` when it was made
   (stock's lowering of each new object warns or not by the threshold in
-  force, so an object made under another answers no new function)."""
-  __slots__ = ("jitted", "anchors", "record", "warn_bytes")
+  force, so an object made under another answers no new function);
+  ``prng``: the PRNG options then (``_compat.lowering.prng_options``:
+  stock's object, called again, answers from a trace made under them,
+  where a new object traces under those in force)."""
+  __slots__ = ("jitted", "anchors", "record", "warn_bytes", "prng")
 
   def __init__(self, jitted, anchors, record):
     super().__init__()
@@ -53,6 +56,13 @@ class Canonical(cache.Entry):
     self.anchors = anchors
     self.record = record
     self.warn_bytes = _WARN_BYTES.value
+    self.prng = _lowering.prng_options()
+
+  def answers_new_objects(self) -> bool:
+    """Whether it answers a new function object of its key now: made under
+    the captured-constants threshold and the PRNG options in force."""
+    return (self.warn_bytes == _WARN_BYTES.value
+            and self.prng == _lowering.prng_options())
 
 
 _WARN_BYTES = _lowering.WARN_BYTES
@@ -75,7 +85,7 @@ def _known(fun, full_options_key):
   for q in inline.canonical_quick.get(fun.__code__, ()):
     if q.options_key == full_options_key and q.match(fun) is not None:
       found = q.entry()
-      if found is not None and found.warn_bytes == _WARN_BYTES.value:
+      if found is not None and found.answers_new_objects():
         found.used = True
         events.hit(found.record)
         identity.remember(identity.table(full_options_key), fun,
@@ -137,9 +147,10 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     # stock trace of the array under the other x64 setting then reads
     # (``_compat.converted_by_x64``): only the user's objects may hold it
     return None
-  # (the threshold in force: stock warns of each new object's constants by
-  # it, so an object made under another is not this key's)
-  key = (full_options_key, a.key, _WARN_BYTES.value)
+  # (the threshold and PRNG options in force: stock warns of each new
+  # object's constants by the one, and traces ``jax.random`` under the
+  # others, so an object made under others is not this key's)
+  key = (full_options_key, a.key, _WARN_BYTES.value, _lowering.prng_options())
   try:
     found = _store.get(key)
   except TypeError:

@@ -59,19 +59,23 @@ WARNED = ("(warn := WARN_BYTES.value) != -1"
 #: class its traces met reads otherwise, stock would warn (``WARNED``), or
 #: NaN or Inf checks are on (stock's first call of a new object checks its
 #: outputs and re-runs it de-optimized, reporting as it goes; an entry's
-#: re-run is of the lifted function, and reports otherwise), or JAX logs
-#: what each trace's differentiated checkpoints save (a hit traces nothing).
+#: re-run is of the lifted function, and reports otherwise), JAX logs
+#: what each trace's differentiated checkpoints save (a hit traces
+#: nothing), or its traces used ``jax.random``'s keys under other PRNG
+#: options than those in force (``Entry.prng``).
 #: The generated front inlines this text; ``refuses_new_object`` is compiled
 #: from it for the wrapper's other paths, so the two cannot differ. It reads
 #: the names in ``REFUSES_NEW_OBJECT_NAMES``.
 REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
                       " None and not entry.classes.holds() or " + WARNED
                       + " or DEBUG_NANS.value or DEBUG_INFS.value"
-                      " or LOG_RESIDUALS.value")
+                      " or LOG_RESIDUALS.value or entry.prng is not None"
+                      " and entry.prng != PRNG_OPTIONS()")
 REFUSES_NEW_OBJECT_NAMES = types.MappingProxyType({
     "WARN_BYTES": _WARN_BYTES, "DEBUG_NANS": _lowering.DEBUG_NANS,
     "DEBUG_INFS": _lowering.DEBUG_INFS,
-    "LOG_RESIDUALS": _lowering.LOG_RESIDUALS})
+    "LOG_RESIDUALS": _lowering.LOG_RESIDUALS,
+    "PRNG_OPTIONS": _lowering.prng_options})
 _warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
                {"WARN_BYTES": _WARN_BYTES})
 refuses_new_object = eval(
@@ -233,7 +237,7 @@ class Entry(cache.Entry):
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
                "forwarded_alike", "closure_key",
                "avals", "static", "caller", "walk", "classes",
-               "constant_bytes", "forwarded", "_used", "_swept")
+               "constant_bytes", "forwarded", "prng", "_used", "_swept")
 
   def __init__(self):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
@@ -271,6 +275,11 @@ class Entry(cache.Entry):
     # what every signature traced so far forwards, while they all agree
     # (a launch then reads no signature); _VARIES once two differ
     self.forwarded_alike = _NONE_YET
+    # the PRNG options its traces read (``_compat.lowering.prng_options``),
+    # where one used ``jax.random``'s keys; None where none did. A new
+    # object is stock's (traced under the options in force) while they
+    # differ, as JAX's trace context leaves them out
+    self.prng = None
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -279,10 +288,15 @@ class Entry(cache.Entry):
     (``WARNED``)."""
     return _warned(self)
 
-  def note_forwarded(self, jaxpr, lifted: int, args, kwargs) -> None:
+  def note_trace(self, jaxpr, lifted: int, args, kwargs) -> None:
     """At a trace of this call's signature, its jaxpr (whose first
     ``lifted`` inputs are the lifted leaves): which outputs it returns as
-    an argument was passed."""
+    an argument was passed, and the PRNG options it read."""
+    if _lowering.uses_random_keys(jaxpr):
+      options = _lowering.prng_options()
+      # (two traces under other options: equal to no options in force)
+      self.prng = (options if self.prng is None or self.prng == options
+                   else object())
     found = _lowering.forwarded_inputs(jaxpr, lifted)
     if self.forwarded_alike is _NONE_YET:
       self.forwarded_alike = found
@@ -305,7 +319,7 @@ class Entry(cache.Entry):
 
   def forwarded_for(self, args, kwargs) -> tuple | None:
     """The outputs the trace of this call's signature returned as an
-    argument was passed (``note_forwarded``), or None."""
+    argument was passed (``note_trace``), or None."""
     if self.forwarded is None:
       return None
     if self.forwarded_alike is not _VARIES:

@@ -278,7 +278,7 @@ class MissStages:
       with entries.calling(entry, self._fun, a), _watching(), \
            _compile_warnings(donating) as warned:
         traced = entry.jitted.trace(a.leaves, *args, **kwargs)
-        entry.note_forwarded(
+        entry.note_trace(
             traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(a.leaves)),
             args, kwargs)
         called = self._runtime_callable(traced)
@@ -459,7 +459,7 @@ class MissStages:
     except Exception:   # store() reports it
       traced = None
     if traced is not None:
-      entry.note_forwarded(
+      entry.note_trace(
           traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(leaves)),
           args, kwargs)
       for reason, detail in (

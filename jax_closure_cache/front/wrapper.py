@@ -536,7 +536,9 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
                                 nbytes=entry.constant_bytes))
     if (entry is None or (entry.guards and
                           not all([g.holds() for g in entry.guards]))
-        or not entry.classes_hold()):
+        or not entry.classes_hold()
+        # traced under other PRNG options: this object's trace is of these
+        or entry.prng is not None and entry.prng != _lowering.prng_options()):
       return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):

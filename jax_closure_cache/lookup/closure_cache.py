@@ -154,6 +154,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   if (_lowering.transfers_guarded()   # a shared trace's arrays are
       # arguments: transfers stock never makes
+      or _lowering.raw_keys_checked()   # each trace warns or raises itself
       or traced_code(fun) in unshared_codes):
     _note_class_arguments(fun, _trace.tree_of(in_avals))
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
@@ -354,7 +355,8 @@ def signature(in_avals, debug_info, ctx) -> tuple:
   """What a trace's key holds besides the closure's: the arguments' types,
   their static values by exact type and bits (the flat tree's own
   comparison of them is ``==``; a value with no such key raises
-  Unkeyable), the debug info, pjit's context and the trace context."""
+  Unkeyable), the debug info, pjit's context, the trace context and the
+  PRNG options (which JAX's trace context leaves out)."""
   statics = tuple(map(closure_key.active_rules[0].static_key,
                       _trace.static_values(in_avals)))
   tree = _trace.tree_of(in_avals)
@@ -362,7 +364,7 @@ def signature(in_avals, debug_info, ctx) -> tuple:
   if conflated is not None:   # the flat tree's own comparison is ``==``
     raise closure_key.Unkeyable("argument_node_data", conflated)
   return (in_avals, statics, debug_info, ctx, _trace.trace_context(),
-          argument_classes_key(tree))
+          _lowering.prng_options(), argument_classes_key(tree))
 
 
 def argument_classes_key(tree) -> tuple:
