@@ -6,10 +6,12 @@ import functools
 import gc
 import weakref
 
+import jax
 import jax.numpy as jnp
 import pytest
 
 import jax_closure_cache as jcc
+from conftest import counting, stock_off
 
 
 class Model:
@@ -226,3 +228,42 @@ def test_classes_made_per_call_die_with_their_functions(closed_over):
   refs = [_local_class_step(i, closed_over) for i in range(60)]
   gc.collect()
   assert sum(r() is not None for r in refs) == 0
+
+
+def test_a_long_lived_object_keeps_no_copy_of_a_large_numpy_constant():
+  """Fresh lambdas over a new 2 MiB NumPy array each step, given as the
+  static argument of a long-lived jitted function: stock's object keeps
+  each lambda (and its array) and an executable baking the array. A shared
+  executable takes each array as an argument, a copy that pjit's fast path
+  keeps as long as stock's object lives: over 1 MiB of NumPy constants the
+  lowering is stock's, so no more device arrays stay alive than with stock.
+  Below it (a 64 KiB array), the executable is still shared (each copy,
+  kept in place of stock's executable of the object, costs less than it)."""
+  import numpy as np
+  x = jnp.ones((512,), jnp.float32)
+
+  def run(rows, steps=6):
+    apply = jax.jit(lambda f, v: f(v), static_argnums=0)
+    outs = []
+    before = len(jax.live_arrays())
+    with counting() as counts:
+      for i in range(steps):
+        w = np.full((rows, 512), float(i), np.float32)
+        outs.append(float(apply(lambda v: (w @ v).sum(), x)))
+        del w
+    gc.collect()
+    return outs, len(jax.live_arrays()) - before, counts["compiles"]
+
+  big = stock_off(run, 1024)
+  small = stock_off(run, 32)
+  for verify in (False, True):
+    jcc.clear()
+    jcc.enable(verify=verify)
+    try:
+      got = run(1024)
+      assert got[:2] == big[:2], (got, big)   # values, arrays kept alive
+      got = run(32)
+      assert got[0] == small[0], (got, small)
+      assert got[2] < small[2], (got, small)   # shared (tier A)
+    finally:
+      jcc.disable()

@@ -44,6 +44,8 @@ import types
 import weakref
 from typing import NamedTuple
 
+import numpy as np
+
 from jax.sharding import NamedSharding
 
 from jax_closure_cache import cache
@@ -58,6 +60,12 @@ logger = logging.getLogger("jax_closure_cache")
 STOCK = _compat.STOCK_PJIT_LOWER
 #: Structures met once, remembered by hash with their literals' bits.
 MET_CAPACITY = 4096
+#: The most bytes of NumPy constants a shared lowering's call copies. It
+#: takes each as an argument, a copy (the user's array may change in place,
+#: where stock's executable baked its values), which pjit's fast path
+#: keeps for as long as stock's object lives: over about what stock's own
+#: executable of an object costs, the lowering is stock's (baked).
+COPIED_NUMPY_BYTES = 1 << 20
 
 
 class SharedLowering(cache.Entry):
@@ -233,7 +241,7 @@ def _for_call(jaxpr, call: CallLowering):
   if reason is None:
     try:
       s = structure.of(jaxpr)
-      reason = (_warned_constants(jaxpr, s)
+      reason = (_warned_constants(jaxpr, s) or _copied_numpy(jaxpr, s)
                 or _leading_arguments_name_outputs(jaxpr, s, call))
     except structure.NotShared as e:
       reason = str(e)
@@ -272,6 +280,19 @@ def _warned_constants(jaxpr, s: structure.Structure) -> str | None:
   return _compat.captured_constants_warning(
       (*_compat.closed_parts(jaxpr)[1], *s.hoisted),
       nbytes=structure.NESTED_CONST_ELEMENTS * 16)
+
+
+def _copied_numpy(jaxpr, s: structure.Structure) -> str | None:
+  """Why a shared call's copies of ``jaxpr``'s NumPy constants would keep
+  more alive than stock's baked ones (over :data:`COPIED_NUMPY_BYTES`), or
+  None."""
+  total = sum(c.nbytes for c in (*_compat.closed_parts(jaxpr)[1], *s.hoisted)
+              if isinstance(c, np.ndarray))
+  if total > COPIED_NUMPY_BYTES:
+    return ("NumPy constants over 1 MiB: a shared executable takes a copy of "
+            "each as an argument, kept while stock's object lives, where "
+            "stock's executable bakes them")
+  return None
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
