@@ -18,7 +18,7 @@ import jax_closure_cache as jcc
 from jax_closure_cache import _compat, cache
 from conftest import (
     STOCK_JIT, counting, counts_side_effects, needs_trace_lookup,
-    script_lines, stock_off)
+    replay_in_both_modes, script_lines, stock_off)
 
 
 def _jvp_of_recreated_stock_jits(stock_jit, x, rounds):
@@ -812,3 +812,51 @@ def test_prng_options_changed_between_calls_are_read_as_stock_reads_them():
   for mode in ("on", "verify"):
     got = script_lines(_PRNG_SWITCHED, mode)
     assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:4]
+
+
+class _NoP(Exception):
+  """A user's own exception class."""
+
+
+def test_an_error_of_the_users_trace_carries_stocks_context():
+  """A re-created closure whose trace raises for a call's arguments (a new
+  signature of a stored entry, a key's second meeting) and a fresh lambda
+  as a static argument whose trace raises: the error raised is stock's,
+  with stock's chain of causes and contexts. The lifted trace's own error
+  (which stock's retry raises again), or the key's refusal of the static
+  argument, was the context of stock's error."""
+  x = jnp.ones((4,))
+  apply = jax.jit(lambda f, v: f(v), static_argnums=0)
+
+  def make(i):
+    w = jnp.full((4,), float(i))
+
+    def g(a, b):
+      if "p" not in a:
+        raise _NoP("no p")
+      return a["p"] * w + b
+    return g
+
+  def chain(e):
+    out = []
+    while e is not None:
+      out.append((type(e).__name__, str(e)))
+      e = e.__cause__ or e.__context__
+    return out
+
+  def run():
+    got = []
+    calls = [lambda i=i, arg=arg: jax.jit(make(i))(arg, x)
+             for i, arg in enumerate([{"p": x}] * 3 + [{"q": x}, {"p": x},
+                                                       {"q": x}])]
+    calls += [lambda: apply(lambda v: v * x[:3], x)] * 3
+    for call in calls:
+      try:
+        got.append(np.asarray(call()).tobytes())
+      except Exception as e:
+        got.append(chain(e))
+    return got
+
+  want = stock_off(run)
+  assert any(type(g) is list for g in want)
+  replay_in_both_modes(run, clear=True)

@@ -55,7 +55,10 @@ CALL = """\
 # one to three): a call through ``*args`` costs the C++ dispatch about
 # 0.2 us more. If it traces, the lifted function
 # rebuilds ``f``, passed with the call (Entry.caller).
+# A failed call's stock retry is made after the ``try`` statement: stock's
+# own error then carries no exception of the entry's as its context.
 entry.caller = f
+failed = None
 try:
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
@@ -68,9 +71,11 @@ try:
   else:
     res = entry.jitted(out, *args)
 except Exception as e:
-  return RETRY_STOCK(self, key, args, kwargs, e)
+  failed = e
 finally:
   entry.caller = None
+if failed is not None:
+  return RETRY_STOCK(self, key, args, kwargs, failed)
 if entry.traces != entry.checked:   # traced a new signature
   res = NEW_SIGNATURE(self, key, entry, out, args, kwargs, res)
 return res
@@ -151,14 +156,13 @@ return res
 """
 
 #: The hit's call of a stock retry, which a launcher follows by LAUNCHED.
-_RETRY = "return RETRY_STOCK(self, key, args, kwargs, e)\n"
+_RETRY = "return RETRY_STOCK(self, key, args, kwargs, failed)\n"
 
 
 def launch_source(verify: bool) -> str:
   """:func:`hit_source` for a launcher's ``launch(self, args, lone)``: each
   of its two ``return`` statements followed by :data:`LAUNCHED` instead
-  (the retry's before its ``finally``, which only clears
-  ``entry.caller``)."""
+  (the retry's inside its ``if``)."""
   head, sep, tail = hit_source(verify).rpartition("return res\n")
   retry_at = head.find(_RETRY)
   if not sep or tail.strip() or retry_at < 0 or head.count(_RETRY) != 1:

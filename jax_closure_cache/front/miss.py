@@ -272,6 +272,7 @@ class MissStages:
     started = time.perf_counter()
     donating = jit_options.donates(self._spec.options)
     skipped = _skipped_writers()
+    failed = None
     try:
       # .trace() fills JAX's _infer_params cache, so the call below compiles
       # without tracing again; the Traced object yields the captured consts.
@@ -296,7 +297,9 @@ class MissStages:
         elif folds is None and captured is None:
           out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception as e:
-      return self._retry_stock(key, args, kwargs, e)
+      failed = e
+    if failed is not None:   # (stock's error carries no context of ours)
+      return self._retry_stock(key, args, kwargs, failed)
     for reason, detail in (("runtime_callable", called),
                            ("eager_weak_type", weak),
                            folds or (None, None),

@@ -167,6 +167,9 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
       code = traced_code(fun)
       if code is not None:
         traced_apart.note(code, reason)
+    sig = None
+  if sig is None:   # (traced outside the block: an error of the user's
+    # trace carries no refusal of ours as its context)
     return _noting_callables(fun, traced(fun, in_avals, debug_info,
                                          *context_for_cache_key))
   if sig[-1]:   # the user's classes among the arguments
