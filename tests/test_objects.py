@@ -1156,6 +1156,9 @@ def test_checkpoint_residuals_logged_after_entries_were_stored_are_stocks():
       vals = (jax.jit(jax.grad(make(c)))(x),
               jax.jit(grads(c))(x),
               jax.jit(branching(c))(x),
+              # closure-free: a canonical stock object's route
+              jax.jit(lambda v: jax.grad(lambda u: jnp.sum(
+                  jax.checkpoint(jnp.sin)(u) * u))(v))(x),
               apply(jax.grad(make(c)), x),
               jax.lax.scan(lambda s, v: (s + grads(c)(v), v),
                            jnp.zeros(3), jnp.stack([x, x]))[0])

@@ -755,7 +755,7 @@ def test_an_error_while_lowering_quotes_the_locations_stock_quotes():
 
 
 _PRNG_SWITCHED = r"""
-import sys, warnings
+import contextlib, sys, warnings
 import jax, jax.numpy as jnp, numpy as np
 import jax_closure_cache as jcc
 if sys.argv[1] != "stock":
@@ -775,16 +775,24 @@ def runs(s):
   yield "fori", lambda: jax.lax.fori_loop(
       0, 2, lambda i, c: c + s * jax.random.uniform(
           jax.random.fold_in(jax.random.PRNGKey(5), i), (2,)), jnp.zeros(2))
+  # (a trace reading the options with no equation of jax.random's left)
+  w = jnp.float32(s)
+  yield "eval_shape", lambda: jax.jit(lambda x: x * w + jax.eval_shape(
+      lambda k: jax.random.PRNGKey(k), 0).shape[-1])(1.0)
 
 settings = [("jax_default_prng_impl", v) for v in
             ("threefry2x32", "threefry2x32", "rbg", "rbg", "threefry2x32")]
 settings += [("jax_legacy_prng_key", v) for v in ("allow", "warn", "warn",
                                                   "error", "allow")]
-for option, value in settings:
-  jax.config.update(option, value)
+for option, value in settings + [("context rbg", "rbg")] * 2:
+  if option.startswith("context"):   # a thread's own value
+    context = jax.default_prng_impl(value)
+  else:
+    context = contextlib.nullcontext()
+    jax.config.update(option, value)
   for i in range(2):
     for name, run in runs(0.5 + i):
-      with warnings.catch_warnings(record=True) as w:
+      with warnings.catch_warnings(record=True) as w, context:
         warnings.simplefilter("always")
         try:
           r = run()
@@ -850,6 +858,9 @@ def test_an_error_of_the_users_trace_carries_stocks_context():
              for i, arg in enumerate([{"p": x}] * 3 + [{"q": x}, {"p": x},
                                                        {"q": x}])]
     calls += [lambda: apply(lambda v: v * x[:3], x)] * 3
+    # (a stored entry's own lowering, whose lifted trace fails: stock's)
+    calls += [lambda i=i: jax.jit(make(i)).lower({"q": x}, x)
+              for i in range(2)]
     for call in calls:
       try:
         got.append(np.asarray(call()).tobytes())

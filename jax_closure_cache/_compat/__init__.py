@@ -651,6 +651,11 @@ _canonicalize_dtype = getattr(_dtypes, "canonicalize_dtype", None)
 _stale_kept: "_weakref.WeakValueDictionary" = _weakref.WeakValueDictionary()
 
 
+_canonicalize_dtype_in = getattr(_dtypes, "_canonicalize_dtype", None)
+_X64_DEPENDENT = frozenset(map(_np.dtype, (
+    "float64", "int64", "uint64", "complex128")))
+
+
 def converted_by_x64(dtype) -> bool:
   """Whether JAX converts a NumPy array of ``dtype`` otherwise with
   ``jax_enable_x64`` on than off (``float64`` to ``float32`` without it, a
@@ -666,11 +671,6 @@ def converted_by_x64(dtype) -> bool:
     except Exception:   # a dtype JAX does not take
       return False
   return _np.dtype(dtype) in _X64_DEPENDENT
-
-
-_canonicalize_dtype_in = getattr(_dtypes, "_canonicalize_dtype", None)
-_X64_DEPENDENT = frozenset(map(_np.dtype, (
-    "float64", "int64", "uint64", "complex128")))
 
 
 def stale_conversion(arr):

@@ -705,50 +705,28 @@ def logs_residuals() -> bool:
   return bool(LOG_RESIDUALS.value)
 
 
-#: The PRNG options a trace of ``jax.random`` reads, which JAX's trace
-#: context leaves out (a stock jitted object called again after one changed
-#: answers from its earlier trace; a new object traces under the new one).
-_PRNG_OPTIONS = tuple(s for s in (
-    getattr(_config, name, None)
-    for name in ("default_prng_impl", "enable_custom_prng", "legacy_prng_key"))
-    if s is not None)
-_LEGACY_KEYS = getattr(_config, "legacy_prng_key", None)
+#: The PRNG options a trace of ``jax.random`` reads (``.value``), which
+#: JAX's trace context leaves out: a stock jitted object called again after
+#: one changed answers from its earlier trace, a new object traces under
+#: the new one (another key shape; a warning or an error for a raw key).
+#: Any trace may read them (``jax.eval_shape`` of a key leaves no equation).
+PRNG_IMPL = getattr(_config, "default_prng_impl", _Off())
+CUSTOM_PRNG = getattr(_config, "enable_custom_prng", _Off())
+LEGACY_KEYS = getattr(_config, "legacy_prng_key", _Off())
+#: ``LEGACY_KEYS.value`` while raw keys are neither warned of nor refused.
+KEYS_ALLOWED = getattr(getattr(_config, "LegacyPrngKeyState", None), "ALLOW",
+                       False)
+
+
+def prng_options() -> tuple:
+  """The PRNG options in force, as one value (compared with ``==``)."""
+  return (PRNG_IMPL.value, CUSTOM_PRNG.value, LEGACY_KEYS.value)
 
 
 def raw_keys_checked() -> bool:
   """Whether ``jax_legacy_prng_key`` warns of or refuses raw keys: each
   trace that uses one then warns or raises for itself."""
-  return _LEGACY_KEYS is not None and _LEGACY_KEYS.value != "allow"
-
-
-def prng_options():
-  """The PRNG options in force, as a value equal to another read while
-  none changed; while raw keys warn or raise (``jax_legacy_prng_key`` not
-  ``allow``), a value equal to no other: each trace then warns or raises
-  for itself."""
-  if raw_keys_checked():
-    return object()
-  return tuple([s.value for s in _PRNG_OPTIONS])
-
-
-#: The primitives of ``jax.random``'s keys: a jaxpr holding one was traced
-#: under the PRNG options (its key's implementation, shape and checks).
-_RANDOM_PRIMITIVES = frozenset({
-    "random_seed", "random_bits", "random_split", "random_fold_in",
-    "random_wrap", "random_unwrap", "random_clone", "threefry2x32"})
-
-
-def uses_random_keys(jaxpr) -> bool:
-  """Whether ``jaxpr`` (or one nested in its equations) holds a primitive of
-  ``jax.random``'s keys (:data:`_RANDOM_PRIMITIVES`)."""
-  todo = [closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
-          else jaxpr]
-  while todo:
-    for e in todo.pop().eqns:
-      if e.primitive.name in _RANDOM_PRIMITIVES:
-        return True
-      todo.extend(_core.jaxprs_in_params(e.params))
-  return False
+  return LEGACY_KEYS.value is not KEYS_ALLOWED
 
 
 def reports_per_trace() -> bool:

@@ -60,9 +60,13 @@ class Canonical(cache.Entry):
 
   def answers_new_objects(self) -> bool:
     """Whether it answers a new function object of its key now: made under
-    the captured-constants threshold and the PRNG options in force."""
+    the captured-constants threshold and the PRNG options in force, while
+    stock's trace of a new object reports nothing a shared object's does
+    not (residuals of its checkpoints logged, raw keys warned of)."""
     return (self.warn_bytes == _WARN_BYTES.value
-            and self.prng == _lowering.prng_options())
+            and self.prng == _lowering.prng_options()
+            and not _lowering.logs_residuals()
+            and not _lowering.raw_keys_checked())
 
 
 _WARN_BYTES = _lowering.WARN_BYTES
@@ -124,6 +128,9 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   known = _known(fun, full_options_key)
   if known is not None:
     return known
+  if _lowering.logs_residuals() or _lowering.raw_keys_checked():
+    # a new object's stock trace reports (Canonical.answers_new_objects)
+    return None
   code = fun.__code__
   if _traced_apart(code):
     return None

@@ -61,21 +61,27 @@ WARNED = ("(warn := WARN_BYTES.value) != -1"
 #: outputs and re-runs it de-optimized, reporting as it goes; an entry's
 #: re-run is of the lifted function, and reports otherwise), JAX logs
 #: what each trace's differentiated checkpoints save (a hit traces
-#: nothing), or its traces used ``jax.random``'s keys under other PRNG
-#: options than those in force (``Entry.prng``).
+#: nothing), its traces were made under other PRNG options than those in
+#: force (``Entry.prng``; read by identity: an equal value of another
+#: object goes to the slow path, which compares), or raw keys are warned
+#: of or refused (each trace that uses one warns or raises itself).
 #: The generated front inlines this text; ``refuses_new_object`` is compiled
 #: from it for the wrapper's other paths, so the two cannot differ. It reads
 #: the names in ``REFUSES_NEW_OBJECT_NAMES``.
 REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
                       " None and not entry.classes.holds() or " + WARNED
                       + " or DEBUG_NANS.value or DEBUG_INFS.value"
-                      " or LOG_RESIDUALS.value or entry.prng is not None"
-                      " and entry.prng != PRNG_OPTIONS()")
+                      " or LOG_RESIDUALS.value"
+                      " or PRNG_IMPL.value is not entry.prng[0]"
+                      " or CUSTOM_PRNG.value is not entry.prng[1]"
+                      " or LEGACY_KEYS.value is not KEYS_ALLOWED")
 REFUSES_NEW_OBJECT_NAMES = types.MappingProxyType({
     "WARN_BYTES": _WARN_BYTES, "DEBUG_NANS": _lowering.DEBUG_NANS,
     "DEBUG_INFS": _lowering.DEBUG_INFS,
     "LOG_RESIDUALS": _lowering.LOG_RESIDUALS,
-    "PRNG_OPTIONS": _lowering.prng_options})
+    "PRNG_IMPL": _lowering.PRNG_IMPL, "CUSTOM_PRNG": _lowering.CUSTOM_PRNG,
+    "LEGACY_KEYS": _lowering.LEGACY_KEYS,
+    "KEYS_ALLOWED": _lowering.KEYS_ALLOWED})
 _warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
                {"WARN_BYTES": _WARN_BYTES})
 refuses_new_object = eval(
@@ -83,6 +89,7 @@ refuses_new_object = eval(
     dict(REFUSES_NEW_OBJECT_NAMES))
 
 _NONE_YET = object()   # (Entry.forwarded_alike: no trace noted yet)
+_PRNG_MIXED = (object(), object(), object())   # (Entry.prng: equal to none)
 _VARIES = object()   # (Entry.forwarded_alike: signatures differ)
 
 _STORE = cache.STORE
@@ -275,11 +282,11 @@ class Entry(cache.Entry):
     # what every signature traced so far forwards, while they all agree
     # (a launch then reads no signature); _VARIES once two differ
     self.forwarded_alike = _NONE_YET
-    # the PRNG options its traces read (``_compat.lowering.prng_options``),
-    # where one used ``jax.random``'s keys; None where none did. A new
-    # object is stock's (traced under the options in force) while they
-    # differ, as JAX's trace context leaves them out
-    self.prng = None
+    # the PRNG options its traces were made under
+    # (``_compat.lowering.prng_options``; ``_PRNG_MIXED`` once two traces
+    # were made under different ones): a new object is answered only under
+    # them, as JAX's trace context leaves them out
+    self.prng = _lowering.prng_options()
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -291,12 +298,10 @@ class Entry(cache.Entry):
   def note_trace(self, jaxpr, lifted: int, args, kwargs) -> None:
     """At a trace of this call's signature, its jaxpr (whose first
     ``lifted`` inputs are the lifted leaves): which outputs it returns as
-    an argument was passed, and the PRNG options it read."""
-    if _lowering.uses_random_keys(jaxpr):
-      options = _lowering.prng_options()
-      # (two traces under other options: equal to no options in force)
-      self.prng = (options if self.prng is None or self.prng == options
-                   else object())
+    an argument was passed, and whether it was made under the PRNG options
+    of the entry's first."""
+    if self.prng != _lowering.prng_options():
+      self.prng = _PRNG_MIXED
     found = _lowering.forwarded_inputs(jaxpr, lifted)
     if self.forwarded_alike is _NONE_YET:
       self.forwarded_alike = found

@@ -50,6 +50,9 @@ def _compile_warnings(record: bool):
 CHECKS_OUTPUTS = ("jax_debug_nans or jax_debug_infs is on: JAX re-runs a "
                   "computation that gives one op by op, and stock's own "
                   "function reports it")
+#: Why a call is stock's while raw PRNG keys are warned of or refused.
+CHECKS_RAW_KEYS = ("jax_legacy_prng_key warns of or refuses raw keys: each "
+                   "trace that uses one warns or raises for itself")
 #: Why a call is stock's while checkpoint residuals are logged.
 LOGS_RESIDUALS = ("jax_log_checkpoint_residuals is on: JAX logs what each "
                   "trace's differentiated checkpoints save, and a shared "
@@ -244,6 +247,8 @@ class MissStages:
     if _lowering.logs_residuals():
       return self._fallback("log_checkpoint_residuals", args, kwargs,
                             LOGS_RESIDUALS)
+    if _lowering.raw_keys_checked():
+      return self._fallback("legacy_prng_key", args, kwargs, CHECKS_RAW_KEYS)
     baked = next((x for x in a.anchors if isinstance(x, _JaxArray)), None)
     if baked is not None:
       # An array kept by identity (committed to a device, or inside an

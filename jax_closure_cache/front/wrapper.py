@@ -312,10 +312,13 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     if found is None:
       return self.stock().lower(*args, **kwargs)
     entry, leaves = found
+    lowered = None
     try:
       with entries.calling(entry, self._fun):
         lowered = entry.jitted.lower(leaves, *args)
     except Exception:   # a new signature whose lifted trace fails: stock's
+      pass   # (lowered after the block: its error carries no context of ours)
+    if lowered is None:
       return self.stock().lower(*args, **kwargs)
     return trace_lookup.lowered_with_leaves(lowered, leaves)
 
@@ -527,6 +530,9 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     if entry is not None and _lowering.logs_residuals():
       return self._fallback("log_checkpoint_residuals", args, kwargs,
                             miss.LOGS_RESIDUALS)
+    if entry is not None and _lowering.raw_keys_checked():
+      return self._fallback("legacy_prng_key", args, kwargs,
+                            miss.CHECKS_RAW_KEYS)
     if entry is not None and entry.warned():
       # stock's lowering of this object warns of its constants now (the
       # threshold was lowered since the entry was stored): stock's, with no
@@ -538,7 +544,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
                           not all([g.holds() for g in entry.guards]))
         or not entry.classes_hold()
         # traced under other PRNG options: this object's trace is of these
-        or entry.prng is not None and entry.prng != _lowering.prng_options()):
+        or entry.prng != _lowering.prng_options()):
       return self._miss(key, a, args, kwargs)
     if (not entry.guards
         and len(_quick.get(self._code, ())) < inline.PER_CODE):

@@ -289,9 +289,9 @@ def _copied_numpy(jaxpr, s: structure.Structure) -> str | None:
   total = sum(c.nbytes for c in (*_compat.closed_parts(jaxpr)[1], *s.hoisted)
               if isinstance(c, np.ndarray))
   if total > COPIED_NUMPY_BYTES:
-    return ("NumPy constants over 1 MiB: a shared executable takes a copy of "
-            "each as an argument, kept while stock's object lives, where "
-            "stock's executable bakes them")
+    return (f"NumPy constants over {COPIED_NUMPY_BYTES >> 10} KiB: a shared "
+            "executable takes a copy of each as an argument, kept while "
+            "stock's object lives, where stock's executable bakes them")
   return None
 
 
@@ -355,6 +355,8 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
   except Exception as e:   # stock's own lowering answers
     LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
+    slots = None
+  if slots is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
   folds = folding.difference(jaxpr, constants_lifted=True,
                              lifted_literals=slots)
@@ -368,9 +370,11 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     computation = _lower_lifted(jaxpr, slots, call)
   except DeadConstant as e:
     LOWERINGS.refuse(str(e))
-    return call.stock(jaxpr)
+    computation = None
   except Exception as e:   # stock's own lowering answers (and its errors)
     LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
+    computation = None
+  if computation is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
   entry = SharedLowering(lifted, s.bits, computation)
   LOWERINGS.store.put(key, entry)
