@@ -27,6 +27,7 @@ from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
+from jax_closure_cache.front import miss
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.front import wrapper
@@ -61,12 +62,11 @@ class Canonical(cache.Entry):
   def answers_new_objects(self) -> bool:
     """Whether it answers a new function object of its key now: made under
     the captured-constants threshold and the PRNG options in force, while
-    stock's trace of a new object reports nothing a shared object's does
-    not (residuals of its checkpoints logged, raw keys warned of)."""
+    stock's trace or first run of a new object reports nothing a shared
+    object's does not (``miss.STOCK_REPORTS``)."""
     return (self.warn_bytes == _WARN_BYTES.value
             and self.prng == _lowering.prng_options()
-            and not _lowering.logs_residuals()
-            and not _lowering.raw_keys_checked())
+            and miss.stock_reports() is None)
 
 
 _WARN_BYTES = _lowering.WARN_BYTES
@@ -128,7 +128,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   known = _known(fun, full_options_key)
   if known is not None:
     return known
-  if _lowering.logs_residuals() or _lowering.raw_keys_checked():
+  if miss.stock_reports() is not None:
     # a new object's stock trace reports (Canonical.answers_new_objects)
     return None
   code = fun.__code__

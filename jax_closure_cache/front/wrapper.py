@@ -523,16 +523,11 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       refused = "unhashable", str(e)
     if refused is not None:
       return self._fallback(refused[0], args, kwargs, refused[1])
-    if entry is not None and _lowering.checks_nans_or_infs():
+    reported = None if entry is None else miss.stock_reports()
+    if reported is not None:
       # (as ``refuses_new_object``: stock's first call of a new object
-      # checks its outputs and re-runs it de-optimized, reporting as it goes)
-      return self._fallback("debug_nans", args, kwargs, miss.CHECKS_OUTPUTS)
-    if entry is not None and _lowering.logs_residuals():
-      return self._fallback("log_checkpoint_residuals", args, kwargs,
-                            miss.LOGS_RESIDUALS)
-    if entry is not None and _lowering.raw_keys_checked():
-      return self._fallback("legacy_prng_key", args, kwargs,
-                            miss.CHECKS_RAW_KEYS)
+      # reports as it goes, which a stored entry's would not)
+      return self._fallback(reported[0], args, kwargs, reported[1])
     if entry is not None and entry.warned():
       # stock's lowering of this object warns of its constants now (the
       # threshold was lowered since the entry was stored): stock's, with no
