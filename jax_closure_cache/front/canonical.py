@@ -146,7 +146,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     return None
   baked = key_parts.baked_numpy(a.key)
   if _lowering.captured_constants_warning(
-      nbytes=key_parts.baked_numpy_bytes(a.key)) is not None:
+      nbytes=key_parts.numpy_bytes(baked)) is not None:
     # stock's lowering of each new object warns of its captured constants
     return None
   if any(_compat.converted_by_x64(n.dtype) for n in baked):

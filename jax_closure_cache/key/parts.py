@@ -171,6 +171,7 @@ def baked_numpy(key) -> list:
   return found
 
 
-def baked_numpy_bytes(key) -> int:
-  """The bytes of the NumPy arrays a key holds baked (:func:`baked_numpy`)."""
-  return sum(n.dtype.itemsize * math.prod(n.shape) for n in baked_numpy(key))
+def numpy_bytes(parts) -> int:
+  """The bytes of the NumPy arrays ``parts`` describes (:func:`baked_numpy`'s
+  answer)."""
+  return sum(n.dtype.itemsize * math.prod(n.shape) for n in parts)
