@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 import types
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
@@ -699,12 +700,6 @@ class _Off:
 LOG_RESIDUALS = getattr(_config, "log_checkpoint_residuals", _Off())
 
 
-def logs_residuals() -> bool:
-  """Whether ``jax_log_checkpoint_residuals`` is on: a trace the cache
-  skips would not log what its checkpoints save, where stock's does."""
-  return bool(LOG_RESIDUALS.value)
-
-
 #: The PRNG options a trace of ``jax.random`` reads (``.value``), which
 #: JAX's trace context leaves out: a stock jitted object called again after
 #: one changed answers from its earlier trace, a new object traces under
@@ -723,17 +718,62 @@ def prng_options() -> tuple:
   return (PRNG_IMPL.value, CUSTOM_PRNG.value, LEGACY_KEYS.value)
 
 
-def raw_keys_checked() -> bool:
-  """Whether ``jax_legacy_prng_key`` warns of or refuses raw keys: each
-  trace that uses one then warns or raises for itself."""
-  return LEGACY_KEYS.value is not KEYS_ALLOWED
+class StockReport(NamedTuple):
+  """An option under which stock reports something as it traces or first
+  runs each new function object: while ``test`` (a Python expression over
+  ``states``, the config states it reads by name) is true, no shared trace,
+  stored entry or canonical object answers a new object, whose call is
+  stock's, said so as ``reason`` with ``detail``."""
+  reason: str
+  states: Mapping[str, Any]
+  test: str
+  detail: str
 
 
-def reports_per_trace() -> bool:
-  """Whether stock reports as it traces or runs a new function object
-  (:func:`checks_nans_or_infs`, :func:`logs_residuals`): no shared trace
-  may answer one then."""
-  return checks_nans_or_infs() or logs_residuals()
+#: The options under which stock reports per trace. One table: the front
+#: inlines :data:`REPORTS_TEST` in its generated refusal, the slow paths
+#: call :func:`stock_reports`, the trace lookup :func:`reports_per_trace`.
+#: Adding an option means adding a row.
+STOCK_REPORTS = (
+    StockReport(
+        "debug_nans", {"DEBUG_NANS": DEBUG_NANS, "DEBUG_INFS": DEBUG_INFS},
+        "DEBUG_NANS.value or DEBUG_INFS.value",
+        "jax_debug_nans or jax_debug_infs is on: JAX re-runs a computation "
+        "that gives one op by op, and stock's own function reports it"),
+    StockReport(
+        "log_checkpoint_residuals", {"LOG_RESIDUALS": LOG_RESIDUALS},
+        "LOG_RESIDUALS.value",
+        "jax_log_checkpoint_residuals is on: JAX logs what each trace's "
+        "differentiated checkpoints save, and a shared trace is not traced "
+        "again"),
+    StockReport(
+        "legacy_prng_key",
+        {"LEGACY_KEYS": LEGACY_KEYS, "KEYS_ALLOWED": KEYS_ALLOWED},
+        "LEGACY_KEYS.value is not KEYS_ALLOWED",
+        "jax_legacy_prng_key warns of or refuses raw keys: each trace that "
+        "uses one warns or raises for itself"),
+)
+#: Any row of :data:`STOCK_REPORTS` asked now, as one expression over
+#: :data:`REPORTS_NAMES`.
+REPORTS_TEST = " or ".join(f"({r.test})" for r in STOCK_REPORTS)
+REPORTS_NAMES = types.MappingProxyType(
+    {k: v for r in STOCK_REPORTS for k, v in r.states.items()})
+_asked = tuple(
+    (r.reason, r.detail,
+     eval(compile(f"lambda: {r.test}", __file__, "eval"), dict(r.states)))
+    for r in STOCK_REPORTS)
+#: Whether any row of :data:`STOCK_REPORTS` is asked now.
+reports_per_trace = eval(compile(f"lambda: bool({REPORTS_TEST})", __file__,
+                                 "eval"), dict(REPORTS_NAMES))
+
+
+def stock_reports() -> tuple[str, str] | None:
+  """The first row of :data:`STOCK_REPORTS` asked now, as ``(reason,
+  detail)``; None while none is."""
+  for reason, detail, asked in _asked:
+    if asked():
+      return reason, detail
+  return None
 
 
 #: ``jax_captured_constants_warn_bytes``: ``WARN_BYTES.value``, read on a

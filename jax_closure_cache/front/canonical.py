@@ -27,7 +27,6 @@ from jax_closure_cache import events
 from jax_closure_cache.front import entries
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
-from jax_closure_cache.front import miss
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.front import wrapper
@@ -63,10 +62,10 @@ class Canonical(cache.Entry):
     """Whether it answers a new function object of its key now: made under
     the captured-constants threshold and the PRNG options in force, while
     stock's trace or first run of a new object reports nothing a shared
-    object's does not (``miss.STOCK_REPORTS``)."""
+    object's does not (``_compat.lowering.STOCK_REPORTS``)."""
     return (self.warn_bytes == _WARN_BYTES.value
             and self.prng == _lowering.prng_options()
-            and miss.stock_reports() is None)
+            and _lowering.stock_reports() is None)
 
 
 _WARN_BYTES = _lowering.WARN_BYTES
@@ -128,7 +127,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   known = _known(fun, full_options_key)
   if known is not None:
     return known
-  if miss.stock_reports() is not None:
+  if _lowering.stock_reports() is not None:
     # a new object's stock trace reports (Canonical.answers_new_objects)
     return None
   code = fun.__code__

@@ -57,31 +57,22 @@ WARNED = ("(warn := WARN_BYTES.value) != -1"
 #: Whether a stored entry (None: gone) may not answer a new function object
 #: of its key now: it keeps guards (the slow path checks them), an argument
 #: class its traces met reads otherwise, stock would warn (``WARNED``), or
-#: NaN or Inf checks are on (stock's first call of a new object checks its
-#: outputs and re-runs it de-optimized, reporting as it goes; an entry's
-#: re-run is of the lifted function, and reports otherwise), JAX logs
-#: what each trace's differentiated checkpoints save (a hit traces
-#: nothing), its traces were made under other PRNG options than those in
-#: force (``Entry.prng``; read by identity: an equal value of another
-#: object goes to the slow path, which compares), or raw keys are warned
-#: of or refused (each trace that uses one warns or raises itself).
+#: stock reports per trace now (``_compat.lowering.STOCK_REPORTS``: NaN
+#: checks, logged checkpoint residuals, raw keys warned of or refused), or
+#: its traces were made under other PRNG options than those in force
+#: (``Entry.prng``; read by identity: an equal value of another object
+#: goes to the slow path, which compares).
 #: The generated front inlines this text; ``refuses_new_object`` is compiled
 #: from it for the wrapper's other paths, so the two cannot differ. It reads
 #: the names in ``REFUSES_NEW_OBJECT_NAMES``.
 REFUSES_NEW_OBJECT = ("entry is None or entry.guards or entry.classes is not"
                       " None and not entry.classes.holds() or " + WARNED
-                      + " or DEBUG_NANS.value or DEBUG_INFS.value"
-                      " or LOG_RESIDUALS.value"
+                      + " or " + _lowering.REPORTS_TEST +
                       " or PRNG_IMPL.value is not entry.prng[0]"
-                      " or CUSTOM_PRNG.value is not entry.prng[1]"
-                      " or LEGACY_KEYS.value is not KEYS_ALLOWED")
+                      " or CUSTOM_PRNG.value is not entry.prng[1]")
 REFUSES_NEW_OBJECT_NAMES = types.MappingProxyType({
-    "WARN_BYTES": _WARN_BYTES, "DEBUG_NANS": _lowering.DEBUG_NANS,
-    "DEBUG_INFS": _lowering.DEBUG_INFS,
-    "LOG_RESIDUALS": _lowering.LOG_RESIDUALS,
-    "PRNG_IMPL": _lowering.PRNG_IMPL, "CUSTOM_PRNG": _lowering.CUSTOM_PRNG,
-    "LEGACY_KEYS": _lowering.LEGACY_KEYS,
-    "KEYS_ALLOWED": _lowering.KEYS_ALLOWED})
+    "WARN_BYTES": _WARN_BYTES, **_lowering.REPORTS_NAMES,
+    "PRNG_IMPL": _lowering.PRNG_IMPL, "CUSTOM_PRNG": _lowering.CUSTOM_PRNG})
 _warned = eval(compile(f"lambda entry: {WARNED}", __file__, "eval"),
                {"WARN_BYTES": _WARN_BYTES})
 refuses_new_object = eval(

@@ -46,33 +46,6 @@ def _compile_warnings(record: bool):
 
 
 
-#: What stock reports as it traces or first runs a new function object
-#: while an option asks for it: ``(reason, whether it is asked now, why a
-#: call is stock's then)``. While one is asked, no stored entry or
-#: canonical object answers a new object (the front reads the same options
-#: in ``entries.REFUSES_NEW_OBJECT``). Adding a report means adding a row.
-STOCK_REPORTS = (
-    ("debug_nans", _lowering.checks_nans_or_infs,
-     "jax_debug_nans or jax_debug_infs is on: JAX re-runs a computation "
-     "that gives one op by op, and stock's own function reports it"),
-    ("log_checkpoint_residuals", _lowering.logs_residuals,
-     "jax_log_checkpoint_residuals is on: JAX logs what each trace's "
-     "differentiated checkpoints save, and a shared trace is not traced "
-     "again"),
-    ("legacy_prng_key", _lowering.raw_keys_checked,
-     "jax_legacy_prng_key warns of or refuses raw keys: each trace that "
-     "uses one warns or raises for itself"))
-
-
-def stock_reports() -> tuple[str, str] | None:
-  """The first of :data:`STOCK_REPORTS` asked now, as ``(reason,
-  detail)``; None while none is."""
-  for reason, asked, detail in STOCK_REPORTS:
-    if asked():
-      return reason, detail
-  return None
-
-
 class MissStages:
   """The wrapper's slow paths, as methods of its base class, in the order a
   first call meets them: ``_stored`` (the key and its stored entry),
@@ -254,7 +227,7 @@ class MissStages:
       # the entry's jitted function would answer a later call whose
       # pytree JAX's cache finds equal from this one's trace
       return self._fallback("argument_node_data", args, kwargs, conflated)
-    reported = stock_reports()
+    reported = _lowering.stock_reports()
     if reported is not None:
       # (NaN checks: JAX re-runs a computation that gave a NaN op by op,
       # reporting as it goes; a lifted entry's failure and stock's retry

@@ -523,7 +523,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       refused = "unhashable", str(e)
     if refused is not None:
       return self._fallback(refused[0], args, kwargs, refused[1])
-    reported = None if entry is None else miss.stock_reports()
+    reported = None if entry is None else _lowering.stock_reports()
     if reported is not None:
       # (as ``refuses_new_object``: stock's first call of a new object
       # reports as it goes, which a stored entry's would not)

@@ -154,7 +154,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     return traced(fun, in_avals, debug_info, *context_for_cache_key, **options)
   if (_lowering.transfers_guarded()   # a shared trace's arrays are
       # arguments: transfers stock never makes
-      or _lowering.raw_keys_checked()   # each trace warns or raises itself
+      or _lowering.reports_per_trace()   # each trace reports for itself
       or traced_code(fun) in unshared_codes):
     _note_class_arguments(fun, _trace.tree_of(in_avals))
     return _noting_callables(fun, traced(fun, in_avals, debug_info,

@@ -93,10 +93,11 @@ def unshared():
 
 def _looked_up(fun, in_avals, debug_info, *context_for_cache_key, **options):
   _calls.n = getattr(_calls, "n", 0) + 1
-  # (with NaN or Inf checks on, stock's: an eager primitive run on a trace
-  # this lookup shares is answered by JAX's cache of that primitive, whose
-  # compiled call skips the checks a new trace's first call makes; with
-  # checkpoint residuals logged, stock's: a shared trace logs nothing)
+  # (stock's while stock reports per trace, ``STOCK_REPORTS``: with NaN or
+  # Inf checks on, an eager primitive run on a trace this lookup shares is
+  # answered by JAX's cache of that primitive, whose compiled call skips
+  # the checks a new trace's first call makes; a shared trace logs no
+  # checkpoint residuals and warns of no raw key)
   if getattr(_unshared, "on", False) or _lowering.reports_per_trace():
     traced = _compat.trace.STOCK_TRACE_TO_JAXPR(
         fun, in_avals, debug_info, *context_for_cache_key, **options)
