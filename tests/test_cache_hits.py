@@ -166,6 +166,60 @@ def test_global_array_read_directly_is_lifted():
   assert_like_stock(out, ns["f"], x)
 
 
+def test_a_closure_free_function_over_a_global_array_is_not_analysed_per_jit(
+    monkeypatch):
+  """Once its key needed lifting, a re-created closure-free function goes
+  to the jit wrapper at ``jit()`` (its front matches it), without a
+  canonical analysis of its key per call. An object called before and
+  wrapped again is answered as its first call decided (identity first),
+  whether its stock object died or not, whatever the global holds then;
+  new objects read the global as stock reads it."""
+  from jax_closure_cache.key import closure
+  ns = {"jnp": jnp}
+  exec("def f(x):\n  return x * K\n", ns)
+  x = jnp.ones(2)
+
+  def outcome(out):
+    return (np.asarray(out).tobytes(), str(out.dtype), out.weak_type)
+
+  def run():
+    got = []
+    # (a Python float: canonical stock objects; an array: lifted)
+    for later in ((4.0, 2.0), (jnp.full(2, 3.0), jnp.full(2, 5.0), 4.0)):
+      held = []
+      ns["K"] = 2.0
+      for _ in range(3):
+        held.append(fresh_copy(ns["f"]))
+        got.append(outcome(jax.jit(held[-1])(x)))
+      for value in later:
+        ns["K"] = value
+        for _ in range(3):
+          got.append(outcome(jax.jit(fresh_copy(ns["f"]))(x)))
+        # identity first: each held object as its first call decided
+        got += [outcome(jax.jit(g)(x)) for g in held]
+    return got
+
+  from conftest import replay_in_both_modes
+  replay_in_both_modes(run, clear=True)
+  jcc.enable()
+  try:
+    ns["K"] = jnp.full(2, 6.0)
+    warm(lambda: jax.jit(fresh_copy(ns["f"]))(x))
+    analysed = []
+    real = closure.analyse
+    monkeypatch.setattr(closure, "analyse",
+                        lambda *a, **k: analysed.append(1) or real(*a, **k))
+    ns["K"] = jnp.full(2, 7.0)
+    with counting() as c:
+      outs = [jax.jit(fresh_copy(ns["f"]))(x) for _ in range(5)]
+    assert c["traces"] == c["compiles"] == 0
+    assert analysed == []
+    for out in outs:
+      assert_like_stock(out, ns["f"], x)
+  finally:
+    jcc.disable()
+
+
 def test_global_scalar_is_in_key():
   ns = {}
   exec("def f(x):\n  return x * K\n", ns)

@@ -74,15 +74,39 @@ _WARN_BYTES = _lowering.WARN_BYTES
 _functions: "weakref.WeakSet[types.FunctionType]" = cache.STORE.table(
     "canonical.functions", cache.Store.TRACES, weakref.WeakSet)
 
+# Codes whose key needed lifting or held an object by identity when last
+# analysed here: their objects are the jit wrapper's without a canonical
+# analysis per ``jit()`` (which costs as much as a hit). The wrapper's path
+# is the general one, sound for any function; a code whose globals later
+# need no lifting stays on it (slower than a canonical object, never
+# otherwise).
+_lifting: "weakref.WeakSet[types.CodeType]" = cache.STORE.table(
+    "canonical.lifting", cache.Store.TRACES, weakref.WeakSet)
+
+
+def lifts(code) -> bool:
+  """Whether objects of ``code`` go to the jit wrapper, their key having
+  needed lifting (:data:`_lifting`)."""
+  return code in _lifting
+
+
+# (_known: the object has an identity row, which the jit wrapper answers)
+_BY_ROW = object()
+
 
 def _known(fun, full_options_key):
-  """The stock object ``fun`` had before (identity first), or the one its
-  key's inline matcher finds; None otherwise."""
+  """The stock object ``fun`` had before (identity first), :data:`_BY_ROW`
+  where it has a row without a live stock object (pinned to an entry, or
+  stock's whose object died: the wrapper's ``_call_row`` answers it, as
+  its first call decided), or the object its key's inline matcher finds;
+  None otherwise."""
   row = identity.row_of(fun, full_options_key)
-  if type(row) is identity.OWNED:
-    owned = row()
-    if owned is not None:
-      return owned
+  if row is not None:
+    if type(row) is identity.OWNED:
+      owned = row()
+      if owned is not None:
+        return owned
+    return _BY_ROW
   if _traced_apart(fun.__code__):
     return None
   for q in inline.canonical_quick.get(fun.__code__, ()):
@@ -125,6 +149,8 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     return None
   full_options_key = (options_key, lift_numpy)
   known = _known(fun, full_options_key)
+  if known is _BY_ROW:
+    return None
   if known is not None:
     return known
   if _lowering.stock_reports() is not None:
@@ -142,6 +168,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   # or an array a shared object would keep alive.
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
+    _lifting.add(code)
     return None
   baked = key_parts.baked_numpy(a.key)
   if _lowering.captured_constants_warning(

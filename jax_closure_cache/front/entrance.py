@@ -131,10 +131,21 @@ def _jit_with_options(fun, options: dict):
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    jitted = canonical.canonical_jitted(fun, options, options_key,
-                                        lift_numpy)
-    if jitted is not None:
-      return jitted
+    if canonical.lifts(fun.__code__):
+      # its key needed lifting: the wrapper's, as the hot case makes it
+      # (the front's check of the object's weak references sends one that
+      # has an identity row, a canonical object among them, to that row)
+      if not options and lift_numpy == _hot_spec[0].lift_numpy:
+        cls = _fronts.get(fun.__code__)
+        if cls is not None:
+          return _fill(_new_wrapper(cls), fun)
+        return _fill(_new_wrapper(_ClosureJitted), fun,
+                     (fun.__code__, _hot_spec[0]))
+    else:
+      jitted = canonical.canonical_jitted(fun, options, options_key,
+                                          lift_numpy)
+      if jitted is not None:
+        return jitted
   elif not (isinstance(fun, (types.FunctionType, functools.partial,
                              types.MethodType, _ClosureJitted))
             or closure.as_method(fun) is not None):
