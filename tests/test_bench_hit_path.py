@@ -11,7 +11,7 @@ from jax_closure_cache import _compat, patching
 from jax_closure_cache.tools import bench_hit_path
 from jax_closure_cache.tools import cli
 
-PATTERNS = ("nested-def", "grad", "value-and-grad", "partial",
+PATTERNS = ("nested-def", "global-def", "grad", "value-and-grad", "partial",
             "static-lambda", "vmap", "scan", "fori", "cg", "long-lived")
 
 

@@ -75,19 +75,19 @@ _functions: "weakref.WeakSet[types.FunctionType]" = cache.STORE.table(
     "canonical.functions", cache.Store.TRACES, weakref.WeakSet)
 
 # Codes whose key needed lifting or held an object by identity when last
-# analysed here: their objects are the jit wrapper's without a canonical
-# analysis per ``jit()`` (which costs as much as a hit). The wrapper's path
-# is the general one, sound for any function; a code whose globals later
-# need no lifting stays on it (slower than a canonical object, never
-# otherwise).
-_lifting: "weakref.WeakSet[types.CodeType]" = cache.STORE.table(
+# analysed here: their objects are the jit wrapper's (``entrance.jit``
+# makes it at once), without a canonical analysis per ``jit()``, which
+# costs as much as a hit. The wrapper's path is the general one, sound for
+# any function; a code whose globals later need no lifting stays on it
+# (slower than a canonical object, never otherwise).
+lifting_codes: "weakref.WeakSet[types.CodeType]" = cache.STORE.table(
     "canonical.lifting", cache.Store.TRACES, weakref.WeakSet)
 
 
 def lifts(code) -> bool:
   """Whether objects of ``code`` go to the jit wrapper, their key having
-  needed lifting (:data:`_lifting`)."""
-  return code in _lifting
+  needed lifting (:data:`lifting_codes`)."""
+  return code in lifting_codes
 
 
 # (_known: the object has an identity row, which the jit wrapper answers)
@@ -168,7 +168,7 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
   # or an array a shared object would keep alive.
   if (a.leaves or a.roots
       or any(isinstance(x, _compat.jax.Array) for x in a.anchors)):
-    _lifting.add(code)
+    lifting_codes.add(code)
     return None
   baked = key_parts.baked_numpy(a.key)
   if _lowering.captured_constants_warning(

@@ -41,6 +41,7 @@ _ClosureJitted = wrapper.ClosureJitted
 _fill = wrapper.fill
 _fronts = inline.fronts
 _hot_spec = jit_options.hot_spec_cell()
+_lifting = canonical.lifting_codes
 
 
 class _NotSpecified:
@@ -85,6 +86,10 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
       return _compat.STOCK_JIT(fun)   # stock's TypeError, at jit() time
     return _fill(_new_wrapper(_ClosureJitted), fun,
                  (fun.__code__, _hot_spec[0]))
+  if (not options and type(fun) is _FunctionType
+      and fun.__code__ in _lifting):
+    return _closure_free_wrapper(fun)   # (no closure: the C entrance's
+                                        # hot case passed it on)
   if not options and type(fun) is _partial:
     # ``jax.jit(functools.partial(f, w))``, every call: a front's wrapper
     # where ``f``'s code has one (its matchers tell partials apart)
@@ -94,6 +99,19 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
       if cls is not None:
         return _fill(_new_wrapper(cls), fun)
   return _jit_with_options(fun, options)
+
+
+def _closure_free_wrapper(fun):
+  """The hot spec's wrapper of a closure-free ``fun`` whose code's key
+  needed lifting (``canonical.lifts``), as the hot case makes a closure's:
+  of its code's front class where it has one. (The front's check of the
+  object's weak references sends one with an identity row, a canonical
+  object among them, to that row.)"""
+  cls = _fronts.get(fun.__code__)
+  if cls is not None:
+    return _fill(_new_wrapper(cls), fun)
+  return _fill(_new_wrapper(_ClosureJitted), fun,
+               (fun.__code__, _hot_spec[0]))
 
 
 def _jit_with_options(fun, options: dict):
@@ -131,16 +149,9 @@ def _jit_with_options(fun, options: dict):
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    if canonical.lifts(fun.__code__):
-      # its key needed lifting: the wrapper's, as the hot case makes it
-      # (the front's check of the object's weak references sends one that
-      # has an identity row, a canonical object among them, to that row)
+    if canonical.lifts(fun.__code__):   # the wrapper's
       if not options and lift_numpy == _hot_spec[0].lift_numpy:
-        cls = _fronts.get(fun.__code__)
-        if cls is not None:
-          return _fill(_new_wrapper(cls), fun)
-        return _fill(_new_wrapper(_ClosureJitted), fun,
-                     (fun.__code__, _hot_spec[0]))
+        return _closure_free_wrapper(fun)
     else:
       jitted = canonical.canonical_jitted(fun, options, options_key,
                                           lift_numpy)

@@ -109,6 +109,31 @@ def _nested_def() -> Row:
              lambda i: _ready(hoisted_f(x, ws(i))), construct)
 
 
+#: The module namespace of :func:`_global_def`'s function: a global it reads
+#: (``W``), rebound before each call as a script's loop rebinds its data.
+_GLOBAL_SOURCE = "def f(x):\n  return jnp.tanh(x @ W)\n"
+
+
+def _global_def() -> Row:
+  ws = _rotate([jnp.full((4, 4), 0.1 * (i + 1)) for i in range(4)])
+  x = jnp.ones((4, 4))
+  ns = {"jnp": jnp}
+  code = compile(_GLOBAL_SOURCE, "<bench: global-def>", "exec")
+
+  def construct(i):   # the def, re-run: a new closure-free object
+    ns["W"] = ws(i)
+    exec(code, ns)
+    return ns["f"]
+
+  def user(i):
+    return _ready(jax.jit(construct(i))(x))
+
+  hoisted_f = STOCK_JIT(lambda x, w: jnp.tanh(x @ w))
+  return Row("global-def",
+             "closure-free def f(x): tanh(x @ W), W a global array, 4x4",
+             user, user, lambda i: _ready(hoisted_f(x, ws(i))), construct)
+
+
 def _grad() -> Row:
   batch, p = _data(0)
 
@@ -286,7 +311,7 @@ def _long_lived() -> Row:
              lambda i: _ready(stock_f(x)), None, baseline="stock")
 
 
-ROWS = {"nested-def": _nested_def, "grad": _grad,
+ROWS = {"nested-def": _nested_def, "global-def": _global_def, "grad": _grad,
         "value-and-grad": _value_and_grad, "partial": _partial,
         "static-lambda": _static_lambda, "vmap": _vmap, "scan": _scan,
         "fori": _fori, "cg": _cg, "long-lived": _long_lived}

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
   bench.add_argument("--match", default="", metavar="A,B",
                      help="only workloads whose name (jit table) or key (control-flow "
                      "table: decode, minimize, scan, fori, odeint, cg, gpt2; "
-                     "hit-path table: nested-def, grad, value-and-grad, "
+                     "hit-path table: nested-def, global-def, grad, value-and-grad, "
                      "partial, static-lambda, vmap, scan, fori, cg, "
                      "long-lived; "
                      "ecosystem table: library or idiom, e.g. optax, linen) "
