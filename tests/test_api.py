@@ -56,13 +56,18 @@ if sys.argv[1] != "stock":
 import jax, jax.numpy as jnp
 apply = jax.jit(lambda f, x: f(x) + 1, static_argnums=0, donate_argnums=1)
 for _ in range(2):
-  for i in range(4):   # a fresh lambda over the array it is given
-    w = jnp.arange(4.0) + i
-    print(apply(lambda v: v * w, w).tolist(), w.is_deleted())
-  for i in range(4):   # the same through jit's own donation
+  # (first: no spec of donated position 0 made before, by any route)
+  for i in range(4):   # jit's own donation, of position 0 given as 0
     w = jnp.arange(3.0) + i
     print(jax.jit(lambda v: v + w, donate_argnums=0)(w).tolist(),
           w.is_deleted())
+  for i in range(4):   # the same by name
+    w = jnp.arange(3.0) + i
+    print(jax.jit(lambda v: v - w, donate_argnames="v")(w).tolist(),
+          w.is_deleted())
+  for i in range(4):   # a fresh lambda over the array it is given
+    w = jnp.arange(4.0) + i
+    print(apply(lambda v: v * w, w).tolist(), w.is_deleted())
   for i in range(4):   # another argument donated: shared as before
     w, y = jnp.arange(3.0) + i, jnp.ones(3)
     print(jax.jit(lambda v: v + w, donate_argnums=0)(y).tolist(),

@@ -41,8 +41,22 @@ ARG_SELECTORS = frozenset({"static_argnums", "static_argnames",
 
 
 def donates(options: dict) -> bool:
-  """Whether jit ``options`` donate arguments."""
-  return bool(options.get("donate_argnums") or options.get("donate_argnames"))
+  """Whether jit ``options`` donate arguments: ``donate_argnums`` or
+  ``donate_argnames`` given as one position or name (``0`` included) or
+  as a non-empty collection (one without a length: as donating)."""
+  return any(_names_some(options.get(name))
+             for name in ("donate_argnums", "donate_argnames"))
+
+
+def _names_some(value) -> bool:
+  if value is None:
+    return False
+  if isinstance(value, (int, str)):
+    return True
+  try:
+    return len(value) > 0
+  except TypeError:
+    return True
 
 
 def has_static_arguments(options: dict) -> bool:
