@@ -167,6 +167,24 @@ class LRUStore:
         held.append(a)
     return held
 
+  def keep(self, key, entry: Entry, anchors, keep=None) -> str | None:
+    """Store ``entry`` under ``key`` until one of ``anchors`` dies
+    (:meth:`hold`, the list set as ``entry.anchors``, then :meth:`put`),
+    for a flow that sets nothing on the entry between the two (the
+    front's miss path sets its guards there, after :meth:`hold` succeeded).
+    Returns None once stored, or why it was not (an anchor that cannot be
+    held weakly; an unhashable key: ``TypeError``'s text), for the
+    caller's ``not_stored`` event."""
+    held = self.hold(key, entry, anchors, keep)
+    if isinstance(held, str):
+      return held
+    entry.anchors = held
+    try:
+      self.put(key, entry)
+    except TypeError as e:   # a pytree's metadata can be unhashable
+      return str(e)
+    return None
+
   def _drain(self) -> None:
     pending = self._pending
     for _ in range(len(pending)):   # (one still locked out goes back)

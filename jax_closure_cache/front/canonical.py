@@ -203,12 +203,9 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     # Its compile happens at its first call, inside stock: cost unknown here.
     found = Canonical(jitted, [], events.miss(fun, code, key, 0.0))
     diagnostics.measure_later(found.record)   # stock compiles at its first call
-    held = _store.hold(key, found, a.anchors, keep=entries.library_object)
-    if isinstance(held, str):
-      events.not_stored(fun, "unweakrefable_anchor", held)
-    else:
-      found.anchors = held
-      _store.put(key, found)
+    refused = _store.keep(key, found, a.anchors, keep=entries.library_object)
+    if refused is not None:
+      events.not_stored(fun, "unweakrefable_anchor", refused)
   else:
     events.hit(found.record)
   # The inline cache skips the helper scan, so only functions that read no

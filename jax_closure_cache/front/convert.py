@@ -180,10 +180,7 @@ def _trace(fun, a, key, example_args):
                       getattr(guards, "detail", "closure_convert captured "
                               "an array the key does not cover"))
     return shared
-  held = _traces.hold(key, shared, a.anchors, keep=entries.library_object)
-  if isinstance(held, str):
-    events.not_stored(fun, "unweakrefable_anchor", held)
-    return shared
-  shared.anchors = held
-  _traces.put(key, shared)
+  refused = _traces.keep(key, shared, a.anchors, keep=entries.library_object)
+  if refused is not None:
+    events.not_stored(fun, "unweakrefable_anchor", refused)
   return shared

@@ -607,11 +607,8 @@ def _covers(consts, leaves, anchors) -> bool:   # every captured array
 
 
 def _put(key, shared: _Shared, anchors) -> None:   # until an anchor dies
-  held = traces.hold(key, shared, anchors)
-  if isinstance(held, str):
-    return   # not stored: it would keep the anchor alive
-  shared.anchors = held
-  traces.put(key, shared)
+  # (not stored where it would keep an anchor alive)
+  traces.keep(key, shared, anchors)
 
 
 # -- explanations --------------------------------------------------------------
