@@ -866,6 +866,44 @@ def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
     return unknown
 
 
+#: The values XLA's simplifier removes an operation by, once it sees a
+#: constant all of one of them: ``x * 1``, ``x / 1`` and ``x * -1`` (a
+#: negation), ``max(x, -inf)``, ``min(x, inf)``, a clamp between infinities.
+#: The runtime's operation with an argument holding them flushes a
+#: subnormal ``x`` to zero and keeps a NaN's sign, where stock's module
+#: returns ``x`` (or its negation) as it is.
+IDENTITY_VALUES = (1.0, -1.0, float("inf"), float("-inf"))
+
+
+def all_identity(c) -> bool:
+  """Whether a constant (an array or a Python number) of a numeric type
+  is all one of :data:`IDENTITY_VALUES` (a complex one with a zero
+  imaginary part; an integer one all 1 or all -1, which a conversion to a
+  float folded in stock's module makes a float one). Never an error (False
+  where the values cannot be read)."""
+  if type(c) in (float, int):
+    return c in IDENTITY_VALUES
+  if type(c) is complex:
+    return c.imag == 0 and c.real in IDENTITY_VALUES
+  a = _inexact_values(c)
+  if a is None:
+    dtype = getattr(c, "dtype", None)
+    try:
+      if dtype is None or not _dtypes.issubdtype(dtype, np.integer):
+        return False
+      a = np.asarray(c)
+    except Exception:
+      return False
+  if a.size == 0:
+    return False
+  if a.dtype.kind == "c":
+    if np.any(a.imag):
+      return False
+    a = a.real
+  first = a.flat[0]
+  return bool(first in IDENTITY_VALUES and np.all(a == first))
+
+
 def holds_nan(c) -> bool:
   """Whether a constant (an array or a Python number) of a floating or
   complex type holds a NaN: XLA folds a baked NaN (``max(x, nan)``) to

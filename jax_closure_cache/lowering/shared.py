@@ -242,6 +242,7 @@ def _for_call(jaxpr, call: CallLowering):
     try:
       s = structure.of(jaxpr)
       reason = (_warned_constants(jaxpr, s) or _copied_numpy(jaxpr, s)
+                or _constants_read_by_value(jaxpr, s)
                 or _leading_arguments_name_outputs(jaxpr, s, call))
     except structure.NotShared as e:
       reason = str(e)
@@ -293,6 +294,44 @@ def _copied_numpy(jaxpr, s: structure.Structure) -> str | None:
             "executable takes a copy of each as an argument, kept while "
             "stock's object lives, where stock's executable bakes them")
   return None
+
+
+def _constants_read_by_value(jaxpr, s: structure.Structure) -> str | None:
+  """Why a constant of ``jaxpr`` (or of a nested jit of it, whose
+  constants are passed too) cannot be an argument of a shared executable
+  because of its value (``structure.constant_reads``): one XLA computes
+  with otherwise than with an argument wherever it reads it (a
+  remainder's operand), or one all 1, -1 or an infinity where an
+  operation XLA removes by it reads it; or None."""
+  if _read_by_value(jaxpr, s.key) or (
+      s.hoisted and any(_read_by_value(e.params["jaxpr"])
+                        for e in _compat.closed_parts(jaxpr)[0].eqns
+                        if structure.hoists(e))):
+    return ("a constant XLA computes with by its value in stock's module "
+            "(a remainder's operand; one all 1, -1 or an infinity that x * 1 "
+            "or max(x, -inf) reads, an operation XLA removes, where the "
+            "runtime's flushes a subnormal x and keeps a NaN's sign)")
+  return None
+
+
+# structure key -> ``structure.constant_reads`` of its jaxprs (the same for
+# every jaxpr of one structure: a walk per structure, not per call)
+_READS = cache.STORE.table("shared.constant_reads", cache.Store.FACTS)
+
+
+def _read_by_value(closed, key=None) -> bool:
+  consts = _compat.closed_parts(closed)[1]
+  if not consts:
+    return False
+  reads = None if key is None else _READS.get(key)
+  if reads is None:
+    reads = structure.constant_reads(closed)
+    if key is not None:
+      if len(_READS) >= MET_CAPACITY:
+        _READS.clear()
+      _READS[key] = reads
+  return bool(reads.by_value) or any(
+      structure.identity_constant(consts[i]) for i in reads.by_identity)
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,

@@ -108,7 +108,9 @@ def acceptable_constant(c) -> bool:
   """A constant a shared executable can take as an argument: a NumPy array
   or scalar (jax's own subclasses too), a Python number, or a jax array
   on one device not committed to it; never a boolean one, one holding a
-  -0.0, or one of zeros (XLA folds those by value once baked)."""
+  -0.0, a NaN or a subnormal, or one of zeros (XLA folds those by value
+  once baked; one all 1, -1 or an infinity where an operation XLA removes
+  by it reads it: :func:`identity_constant`)."""
   return constant_refusal(c) is None
 
 
@@ -123,17 +125,44 @@ def constant_refusal(c) -> str | None:
     return known[1]
   answer = _refusal(c)
   try:
-    ref = weakref.ref(c, functools.partial(_forget_array, id(c)))
+    ref = weakref.ref(c, functools.partial(_forget, _ARRAY_ANSWERS, id(c)))
   except TypeError:
     return answer
   _ARRAY_ANSWERS[id(c)] = (ref, answer)
   return answer
 
 
-def _forget_array(i: int, ref) -> None:
-  known = _ARRAY_ANSWERS.get(i)
+#: :func:`identity_constant`'s answer for a jax array, as
+#: :data:`_ARRAY_ANSWERS` keeps :func:`constant_refusal`'s.
+_IDENTITY_ANSWERS = cache.STORE.table("structure.identity_answers",
+                                      cache.Store.CALLS)
+
+
+def identity_constant(c) -> bool:
+  """Whether ``c`` is all 1, -1 or an infinity
+  (``_compat.all_identity``): a constant XLA removes an operation by in
+  stock's module (:func:`constant_reads` says which constants such an
+  operation reads). A jax array's values are read once while it
+  lives."""
+  if type(c) is not _compat.ArrayImpl:
+    return _compat.all_identity(c)
+  known = _IDENTITY_ANSWERS.get(id(c))
+  if known is not None and known[0]() is c:
+    return known[1]
+  answer = _compat.all_identity(c)
+  try:
+    ref = weakref.ref(c, functools.partial(_forget, _IDENTITY_ANSWERS, id(c)))
+  except TypeError:
+    return answer
+  _IDENTITY_ANSWERS[id(c)] = (ref, answer)
+  return answer
+
+
+def _forget(table: dict, i: int, ref) -> None:
+  known = table.get(i)
   if known is not None and known[0] is ref:   # not a later array's
-    _ARRAY_ANSWERS.pop(i, None)
+    table.pop(i, None)
+
 
 
 def _refusal(c) -> str | None:
@@ -206,8 +235,9 @@ def hoists(e) -> bool:
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
   an argument: a floating-point or complex scalar whose value, as its
-  dtype holds it, is neither a zero nor a NaN (XLA folds those otherwise
-  than it computes with an argument; ``1e-50`` is a float32 zero). As an
+  dtype holds it, is neither a zero, a NaN, 1, -1 nor an infinity (XLA
+  folds those otherwise than it computes with an argument; ``1e-50`` is a
+  float32 zero). As an
   equation's operand also: at a position :func:`keyed_operands` does not
   name, of an equation that reads a runtime value (:func:`lifted_operands`)."""
   if type(v) is not _compat.Literal or v.aval.dtype.kind not in "fc":
@@ -220,7 +250,8 @@ def _liftable_value(x, dtype) -> bool:
   """Whether a floating or complex scalar literal, as ``dtype`` holds it,
   is neither a zero (of either sign), a NaN nor subnormal (the runtime
   flushes an argument's to zero, XLA folds stock's exactly; either part
-  of a complex): read on a Python number
+  of a complex), nor 1, -1 or an infinity (``_compat.IDENTITY_VALUES``:
+  XLA removes ``x * 1.0`` in stock's module): read on a Python number
   (a literal nearly always is one), as making arrays for :func:`_zero`
   and ``holds_nan`` costs ten times more. A literal its dtype cannot
   hold is refused by :func:`_check_literal` first."""
@@ -229,11 +260,12 @@ def _liftable_value(x, dtype) -> bool:
     if isinstance(s, (float, complex)):
       tiny = _compat.smallest_normal(dtype)
       return (bool(s) and s == s
-              and not any(0 < abs(p) < tiny for p in (s.real, s.imag)))
+              and not any(0 < abs(p) < tiny for p in (s.real, s.imag))
+              and not _compat.all_identity(s))
     x = s
   a = np.asarray(x, dtype)
   return (not _zero(a) and not _compat.holds_nan(x)
-          and not _compat.holds_subnormal(a))
+          and not _compat.holds_subnormal(a) and not _compat.all_identity(a))
 
 
 def _check_literal(v) -> None:
@@ -251,13 +283,179 @@ def _check_literal(v) -> None:
 #: Operands (by primitive, their positions) whose literal stays in the key,
 #: never an argument: XLA rewrites ``pow`` by a constant exponent (2.0 into
 #: a product, 0.5 into a square root), many times faster than the general
-#: ``pow`` an argument exponent compiles to.
-KEYED_OPERANDS = types.MappingProxyType({"pow": frozenset({1})})
+#: ``pow`` an argument exponent compiles to; and it computes a remainder
+#: with a constant otherwise than with an argument (``lax.rem(x, 2.0)``: a
+#: subnormal ``x`` kept where the argument's flushes it, a NaN's sign).
+KEYED_OPERANDS = types.MappingProxyType({"pow": frozenset({1}),
+                                         "rem": frozenset({0, 1})})
+
+#: What a value computed from a literal or constant operand and literals
+#: alone may not meet, for the operand to be passed as an argument (nor a
+#: remainder's operands, :data:`KEYED_OPERANDS`). XLA inlines calls and sinks a loop's constants
+#: into its body, then folds what is computed from the constant alone; a
+#: comparison or a sign of it decides which operations remain (jnp's ``x //
+#: c`` and ``x % c``: another last bit of a large quotient, a subnormal
+#: kept, a NaN's sign). Such an operand is keyed by value.
+_READ_AS_VALUE = frozenset({"sign", "eq", "ne", "lt", "le", "gt", "ge",
+                            "floor", "ceil", "round", "is_finite"})
+_CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+#: How deep :func:`_reads_as_value` follows nested jaxprs (deeper: read as
+#: a value)
+_NESTING = 8
 
 
 def keyed_operands(e) -> frozenset:
-  """The positions of ``e``'s operands whose literals are keyed by value."""
-  return KEYED_OPERANDS.get(e.primitive.name, frozenset())
+  """The positions of ``e``'s operands whose literals are keyed by value
+  (:data:`KEYED_OPERANDS`; for an equation holding jaxprs, the operands a
+  jaxpr reads as a value, :func:`_reads_as_value`)."""
+  keyed = KEYED_OPERANDS.get(e.primitive.name, frozenset())
+  literals = [i for i, v in enumerate(e.invars) if type(v) is _Literal]
+  if not literals or not _holds_jaxpr(e):
+    return keyed
+  return keyed | frozenset(i for i in literals
+                           if _operand_read_as_value(e, i, _NESTING))
+
+
+def _operand_read_as_value(e, i: int, depth: int,
+                           by_identity: bool = False) -> bool:
+  """Whether operand ``i`` of an equation holding jaxprs is read as a
+  value by one of them (with ``by_identity``: by an operation of
+  :data:`_BY_IDENTITY`); an unknown equation's, read so."""
+  inner = _inner_inputs(e)
+  if inner is None or depth <= 0:
+    return True
+  return any(i in mapping and _reads_as_value(j, {mapping[i]}, depth - 1,
+                                              by_identity)
+             for j, mapping in inner)
+
+
+def _inner_inputs(e) -> list | None:
+  """``(jaxpr, {operand index: its input var})`` for each jaxpr ``e``
+  holds, the operands mapped being those XLA may see as constants inside
+  (a loop's constants, not its carry, which varies); None for an
+  equation this does not know."""
+  p, name = e.params, e.primitive.name
+  try:
+    if name == "while":
+      cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+      nc, nb = p["cond_nconsts"], p["body_nconsts"]
+      return [(cond, {i: cond.invars[i] for i in range(nc)}),
+              (body, {nc + i: body.invars[i] for i in range(nb)})]
+    if name == "cond":
+      return [(b.jaxpr, {k + 1: v for k, v in enumerate(b.jaxpr.invars)})
+              for b in p["branches"]]
+    if name == "scan":
+      groups = _compat.scan_groups(p)
+      inner = p["jaxpr"].jaxpr
+      if groups is None:
+        return None
+      return [(inner, {i: inner.invars[i] for i in range(groups[0])})]
+    for k in _CALL_PARAMS:
+      if k in p:
+        inner = getattr(p[k], "jaxpr", p[k])
+        if len(inner.invars) != len(e.invars):
+          return None
+        return [(inner, dict(enumerate(inner.invars)))]
+  except (KeyError, AttributeError, TypeError, IndexError):
+    return None
+  return None
+
+
+def _reads_as_value(jaxpr, inputs: set, depth: int,
+                    by_identity: bool = False) -> bool:
+  """Whether a value computed from ``inputs`` (vars of ``jaxpr``) and
+  literals alone reaches :data:`_READ_AS_VALUE` or a keyed operand (with
+  ``by_identity``: an operand of :data:`_BY_IDENTITY`), or a nested
+  jaxpr's input that is read so."""
+  derived = set(inputs)
+  for e in jaxpr.eqns:
+    hit = [i for i, v in enumerate(e.invars)
+           if type(v) is not _Literal and v in derived]
+    if not hit:
+      continue
+    name = e.primitive.name
+    # (computed from them and literals alone: a constant XLA folds)
+    alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
+    if (name in _BY_IDENTITY if by_identity else
+        alone and name in _READ_AS_VALUE or not KEYED_OPERANDS.get(
+            name, frozenset()).isdisjoint(hit)):
+      return True
+    if _holds_jaxpr(e) and any(_operand_read_as_value(e, i, depth,
+                                                      by_identity)
+                               for i in hit):
+      return True
+    if alone and (not by_identity or name in _VALUE_MOVES):
+      derived.update(e.outvars)
+  return False
+
+
+def _holds_jaxpr(e) -> bool:
+  return any(hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns")
+             for q in e.params.values()
+             for p in (q if isinstance(q, (tuple, list)) else (q,)))
+
+
+#: operations XLA's simplifier removes or rewrites by a constant operand's
+#: value (``_compat.IDENTITY_VALUES``: ``x * 1``, ``x / 1``, ``x * -1`` as a
+#: negation, ``max(x, -inf)``, ``min(x, inf)``, a clamp between
+#: infinities, ``x ** 1``)
+_BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow"})
+#: operations that move, convert or negate values: on a constant all 1, -1
+#: or an infinity, their result is one too
+_VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
+                          "convert_element_type", "transpose", "squeeze",
+                          "expand_dims", "copy", "copy_p", "rev", "slice",
+                          "concatenate", "pad", "neg", "reduce_precision",
+                          "select_n", "dynamic_slice", "gather"})
+
+
+class ConstantReads(NamedTuple):
+  """How a closed jaxpr reads its constants, by index: ``by_identity``,
+  those from which a value computed with literals alone reaches an operand
+  of :data:`_BY_IDENTITY` (XLA removes the operation where such a constant
+  is all 1, -1 or an infinity); ``by_value``, those read as a value (a
+  remainder's operand, :data:`_READ_AS_VALUE`); inside nested jaxprs too,
+  through the operands XLA may see as constants there."""
+  by_identity: frozenset
+  by_value: frozenset
+
+
+def constant_reads(closed) -> ConstantReads:
+  """:class:`ConstantReads` of ``closed``."""
+  jaxpr, _ = _compat.closed_parts(closed)
+  # var -> the constants it is computed from with literals alone (reach),
+  # and those it moves (moved: all 1, -1 or an infinity where they are)
+  reach = {v: frozenset({i}) for i, v in enumerate(jaxpr.constvars)}
+  moved = dict(reach)
+  identity: set = set()
+  valued: set = set()
+  none = frozenset()
+  for e in jaxpr.eqns:
+    sources = [reach.get(x, none) if type(x) is not _Literal else none
+               for x in e.invars]
+    hit = [i for i, found in enumerate(sources) if found]
+    if not hit:
+      continue
+    moves = [moved.get(x, none) if type(x) is not _Literal else none
+             for x in e.invars]
+    name = e.primitive.name
+    nested = _holds_jaxpr(e)
+    alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
+    for i in hit:
+      if moves[i] and (name in _BY_IDENTITY or nested and
+                       _operand_read_as_value(e, i, _NESTING,
+                                              by_identity=True)):
+        identity |= moves[i]
+      if (alone and name in _READ_AS_VALUE
+          or i in KEYED_OPERANDS.get(name, ())
+          or nested and _operand_read_as_value(e, i, _NESTING)):
+        valued |= sources[i]
+    if alone:
+      for v in e.outvars:
+        reach[v] = none.union(*sources)
+        if name in _VALUE_MOVES:
+          moved[v] = none.union(*moves)
+  return ConstantReads(frozenset(identity), frozenset(valued))
 
 
 def lifted_operands(e, live: bool) -> tuple:
