@@ -357,13 +357,15 @@ def test_explanations_name_the_first_structural_difference(monkeypatch,
   caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   m = Model(jnp.ones(3))
   jcc.enable()
-  jax.jit(lambda x: jnp.sin(x) * m.w.sum())(jnp.ones(3))
-  jax.jit(lambda x: jnp.sin(x) * m.w.sum())(jnp.ones(4))
+  # (added: a product by a value computed from a constant alone is never
+  # shared, and refused before its structure is met)
+  jax.jit(lambda x: jnp.sin(x) + m.w.sum())(jnp.ones(3))
+  jax.jit(lambda x: jnp.sin(x) + m.w.sum())(jnp.ones(4))
   text = caplog.text
   assert "met <lambda>'s structure for the first time" in text
   assert "it differs from the last one at the inputs" in text
   caplog.clear()
-  jax.jit(lambda x: jnp.cos(x) * m.w.sum())(jnp.ones(4))
+  jax.jit(lambda x: jnp.cos(x) + m.w.sum())(jnp.ones(4))
   # (the earlier structure's primitive, named as itself)
   assert "differs from the last one at equation 0 (sin): its primitive" in (
       caplog.text)
@@ -849,14 +851,22 @@ def test_identity_values_are_folded_as_stock(closure_key):
   runtime's operation with an argument flushes a subnormal ``x`` to zero
   and keeps a NaN's sign. Literals (a warm-up factor reaching 1.0, a clip
   bound of inf) and constants (NumPy float and int arrays of ones, a 0-d
-  jax array), beside other values that are shared."""
+  jax array; moved, computed on alone, or read in a loop's body), beside
+  other values that are shared."""
   x = jnp.asarray([3e-39, -1e-40, np.nan, 1.0], jnp.float32)
 
   def make(scale, bound, table, ints, scalar):
     def f(v):
       return (v * scale, v / scale, jnp.maximum(v, -bound),
               jnp.minimum(v, bound), jnp.clip(v, -bound, bound),
-              v * table, v * ints, v * scalar)
+              v * table, v * ints, v * scalar,
+              jax.lax.scan(lambda c, _: (c * table, None), v, None,
+                           length=2)[0])
+    return f
+
+  def computed(table):   # (a value XLA computes from a constant first)
+    def f(v):
+      return v * jnp.abs(-table)
     return f
 
   def run():
@@ -871,6 +881,7 @@ def test_identity_values_are_folded_as_stock(closure_key):
       scalar = (np.float32(scale) if closure_key
                 else jnp.float32(scale))
       outs.append(_bits(jax.jit(make(scale, bound, table, ints, scalar))(x)))
+      outs.append(_bits(jax.jit(computed(table))(x)))
     return outs
 
   want = stock_off(run)

@@ -235,9 +235,8 @@ def hoists(e) -> bool:
 def lifted_literal(v) -> bool:
   """Whether a top-level operand is a literal a shared lowering can take as
   an argument: a floating-point or complex scalar whose value, as its
-  dtype holds it, is neither a zero, a NaN, 1, -1 nor an infinity (XLA
-  folds those otherwise than it computes with an argument; ``1e-50`` is a
-  float32 zero). As an
+  dtype holds it, is neither a zero nor a NaN (XLA folds those otherwise
+  than it computes with an argument; ``1e-50`` is a float32 zero). As an
   equation's operand also: at a position :func:`keyed_operands` does not
   name, of an equation that reads a runtime value (:func:`lifted_operands`)."""
   if type(v) is not _compat.Literal or v.aval.dtype.kind not in "fc":
@@ -250,8 +249,9 @@ def _liftable_value(x, dtype) -> bool:
   """Whether a floating or complex scalar literal, as ``dtype`` holds it,
   is neither a zero (of either sign), a NaN nor subnormal (the runtime
   flushes an argument's to zero, XLA folds stock's exactly; either part
-  of a complex), nor 1, -1 or an infinity (``_compat.IDENTITY_VALUES``:
-  XLA removes ``x * 1.0`` in stock's module): read on a Python number
+  of a complex); 1, -1 and the infinities are keyed where an operation
+  XLA removes by them reads them (:func:`keyed_operands`): read on a
+  Python number
   (a literal nearly always is one), as making arrays for :func:`_zero`
   and ``holds_nan`` costs ten times more. A literal its dtype cannot
   hold is refused by :func:`_check_literal` first."""
@@ -260,12 +260,11 @@ def _liftable_value(x, dtype) -> bool:
     if isinstance(s, (float, complex)):
       tiny = _compat.smallest_normal(dtype)
       return (bool(s) and s == s
-              and not any(0 < abs(p) < tiny for p in (s.real, s.imag))
-              and not _compat.all_identity(s))
+              and not any(0 < abs(p) < tiny for p in (s.real, s.imag)))
     x = s
   a = np.asarray(x, dtype)
   return (not _zero(a) and not _compat.holds_nan(x)
-          and not _compat.holds_subnormal(a) and not _compat.all_identity(a))
+          and not _compat.holds_subnormal(a))
 
 
 def _check_literal(v) -> None:
@@ -305,22 +304,40 @@ _NESTING = 8
 
 
 def keyed_operands(e) -> frozenset:
-  """The positions of ``e``'s operands whose literals are keyed by value
-  (:data:`KEYED_OPERANDS`; for an equation holding jaxprs, the operands a
-  jaxpr reads as a value, :func:`_reads_as_value`)."""
+  """The positions of ``e``'s operands whose literals are keyed by value:
+  :data:`KEYED_OPERANDS`; a literal 1, -1 or infinity that an operation of
+  :data:`_BY_IDENTITY` reads (here, or moved inside a jaxpr ``e`` holds);
+  and, for an equation holding jaxprs, an operand a jaxpr reads as a value
+  (:func:`_reads_as_value`)."""
   keyed = KEYED_OPERANDS.get(e.primitive.name, frozenset())
   literals = [i for i, v in enumerate(e.invars) if type(v) is _Literal]
-  if not literals or not _holds_jaxpr(e):
+  if not literals:
     return keyed
-  return keyed | frozenset(i for i in literals
-                           if _operand_read_as_value(e, i, _NESTING))
+  identity = [i for i in literals
+              if _compat.all_identity(_python_value(e.invars[i].val))]
+  if not _holds_jaxpr(e):
+    if identity and e.primitive.name in _BY_IDENTITY:
+      return keyed | frozenset(identity)
+    return keyed
+  return keyed | frozenset(
+      i for i in literals
+      if _operand_read_as_value(e, i, _NESTING)
+      or i in identity and _operand_read_as_value(e, i, _NESTING,
+                                                  by_identity=True))
+
+
+def _python_value(x):
+  """A literal's value as a Python number where it is a scalar (NumPy's
+  too), else as it is (``_compat.all_identity`` reads either)."""
+  return x.item() if isinstance(x, np.generic) else x
 
 
 def _operand_read_as_value(e, i: int, depth: int,
                            by_identity: bool = False) -> bool:
   """Whether operand ``i`` of an equation holding jaxprs is read as a
-  value by one of them (with ``by_identity``: by an operation of
-  :data:`_BY_IDENTITY`); an unknown equation's, read so."""
+  value by one of them (:func:`_reads_as_value`; with ``by_identity``:
+  moved to an operation of :data:`_BY_IDENTITY`); an unknown equation's,
+  read so."""
   inner = _inner_inputs(e)
   if inner is None or depth <= 0:
     return True
@@ -363,29 +380,41 @@ def _inner_inputs(e) -> list | None:
 
 def _reads_as_value(jaxpr, inputs: set, depth: int,
                     by_identity: bool = False) -> bool:
-  """Whether a value computed from ``inputs`` (vars of ``jaxpr``) and
-  literals alone reaches :data:`_READ_AS_VALUE` or a keyed operand (with
-  ``by_identity``: an operand of :data:`_BY_IDENTITY`), or a nested
-  jaxpr's input that is read so."""
-  derived = set(inputs)
+  """Whether ``inputs`` (vars of ``jaxpr``) are read as values: a value
+  computed from them and literals alone reaches :data:`_READ_AS_VALUE`,
+  a keyed operand, or, computed otherwise than by moves (``abs(c)``, ``c *
+  2``: XLA folds it, and then removes ``x * 1`` if it is one), an operand
+  of :data:`_BY_IDENTITY`; or a nested jaxpr's input read so. With
+  ``by_identity``: whether they reach an operand of :data:`_BY_IDENTITY`
+  moved alone (:data:`_VALUE_MOVES`), all 1, -1 or an infinity where they
+  are."""
+  derived = set(inputs)   # computed from them and literals alone
+  moved = set(inputs)     # moved alone
   for e in jaxpr.eqns:
     hit = [i for i, v in enumerate(e.invars)
            if type(v) is not _Literal and v in derived]
     if not hit:
       continue
     name = e.primitive.name
-    # (computed from them and literals alone: a constant XLA folds)
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
-    if (name in _BY_IDENTITY if by_identity else
-        alone and name in _READ_AS_VALUE or not KEYED_OPERANDS.get(
-            name, frozenset()).isdisjoint(hit)):
+    if by_identity:
+      if name in _BY_IDENTITY and any(e.invars[i] in moved for i in hit):
+        return True
+    elif (alone and name in _READ_AS_VALUE
+          or not KEYED_OPERANDS.get(name, frozenset()).isdisjoint(hit)
+          or name in _BY_IDENTITY and any(e.invars[i] not in moved
+                                          for i in hit)):
       return True
-    if _holds_jaxpr(e) and any(_operand_read_as_value(e, i, depth,
-                                                      by_identity)
-                               for i in hit):
+    if _holds_jaxpr(e) and any(
+        _operand_read_as_value(e, i, depth, by_identity)
+        or not by_identity and e.invars[i] not in moved
+        and _operand_read_as_value(e, i, depth, by_identity=True)
+        for i in hit):
       return True
-    if alone and (not by_identity or name in _VALUE_MOVES):
+    if alone:
       derived.update(e.outvars)
+      if name in _VALUE_MOVES and all(e.invars[i] in moved for i in hit):
+        moved.update(e.outvars)
   return False
 
 
@@ -411,11 +440,13 @@ _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
 
 class ConstantReads(NamedTuple):
   """How a closed jaxpr reads its constants, by index: ``by_identity``,
-  those from which a value computed with literals alone reaches an operand
-  of :data:`_BY_IDENTITY` (XLA removes the operation where such a constant
-  is all 1, -1 or an infinity); ``by_value``, those read as a value (a
-  remainder's operand, :data:`_READ_AS_VALUE`); inside nested jaxprs too,
-  through the operands XLA may see as constants there."""
+  those moved alone (:data:`_VALUE_MOVES`) to an operand of
+  :data:`_BY_IDENTITY` (XLA removes the operation where such a constant is
+  all 1, -1 or an infinity); ``by_value``, those read as a value (a
+  remainder's operand, :data:`_READ_AS_VALUE`, or computed otherwise than
+  by moves into an operand of :data:`_BY_IDENTITY`: XLA folds the value,
+  which may be one); inside nested jaxprs too, through the operands XLA
+  may see as constants there."""
   by_identity: frozenset
   by_value: frozenset
 
@@ -442,10 +473,12 @@ def constant_reads(closed) -> ConstantReads:
     nested = _holds_jaxpr(e)
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
     for i in hit:
-      if moves[i] and (name in _BY_IDENTITY or nested and
-                       _operand_read_as_value(e, i, _NESTING,
-                                              by_identity=True)):
+      if name in _BY_IDENTITY or nested and _operand_read_as_value(
+          e, i, _NESTING, by_identity=True):
+        # moved alone: read where it is all 1, -1 or an infinity; computed
+        # otherwise (abs(c), c * 2): XLA folds it first, read always
         identity |= moves[i]
+        valued |= sources[i] - moves[i]
       if (alone and name in _READ_AS_VALUE
           or i in KEYED_OPERANDS.get(name, ())
           or nested and _operand_read_as_value(e, i, _NESTING)):
