@@ -923,6 +923,16 @@ def scan_groups(params) -> tuple[int, int] | None:
   if "num_consts" in params and "num_carry" in params:
     return params["num_consts"], params["num_carry"]
   ft_in = params.get("ft_in")
-  if type(ft_in) is tuple and len(ft_in) == 3 and "jaxpr" in params:
-    return len(ft_in[0]), len(ft_in[1])
-  return None
+  if ft_in is None or "jaxpr" not in params:
+    return None
+  try:
+    # a tuple of tuples, or jax's flat tree of them (``FTTuple``, whose
+    # parts count their leaves in ``vals``)
+    parts = ft_in if type(ft_in) is tuple else ft_in.unpack()
+    if len(parts) != 3:
+      return None
+    consts, carry = (len(p) if type(p) is tuple else len(list(p.vals))
+                     for p in parts[:2])
+  except Exception:   # another form: unknown
+    return None
+  return consts, carry

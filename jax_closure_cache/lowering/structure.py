@@ -354,28 +354,33 @@ def _inner_inputs(e) -> list | None:
   p, name = e.params, e.primitive.name
   try:
     if name == "while":
-      cond, body = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+      cond, body = _opened(p["cond_jaxpr"]), _opened(p["body_jaxpr"])
       nc, nb = p["cond_nconsts"], p["body_nconsts"]
       return [(cond, {i: cond.invars[i] for i in range(nc)}),
               (body, {nc + i: body.invars[i] for i in range(nb)})]
     if name == "cond":
-      return [(b.jaxpr, {k + 1: v for k, v in enumerate(b.jaxpr.invars)})
+      return [(_opened(b), {k + 1: v for k, v in enumerate(_opened(b).invars)})
               for b in p["branches"]]
     if name == "scan":
       groups = _compat.scan_groups(p)
-      inner = p["jaxpr"].jaxpr
+      inner = _opened(p["jaxpr"])
       if groups is None:
         return None
       return [(inner, {i: inner.invars[i] for i in range(groups[0])})]
     for k in _CALL_PARAMS:
       if k in p:
-        inner = getattr(p[k], "jaxpr", p[k])
+        inner = _opened(p[k])
         if len(inner.invars) != len(e.invars):
           return None
         return [(inner, dict(enumerate(inner.invars)))]
   except (KeyError, AttributeError, TypeError, IndexError):
     return None
   return None
+
+
+def _opened(jaxpr):
+  """A closed jaxpr's open one (a scan's is open on jax 0.11)."""
+  return getattr(jaxpr, "jaxpr", jaxpr)
 
 
 def _reads_as_value(jaxpr, inputs: set, depth: int,
