@@ -314,8 +314,11 @@ def _constants_read_by_value(jaxpr, s: structure.Structure) -> str | None:
   return None
 
 
-# structure key -> ``structure.constant_reads`` of its jaxprs (the same for
-# every jaxpr of one structure: a walk per structure, not per call)
+# structure key -> ``structure.constant_reads`` of its jaxprs: the same for
+# every jaxpr of one structure, since the key holds the constants'
+# positions, every equation and its parameters (nested jaxprs by
+# structure) and which operands are literals; a walk per structure, not
+# per call
 _READS = cache.STORE.table("shared.constant_reads", cache.Store.FACTS)
 
 

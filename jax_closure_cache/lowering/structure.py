@@ -164,7 +164,6 @@ def _forget(table: dict, i: int, ref) -> None:
     table.pop(i, None)
 
 
-
 def _refusal(c) -> str | None:
   t = type(c)
   if t is bool or getattr(c, "dtype", None) == np.bool_:
@@ -290,11 +289,12 @@ KEYED_OPERANDS = types.MappingProxyType({"pow": frozenset({1}),
 
 #: What a value computed from a literal or constant operand and literals
 #: alone may not meet, for the operand to be passed as an argument (nor a
-#: remainder's operands, :data:`KEYED_OPERANDS`). XLA inlines calls and sinks a loop's constants
-#: into its body, then folds what is computed from the constant alone; a
-#: comparison or a sign of it decides which operations remain (jnp's ``x //
-#: c`` and ``x % c``: another last bit of a large quotient, a subnormal
-#: kept, a NaN's sign). Such an operand is keyed by value.
+#: remainder's operands, :data:`KEYED_OPERANDS`). XLA inlines calls and
+#: sinks a loop's constants into its body, then folds what is computed
+#: from the constant alone; a comparison or a sign of it decides which
+#: operations remain (jnp's ``x // c`` and ``x % c``: another last bit of
+#: a large quotient, a subnormal kept, a NaN's sign). Such an operand is
+#: keyed by value.
 _READ_AS_VALUE = frozenset({"sign", "eq", "ne", "lt", "le", "gt", "ge",
                             "floor", "ceil", "round", "is_finite"})
 _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
@@ -358,9 +358,9 @@ def _inner_inputs(e) -> list | None:
       nc, nb = p["cond_nconsts"], p["body_nconsts"]
       return [(cond, {i: cond.invars[i] for i in range(nc)}),
               (body, {nc + i: body.invars[i] for i in range(nb)})]
-    if name == "cond":
-      return [(_opened(b), {k + 1: v for k, v in enumerate(_opened(b).invars)})
-              for b in p["branches"]]
+    if name == "cond":   # (operand 0 is the index)
+      return [(b, {k + 1: v for k, v in enumerate(b.invars)})
+              for b in map(_opened, p["branches"])]
     if name == "scan":
       groups = _compat.scan_groups(p)
       inner = _opened(p["jaxpr"])
