@@ -175,14 +175,15 @@ class LRUStore:
     Returns None once stored, or why it was not (an anchor that cannot be
     held weakly; an unhashable key: ``TypeError``'s text), for the
     caller's ``not_stored`` event."""
+    try:   # (before any weak reference whose callback would hash it)
+      hash(key)
+    except TypeError as e:   # a pytree's metadata can be unhashable
+      return str(e)
     held = self.hold(key, entry, anchors, keep)
     if isinstance(held, str):
       return held
     entry.anchors = held
-    try:
-      self.put(key, entry)
-    except TypeError as e:   # a pytree's metadata can be unhashable
-      return str(e)
+    self.put(key, entry)
     return None
 
   def _drain(self) -> None:
