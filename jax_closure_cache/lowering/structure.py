@@ -118,18 +118,7 @@ def constant_refusal(c) -> str | None:
   """Why ``c`` cannot be an argument of a shared executable (None: it can;
   see :func:`acceptable_constant`). Reads a jax array's values once while
   it lives, a NumPy array's on every call (it may be changed in place)."""
-  if type(c) is not _compat.ArrayImpl:
-    return _refusal(c)
-  known = _ARRAY_ANSWERS.get(id(c))
-  if known is not None and known[0]() is c:
-    return known[1]
-  answer = _refusal(c)
-  try:
-    ref = weakref.ref(c, functools.partial(_forget, _ARRAY_ANSWERS, id(c)))
-  except TypeError:
-    return answer
-  _ARRAY_ANSWERS[id(c)] = (ref, answer)
-  return answer
+  return _read_once(_ARRAY_ANSWERS, _refusal, c)
 
 
 #: :func:`identity_constant`'s answer for a jax array, as
@@ -144,17 +133,23 @@ def identity_constant(c) -> bool:
   stock's module (:func:`constant_reads` says which constants such an
   operation reads). A jax array's values are read once while it
   lives."""
+  return _read_once(_IDENTITY_ANSWERS, _compat.all_identity, c)
+
+
+def _read_once(table: dict, read, c):
+  """``read(c)``; for a jax array (whose values, devices and commitment
+  never change), kept in ``table`` by its id while it lives."""
   if type(c) is not _compat.ArrayImpl:
-    return _compat.all_identity(c)
-  known = _IDENTITY_ANSWERS.get(id(c))
+    return read(c)
+  known = table.get(id(c))
   if known is not None and known[0]() is c:
     return known[1]
-  answer = _compat.all_identity(c)
+  answer = read(c)
   try:
-    ref = weakref.ref(c, functools.partial(_forget, _IDENTITY_ANSWERS, id(c)))
+    ref = weakref.ref(c, functools.partial(_forget, table, id(c)))
   except TypeError:
     return answer
-  _IDENTITY_ANSWERS[id(c)] = (ref, answer)
+  table[id(c)] = (ref, answer)
   return answer
 
 
