@@ -84,12 +84,6 @@ lifting_codes: "weakref.WeakSet[types.CodeType]" = cache.STORE.table(
     "canonical.lifting", cache.Store.TRACES, weakref.WeakSet)
 
 
-def lifts(code) -> bool:
-  """Whether objects of ``code`` go to the jit wrapper, their key having
-  needed lifting (:data:`lifting_codes`)."""
-  return code in lifting_codes
-
-
 # (_known: the object has an identity row, which the jit wrapper answers)
 _BY_ROW = object()
 

@@ -103,8 +103,8 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
 
 def _closure_free_wrapper(fun):
   """The hot spec's wrapper of a closure-free ``fun`` whose code's key
-  needed lifting (``canonical.lifts``), as the hot case makes a closure's:
-  of its code's front class where it has one. (The front's check of the
+  needed lifting (``canonical.lifting_codes``), as the hot case makes a
+  closure's: of its code's front class where it has one. (The front's check of the
   object's weak references sends one with an identity row, a canonical
   object among them, to that row.)"""
   cls = _fronts.get(fun.__code__)
@@ -149,7 +149,7 @@ def _jit_with_options(fun, options: dict):
       return static_args.StaticArgsJitted(fun, options, options_key,
                                           lift_numpy)
   if type(fun) is types.FunctionType and fun.__closure__ is None:
-    if canonical.lifts(fun.__code__):   # the wrapper's
+    if fun.__code__ in _lifting:   # the wrapper's
       if not options and lift_numpy == _hot_spec[0].lift_numpy:
         return _closure_free_wrapper(fun)
     else:
