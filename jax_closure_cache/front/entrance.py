@@ -104,9 +104,9 @@ def jit(fun: Callable | _NotSpecified = _NOT_SPECIFIED, /, **options) -> Any:
 def _closure_free_wrapper(fun):
   """The hot spec's wrapper of a closure-free ``fun`` whose code's key
   needed lifting (``canonical.lifting_codes``), as the hot case makes a
-  closure's: of its code's front class where it has one. (The front's check of the
-  object's weak references sends one with an identity row, a canonical
-  object among them, to that row.)"""
+  closure's: of its code's front class where it has one. (The front's
+  check of the object's weak references sends one with an identity row, a
+  canonical object among them, to that row.)"""
   cls = _fronts.get(fun.__code__)
   if cls is not None:
     return _fill(_new_wrapper(cls), fun)
