@@ -233,10 +233,52 @@ def lifted_literal(v) -> bool:
   than it computes with an argument; ``1e-50`` is a float32 zero). As an
   equation's operand also: at a position :func:`keyed_operands` does not
   name, of an equation that reads a runtime value (:func:`lifted_operands`)."""
-  if type(v) is not _compat.Literal or v.aval.dtype.kind not in "fc":
-    return False
-  _check_literal(v)
-  return _liftable_value(v.val, v.aval.dtype)
+  return type(v) is _Literal and literal_facts(v).liftable
+
+
+class LiteralFacts(NamedTuple):
+  """What the structure reads off a literal, all from its value's exact
+  type and bits and its dtype: ``atom``, its key (:func:`_atom`);
+  ``refusal``, why no shared lowering may hold it (:func:`_check_literal`)
+  or None; ``liftable``, whether a shared lowering may take it as an
+  argument (:func:`_liftable_value`); ``identity``, whether it is all 1,
+  -1 or an infinity (``_compat.all_identity``)."""
+  atom: tuple
+  refusal: str | None
+  liftable: bool
+  identity: bool
+
+
+#: (atom, dtype) -> :class:`LiteralFacts`: a pure function of the key, so
+#: a trace's literals (the same few constants of a library's functions,
+#: call after call) are read once; emptied when it reaches
+#: :data:`LITERAL_CAPACITY` (a schedule's value is new every step)
+_LITERALS = cache.STORE.table("structure.literal_facts", cache.Store.CALLS)
+LITERAL_CAPACITY = 4096
+
+
+def literal_facts(v) -> LiteralFacts:
+  """:class:`LiteralFacts` of the literal ``v``."""
+  atom = _atom(v.val)
+  dtype = v.aval.dtype
+  key = (atom, dtype)
+  facts = _LITERALS.get(key)
+  if facts is None:
+    facts = _read_literal(v, atom, dtype)
+    if len(_LITERALS) >= LITERAL_CAPACITY:
+      _LITERALS.clear()
+    _LITERALS[key] = facts
+  return facts
+
+
+def _read_literal(v, atom: tuple, dtype) -> LiteralFacts:
+  try:
+    _check_literal(v)
+  except NotShared as e:
+    return LiteralFacts(atom, str(e), False, False)
+  return LiteralFacts(
+      atom, None, dtype.kind in "fc" and _liftable_value(v.val, dtype),
+      _compat.all_identity(_python_value(v.val)))
 
 
 def _liftable_value(x, dtype) -> bool:
@@ -298,18 +340,22 @@ _CALL_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _NESTING = 8
 
 
-def keyed_operands(e) -> frozenset:
+def keyed_operands(e, facts: list | None = None) -> frozenset:
   """The positions of ``e``'s operands whose literals are keyed by value:
   :data:`KEYED_OPERANDS`; a literal 1, -1 or infinity that an operation of
   :data:`_BY_IDENTITY` reads (here, or moved inside a jaxpr ``e`` holds);
   and, for an equation holding jaxprs, an operand a jaxpr reads as a value
-  (:func:`_reads_as_value`)."""
+  (:func:`_reads_as_value`). ``facts``: each operand's
+  :class:`LiteralFacts` (None for a variable), where the caller has
+  them."""
   keyed = KEYED_OPERANDS.get(e.primitive.name, frozenset())
-  literals = [i for i, v in enumerate(e.invars) if type(v) is _Literal]
+  if facts is None:
+    facts = [literal_facts(v) if type(v) is _Literal else None
+             for v in e.invars]
+  literals = [i for i, f in enumerate(facts) if f is not None]
   if not literals:
     return keyed
-  identity = [i for i in literals
-              if _compat.all_identity(_python_value(e.invars[i].val))]
+  identity = [i for i in literals if facts[i].identity]
   if not _holds_jaxpr(e):
     if identity and e.primitive.name in _BY_IDENTITY:
       return keyed | frozenset(identity)
@@ -502,9 +548,11 @@ def lifted_operands(e, live: bool) -> tuple:
   and the lowering (``shared._lower_lifted``) both follow."""
   if not live:
     return (False,) * len(e.invars)
-  keyed = keyed_operands(e)
-  return tuple(lifted_literal(v) and i not in keyed
-               for i, v in enumerate(e.invars))
+  facts = [literal_facts(v) if type(v) is _Literal else None
+           for v in e.invars]
+  keyed = keyed_operands(e, facts)
+  return tuple(f is not None and f.liftable and i not in keyed
+               for i, f in enumerate(facts))
 
 
 def reads_runtime(runtime: set, e, literal: bool | None = None) -> bool:
@@ -550,8 +598,10 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
 
   def name(v):   # a variable by first use; a literal by type and bits
     if type(v) is _Literal:
-      _check_literal(v)
-      return ("lit", v.aval, _atom(v.val))
+      facts = literal_facts(v)
+      if facts.refusal is not None:
+        raise NotShared(facts.refusal)
+      return ("lit", v.aval, facts.atom)
     n = names.get(v)
     if n is None:
       n = names[v] = next(number)
@@ -559,7 +609,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
 
   def lift(v):   # a lifted literal (checked): an argument of the shared lowering
     literals.append(np.asarray(v.val, v.aval.dtype))
-    bits.append(_atom(v.val))
+    bits.append(literal_facts(v).atom)
     return ("arg", v.aval)
 
   binders = (tuple(map(name, jaxpr.constvars)),
