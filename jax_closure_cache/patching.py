@@ -91,6 +91,10 @@ def _patch_points(closure_key: bool = True) -> list[tuple[Any, str, Any]]:
   watch = trace_lookup.closure_cache.state_watch
   points += _compat.trace.concreteness_patch_points(
       watch.asked, watch.watching, _compat.library_or_own_code)
+  # a stock jitted object the cache calls for many fresh functions misses
+  # JAX's C++ cache where a state its traces read, left out of the jit
+  # key, changed (_compat.JitKeyMirror)
+  points += _compat.JIT_KEY_MIRROR.patch_points()
   # the closure key walks and rebuilds with the package's rules
   points.append((trace_lookup.closure_key, "active_rules", trace_lookup.RULES))
   # and a stock jitted object called eagerly keeps stock's executable

@@ -1176,3 +1176,66 @@ def test_checkpoint_residuals_logged_after_entries_were_stored_are_stocks():
   finally:
     logger.removeHandler(handler)
     jax.config.update("jax_log_checkpoint_residuals", False)
+
+
+# One mode's run (``sys.argv[1]``: stock, on or verify; ``sys.argv[2]``:
+# "global" for ``jax.config.update``, "context" for the state's context
+# manager): fresh functions of each route drawing Gumbel noise, stored
+# under one value of ``jax_high_dynamic_range_gumbel`` (a state of JAX's
+# trace context its jit key leaves out), met again under the other.
+_GUMBEL_SWITCHES = r"""
+import contextlib, sys
+import numpy as np, jax, jax.numpy as jnp
+from jax._src import config as jax_config
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+noise = lambda: jax.random.gumbel(jax.random.key(2), (2,))
+
+def routes(w):
+  yield "jit", lambda: jax.jit(lambda a: a * w + noise())(jnp.zeros(2))
+  yield "free", lambda: jax.jit(lambda a: a + noise())(jnp.zeros(2))
+  yield "cond", lambda: jax.lax.cond(True, lambda a: a * w + noise(),
+                                     lambda a: a, jnp.zeros(2))
+  yield "scan", lambda: jax.lax.scan(lambda c, v: (c * w + noise(), None),
+                                     jnp.zeros(2), None, length=2)[0]
+  yield "grad", lambda: jax.jit(jax.grad(
+      lambda a: jnp.sum(a * w * noise())))(jnp.ones(2))
+
+out = []
+for i, on in enumerate([False, False, True, True, False, True]):
+  w = jnp.float32(1.5 + i % 2)
+  if sys.argv[2] == "global":
+    jax.config.update("jax_high_dynamic_range_gumbel", on)
+    ctx = contextlib.nullcontext()
+  else:
+    ctx = jax_config.use_high_dynamic_range_gumbel(on)
+  for name, call in routes(w):
+    with ctx:
+      out.append((i, name, np.asarray(call()).tobytes().hex()))
+print(repr(out))
+print(jcc.stats()["verify_mismatches"] if sys.argv[1] != "stock" else 0)
+"""
+
+
+@pytest.mark.parametrize("switch", ["global", "context"])
+def test_a_trace_context_state_the_jit_key_leaves_out_is_stocks(switch):
+  """``jax_high_dynamic_range_gumbel`` (read by the trace, in JAX's trace
+  context, left out of its jit key) switched between calls, by
+  ``jax.config.update`` and by its context manager, after entries were
+  stored under the other value: a fresh jitted closure, a fresh
+  closure-free lambda, eager ``cond`` and ``scan`` with fresh bodies and a
+  fresh ``jit(grad)`` draw stock's noise at every call, each mode in a
+  process of its own."""
+  import ast
+
+  def mode(name):
+    calls, mismatches = script_lines(_GUMBEL_SWITCHES, name, switch)[-2:]
+    return ast.literal_eval(calls), mismatches
+
+  want, _ = mode("stock")
+  assert len({got for _, name, got in want if name == "free"}) == 2
+  for name in ("on", "verify"):
+    got, mismatches = mode(name)
+    assert mismatches == "0", name
+    assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]

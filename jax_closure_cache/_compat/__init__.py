@@ -192,6 +192,76 @@ def no_mesh_context() -> bool:
           and jax.sharding.get_mesh().empty)
 
 
+#: JAX's config states its traces read (in its trace context) that its jit
+#: key leaves out, by name (``jax_disable_jit`` aside: jit reads it itself):
+#: a stock jitted object called again after one changed answers from its
+#: C++ cache, made under the old value, where a fresh object traces anew
+_TRACE_ONLY_STATE_NAMES = ("jax_high_dynamic_range_gumbel",
+                           "jax_mutable_array_checks",
+                           "jax_hlo_source_file_canonicalization_regex")
+
+
+class JitKeyMirror:
+  """The values of the trace-only states (:data:`_TRACE_ONLY_STATE_NAMES`,
+  those the running jax has in its trace context) put into JAX's jit key:
+  a user context of its own (``jax.make_user_context``, part of the key)
+  holds them, kept in step by the states' update hooks, globally and per
+  thread. A stock jitted object the cache calls for many fresh functions
+  (a shared entry's, a canonical one) then misses JAX's C++ cache where one
+  changed, and traces under the new value, as a fresh object would.
+
+  Invariants: the hooks call the states' own first; the context holds
+  ``unset`` in a thread where no state has a value of its own, so the
+  global value answers there."""
+
+  def __init__(self, names=_TRACE_ONLY_STATE_NAMES):
+    in_context = set(getattr(_config, "trace_context_names", tuple)())
+    self.states = tuple(_config.config_states[n] for n in names
+                        if n in in_context and n in _config.config_states)
+    self._context = None
+
+  def patch_points(self) -> list:
+    """(state, hook attribute, hook) for each state; the mirror's value set
+    to the states' values now. None where this jax lacks the seams."""
+    if (not self.states or not hasattr(jax, "make_user_context")
+        or not all(hasattr(s, "_update_global_hook") for s in self.states)):
+      return []
+    if self._context is None:   # (once: a user context is never removed)
+      self._context = jax.make_user_context(None)._obj
+    self._sync_global()
+    self._sync_local()
+    points = []
+    for state in self.states:
+      for name, sync in (("_update_global_hook", self._sync_global),
+                         ("_update_thread_local_hook", self._sync_local)):
+        own = getattr(state, name)
+        own = getattr(own, "_jcc_own_hook", own)   # (never ours twice)
+        points.append((state, name, _chained_hook(own, sync)))
+    return points
+
+  def _sync_global(self) -> None:
+    self._context.set_global(tuple(s.get_global() for s in self.states))
+
+  def _sync_local(self) -> None:
+    unset = _config.config_ext.unset
+    if all(s.get_local() is unset for s in self.states):
+      self._context.set_local(unset)
+    else:
+      self._context.set_local(tuple(s.value for s in self.states))
+
+
+def _chained_hook(own, sync):
+  def hook(value):
+    if own is not None:
+      own(value)
+    sync()
+  hook._jcc_own_hook = own
+  return hook
+
+
+JIT_KEY_MIRROR = JitKeyMirror()
+
+
 def cache_size(jitted) -> int:
   """Executables compiled for a stock jitted function."""
   return jitted._cache_size()
