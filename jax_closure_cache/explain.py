@@ -40,13 +40,19 @@ def _never_raises(sentences: bool = True):
 
 @_never_raises()
 def explain_miss(fun, full_key, previous: list) -> list[str]:
-  """What differs from the nearest earlier key of the same code."""
-  options, key = full_key
+  """What differs from the nearest earlier key of the same code. A key is
+  ``(options, closure key, *context)``: a canonical object's holds the
+  captured-constants threshold and the PRNG options after them (compared
+  where both keys have them)."""
+  options, key, *context = full_key
   if not previous:
     return ["first call of this code"]
   best = None
-  for old_options, old_key in previous:
+  for old_options, old_key, *old_context in previous:
     diffs = differences(fun, old_key, key)
+    if old_context and context and old_context != context:
+      diffs = ["the captured-constants threshold or the PRNG options "
+               "changed"] + diffs
     if old_options != options:
       diffs = ["jit options changed"] + diffs
     elif not diffs and old_key != key:

@@ -368,3 +368,23 @@ def test_an_explanation_that_fails_is_a_sentence_not_an_error(monkeypatch):
   out = explain.explain_miss(None, ((), ("k",)), [((), ("j",))])
   assert out == ["(this explanation failed: ValueError: a key shape the "
                  "namer does not know)"]
+
+
+def test_a_canonical_objects_miss_is_explained(explain):
+  """A closure-free lambda made per call: its code's first object is
+  stock's, the second is answered by a canonical stock object, whose key
+  also holds the captured-constants threshold and the PRNG options; its
+  miss is explained like any other, and a change of those named."""
+  jcc.enable()
+  x = jnp.ones(2)
+  for _ in range(2):
+    jcc.jit(lambda a: a * 2.0)(x)
+  text = " ".join(messages(explain))
+  assert "closure-cache miss for " in text
+  assert "explanation failed" not in text
+  assert "threshold" not in text
+  from jax_closure_cache import explain as explain_module
+  old = ((), ("k",), 64, "threefry")
+  assert explain_module.explain_miss(None, ((), ("k",), 128, "threefry"),
+                                     [old])[0].startswith(
+      "the captured-constants threshold or the PRNG options changed")
