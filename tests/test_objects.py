@@ -1239,3 +1239,62 @@ def test_a_trace_context_state_the_jit_key_leaves_out_is_stocks(switch):
     got, mismatches = mode(name)
     assert mismatches == "0", name
     assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]
+
+
+# One mode's run (``sys.argv[1]``): fresh functions of each route asking
+# for float64, under ``enable_x64`` twice, then without it (where JAX's
+# trace warns that float64 is not available), by the context manager and by
+# ``jax_explicit_x64_dtypes``: prints each call's dtype and warning count.
+_X64_WARNINGS = r"""
+import contextlib, sys, warnings
+import numpy as np, jax, jax.numpy as jnp
+import jax_closure_cache as jcc
+if sys.argv[1] != "stock":
+  jcc.enable(verify=sys.argv[1] == "verify")
+
+def routes(w):
+  wide = lambda a: a.astype(jnp.float64) * w
+  yield "map", lambda: jax.lax.map(lambda a: wide(a), jnp.zeros(2))
+  yield "cond", lambda: jax.lax.cond(True, lambda a: wide(a), wide,
+                                     jnp.zeros(2))
+  yield "scan", lambda: jax.lax.scan(lambda c, v: (c, wide(c)),
+                                     jnp.zeros(2), None, length=2)[1]
+  yield "jit", lambda: jax.jit(lambda a: wide(a))(jnp.zeros(2))
+  yield "free", lambda: jax.jit(lambda a: a.astype(jnp.float64))(jnp.zeros(2))
+
+out = []
+for i, mode in enumerate(["x64", "x64", "x32", "x32", "allow", "allow",
+                          "warn", "warn", "warn"]):
+  w = jnp.float32(1.5 + i % 2)
+  if mode in ("allow", "warn"):
+    jax.config.update("jax_explicit_x64_dtypes", mode)
+  ctx = jax.enable_x64(True) if mode == "x64" else contextlib.nullcontext()
+  for name, call in routes(w):
+    with ctx, warnings.catch_warnings(record=True) as seen:
+      warnings.simplefilter("always")
+      r = np.asarray(call())
+    out.append((i, name, str(r.dtype), len(seen)))
+print(repr(out))
+print(jcc.stats()["verify_mismatches"] if sys.argv[1] != "stock" else 0)
+"""
+
+
+def test_a_warning_a_new_signatures_trace_issues_is_stocks():
+  """A warning JAX's trace issues for a new signature only (float64 asked
+  for where x64 is off), after entries were stored under x64: eager
+  ``map``, ``cond`` and ``scan`` with fresh bodies, a fresh jitted closure
+  and a fresh closure-free lambda issue it at every call, as stock's fresh
+  objects do, and verify mode issues it once, not again with its own
+  check; each mode in a process of its own."""
+  import ast
+
+  def mode(name):
+    calls, mismatches = script_lines(_X64_WARNINGS, name)[-2:]
+    return ast.literal_eval(calls), mismatches
+
+  want, _ = mode("stock")
+  assert sum(n for *_, n in want) >= 15
+  for name in ("on", "verify"):
+    got, mismatches = mode(name)
+    assert mismatches == "0", name
+    assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]

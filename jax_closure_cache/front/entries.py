@@ -235,7 +235,8 @@ class Entry(cache.Entry):
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
                "forwarded_alike", "closure_key",
                "avals", "static", "caller", "walk", "classes",
-               "constant_bytes", "forwarded", "prng", "_used", "_swept")
+               "constant_bytes", "forwarded", "prng", "effects", "_used",
+               "_swept")
 
   def __init__(self):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
@@ -248,6 +249,9 @@ class Entry(cache.Entry):
     self.guards: list = []
     self.traces = 0    # incremented inside every trace of the lifted function
     self.checked = 0   # value of ``traces`` when the guards were derived
+    # traces of the lifted function that made an effect no watch sees (a
+    # warning: ``closure_cache.note_trace_effect``)
+    self.effects = 0
     self.avals: list = []   # the lifted leaves' types at the last trace
     self.static = None      # the arguments' static parts, described (explain)
     # The function a call of ``jitted`` is for, set by the wrapper around the
@@ -448,6 +452,9 @@ def shares_traces(options: dict) -> bool:
   return not jit_options.has_static_arguments(options)
 
 
+_skipped_writers = trace_lookup.closure_cache.skipped_writers
+
+
 def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
                     n_args: int):
   """Stock ``jax.jit`` of a function that takes the lifted leaves first."""
@@ -484,7 +491,11 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
       if out is not None:
         return out
-    return rebuild.call_lifted(current, a.key, leaves, args, kwargs)
+    skipped = _skipped_writers()
+    out = rebuild.call_lifted(current, a.key, leaves, args, kwargs)
+    if e is not None and _skipped_writers() != skipped:
+      e.effects += 1
+    return out
 
   trace_lookup.own_code(lifted.__code__)
   name = _compat.wrapped_name(fun)   # as stock's jit names it (fun_name)

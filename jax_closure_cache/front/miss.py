@@ -90,6 +90,10 @@ class MissStages:
     """``result`` of a hit of ``entry`` for ``f`` where verify mode finds
     that stock's trace of ``f`` is the computation the hit ran; else
     stock's own answer."""
+    if entry.effects and entries.entries.get(key) is not entry:
+      # this call traced a new signature, whose effect it made (stock's
+      # trace of it would make it once more): its own trace answered
+      return result
     if verify.check_hit(f, key, entry, leaves, args, kwargs,
                         self._spec.options):
       return result
@@ -444,7 +448,16 @@ class MissStages:
     where that trace is one a miss would not have compiled (constants a
     launcher's stock takes as operands, an addition XLA folds in stock's
     module only), stock's answer, with the key answered by stock from now
-    on."""
+    on. A new signature whose trace made an effect no watch sees (a
+    warning JAX issues for that signature, ``entry.effects``) made it once,
+    for this call, as stock's trace would: ``out``, with the key answered
+    by stock from now on (a hit of its later objects would skip it)."""
+    if entry.effects:
+      entries.entries.discard(key)
+      entries.stock_answered.put(key, entries.StockAnswered(
+          "trace_effect", _NEW_SIGNATURE_EFFECT))
+      events.not_stored(self._user(), "trace_effect", _NEW_SIGNATURE_EFFECT)
+      return out
     try:
       with entries.calling(entry, self._fun):
         traced = entry.jitted.trace(leaves, *args, **kwargs)
@@ -649,6 +662,12 @@ class MissStages:
 
 
 _skipped_writers = trace_lookup.closure_cache.skipped_writers
+
+#: Why a key whose entry traced a new signature with an effect is stock's.
+_NEW_SIGNATURE_EFFECT = (
+    "a new argument signature's trace made an effect no watch sees (a "
+    "warning JAX issues for it); a hit of a later object would skip it, so "
+    "every object traces")
 _watching = trace_lookup.closure_cache.watching
 
 

@@ -506,6 +506,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
   took the key again after its own trace), or None if one failed."""
   if shared is not None:
     return None if shared.failed else shared
+  skipped = skipped_writers()
   try:
     shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
                            ctx)
@@ -530,7 +531,14 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     _put(key, _Shared(failed=f"its {held}'s parameters hold a tracer of "
                              "the lifted trace"), anchors)
     return None
-  if (_covers(shared.consts, leaves, anchors)
+  if skipped_writers() != skipped:
+    # an effect no watch sees (a warning JAX's trace issues): made once, for
+    # this call; a later object's answer would skip it, so the code's
+    # objects trace as usual
+    code = traced_code(fun)
+    if code is not None:
+      traced_apart.note(code, "wrote")
+  elif (_covers(shared.consts, leaves, anchors)
       and _lowering.captured_constants_warning((*shared.consts, *leaves)) is None
       and (checked_after or unchanged_by_trace(fun, key))):
     _put(key, shared, anchors)
