@@ -288,3 +288,28 @@ _GLOBAL_ARRAY = np.arange(3.0, dtype=np.float32)
 
 def _times_global(v):
   return v * _GLOBAL_ARRAY
+
+
+def test_a_trace_shared_over_references_is_verified_without_a_mismatch():
+  """Fresh closures over the same mutable references (``jax.new_ref``),
+  reading and writing one closed over and one passed: stock's values and
+  the references' final states in both modes, and verify mode finds the
+  hits' traces the same as stock's (an effect tied to an input, a
+  reference's read or write, is compared by the input it is tied to, not
+  by the jaxpr's own variable)."""
+  def run():
+    a, b = jax.new_ref(jnp.ones(3)), jax.new_ref(jnp.ones(3))
+    out = []
+    for i in range(3):
+      def f(r):
+        r[...] = r[...] + 1.0
+        b[...] = b[...] * 2.0
+        return r[...] + b[...]
+      out.append(np.asarray(jax.jit(f)(a)).tolist())
+      out.append(np.asarray(jax.jit(lambda r: r[...] * 3.0)(b)).tolist())
+    out.append((np.asarray(a[...]).tolist(), np.asarray(b[...]).tolist()))
+    return out
+
+  before = jcc.stats()["verify_mismatches"]
+  replay_in_both_modes(run, clear=True)
+  assert jcc.stats()["verify_mismatches"] == before

@@ -108,9 +108,36 @@ def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
   if len(stock.outvars) != len(hit.outvars) or not all(
       map(same, stock.outvars, hit.outvars)):
     return "the outputs differ"
-  if stock.effects != hit.effects:
+  if not _same_effects(stock.effects, hit.effects, same):
     return f"effects {stock.effects} against {hit.effects}"
   return None
+
+
+def _same_effects(stock_effects, hit_effects, same) -> bool:
+  """Whether two sets of effects are the same, an effect tied to an input
+  (a reference's read or write) by its class and corresponding input
+  (``same``: JAX ties it to the jaxpr's own variable, or an operand's
+  position)."""
+  if stock_effects == hit_effects:
+    return True
+  if len(stock_effects) != len(hit_effects):
+    return False
+  tied = _compat.JaxprInputEffect
+  if {x for x in stock_effects if not isinstance(x, tied)} != {
+      x for x in hit_effects if not isinstance(x, tied)}:
+    return False
+  unmatched = [x for x in hit_effects if isinstance(x, tied)]
+  for x in stock_effects:
+    if not isinstance(x, tied):
+      continue
+    for j, y in enumerate(unmatched):
+      if type(x) is type(y) and (x.input == y.input if type(x.input) is int
+                                 else same(x.input, y.input)):
+        del unmatched[j]
+        break
+    else:
+      return False
+  return True
 
 
 def _parts(jaxpr) -> tuple:   # a closed jaxpr's, or an open one's (0.10)
@@ -137,7 +164,7 @@ def _first_eqn_difference(stock, hit, same, env) -> str | None:
       return f"{where}: its parameters differ"
     if [v.aval for v in e.outvars] != [v.aval for v in f.outvars]:
       return f"{where}: its output types differ"
-    if e.effects != f.effects:
+    if not _same_effects(e.effects, f.effects, same):
       return f"{where}: its effects differ"
     for v, w in zip(e.outvars, f.outvars):
       env[v] = w
