@@ -922,6 +922,39 @@ def test_remainders_by_a_changing_divisor_are_computed_as_stock(closure_key):
 
 
 @pytest.mark.parametrize("closure_key", [False, True])
+def test_literals_xla_rewrites_or_merges_are_computed_as_stock(closure_key):
+  """A special function's literal operand (``atan2(x, 1.0)``, which XLA
+  rewrites; ``igamma(0.5, x)``, whose lowering computes on ``a`` alone,
+  folded for a constant) is keyed by value; a literal used twice
+  (``jnp.where(x > s, x, s)``, whose ``s`` is also the nested jit's
+  operand) is one argument, as XLA's CSE makes stock's two constants one
+  (its ``select`` then becomes a ``max``, which flushes a subnormal), and a
+  literal whose value the module also holds as a constant is keyed. Fresh
+  functions, every bit as stock's; the changing values that can be
+  arguments still share."""
+  x = jnp.asarray(np.asarray([1e-41, 2.0, 0.3, -3.0, 100.0, 1.5],
+                             np.float32))
+
+  def run():
+    out = []
+    for s in (3.0, 1.0, 1.0, -1.0, -2.5, 0.5, 0.5, 2.0):
+      out.append(_bits(jax.jit(lambda v: jax.lax.atan2(v, s))(x)))
+      out.append(_bits(jax.jit(lambda v: jax.lax.igamma(abs(s), v))(
+          jnp.abs(x))))
+      out.append(_bits(jax.jit(lambda v: jnp.where(v > s, v, s))(x)))
+      out.append(_bits(jax.jit(lambda v: (v * s, jnp.where(v > 2.0, v, 0.5))
+                               )(x)))
+    return out
+
+  want = stock_off(run)
+  jcc.enable(closure_key=closure_key)
+  for _ in range(2):
+    assert run() == want
+  assert jcc.stats()["verify_mismatches"] == 0
+  assert jcc.stats()["tier_a"]["hits"] > 0
+
+
+@pytest.mark.parametrize("closure_key", [False, True])
 def test_what_xla_rewrites_with_baked_constants_is_never_shared(closure_key):
   """Where stock's XLA rewrites an operation with a constant it bakes (a
   quotient by an array as a product by its folded reciprocal, ``x /

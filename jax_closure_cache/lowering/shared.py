@@ -71,18 +71,23 @@ COPIED_NUMPY_BYTES = 1 << 20
 class SharedLowering(cache.Entry):
   """A stored lowering: ``lifted`` says, per top-level floating-point
   literal, whether it is an argument; ``bits`` are the literals it was
-  lowered with (compared where not lifted); ``sized``: its executable's
-  bytes are counted (once, at the first compile)."""
-  __slots__ = ("lifted", "bits", "computation", "sized")
+  lowered with (compared where not lifted); ``groups``, which lifted
+  literals are one argument (:func:`_groups`); ``sized``: its
+  executable's bytes are counted (once, at the first compile)."""
+  __slots__ = ("lifted", "bits", "groups", "computation", "sized")
 
-  def __init__(self, lifted: tuple, bits: tuple, computation):
+  def __init__(self, lifted: tuple, bits: tuple, groups: tuple,
+               computation):
     super().__init__()
     self.lifted, self.bits, self.computation = lifted, bits, computation
+    self.groups = groups
     self.sized = False
 
-  def serves(self, bits: tuple) -> bool:
-    return all(lift or b == e
-               for lift, b, e in zip(self.lifted, bits, self.bits))
+  def serves(self, s: structure.Structure) -> bool:
+    return (all(lift or b == e
+                for lift, b, e in zip(self.lifted, s.bits, self.bits))
+            and _groups(s, self.lifted) == self.groups
+            and _apart_from_constants(s, self.lifted) == self.lifted)
 
   def widened(self, bits: tuple) -> tuple:
     return tuple(lift or b != e
@@ -361,7 +366,7 @@ def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
 def _shared(jaxpr, s: structure.Structure, call: CallLowering):
   key = (s.key, call._replace(pgle_profiler=None), _compat.trace_context())
   entry = LOWERINGS.store.get(key)
-  if entry is not None and entry.serves(s.bits):
+  if entry is not None and entry.serves(s):
     LOWERINGS.count("hits")
     if cache.verifying() and not _verified(jaxpr, s, call, entry):
       return call.stock(jaxpr)
@@ -385,7 +390,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     if (alive is not None and not consts and not s.hoisted
         and bits == s.bits):
       # the first meeting's own lowering takes exactly these arguments
-      entry = SharedLowering((False,) * len(bits), bits, alive)
+      entry = SharedLowering((False,) * len(bits), bits, (), alive)
       LOWERINGS.store.put(key, entry)
       LOWERINGS.count("hits")
       if cache.verifying() and not _verified(jaxpr, s, call, entry):
@@ -393,15 +398,17 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
+  lifted = _apart_from_constants(s, lifted)
   try:
-    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
+    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted,
+                          _groups(s, lifted))
   except Exception as e:   # stock's own lowering answers
     LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
     slots = None
   if slots is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
   folds = folding.difference(jaxpr, constants_lifted=True,
-                             lifted_literals=slots)
+                             lifted_literals=frozenset(slots))
   if folds is not None:
     LOWERINGS.refuse(_REFUSED_FOLDING[folds.reason])
     if _explaining():
@@ -418,7 +425,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     computation = None
   if computation is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
-  entry = SharedLowering(lifted, s.bits, computation)
+  entry = SharedLowering(lifted, s.bits, _groups(s, lifted), computation)
   LOWERINGS.store.put(key, entry)
   LOWERINGS.count("compiles")
   return Bound(computation, _arguments(jaxpr, s, lifted), key, entry)
@@ -446,12 +453,43 @@ def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
   # trace holds a view of the user's array, which pjit's fast path would
   # otherwise read on every later call
   consts = _own_constants(_compat.closed_parts(jaxpr)[1])
-  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
-          *_own_constants(s.hoisted)]
+  values = [v for v, lift in zip(s.literals, lifted) if lift]
+  firsts = {}
+  for v, g in zip(values, _groups(s, lifted)):
+    firsts.setdefault(g, v)
+  return [*consts, *firsts.values(), *_own_constants(s.hoisted)]
 
 
-def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
-  """Where the literals the ``lifted`` flags pass as arguments are:
+def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
+  """``lifted`` without the literals whose value (dtype and bits) the
+  module also holds as a constant (another top-level literal, lifted by
+  no flag): stock's module holds the two as one constant (XLA's CSE), so
+  a rewrite that needs one value used twice (``jnp.where(x > c, x, c)``,
+  whose ``c`` is also broadcast on its own, into ``max(x, c)``) applies
+  there; such a literal is keyed by value."""
+  if not any(lifted):
+    return lifted
+  held = list(map(structure.held_value, s.literals))
+  constants = set(s.fixed)
+  constants.update(h for h, lift in zip(held, lifted) if not lift)
+  return tuple(lift and h not in constants for h, lift in zip(held, lifted))
+
+
+def _groups(s: structure.Structure, lifted: tuple) -> tuple:
+  """For each literal the ``lifted`` flags pass as an argument, in order,
+  the number of its value (dtype and bits) among theirs: stock's module
+  holds equal constants once (XLA's CSE), and rewrites that need one
+  value used twice (``select(x > c, x, c)`` into ``max(x, c)``, whose CPU
+  kernel flushes a subnormal ``x``) then apply; the shared lowering takes
+  each value once, so they apply to it too."""
+  firsts: dict = {}
+  return tuple(firsts.setdefault(structure.held_value(v), len(firsts))
+               for v, lift in zip(s.literals, lifted) if lift)
+
+
+def _lifted_slots(open_jaxpr, lifted: tuple, groups: tuple) -> dict:
+  """Where the literals the ``lifted`` flags pass as arguments are, each
+  with its argument's number (``groups``, :func:`_groups`):
   ``(equation index, operand index)``, ``(None, output index)`` for an
   output. The flags follow the literals a shared lowering may take as
   arguments (``structure.lifted_operands``, ``structure.lifted_literal``)
@@ -466,21 +504,24 @@ def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
           structure.lifted_operands(e, live)) if lift and next(flags)]
   slots += [(None, i) for i, v in enumerate(open_jaxpr.outvars)
             if structure.lifted_literal(v) and next(flags)]
-  return frozenset(slots)
+  return dict(zip(slots, groups))
 
 
-def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
+def _lower_lifted(jaxpr, slots: dict, call: CallLowering):
   """Stock's lowering of ``jaxpr`` with its constants and the literals at
-  ``slots`` (``_lifted_slots``) as leading arguments."""
+  ``slots`` (``_lifted_slots``: one argument for each number) as leading
+  arguments."""
   open_jaxpr, _ = _compat.closed_parts(jaxpr)
-  new_vars: list = []
+  new_vars: dict = {}   # argument number -> its binder
 
   def operand(v, slot):
-    if slot in slots:
-      new = _compat.Var(v.aval)
-      new_vars.append(new)
-      return new
-    return v
+    group = slots.get(slot)
+    if group is None:
+      return v
+    new = new_vars.get(group)
+    if new is None:
+      new = new_vars[group] = _compat.Var(v.aval)
+    return new
 
   hoisted_vars: list = []
 
@@ -496,7 +537,7 @@ def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
 
   eqns = list(map(equation, range(len(open_jaxpr.eqns)), open_jaxpr.eqns))
   outvars = [operand(v, (None, i)) for i, v in enumerate(open_jaxpr.outvars)]
-  leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
+  leading = [*open_jaxpr.constvars, *new_vars.values(), *hoisted_vars]
   n = len(leading)
   closed = _compat.with_leading_inputs(
       open_jaxpr, [*leading, *open_jaxpr.invars], eqns, outvars, n)
@@ -516,7 +557,7 @@ def _verified(jaxpr, s, call, entry) -> bool:
   hit runs (counted; a mismatch logged)."""
   with _compat.oracle_muted():
     fresh = _lower_lifted(jaxpr, _lifted_slots(
-        _compat.closed_parts(jaxpr)[0], entry.lifted), call)
+        _compat.closed_parts(jaxpr)[0], entry.lifted, entry.groups), call)
   same = module_form(fresh.as_text()) == module_form(
       entry.computation.as_text())
   cache.count_verified(same)

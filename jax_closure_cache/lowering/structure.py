@@ -79,11 +79,14 @@ class Structure(NamedTuple):
   floating-point literals (``literals``, which a shared lowering may take
   as arguments) and their bits (``bits``, compared where it does not), and
   the constants of the top-level nested jits (``hoisted``, which a shared
-  lowering takes as arguments, :func:`hoists`)."""
+  lowering takes as arguments, :func:`hoists`), and ``fixed``, the dtype
+  and bits of every other top-level literal (a constant of stock's module
+  and of the shared one)."""
   key: tuple
   literals: tuple
   bits: tuple
   hoisted: tuple = ()
+  fixed: frozenset = frozenset()
 
 
 def of(closed) -> Structure:
@@ -92,8 +95,10 @@ def of(closed) -> Structure:
   literals: list = []
   bits: list = []
   hoisted: list = []
-  key = _open_structure(jaxpr, literals, bits, hoisted)
-  return Structure(key, tuple(literals), tuple(bits), tuple(hoisted))
+  fixed: set = set()
+  key = _open_structure(jaxpr, literals, bits, hoisted, fixed=fixed)
+  return Structure(key, tuple(literals), tuple(bits), tuple(hoisted),
+                   frozenset(fixed))
 
 
 #: :func:`constant_refusal`'s answer for a jax array, by identity while
@@ -242,11 +247,14 @@ class LiteralFacts(NamedTuple):
   ``refusal``, why no shared lowering may hold it (:func:`_check_literal`)
   or None; ``liftable``, whether a shared lowering may take it as an
   argument (:func:`_liftable_value`); ``identity``, whether it is all 1,
-  -1 or an infinity (``_compat.all_identity``)."""
+  -1 or an infinity (``_compat.all_identity``); ``held``, its dtype and
+  its value's bytes as the dtype holds it (:func:`held_value`), or None
+  where that dtype cannot hold it."""
   atom: tuple
   refusal: str | None
   liftable: bool
   identity: bool
+  held: tuple | None
 
 
 #: (atom, dtype) -> :class:`LiteralFacts`: a pure function of the key, so
@@ -275,10 +283,17 @@ def _read_literal(v, atom: tuple, dtype) -> LiteralFacts:
   try:
     _check_literal(v)
   except NotShared as e:
-    return LiteralFacts(atom, str(e), False, False)
+    return LiteralFacts(atom, str(e), False, False, None)
   return LiteralFacts(
       atom, None, dtype.kind in "fc" and _liftable_value(v.val, dtype),
-      _compat.all_identity(_python_value(v.val)))
+      _compat.all_identity(_python_value(v.val)),
+      held_value(np.asarray(v.val, dtype)))
+
+
+def held_value(a: np.ndarray) -> tuple:
+  """An array's dtype and bytes: a constant of stock's module as XLA
+  holds it (a literal's Python float and its float32 array alike)."""
+  return (a.dtype, a.shape, a.tobytes())
 
 
 def _liftable_value(x, dtype) -> bool:
@@ -321,8 +336,14 @@ def _check_literal(v) -> None:
 #: ``pow`` an argument exponent compiles to; and it computes a remainder
 #: with a constant otherwise than with an argument (``lax.rem(x, 2.0)``: a
 #: subnormal ``x`` kept where the argument's flushes it, a NaN's sign).
-KEYED_OPERANDS = types.MappingProxyType({"pow": frozenset({1}),
-                                         "rem": frozenset({0, 1})})
+KEYED_OPERANDS = types.MappingProxyType({
+    "pow": frozenset({1}), "rem": frozenset({0, 1}),
+    # special functions lowered to a computation over each operand apart
+    # (``lgamma(a)`` inside ``igamma(a, x)``), which XLA folds for a
+    # constant: another last bit; and ``atan2(x, 1.0)``, rewritten
+    **{name: frozenset({0, 1, 2}) for name in (
+        "atan2", "igamma", "igammac", "igamma_grad_a", "random_gamma_grad",
+        "polygamma", "zeta", "regularized_incomplete_beta")}})
 
 #: What a value computed from a literal or constant operand and literals
 #: alone may not meet, for the operand to be passed as an argument (nor a
@@ -587,7 +608,8 @@ _NUMBERS = frozenset({int, float, complex})
 
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
-                    hoisted: list | None = None, named: bool = True) -> tuple:
+                    hoisted: list | None = None, named: bool = True,
+                    fixed: set | None = None) -> tuple:
   # (written for speed: tier A reads every traced jaxpr, at a cost that is
   # a tenth of its trace; each equation's outputs are numbered on
   # definition, in order, so their numbers are implied by their position
@@ -601,6 +623,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       facts = literal_facts(v)
       if facts.refusal is not None:
         raise NotShared(facts.refusal)
+      if fixed is not None:
+        fixed.add(facts.held)
       return ("lit", v.aval, facts.atom)
     n = names.get(v)
     if n is None:
