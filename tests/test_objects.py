@@ -1178,11 +1178,11 @@ def test_checkpoint_residuals_logged_after_entries_were_stored_are_stocks():
     jax.config.update("jax_log_checkpoint_residuals", False)
 
 
-# One mode's run (``sys.argv[1]``: stock, on or verify; ``sys.argv[2]``:
-# "global" for ``jax.config.update``, "context" for the state's context
-# manager): fresh functions of each route drawing Gumbel noise, stored
-# under one value of ``jax_high_dynamic_range_gumbel`` (a state of JAX's
-# trace context its jit key leaves out), met again under the other.
+# One mode's run (``sys.argv[1]``: stock, on or verify): fresh functions of
+# each route drawing Gumbel noise, stored under one value of
+# ``jax_high_dynamic_range_gumbel`` (a state of JAX's trace context its jit
+# key leaves out), met again under the other; switched by
+# ``jax.config.update``, then by the state's context manager.
 _GUMBEL_SWITCHES = r"""
 import contextlib, sys
 import numpy as np, jax, jax.numpy as jnp
@@ -1203,23 +1203,24 @@ def routes(w):
       lambda a: jnp.sum(a * w * noise())))(jnp.ones(2))
 
 out = []
-for i, on in enumerate([False, False, True, True, False, True]):
-  w = jnp.float32(1.5 + i % 2)
-  if sys.argv[2] == "global":
-    jax.config.update("jax_high_dynamic_range_gumbel", on)
-    ctx = contextlib.nullcontext()
-  else:
-    ctx = jax_config.use_high_dynamic_range_gumbel(on)
-  for name, call in routes(w):
-    with ctx:
-      out.append((i, name, np.asarray(call()).tobytes().hex()))
+for switch in ("global", "context"):
+  for i, on in enumerate([False, False, True, True, False, True]):
+    w = jnp.float32(1.5 + i % 2)
+    if switch == "global":
+      jax.config.update("jax_high_dynamic_range_gumbel", on)
+      ctx = contextlib.nullcontext()
+    else:
+      jax.config.update("jax_high_dynamic_range_gumbel", False)
+      ctx = jax_config.use_high_dynamic_range_gumbel(on)
+    for name, call in routes(w):
+      with ctx:
+        out.append((switch, i, name, np.asarray(call()).tobytes().hex()))
 print(repr(out))
 print(jcc.stats()["verify_mismatches"] if sys.argv[1] != "stock" else 0)
 """
 
 
-@pytest.mark.parametrize("switch", ["global", "context"])
-def test_a_trace_context_state_the_jit_key_leaves_out_is_stocks(switch):
+def test_a_trace_context_state_the_jit_key_leaves_out_is_stocks():
   """``jax_high_dynamic_range_gumbel`` (read by the trace, in JAX's trace
   context, left out of its jit key) switched between calls, by
   ``jax.config.update`` and by its context manager, after entries were
@@ -1230,11 +1231,11 @@ def test_a_trace_context_state_the_jit_key_leaves_out_is_stocks(switch):
   import ast
 
   def mode(name):
-    calls, mismatches = script_lines(_GUMBEL_SWITCHES, name, switch)[-2:]
+    calls, mismatches = script_lines(_GUMBEL_SWITCHES, name)[-2:]
     return ast.literal_eval(calls), mismatches
 
   want, _ = mode("stock")
-  assert len({got for _, name, got in want if name == "free"}) == 2
+  assert len({got for *_, name, got in want if name == "free"}) == 2
   for name in ("on", "verify"):
     got, mismatches = mode(name)
     assert mismatches == "0", name
