@@ -1299,3 +1299,45 @@ def test_a_warning_a_new_signatures_trace_issues_is_stocks():
     got, mismatches = mode(name)
     assert mismatches == "0", name
     assert got == want, [(g, w) for g, w in zip(got, want) if g != w][:3]
+
+
+def test_the_jit_key_mirror_follows_a_global_change_inside_a_block():
+  """Inside one trace-only state's block (``jax_high_dynamic_range_gumbel``
+  on this thread), another's global value changes
+  (``jax_mutable_array_checks``, by this thread or another): the jit key
+  moves, so a jitted object traces under the new value, in this thread
+  and in a thread inside such a block, as a fresh object would."""
+  import threading
+  from jax._src import config as jax_config
+  jcc.enable()
+  checks = jax_config.mutable_array_checks
+  saved = checks.value
+  seen = []
+
+  def make():
+    return jax.jit(lambda a: (seen.append(checks.value), a + 1)[1])
+  try:
+    g = make()
+    with jax_config.use_high_dynamic_range_gumbel(True):
+      g(1.0)
+      jax.config.update("jax_mutable_array_checks", not saved)
+      g(1.0)
+    assert seen == [saved, not saved]
+    seen.clear()
+    g, inside, changed = make(), threading.Event(), threading.Event()
+
+    def in_a_block():
+      with jax_config.use_high_dynamic_range_gumbel(True):
+        g(2.0)
+        inside.set()
+        changed.wait(60)
+        g(2.0)
+    t = threading.Thread(target=in_a_block)
+    t.start()
+    inside.wait(60)
+    jax.config.update("jax_mutable_array_checks", saved)
+    changed.set()
+    t.join(60)
+    assert seen == [not saved, saved]
+  finally:
+    jax.config.update("jax_mutable_array_checks", saved)

@@ -203,31 +203,36 @@ _TRACE_ONLY_STATE_NAMES = ("jax_high_dynamic_range_gumbel",
 
 class JitKeyMirror:
   """The values of the trace-only states (:data:`_TRACE_ONLY_STATE_NAMES`,
-  those the running jax has in its trace context) put into JAX's jit key:
-  a user context of its own (``jax.make_user_context``, part of the key)
-  holds them, kept in step by the states' update hooks, globally and per
-  thread. A stock jitted object the cache calls for many fresh functions
-  (a shared entry's, a canonical one) then misses JAX's C++ cache where one
+  those the running jax has in its trace context) put into JAX's jit key,
+  through two user contexts of its own (``jax.make_user_context``, each
+  part of the key): one holds the states' global values and is never set
+  per thread; the other holds, per thread, each state's own value there
+  (``unset`` where it has none), unset itself in a thread where no state
+  has one. The states' update hooks keep both in step, so a global change
+  moves the key in every thread, a block's value in its own. A stock
+  jitted object the cache calls for many fresh functions (a shared
+  entry's, a canonical one) then misses JAX's C++ cache where one of them
   changed, and traces under the new value, as a fresh object would.
 
-  Invariants: the hooks call the states' own first; the context holds
-  ``unset`` in a thread where no state has a value of its own, so the
-  global value answers there."""
+  Invariants: the hooks call the states' own first. A thread already
+  inside a state's block when the cache is switched on is seen at its
+  next entry or exit of one."""
 
   def __init__(self, names=_TRACE_ONLY_STATE_NAMES):
     in_context = set(getattr(_config, "trace_context_names", tuple)())
     self.states = tuple(_config.config_states[n] for n in names
                         if n in in_context and n in _config.config_states)
-    self._context = None
+    self._globals = self._locals = None
 
   def patch_points(self) -> list:
-    """(state, hook attribute, hook) for each state; the mirror's value set
-    to the states' values now. None where this jax lacks the seams."""
+    """(state, hook attribute, hook) for each state; the mirror's values
+    set to the states' now. None where this jax lacks the seams."""
     if (not self.states or not hasattr(jax, "make_user_context")
         or not all(hasattr(s, "_update_global_hook") for s in self.states)):
       return []
-    if self._context is None:   # (once: a user context is never removed)
-      self._context = jax.make_user_context(None)._obj
+    if self._globals is None:   # (once: a user context is never removed)
+      self._globals = jax.make_user_context(None)._obj
+      self._locals = jax.make_user_context(None)._obj
     self._sync_global()
     self._sync_local()
     points = []
@@ -240,14 +245,13 @@ class JitKeyMirror:
     return points
 
   def _sync_global(self) -> None:
-    self._context.set_global(tuple(s.get_global() for s in self.states))
+    self._globals.set_global(tuple(s.get_global() for s in self.states))
 
   def _sync_local(self) -> None:
     unset = _config.config_ext.unset
-    if all(s.get_local() is unset for s in self.states):
-      self._context.set_local(unset)
-    else:
-      self._context.set_local(tuple(s.value for s in self.states))
+    local = tuple(s.get_local() for s in self.states)
+    self._locals.set_local(
+        unset if all(v is unset for v in local) else local)
 
 
 def _chained_hook(own, sync):
