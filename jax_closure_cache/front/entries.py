@@ -249,9 +249,9 @@ class Entry(cache.Entry):
     self.guards: list = []
     self.traces = 0    # incremented inside every trace of the lifted function
     self.checked = 0   # value of ``traces`` when the guards were derived
-    # traces of the lifted function that made an effect no watch sees (a
-    # warning: ``closure_cache.note_trace_effect``)
-    self.effects = 0
+    # whether the lifted function's latest trace made an effect no watch
+    # sees (a warning: ``closure_cache.note_trace_effect``)
+    self.effects = False
     self.avals: list = []   # the lifted leaves' types at the last trace
     self.static = None      # the arguments' static parts, described (explain)
     # The function a call of ``jitted`` is for, set by the wrapper around the
@@ -490,11 +490,13 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
       # the trace lookup's stored trace of this key, if any
       out = trace_lookup.call_shared(current, a, leaves, args, kwargs)
       if out is not None:
+        if e is not None:
+          e.effects = False
         return out
     skipped = _skipped_writers()
     out = rebuild.call_lifted(current, a.key, leaves, args, kwargs)
-    if e is not None and _skipped_writers() != skipped:
-      e.effects += 1
+    if e is not None:
+      e.effects = _skipped_writers() != skipped
     return out
 
   trace_lookup.own_code(lifted.__code__)

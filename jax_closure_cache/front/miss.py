@@ -449,15 +449,11 @@ class MissStages:
     launcher's stock takes as operands, an addition XLA folds in stock's
     module only), stock's answer, with the key answered by stock from now
     on. A new signature whose trace made an effect no watch sees (a
-    warning JAX issues for that signature, ``entry.effects``) made it once,
-    for this call, as stock's trace would: ``out``, with the key answered
+    warning JAX issues for that signature: ``entry.effects``, of the
+    call's own trace) made it once, for this call, as stock's trace would:
+    ``out`` where no check above answers with stock, with the key answered
     by stock from now on (a hit of its later objects would skip it)."""
-    if entry.effects:
-      entries.entries.discard(key)
-      entries.stock_answered.put(key, entries.StockAnswered(
-          "trace_effect", _NEW_SIGNATURE_EFFECT))
-      events.not_stored(self._user(), "trace_effect", _NEW_SIGNATURE_EFFECT)
-      return out
+    made_effect = entry.effects
     try:
       with entries.calling(entry, self._fun):
         traced = entry.jitted.trace(leaves, *args, **kwargs)
@@ -479,6 +475,12 @@ class MissStages:
           entries.entries.discard(key)
           entries.stock_answered.put(key, entries.StockAnswered(reason, detail))
           return self._fallback(reason, args, kwargs, detail)
+    if made_effect:
+      entries.entries.discard(key)
+      entries.stock_answered.put(key, entries.StockAnswered(
+          "trace_effect", _NEW_SIGNATURE_EFFECT))
+      events.not_stored(self._user(), "trace_effect", _NEW_SIGNATURE_EFFECT)
+      return out
     self._store(key, entry, leaves, args, kwargs, traced)
     return out
 
