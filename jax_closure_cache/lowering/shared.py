@@ -469,10 +469,9 @@ def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
   there; such a literal is keyed by value."""
   if not any(lifted):
     return lifted
-  held = list(map(structure.held_value, s.literals))
   constants = set(s.fixed)
-  constants.update(h for h, lift in zip(held, lifted) if not lift)
-  return tuple(lift and h not in constants for h, lift in zip(held, lifted))
+  constants.update(h for h, lift in zip(s.held, lifted) if not lift)
+  return tuple(lift and h not in constants for h, lift in zip(s.held, lifted))
 
 
 def _groups(s: structure.Structure, lifted: tuple) -> tuple:
@@ -483,8 +482,8 @@ def _groups(s: structure.Structure, lifted: tuple) -> tuple:
   kernel flushes a subnormal ``x``) then apply; the shared lowering takes
   each value once, so they apply to it too."""
   firsts: dict = {}
-  return tuple(firsts.setdefault(structure.held_value(v), len(firsts))
-               for v, lift in zip(s.literals, lifted) if lift)
+  return tuple(firsts.setdefault(h, len(firsts))
+               for h, lift in zip(s.held, lifted) if lift)
 
 
 def _lifted_slots(open_jaxpr, lifted: tuple, groups: tuple) -> dict:
@@ -504,6 +503,8 @@ def _lifted_slots(open_jaxpr, lifted: tuple, groups: tuple) -> dict:
           structure.lifted_operands(e, live)) if lift and next(flags)]
   slots += [(None, i) for i, v in enumerate(open_jaxpr.outvars)
             if structure.lifted_literal(v) and next(flags)]
+  if len(slots) != len(groups):   # (the caller answers with stock's)
+    raise ValueError("the lifted literals and their arguments disagree")
   return dict(zip(slots, groups))
 
 

@@ -81,12 +81,14 @@ class Structure(NamedTuple):
   the constants of the top-level nested jits (``hoisted``, which a shared
   lowering takes as arguments, :func:`hoists`), and ``fixed``, the dtype
   and bits of every other top-level literal (a constant of stock's module
-  and of the shared one)."""
+  and of the shared one); ``held``, each of ``literals``' dtype and
+  bytes (:func:`held_value`)."""
   key: tuple
   literals: tuple
   bits: tuple
   hoisted: tuple = ()
   fixed: frozenset = frozenset()
+  held: tuple = ()
 
 
 def of(closed) -> Structure:
@@ -96,9 +98,11 @@ def of(closed) -> Structure:
   bits: list = []
   hoisted: list = []
   fixed: set = set()
-  key = _open_structure(jaxpr, literals, bits, hoisted, fixed=fixed)
+  held: list = []
+  key = _open_structure(jaxpr, literals, bits, hoisted, fixed=fixed,
+                        held=held)
   return Structure(key, tuple(literals), tuple(bits), tuple(hoisted),
-                   frozenset(fixed))
+                   frozenset(fixed), tuple(held))
 
 
 #: :func:`constant_refusal`'s answer for a jax array, by identity while
@@ -609,7 +613,8 @@ _NUMBERS = frozenset({int, float, complex})
 
 def _open_structure(jaxpr, literals: list | None, bits: list | None,
                     hoisted: list | None = None, named: bool = True,
-                    fixed: set | None = None) -> tuple:
+                    fixed: set | None = None,
+                    held: list | None = None) -> tuple:
   # (written for speed: tier A reads every traced jaxpr, at a cost that is
   # a tenth of its trace; each equation's outputs are numbered on
   # definition, in order, so their numbers are implied by their position
@@ -632,8 +637,10 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
     return n
 
   def lift(v):   # a lifted literal (checked): an argument of the shared lowering
+    facts = literal_facts(v)
     literals.append(np.asarray(v.val, v.aval.dtype))
-    bits.append(literal_facts(v).atom)
+    bits.append(facts.atom)
+    held.append(facts.held)
     return ("arg", v.aval)
 
   binders = (tuple(map(name, jaxpr.constvars)),
