@@ -820,10 +820,15 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
       # so they are never shared; ``test_what_xla_rewrites_with_baked_constants_is_never_shared``)
       # (``x // eps`` keys its divisor by value: jnp's floor division
       # compares it with zero, which XLA folds)
-      return (x < eps, jnp.where(x > 1, eps, x), x / eps,
-              x.astype(jnp.complex64) + 1j * eps,
-              x < table, x * table)
+      return (jnp.where(x > 1, eps, x), x / eps,
+              x.astype(jnp.complex64) + 1j * eps, x * table)
     return f
+
+  def compared(eps, table):
+    # (a comparison keys its literal by value, and a constant it reads is
+    # never an argument: such a jaxpr shares only with itself)
+    return lambda m: (m.astype(jnp.float32) < eps,
+                      m.astype(jnp.float32) < table)
 
   # (a jax array the closure key lifts is an argument of its entry: one
   # holding a subnormal is a documented difference of tier B's)
@@ -835,6 +840,7 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
       for kind in kinds:
         table = kind([eps, 1.0])
         outs.append(_bits(jax.jit(make(eps, table))(mask)))
+        outs.append(_bits(jax.jit(compared(eps, table))(mask)))
     return outs
 
   want = stock_off(run)
@@ -923,33 +929,37 @@ def test_remainders_by_a_changing_divisor_are_computed_as_stock(closure_key):
   assert jcc.stats()["verify_mismatches"] == 0
 
 
-@pytest.mark.parametrize("closure_key", [False, True])
-def test_literals_xla_rewrites_or_merges_are_computed_as_stock(closure_key):
+def test_literals_xla_rewrites_or_merges_are_computed_as_stock():
   """A special function's literal operand (``atan2(x, 1.0)``, which XLA
   rewrites; ``igamma(0.5, x)``, whose lowering computes on ``a`` alone,
-  folded for a constant) is keyed by value; a literal used twice
-  (``jnp.where(x > s, x, s)``, whose ``s`` is also the nested jit's
-  operand) is one argument, as XLA's CSE makes stock's two constants one
-  (its ``select`` then becomes a ``max``, which flushes a subnormal), and a
-  literal whose value the module also holds as a constant is keyed. Fresh
-  functions, every bit as stock's; the changing values that can be
-  arguments still share."""
-  x = jnp.asarray(np.asarray([1e-41, 2.0, 0.3, -3.0, 100.0, 1.5],
-                             np.float32))
+  folded for a constant) and a comparison's (``jnp.where(x > s, x, s)``,
+  whose two constants XLA's CSE makes one and whose ``select`` it then
+  makes a ``max``, which flushes a subnormal) are keyed by value, and so
+  is a literal whose value the module also holds as a constant
+  (``jnp.where(x > 2.0, x, s)`` where ``s`` is 2.0); a literal used twice
+  elsewhere is two arguments, each use rewritten as stock's constant is
+  (``(x - s) / s``: the quotient by a lone argument becomes a product by
+  its reciprocal, as stock's does). Fresh functions, every bit as stock's;
+  the changing values that can be arguments still share."""
+  x = jnp.asarray(np.concatenate([
+      np.asarray([1e-41, -1e-41, 2.0, 0.3, -3.0, 100.0, 1.5], np.float32),
+      np.arange(-40, 40, dtype=np.float32) * 0.37 + 0.11]))
 
   def run():
     out = []
-    for s in (3.0, 1.0, 1.0, -1.0, -2.5, 0.5, 0.5, 2.0):
+    for s in (3.0, 1.0, 1.0, -1.0, 2.0, 1.7, 0.7978845608):
       out.append(_bits(jax.jit(lambda v: jax.lax.atan2(v, s))(x)))
       out.append(_bits(jax.jit(lambda v: jax.lax.igamma(abs(s), v))(
           jnp.abs(x))))
       out.append(_bits(jax.jit(lambda v: jnp.where(v > s, v, s))(x)))
-      out.append(_bits(jax.jit(lambda v: (v * s, jnp.where(v > 2.0, v, 0.5))
+      out.append(_bits(jax.jit(lambda v: (v * s, jnp.where(v > 2.0, v, s))
                                )(x)))
+      out.append(_bits(jax.jit(lambda v: ((v - s) / s,
+                                          jnp.round(v * s) / s))(x)))
     return out
 
   want = stock_off(run)
-  jcc.enable(closure_key=closure_key)
+  jcc.enable()   # (a Python float closed over: each value its own key)
   for _ in range(2):
     assert run() == want
   assert jcc.stats()["verify_mismatches"] == 0

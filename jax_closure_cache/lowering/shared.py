@@ -71,22 +71,18 @@ COPIED_NUMPY_BYTES = 1 << 20
 class SharedLowering(cache.Entry):
   """A stored lowering: ``lifted`` says, per top-level floating-point
   literal, whether it is an argument; ``bits`` are the literals it was
-  lowered with (compared where not lifted); ``groups``, which lifted
-  literals are one argument (:func:`_groups`); ``sized``: its
-  executable's bytes are counted (once, at the first compile)."""
-  __slots__ = ("lifted", "bits", "groups", "computation", "sized")
+  lowered with (compared where not lifted); ``sized``: its executable's
+  bytes are counted (once, at the first compile)."""
+  __slots__ = ("lifted", "bits", "computation", "sized")
 
-  def __init__(self, lifted: tuple, bits: tuple, groups: tuple,
-               computation):
+  def __init__(self, lifted: tuple, bits: tuple, computation):
     super().__init__()
     self.lifted, self.bits, self.computation = lifted, bits, computation
-    self.groups = groups
     self.sized = False
 
   def serves(self, s: structure.Structure) -> bool:
     return (all(lift or b == e
                 for lift, b, e in zip(self.lifted, s.bits, self.bits))
-            and _groups(s, self.lifted) == self.groups
             and _apart_from_constants(s, self.lifted) == self.lifted)
 
   def widened(self, bits: tuple) -> tuple:
@@ -390,7 +386,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     if (alive is not None and not consts and not s.hoisted
         and bits == s.bits):
       # the first meeting's own lowering takes exactly these arguments
-      entry = SharedLowering((False,) * len(bits), bits, (), alive)
+      entry = SharedLowering((False,) * len(bits), bits, alive)
       LOWERINGS.store.put(key, entry)
       LOWERINGS.count("hits")
       if cache.verifying() and not _verified(jaxpr, s, call, entry):
@@ -400,15 +396,14 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
   lifted = _apart_from_constants(s, lifted)
   try:
-    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted,
-                          _groups(s, lifted))
+    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
   except Exception as e:   # stock's own lowering answers
     LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
     slots = None
   if slots is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
   folds = folding.difference(jaxpr, constants_lifted=True,
-                             lifted_literals=frozenset(slots))
+                             lifted_literals=slots)
   if folds is not None:
     LOWERINGS.refuse(_REFUSED_FOLDING[folds.reason])
     if _explaining():
@@ -425,7 +420,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     computation = None
   if computation is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
-  entry = SharedLowering(lifted, s.bits, _groups(s, lifted), computation)
+  entry = SharedLowering(lifted, s.bits, computation)
   LOWERINGS.store.put(key, entry)
   LOWERINGS.count("compiles")
   return Bound(computation, _arguments(jaxpr, s, lifted), key, entry)
@@ -453,20 +448,17 @@ def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
   # trace holds a view of the user's array, which pjit's fast path would
   # otherwise read on every later call
   consts = _own_constants(_compat.closed_parts(jaxpr)[1])
-  values = [v for v, lift in zip(s.literals, lifted) if lift]
-  firsts = {}
-  for v, g in zip(values, _groups(s, lifted)):
-    firsts.setdefault(g, v)
-  return [*consts, *firsts.values(), *_own_constants(s.hoisted)]
+  return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
+          *_own_constants(s.hoisted)]
 
 
 def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
   """``lifted`` without the literals whose value (dtype and bits) the
   module also holds as a constant (another top-level literal, lifted by
   no flag): stock's module holds the two as one constant (XLA's CSE), so
-  a rewrite that needs one value used twice (``jnp.where(x > c, x, c)``,
-  whose ``c`` is also broadcast on its own, into ``max(x, c)``) applies
-  there; such a literal is keyed by value."""
+  a rewrite that needs one value used twice (``jnp.where(x > 2.0, x, s)``
+  into ``max(x, 2.0)`` where ``s`` is 2.0) applies there; such a literal
+  is keyed by value."""
   if not any(lifted):
     return lifted
   constants = set(s.fixed)
@@ -474,21 +466,8 @@ def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
   return tuple(lift and h not in constants for h, lift in zip(s.held, lifted))
 
 
-def _groups(s: structure.Structure, lifted: tuple) -> tuple:
-  """For each literal the ``lifted`` flags pass as an argument, in order,
-  the number of its value (dtype and bits) among theirs: stock's module
-  holds equal constants once (XLA's CSE), and rewrites that need one
-  value used twice (``select(x > c, x, c)`` into ``max(x, c)``, whose CPU
-  kernel flushes a subnormal ``x``) then apply; the shared lowering takes
-  each value once, so they apply to it too."""
-  firsts: dict = {}
-  return tuple(firsts.setdefault(h, len(firsts))
-               for h, lift in zip(s.held, lifted) if lift)
-
-
-def _lifted_slots(open_jaxpr, lifted: tuple, groups: tuple) -> dict:
-  """Where the literals the ``lifted`` flags pass as arguments are, each
-  with its argument's number (``groups``, :func:`_groups`):
+def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
+  """Where the literals the ``lifted`` flags pass as arguments are:
   ``(equation index, operand index)``, ``(None, output index)`` for an
   output. The flags follow the literals a shared lowering may take as
   arguments (``structure.lifted_operands``, ``structure.lifted_literal``)
@@ -503,26 +482,21 @@ def _lifted_slots(open_jaxpr, lifted: tuple, groups: tuple) -> dict:
           structure.lifted_operands(e, live)) if lift and next(flags)]
   slots += [(None, i) for i, v in enumerate(open_jaxpr.outvars)
             if structure.lifted_literal(v) and next(flags)]
-  if len(slots) != len(groups):   # (the caller answers with stock's)
-    raise ValueError("the lifted literals and their arguments disagree")
-  return dict(zip(slots, groups))
+  return frozenset(slots)
 
 
-def _lower_lifted(jaxpr, slots: dict, call: CallLowering):
+def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
   """Stock's lowering of ``jaxpr`` with its constants and the literals at
-  ``slots`` (``_lifted_slots``: one argument for each number) as leading
-  arguments."""
+  ``slots`` (``_lifted_slots``) as leading arguments, one for each."""
   open_jaxpr, _ = _compat.closed_parts(jaxpr)
-  new_vars: dict = {}   # argument number -> its binder
+  new_vars: list = []
 
   def operand(v, slot):
-    group = slots.get(slot)
-    if group is None:
-      return v
-    new = new_vars.get(group)
-    if new is None:
-      new = new_vars[group] = _compat.Var(v.aval)
-    return new
+    if slot in slots:
+      new = _compat.Var(v.aval)
+      new_vars.append(new)
+      return new
+    return v
 
   hoisted_vars: list = []
 
@@ -538,7 +512,7 @@ def _lower_lifted(jaxpr, slots: dict, call: CallLowering):
 
   eqns = list(map(equation, range(len(open_jaxpr.eqns)), open_jaxpr.eqns))
   outvars = [operand(v, (None, i)) for i, v in enumerate(open_jaxpr.outvars)]
-  leading = [*open_jaxpr.constvars, *new_vars.values(), *hoisted_vars]
+  leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
   n = len(leading)
   closed = _compat.with_leading_inputs(
       open_jaxpr, [*leading, *open_jaxpr.invars], eqns, outvars, n)
@@ -558,7 +532,7 @@ def _verified(jaxpr, s, call, entry) -> bool:
   hit runs (counted; a mismatch logged)."""
   with _compat.oracle_muted():
     fresh = _lower_lifted(jaxpr, _lifted_slots(
-        _compat.closed_parts(jaxpr)[0], entry.lifted, entry.groups), call)
+        _compat.closed_parts(jaxpr)[0], entry.lifted), call)
   same = module_form(fresh.as_text()) == module_form(
       entry.computation.as_text())
   cache.count_verified(same)

@@ -347,7 +347,12 @@ KEYED_OPERANDS = types.MappingProxyType({
     # constant: another last bit; and ``atan2(x, 1.0)``, rewritten
     **{name: frozenset({0, 1, 2}) for name in (
         "atan2", "igamma", "igammac", "igamma_grad_a", "random_gamma_grad",
-        "polygamma", "zeta", "regularized_incomplete_beta")}})
+        "polygamma", "zeta", "regularized_incomplete_beta")},
+    # a comparison's: XLA rewrites ``select(x > c, x, c)`` into ``max(x,
+    # c)`` (whose CPU kernel flushes a subnormal ``x``) where the two are
+    # one constant, as its CSE makes equal constants
+    **{name: frozenset({0, 1}) for name in ("eq", "ne", "lt", "le", "gt",
+                                            "ge")}})
 
 #: What a value computed from a literal or constant operand and literals
 #: alone may not meet, for the operand to be passed as an argument (nor a
