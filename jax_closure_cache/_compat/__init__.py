@@ -226,7 +226,7 @@ class JitKeyMirror:
 
   def patch_points(self) -> list:
     """(state, hook attribute, hook) for each state; the mirror's values
-    set to the states' now. None where this jax lacks the seams."""
+    set to the states' now. Empty where this jax lacks the seams."""
     if (not self.states or not hasattr(jax, "make_user_context")
         or not all(hasattr(s, "_update_global_hook") for s in self.states)):
       return []

@@ -116,8 +116,7 @@ def first_difference(stock_closed, hit_closed, leaves: list) -> str | None:
 def _same_effects(stock_effects, hit_effects, same) -> bool:
   """Whether two sets of effects are the same, an effect tied to an input
   (a reference's read or write) by its class and corresponding input
-  (``same``: JAX ties it to the jaxpr's own variable, or an operand's
-  position)."""
+  (``same``: in a jaxpr JAX ties it to the jaxpr's own variable)."""
   if stock_effects == hit_effects:
     return True
   if len(stock_effects) != len(hit_effects):
@@ -131,8 +130,7 @@ def _same_effects(stock_effects, hit_effects, same) -> bool:
     if not isinstance(x, tied):
       continue
     for j, y in enumerate(unmatched):
-      if type(x) is type(y) and (x.input == y.input if type(x.input) is int
-                                 else same(x.input, y.input)):
+      if type(x) is type(y) and same(x.input, y.input):
         del unmatched[j]
         break
     else:
