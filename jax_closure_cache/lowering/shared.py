@@ -461,6 +461,8 @@ def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
   is keyed by value."""
   if not any(lifted):
     return lifted
+  if all(lifted):   # (the constants are the fixed literals alone)
+    return tuple(h not in s.fixed for h in s.held)
   constants = set(s.fixed)
   constants.update(h for h, lift in zip(s.held, lifted) if not lift)
   return tuple(lift and h not in constants for h, lift in zip(s.held, lifted))
