@@ -452,7 +452,7 @@ def shares_traces(options: dict) -> bool:
   return not jit_options.has_static_arguments(options)
 
 
-_skipped_writers = trace_lookup.closure_cache.skipped_writers
+_UnwatchedEffects = trace_lookup.closure_cache.UnwatchedEffects
 
 
 def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
@@ -493,10 +493,10 @@ def make_lifted_jit(fun, code, entry: Entry, options: dict, lift_numpy: bool,
         if e is not None:
           e.effects = False
         return out
-    skipped = _skipped_writers()
+    effects = _UnwatchedEffects()
     out = rebuild.call_lifted(current, a.key, leaves, args, kwargs)
     if e is not None:
-      e.effects = _skipped_writers() != skipped
+      e.effects = effects.made()
     return out
 
   trace_lookup.own_code(lifted.__code__)

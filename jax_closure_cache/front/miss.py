@@ -264,7 +264,7 @@ class MissStages:
         self._spec.options, self._spec.lift_numpy, len(args))
     started = time.perf_counter()
     donating = jit_options.donates(self._spec.options)
-    skipped = _skipped_writers()
+    effects = _UnwatchedEffects()
     failed = None
     try:
       # .trace() fills JAX's _infer_params cache, so the call below compiles
@@ -327,7 +327,7 @@ class MissStages:
       return out
     # a miss is counted when stored or not stored (below): a failed trace
     # counts as a fallback alone
-    self._store(key, entry, a.leaves, args, kwargs, traced, cost, skipped,
+    self._store(key, entry, a.leaves, args, kwargs, traced, cost, effects,
                 classes_before)
     return out
 
@@ -548,7 +548,7 @@ class MissStages:
 
   def _store(self, key, entry: entries.Entry, leaves, args, kwargs,
             traced=None, cost: float | None = None,
-            skipped: int | None = None, classes_before=None) -> None:
+            effects=None, classes_before=None) -> None:
     """Store ``entry`` under ``key`` (the state the trace started from) with
     fresh guards, or drop it.
 
@@ -556,7 +556,7 @@ class MissStages:
     trace that changed what the closure holds (a trace counter in a list)
     is not stored: a hit would skip its write; nor is one in which JAX's
     own cache answered a function whose code wrote at trace time before
-    (``skipped``: the count of those before the trace), which a later
+    (``effects``: the trace's :class:`UnwatchedEffects`), which a later
     object of the key would run, as stock's trace would. ``traced`` is the
     miss path's own trace; without it (a call that traced a new signature)
     the entry is asked for it again, which JAX answers from its cache.
@@ -573,7 +573,7 @@ class MissStages:
       events.not_stored(self._user(), "layout_changed",
                         "the trace changed how many arrays the closure holds")
       return
-    if skipped is not None and _skipped_writers() != skipped:
+    if effects is not None and effects.made():
       events.not_stored(self._user(), "cached_trace_writer",
                         "JAX's own cache answered a function of this trace "
                         "whose trace writes state, so the write was skipped; "
@@ -663,7 +663,7 @@ class MissStages:
       trace_lookup.publish(self._fun, after, traced, args, kwargs)
 
 
-_skipped_writers = trace_lookup.closure_cache.skipped_writers
+_UnwatchedEffects = trace_lookup.closure_cache.UnwatchedEffects
 
 #: Why a key whose entry traced a new signature with an effect is stock's.
 _NEW_SIGNATURE_EFFECT = (

@@ -144,10 +144,10 @@ class CheckedCanonical:
     self._fun, self._jitted = fun, jitted
 
   def __call__(self, *args, **kwargs):
-    effects = _skipped_writers()
+    effects = _UnwatchedEffects()
     out = self._jitted(*args, **kwargs)
     f = self._fun
-    if _skipped_writers() != effects:
+    if effects.made():
       # the call traced, making an effect no watch sees (a warning JAX
       # issues for a new signature), which stock's trace of ``f`` would
       # make once more: this object's own trace answered
@@ -168,7 +168,7 @@ class CheckedCanonical:
     return getattr(self._jitted, name)
 
 
-_skipped_writers = trace_lookup.closure_cache.skipped_writers
+_UnwatchedEffects = trace_lookup.closure_cache.UnwatchedEffects
 
 
 def _log_mismatch(f, what: str, diff: str) -> None:

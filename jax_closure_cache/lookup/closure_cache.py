@@ -188,7 +188,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     # wrote is remembered (JAX's cache of this object may answer its next
     # trace without running it: ``note_cached_answer``)
     watch = StateWatch(fun)
-    skipped = skipped_writers()
+    effects = UnwatchedEffects()
     try:
       with watching():
         answer = traced(fun, in_avals, debug_info, *context_for_cache_key)
@@ -201,7 +201,7 @@ def trace_to_jaxpr(traced: Callable, fun: Callable, in_avals, debug_info,
     # the watch sees, or to anything else the key covers (a class attribute
     # a property's getter counts its reads in), or one an inner trace
     # answered from JAX's cache skipped
-    if (watch.changes() or skipped_writers() != skipped
+    if (watch.changes() or effects.made()
         or share is not None and not unchanged_by_trace(fun, share[0])):
       code = traced_code(fun)
       if code is not None:
@@ -240,17 +240,26 @@ def _noting_callables(fun, answer):
 _skipped = threading.local()
 
 
-def skipped_writers() -> int:
-  """How many traces on this thread JAX's own cache answered stale
-  (:func:`note_cached_answer`): a count to compare before and after a
-  trace, which is not shared or stored if it changed, since a later
-  function object of its key would trace afresh, as stock's would."""
-  return getattr(_skipped, "n", 0)
+class UnwatchedEffects:
+  """Whether this thread made an effect no watch sees since this object
+  was made: a trace JAX's own cache answered stale
+  (:func:`note_cached_answer`), a warning (:func:`note_trace_effect`).
+  A trace during which one was made (``made()``) is not shared or
+  stored, since a later function object of its key would trace afresh
+  and make it, as stock's would."""
+
+  __slots__ = ("_at",)
+
+  def __init__(self):
+    self._at = getattr(_skipped, "n", 0)
+
+  def made(self) -> bool:
+    return getattr(_skipped, "n", 0) != self._at
 
 
 @contextlib.contextmanager
 def watching():
-  """A trace whose :func:`skipped_writers` count is compared: JAX's cache
+  """A trace whose :class:`UnwatchedEffects` are compared: JAX's cache
   answers inside it are checked (:func:`note_cached_answer`); those
   outside any (an eager loop's long-lived body, launched again) cost
   nothing."""
@@ -290,7 +299,7 @@ def note_trace_effect() -> None:
   """An effect no watch sees was made on this thread (a warning issued,
   :data:`WARNING_REPLACEMENTS`): a trace during which one was made is
   neither shared nor stored, and its code is a trace writer, as for a
-  stale answer (:func:`skipped_writers`), since stock makes it again at
+  stale answer (:class:`UnwatchedEffects`), since stock makes it again at
   every trace of a new function object."""
   _skipped.n = getattr(_skipped, "n", 0) + 1
 
@@ -506,7 +515,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
   took the key again after its own trace), or None if one failed."""
   if shared is not None:
     return None if shared.failed else shared
-  skipped = skipped_writers()
+  effects = UnwatchedEffects()
   try:
     shared = _trace_lifted(traced, fun, key, leaves, in_avals, debug_info,
                            ctx)
@@ -531,7 +540,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
     _put(key, _Shared(failed=f"its {held}'s parameters hold a tracer of "
                              "the lifted trace"), anchors)
     return None
-  if skipped_writers() != skipped:
+  if effects.made():
     # an effect no watch sees (a warning JAX's trace issues): made once, for
     # this call; a later object's answer would skip it, so the code's
     # objects trace as usual
