@@ -576,13 +576,19 @@ def lifted_operands(e, live: bool) -> tuple:
   sign of zero, subnormals and NaN bits are the compiler's, not the
   runtime's). The one rule the structural key (:func:`_open_structure`)
   and the lowering (``shared._lower_lifted``) both follow."""
+  return tuple(f is not None for f in lifted_operand_facts(e, live))
+
+
+def lifted_operand_facts(e, live: bool) -> tuple:
+  """:func:`lifted_operands`, with each lifted literal's
+  :class:`LiteralFacts` where it is True and None where it is False."""
   if not live:
-    return (False,) * len(e.invars)
+    return (None,) * len(e.invars)
   facts = [literal_facts(v) if type(v) is _Literal else None
            for v in e.invars]
   keyed = keyed_operands(e, facts)
-  return tuple(f is not None and f.liftable and i not in keyed
-               for i, f in enumerate(facts))
+  return tuple(f if f is not None and f.liftable and i not in keyed
+               else None for i, f in enumerate(facts))
 
 
 def reads_runtime(runtime: set, e, literal: bool | None = None) -> bool:
@@ -641,8 +647,7 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       n = names[v] = next(number)
     return n
 
-  def lift(v):   # a lifted literal (checked): an argument of the shared lowering
-    facts = literal_facts(v)
+  def lift(v, facts):   # a lifted literal: an argument of the shared lowering
     literals.append(np.asarray(v.val, v.aval.dtype))
     bits.append(facts.atom)
     held.append(facts.held)
@@ -675,8 +680,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
       if None in operands:   # (a variable used before its definition)
         operands = tuple(map(name, invars))
     elif live:
-      operands = tuple(lift(v) if lifted else name(v)
-                       for v, lifted in zip(invars, lifted_operands(e, True)))
+      operands = tuple(name(v) if f is None else lift(v, f)
+                       for v, f in zip(invars, lifted_operand_facts(e, True)))
     else:
       operands = tuple(map(name, invars))
     outvars = e.outvars
@@ -688,7 +693,8 @@ def _open_structure(jaxpr, literals: list | None, bits: list | None,
         operands,
         tuple(map(_aval, outvars)),
         _effects(e.effects) if e.effects else ()))
-  outs = tuple(lift(v) if top and lifted_literal(v) else name(v)
+  outs = tuple(lift(v, f) if top and type(v) is _Literal
+               and (f := literal_facts(v)).liftable else name(v)
                for v in jaxpr.outvars)
   dbg = jaxpr.debug_info
   return (binders, tuple(eqns), outs, _effects(jaxpr.effects),
