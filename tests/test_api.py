@@ -77,6 +77,35 @@ if sys.argv[1] != "stock":
 """
 
 
+def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
+  """Python shows a warning of one text and place once under the
+  ``default`` filter: fresh donating jitted closures (one whose donated
+  buffer XLA cannot use, which warns at each compile) leave that record
+  as stock leaves it, so neither their own warning nor an unrelated one
+  of the user's is shown again."""
+  import warnings
+
+  def users_code(i):
+    warnings.warn("the user's own warning, unrelated to jax")
+
+  def run():
+    shown = []
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("default")
+      for i in range(4):
+        c = float(i % 2) + 1.5
+        f = jax.jit(lambda x, y: x * c + y, donate_argnums=0)
+        out = np.asarray(f(jnp.ones(3), jnp.arange(3.0))).tolist()
+        g = jax.jit(lambda x: jnp.sum(x) * c, donate_argnums=0)
+        out += [float(g(jnp.ones(5)))]
+        users_code(i)
+        shown.append((out, [str(m.message)[:40] for m in caught]))
+    return shown
+
+  want = replay_in_both_modes(run, clear=True)
+  assert len(want[-1][1]) == 2   # each shown once
+
+
 def test_a_donated_argument_its_closure_holds_too_is_stocks():
   """A donating call given the array its fresh closure holds: stock bakes
   the closed-over array and donates the argument; a shared entry takes

@@ -35,14 +35,27 @@ _JaxArray = _compat.jax.Array
 
 @contextlib.contextmanager
 def _compile_warnings(record: bool):
-  """The warnings a donating entry's trace and compile give, as they pass
-  the user's filters (an ``error`` filter still raises); nothing is
-  recorded, and the warning machinery left alone, for other options."""
+  """The texts of the warnings a donating entry's trace and compile issue
+  (XLA's unusable donated buffers), each shown, ignored or raised as
+  issued, as the user's filters say; nothing is recorded, and the warning
+  machinery left alone, for other options. Where ``warnings`` is not
+  patched (the package's ``jit`` called without ``enable()``), the
+  warnings that pass the filters are recorded by ``catch_warnings`` and
+  shown after (Python's registry of those shown once is reset then)."""
   if not record:
     yield ()
     return
+  with trace_lookup.closure_cache.warnings_issued() as issued:
+    if issued is not None:
+      yield issued
+      return
   with warnings.catch_warnings(record=True) as warned:
     yield warned
+
+
+def _warning_text(m) -> str:
+  """A :func:`_compile_warnings` item's text."""
+  return m if type(m) is str else f"{m.category.__name__}: {m.message}"
 
 
 
@@ -316,14 +329,16 @@ class MissStages:
     self._pin(entry, key, a.leaves)
     if warned:
       # XLA warns of unusable donated buffers at every compile, which stock
-      # makes per function object: such an entry is not shared. The warnings
-      # passed the user's filters already; they are shown now.
+      # makes per function object: such an entry is not shared. Those
+      # recorded (``warnings`` not patched) passed the user's filters
+      # already; they are shown now.
       entry.record = events.miss(self._user(), code_of(self._user()), key, cost)
       events.not_stored(self._user(), "warned", "; ".join(
-          f"{m.category.__name__}: {m.message}" for m in warned)[:300])
+          dict.fromkeys(map(_warning_text, warned)))[:300])
       for m in warned:
-        warnings.showwarning(m.message, m.category, m.filename, m.lineno,
-                             m.file, m.line)
+        if type(m) is not str:
+          warnings.showwarning(m.message, m.category, m.filename, m.lineno,
+                               m.file, m.line)
       return out
     # a miss is counted when stored or not stored (below): a failed trace
     # counts as a fallback alone

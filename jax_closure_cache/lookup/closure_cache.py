@@ -295,13 +295,48 @@ def note_cached_answer(fun) -> None:
     _skipped.n = getattr(_skipped, "n", 0) + 1
 
 
-def note_trace_effect() -> None:
+def note_trace_effect(warning=None) -> None:
   """An effect no watch sees was made on this thread (a warning issued,
   :data:`WARNING_REPLACEMENTS`): a trace during which one was made is
   neither shared nor stored, and its code is a trace writer, as for a
   stale answer (:class:`UnwatchedEffects`), since stock makes it again at
-  every trace of a new function object."""
+  every trace of a new function object. ``warning``: its text, for
+  :func:`warnings_issued`."""
   _skipped.n = getattr(_skipped, "n", 0) + 1
+  issued = getattr(_skipped, "issued", None)
+  if issued is not None and warning is not None:
+    issued.append(warning)
+
+
+@contextlib.contextmanager
+def warnings_issued():
+  """The warnings issued on this thread inside the block, as
+  ``"Category: message"`` texts, each left to ``warnings`` as issued: it
+  is shown, ignored or raised as the user's filters say, and Python's
+  registry of warnings shown once is kept (``warnings.catch_warnings``
+  would reset it). None where ``warnings`` is not patched
+  (:data:`WARNING_REPLACEMENTS`)."""
+  if warnings.warn is not _warn:
+    yield None
+    return
+  outer = getattr(_skipped, "issued", None)
+  issued = _skipped.issued = []
+  try:
+    yield issued
+  finally:
+    _skipped.issued = outer
+    if outer is not None:
+      outer.extend(issued)
+
+
+def _warning_text(args, kwargs) -> str:
+  """``"Category: message"`` of ``warnings.warn``'s or ``warn_explicit``'s
+  arguments (whatever they are: the original raises its own errors)."""
+  message = args[0] if args else kwargs.get("message")
+  category = args[1] if len(args) > 1 else kwargs.get("category")
+  if isinstance(message, Warning):
+    category = type(message)
+  return f"{getattr(category, '__name__', 'UserWarning')}: {message}"
 
 
 _WARN = warnings.warn
@@ -310,7 +345,7 @@ _SHOW = getattr(warnings, "_showwarnmsg", None)
 
 
 def _warn(*args, **kwargs):
-  note_trace_effect()
+  note_trace_effect(_warning_text(args, kwargs))
   # the same arguments, so the same errors; a stack level counted as stock
   # counts it, past this frame and the package's own
   if len(args) >= 3:
@@ -342,12 +377,14 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _warn_explicit(*args, **kwargs):
-  note_trace_effect()
+  note_trace_effect(_warning_text(args, kwargs))
   return _WARN_EXPLICIT(*args, **kwargs)
 
 
 def _show(*args, **kwargs):   # a warning issued in C (NumPy's), as shown
-  note_trace_effect()
+  m = args[0] if args else kwargs.get("msg")
+  note_trace_effect(f"{getattr(getattr(m, 'category', None), '__name__', '')}"
+                    f": {getattr(m, 'message', m)}")
   return _SHOW(*args, **kwargs)
 
 
