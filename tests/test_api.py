@@ -77,6 +77,36 @@ if sys.argv[1] != "stock":
 """
 
 
+def test_a_donated_argument_passed_again_raises_stocks_error():
+  """An argument donated at a call and passed again: to the same fresh
+  jitted closure (stock's object runs its executable on the deleted
+  buffer and XLA raises ``ValueError``) and to another one (stock's trace
+  raises JAX's ``RuntimeError`` of a deleted array), at first meetings
+  and at hits alike."""
+
+  def outcome(call):
+    try:
+      return ("ok", np.asarray(call()).tolist())
+    except Exception as e:   # what a user's except clause would see
+      return type(e).__name__, "deleted" in str(e) or "donated" in str(e)
+
+  def run():
+    out = []
+    for i in (0, 1, 0, 1):
+      c = float(i) + 0.5
+      f = jax.jit(lambda x: x * c, donate_argnums=0)
+      x = jnp.arange(3.0) + i
+      out.append(outcome(lambda: f(x)))
+      out.append(outcome(lambda: f(x)))         # the same object again
+      g = jax.jit(lambda x: x - c, donate_argnums=0)
+      out.append(outcome(lambda: g(x)))         # another object
+      out.append(outcome(lambda: f(jnp.arange(3.0))))   # a live argument
+    return out
+
+  want = replay_in_both_modes(run, clear=True)
+  assert {w[0] for w in want} == {"ok", "ValueError", "RuntimeError"}
+
+
 def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
   """Python shows a warning of one text and place once under the
   ``default`` filter: fresh donating jitted closures (one whose donated

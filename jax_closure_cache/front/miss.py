@@ -136,11 +136,13 @@ class MissStages:
     """Answer with stock's outcome; remember the code if only lifting
     failed. Not where this function object ran its entry's executable
     for a signature it had run before (no new trace) and that failed on
-    an array it read at its first call, deleted (or donated) since:
-    stock's executable of it holds its own copy of it, and a trace now
-    would read the state as it is now (a rebound global), so JAX's error
+    an array it read at its first call, deleted (or donated) since
+    (stock's executable of it holds its own copy of it, and a trace now
+    would read the state as it is now, a rebound global), or, at a later
+    call of the object, on an argument deleted since (stock's object runs
+    its executable of the signature on it, as the entry did): JAX's error
     stands."""
-    if self._ran_on_deleted_array(error):
+    if self._ran_on_deleted_array(error, args, kwargs):
       raise error
     if isinstance(error, entries.DonatesALeaf):
       # this call's (stock bakes the closed-over array); the entry and the
@@ -179,7 +181,7 @@ class MissStages:
     return out
 
 
-  def _ran_on_deleted_array(self, error) -> bool:
+  def _ran_on_deleted_array(self, error, args, kwargs) -> bool:
     row = self._row
     if (error is None or type(row) is not identity.PINNED
         or entries.tracer_leak(error) is not None
@@ -188,8 +190,15 @@ class MissStages:
     entry = row[identity.ENTRY]
     if entry.traces != entry.checked:   # a new signature: stock traces too
       return False
-    return any(getattr(x, "is_deleted", lambda: False)()
-               for x in _compat.jax.tree_util.tree_leaves(row[identity.LEAVES]))
+    arrays = _compat.jax.tree_util.tree_leaves(row[identity.LEAVES])
+    if row[identity.CALLS]:
+      # a later call of this object (its first call's hit made the row
+      # with none counted): its arguments too. (A signature this object
+      # meets first, whose executable another object of the entry made,
+      # raises so too, where stock's object would trace it and raise
+      # JAX's error of a deleted array.)
+      arrays += _compat.jax.tree_util.tree_leaves((args, kwargs))
+    return any(isinstance(x, _JaxArray) and x.is_deleted() for x in arrays)
 
 
   def _miss(self, key, a, args, kwargs):
