@@ -79,10 +79,10 @@ if sys.argv[1] != "stock":
 
 def test_a_donated_argument_passed_again_raises_stocks_error():
   """An argument donated at a call and passed again: to the same fresh
-  jitted closure (stock's object runs its executable on the deleted
-  buffer and XLA raises ``ValueError``) and to another one (stock's trace
-  raises JAX's ``RuntimeError`` of a deleted array), at first meetings
-  and at hits alike."""
+  jitted closure (on jax 0.10.2 stock's object runs its executable on the
+  deleted buffer and XLA raises ``ValueError``; 0.11 checks first) and to
+  another one (stock's trace raises JAX's ``RuntimeError`` of a deleted
+  array), at first meetings and at hits alike."""
 
   def outcome(call):
     try:
@@ -104,7 +104,7 @@ def test_a_donated_argument_passed_again_raises_stocks_error():
     return out
 
   want = replay_in_both_modes(run, clear=True)
-  assert {w[0] for w in want} == {"ok", "ValueError", "RuntimeError"}
+  assert {w[0] for w in want} >= {"ok", "RuntimeError"}
 
 
 def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
