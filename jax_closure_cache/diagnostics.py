@@ -355,8 +355,8 @@ def _warn_storm(fun, code, s: CodeStats, keys: list, distinct: int) -> None:
   ``warnings``: a storm is a performance note, and ``-W error`` suites must
   not fail on it."""
   changing = collections.defaultdict(set)
-  for _, key in keys:
-    for name, part in key_names.named_parts(fun, key):
+  for full_key in keys:   # (options, key) or a canonical (options, key, *context)
+    for name, part in key_names.named_parts(fun, full_key[1]):
       try:
         changing[name].add(part)
       except TypeError:

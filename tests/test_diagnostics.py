@@ -163,6 +163,30 @@ def test_storm_guard_logs_once_at_the_users_line_naming_the_culprit(storms):
   assert found[0].lineno == make.__code__.co_firstlineno + 1
 
 
+_STORM_GLOBAL = 0.0
+
+
+def test_a_storm_of_a_closure_free_function_names_the_global(storms):
+  """A closure-free function re-made while a global it reads changes: a
+  key met twice is its canonical object's (``(options, key, *context)``),
+  and the storm still names the global (it failed to unpack that key).
+  The function is one tier A does not share, so each value is met once
+  more by stock."""
+  global _STORM_GLOBAL
+  jcc.enable()
+  try:
+    for value in (0.05, 0.15, 0.15, 0.25, 0.35, 0.45, 0.55):
+      _STORM_GLOBAL = value   # (met twice: a canonical object's key)
+
+      def f(x):
+        return jax.lax.lgamma(x + _STORM_GLOBAL)
+      jax.jit(f)(jnp.ones(2))
+  finally:
+    jcc.disable()
+  text = storms()[0].getMessage()
+  assert "global '_STORM_GLOBAL' keeps changing" in text, text
+
+
 def test_a_storm_of_changing_static_arguments_names_them(storms):
   """A re-created function whose static argument changes every call: the
   values sit in the binder's cell (``key/names.BINDER_VALUES_CELL``), and
