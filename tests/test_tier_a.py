@@ -879,9 +879,11 @@ def test_identity_values_are_folded_as_stock(closure_key):
 
   def run():
     outs = []
-    for scale, bound in ((0.5, 3.0), (1.0, np.inf), (2.0, 7.0),
-                         (-1.0, np.inf), (3.0, 2.0), (1.0, 5.0),
-                         (-1.0, 9.0), (0.25, np.inf)):
+    # (a bound of max, min or clip is keyed by value: the calls that share
+    # meet a bound again)
+    for scale, bound in ((0.5, 3.0), (1.0, np.inf), (2.0, 3.0),
+                         (-1.0, np.inf), (3.0, 7.0), (1.0, 3.0),
+                         (-1.0, 7.0), (0.25, np.inf), (0.75, 7.0)):
       table = np.full(4, scale, np.float32)
       ints = np.full(4, int(scale) or 2, np.int32)
       # (a 0-d jax array the closure key lifts is an argument of its
@@ -964,6 +966,58 @@ def test_literals_xla_rewrites_or_merges_are_computed_as_stock():
     assert run() == want
   assert jcc.stats()["verify_mismatches"] == 0
   assert jcc.stats()["tier_a"]["hits"] > 0
+
+
+@pytest.mark.parametrize("closure_key", [False, True])
+def test_literals_inlined_bounds_and_expansions_are_computed_as_stock(
+    closure_key):
+  """Three more of XLA's rewrites by a constant's value. A literal of a
+  jaxpr the top level holds (a nested ``jit``, ``cond``, ``scan``,
+  ``checkpoint``) is a constant of both modules, which XLA inlines and
+  merges with an equal top-level one: ``jnp.where(jit(v > 2.0)(v), s,
+  v)`` with ``s`` 2.0 becomes a ``min``, which flushes a subnormal. A
+  bound of ``clip`` or ``clamp`` (crossed bounds: a NaN's sign). A
+  special function whose lowering is arithmetic with constants
+  (``lgamma``, ``digamma``, ``acosh``, ``cosh``, ``exp2``) of an operation
+  by a lifted scalar: XLA reassociates the two. Fresh functions, values
+  ordinary first and special later, every bit as stock's, in tier A alone
+  and both tiers; other values still share."""
+  x = jnp.asarray(np.asarray(
+      [1e-40, -1e-40, 3.0, -0.0, np.nan, -np.nan, 0.5, 1.25, 2.5, 10.0,
+       -0.5, 0.9], np.float32))
+  gt = jax.jit(lambda v: v > 2.0)
+  y = jnp.asarray(np.asarray([1.0, 2.0, 0.5, 3.0, 0.1, 10.0, -0.5, 1e-3, 0.9,
+                              0.33], np.float32))
+  expansions = (lambda v, s: jax.lax.lgamma(v + s),
+                lambda v, s: jax.lax.digamma(v - s),
+                lambda v, s: jnp.arccosh(v + s),
+                lambda v, s: jnp.cosh(v + s),
+                lambda v, s: jnp.exp2(v * s))
+
+  def run():
+    out = []
+    for s in (0.3, 0.7, 2.0, 1.3, 0.45, -2.0, 2.0):
+      out.append(_bits(jax.jit(lambda v: jnp.where(gt(v), s, v))(x)))
+      out.append(_bits(jax.jit(lambda v: jnp.where(
+          jax.lax.cond(True, lambda u: u > 2.0, lambda u: u < 2.0, v),
+          s, v))(x)))
+      out.append(_bits(jax.jit(lambda v: jnp.where(jax.lax.scan(
+          lambda c, u: (c, u > 2.0), 0.0, v[None])[1][0], s, v))(x)))
+      out.append(_bits(jax.jit(lambda v: (jnp.clip(v, -s, s),
+                                          jax.lax.clamp(-s, v, s)))(x)))
+      for special in expansions:
+        out.append(_bits(jax.jit(lambda v: special(v, s))(y)))
+      out.append(_bits(jax.jit(lambda v: v * s + 1.0)(x)))
+    return out
+
+  want = stock_off(run)
+  jcc.enable(closure_key=closure_key)
+  try:
+    for _ in range(2):
+      assert run() == want
+    assert jcc.stats()["tier_a"]["hits"] > 0
+  finally:
+    jcc.disable()
 
 
 @pytest.mark.parametrize("closure_key", [False, True])

@@ -101,6 +101,13 @@ def of(closed) -> Structure:
   held: list = []
   key = _open_structure(jaxpr, literals, bits, hoisted, fixed=fixed,
                         held=held)
+  if literals:
+    # and those of the jaxprs it holds: constants of both modules, which
+    # XLA inlines beside the top level's and merges with an equal one
+    for e in jaxpr.eqns:
+      for p in e.params.values():
+        if type(p) in _JAXPR_TYPES or type(p) is tuple:
+          fixed |= _inner_values(p)
   return Structure(key, tuple(literals), tuple(bits), tuple(hoisted),
                    frozenset(fixed), tuple(held))
 
@@ -352,7 +359,11 @@ KEYED_OPERANDS = types.MappingProxyType({
     # c)`` (whose CPU kernel flushes a subnormal ``x``) where the two are
     # one constant, as its CSE makes equal constants
     **{name: frozenset({0, 1}) for name in ("eq", "ne", "lt", "le", "gt",
-                                            "ge")}})
+                                            "ge")},
+    # bounds: XLA folds ``max(min(x, hi), lo)`` into a clamp, and a clamp
+    # by constants, as their order says (crossed bounds: a NaN's sign)
+    "max": frozenset({0, 1}), "min": frozenset({0, 1}),
+    "clamp": frozenset({0, 1, 2})})
 
 #: What a value computed from a literal or constant operand and literals
 #: alone may not meet, for the operand to be passed as an argument (nor a
@@ -1032,6 +1043,51 @@ def _hashable(p) -> bool:
     return True
   except TypeError:
     return False
+
+
+def _inner_values(p) -> frozenset:
+  """The held values (:func:`held_value`) of the literals and one-element
+  constants of a parameter's jaxprs (:func:`_jaxprs_of`) and of every
+  jaxpr nested in them."""
+  found = frozenset()
+  for q in _jaxprs_of(p):
+    found |= _open_values(getattr(q, "jaxpr", q))
+    found |= {held_value(np.asarray(c)) for c in getattr(q, "consts", ())
+              if getattr(c, "size", None) == 1}
+  return found
+
+
+def _jaxprs_of(p) -> tuple:
+  """``p`` as the jaxprs it is: a jaxpr, closed or open, or a tuple or
+  list of them (a ``cond``'s branches); else none."""
+  t = type(p)
+  if t in _JAXPR_TYPES:
+    return (p,)
+  if (t is tuple or t is list) and p and type(p[0]) in _JAXPR_TYPES:
+    return tuple(q for q in p if type(q) in _JAXPR_TYPES)
+  return ()
+
+
+_JAXPR_TYPES = frozenset({_compat.Jaxpr, _compat.ClosedJaxpr})
+
+
+@_compat.weakref_lru_cache
+def _open_values(jaxpr) -> frozenset:
+  found = set()
+  for e in jaxpr.eqns:
+    for v in e.invars:
+      if type(v) is _Literal and (h := literal_facts(v).held) is not None:
+        found.add(h)
+    for p in e.params.values():
+      if type(p) in _JAXPR_TYPES or type(p) is tuple:
+        found |= _inner_values(p)
+  for v in jaxpr.outvars:
+    if type(v) is _Literal and (h := literal_facts(v).held) is not None:
+      found.add(h)
+  return frozenset(found)
+
+
+cache.STORE.own("structure.inner_values", _open_values, cache.Store.CALLS)
 
 
 def _nested(jaxpr, named: bool = True) -> tuple:
