@@ -136,6 +136,35 @@ def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
   assert len(want[-1][1]) == 2   # each shown once
 
 
+def test_a_warning_whose_text_fails_is_left_to_pythons_filters():
+  """A warning whose message's ``str`` raises, issued by a donating fresh
+  closure's trace under an ``ignore`` filter: Python never formats it, so
+  stock raises nothing, and neither does the package's count of the
+  warnings a trace issues (it keeps the message, formatted only to
+  explain why the entry was not shared)."""
+  import warnings
+
+  class Unprintable:
+    def __str__(self):
+      raise RuntimeError("no text")
+
+  def run():
+    out = []
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      for i in range(3):
+        c = float(i % 2) + 0.5
+
+        def f(x):
+          warnings.warn(Unprintable())
+          return x * c
+        out.append(np.asarray(jax.jit(f, donate_argnums=0)(
+            jnp.arange(3.0))).tolist())
+    return out
+
+  replay_in_both_modes(run, clear=True)
+
+
 def test_a_donated_argument_its_closure_holds_too_is_stocks():
   """A donating call given the array its fresh closure holds: stock bakes
   the closed-over array and donates the argument; a shared entry takes

@@ -35,10 +35,10 @@ _JaxArray = _compat.jax.Array
 
 @contextlib.contextmanager
 def _compile_warnings(record: bool):
-  """The texts of the warnings a donating entry's trace and compile issue
-  (XLA's unusable donated buffers), each shown, ignored or raised as
-  issued, as the user's filters say; nothing is recorded, and the warning
-  machinery left alone, for other options. Where ``warnings`` is not
+  """The warnings a donating entry's trace and compile issue (XLA's
+  unusable donated buffers), each shown, ignored or raised as issued, as
+  the user's filters say; nothing is recorded, and the warning machinery
+  left alone, for other options. Where ``warnings`` is not
   patched (the package's ``jit`` called without ``enable()``), the
   warnings that pass the filters are recorded by ``catch_warnings`` and
   shown after (Python's registry of those shown once is reset then)."""
@@ -54,8 +54,10 @@ def _compile_warnings(record: bool):
 
 
 def _warning_text(m) -> str:
-  """A :func:`_compile_warnings` item's text."""
-  return m if type(m) is str else f"{m.category.__name__}: {m.message}"
+  """A :func:`_compile_warnings` item's text: an issued warning's
+  ``(message, category)``, or a recorded ``WarningMessage``."""
+  return (trace_lookup.closure_cache.warning_text(m) if type(m) is tuple
+          else f"{m.category.__name__}: {m.message}")
 
 
 
@@ -345,7 +347,7 @@ class MissStages:
       events.not_stored(self._user(), "warned", "; ".join(
           dict.fromkeys(map(_warning_text, warned)))[:300])
       for m in warned:
-        if type(m) is not str:
+        if type(m) is not tuple:
           warnings.showwarning(m.message, m.category, m.filename, m.lineno,
                                m.file, m.line)
       return out

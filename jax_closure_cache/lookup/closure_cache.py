@@ -300,8 +300,8 @@ def note_trace_effect(warning=None) -> None:
   :data:`WARNING_REPLACEMENTS`): a trace during which one was made is
   neither shared nor stored, and its code is a trace writer, as for a
   stale answer (:class:`UnwatchedEffects`), since stock makes it again at
-  every trace of a new function object. ``warning``: its text, for
-  :func:`warnings_issued`."""
+  every trace of a new function object. ``warning``: its ``(message,
+  category)``, for :func:`warnings_issued`."""
   _skipped.n = getattr(_skipped, "n", 0) + 1
   issued = getattr(_skipped, "issued", None)
   if issued is not None and warning is not None:
@@ -310,12 +310,12 @@ def note_trace_effect(warning=None) -> None:
 
 @contextlib.contextmanager
 def warnings_issued():
-  """The warnings issued on this thread inside the block, as
-  ``"Category: message"`` texts, each left to ``warnings`` as issued: it
-  is shown, ignored or raised as the user's filters say, and Python's
-  registry of warnings shown once is kept (``warnings.catch_warnings``
-  would reset it). None where ``warnings`` is not patched
-  (:data:`WARNING_REPLACEMENTS`)."""
+  """The warnings issued on this thread inside the block, as ``(message,
+  category)`` pairs (:func:`warning_text`), each left to ``warnings`` as
+  issued: it is shown, ignored or raised as the user's filters say, and
+  Python's registry of warnings shown once is kept
+  (``warnings.catch_warnings`` would reset it). None where ``warnings``
+  is not patched (:data:`WARNING_REPLACEMENTS`)."""
   if warnings.warn is not _warn:
     yield None
     return
@@ -329,14 +329,24 @@ def warnings_issued():
       outer.extend(issued)
 
 
-def _warning_text(args, kwargs) -> str:
-  """``"Category: message"`` of ``warnings.warn``'s or ``warn_explicit``'s
-  arguments (whatever they are: the original raises its own errors)."""
-  message = args[0] if args else kwargs.get("message")
-  category = args[1] if len(args) > 1 else kwargs.get("category")
+def _warning_of(args, kwargs) -> tuple:
+  """``(message, category)`` of ``warnings.warn``'s or ``warn_explicit``'s
+  arguments, whatever they are (the original raises its own errors)."""
+  return (args[0] if args else kwargs.get("message"),
+          args[1] if len(args) > 1 else kwargs.get("category"))
+
+
+def warning_text(warning: tuple) -> str:
+  """``"Category: message"`` of a :func:`warnings_issued` item (a message
+  whose ``str`` fails is named by its type)."""
+  message, category = warning
   if isinstance(message, Warning):
     category = type(message)
-  return f"{getattr(category, '__name__', 'UserWarning')}: {message}"
+  try:
+    text = str(message)
+  except Exception:
+    text = f"<a {type(message).__name__}>"
+  return f"{getattr(category, '__name__', 'UserWarning')}: {text}"
 
 
 _WARN = warnings.warn
@@ -345,7 +355,7 @@ _SHOW = getattr(warnings, "_showwarnmsg", None)
 
 
 def _warn(*args, **kwargs):
-  note_trace_effect(_warning_text(args, kwargs))
+  note_trace_effect(_warning_of(args, kwargs))
   # the same arguments, so the same errors; a stack level counted as stock
   # counts it, past this frame and the package's own
   if len(args) >= 3:
@@ -377,14 +387,13 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _warn_explicit(*args, **kwargs):
-  note_trace_effect(_warning_text(args, kwargs))
+  note_trace_effect(_warning_of(args, kwargs))
   return _WARN_EXPLICIT(*args, **kwargs)
 
 
 def _show(*args, **kwargs):   # a warning issued in C (NumPy's), as shown
   m = args[0] if args else kwargs.get("msg")
-  note_trace_effect(f"{getattr(getattr(m, 'category', None), '__name__', '')}"
-                    f": {getattr(m, 'message', m)}")
+  note_trace_effect((getattr(m, "message", m), getattr(m, "category", None)))
   return _SHOW(*args, **kwargs)
 
 
