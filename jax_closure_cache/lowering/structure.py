@@ -106,7 +106,7 @@ def of(closed) -> Structure:
     # XLA inlines beside the top level's and merges with an equal one
     for e in jaxpr.eqns:
       for p in e.params.values():
-        if type(p) in _JAXPR_TYPES or type(p) is tuple:
+        if type(p) in _JAXPR_TYPES or isinstance(p, tuple):
           fixed |= _inner_values(p)
   return Structure(key, tuple(literals), tuple(bits), tuple(hoisted),
                    frozenset(fixed), tuple(held))
@@ -1058,12 +1058,12 @@ def _inner_values(p) -> frozenset:
 
 
 def _jaxprs_of(p) -> tuple:
-  """``p`` as the jaxprs it is: a jaxpr, closed or open, or a tuple or
-  list of them (a ``cond``'s branches); else none."""
-  t = type(p)
-  if t in _JAXPR_TYPES:
+  """``p`` as the jaxprs it is: a jaxpr, closed or open, or those in a
+  tuple or list (a ``cond``'s branches; ``custom_linear_solve``'s named
+  tuple, with None for a missing one); else none."""
+  if type(p) in _JAXPR_TYPES:
     return (p,)
-  if (t is tuple or t is list) and p and type(p[0]) in _JAXPR_TYPES:
+  if isinstance(p, (tuple, list)):
     return tuple(q for q in p if type(q) in _JAXPR_TYPES)
   return ()
 
@@ -1079,7 +1079,7 @@ def _open_values(jaxpr) -> frozenset:
       if type(v) is _Literal and (h := literal_facts(v).held) is not None:
         found.add(h)
     for p in e.params.values():
-      if type(p) in _JAXPR_TYPES or type(p) is tuple:
+      if type(p) in _JAXPR_TYPES or isinstance(p, tuple):
         found |= _inner_values(p)
   for v in jaxpr.outvars:
     if type(v) is _Literal and (h := literal_facts(v).held) is not None:
