@@ -107,6 +107,38 @@ def test_a_donated_argument_passed_again_raises_stocks_error():
   assert {w[0] for w in want} >= {"ok", "RuntimeError"}
 
 
+def test_a_deleted_argument_beside_a_tracer_raises_stocks_error():
+  """A fresh jitted closure called a second time under ``grad`` (a tracer
+  among its arguments) with a deleted array beside it, and again through
+  a second wrapper of the same object: stock's errors, not one of the
+  package's own asking a tracer whether it was deleted."""
+
+  def outcome(call):
+    try:
+      return ("ok", np.asarray(call()).tolist())
+    except Exception as e:   # what a user's except clause would see
+      return type(e).__name__, "deleted" in str(e) or "donated" in str(e)
+
+  def run():
+    out = []
+    for i in (0, 1, 0, 1):
+      w = jnp.arange(3.0) + i
+
+      def f(x, d):
+        return x * w + d
+      g = jax.jit(f)
+      a = jnp.ones(3)
+      out.append(outcome(lambda: g(a, a)))
+      dead = jnp.ones(3)
+      dead.delete()
+      out.append(outcome(lambda: jax.grad(lambda x: g(x, dead).sum())(a)))
+      out.append(outcome(lambda: jax.jit(f)(a, dead)))   # another wrapper
+    return out
+
+  want = replay_in_both_modes(run, clear=True)
+  assert {w[0] for w in want} > {"ok"}
+
+
 def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
   """Python shows a warning of one text and place once under the
   ``default`` filter: fresh donating jitted closures (one whose donated
@@ -137,11 +169,12 @@ def test_donating_closures_keep_pythons_record_of_warnings_shown_once():
 
 
 def test_a_warning_whose_text_fails_is_left_to_pythons_filters():
-  """A warning whose message's ``str`` raises, issued by a donating fresh
+  """A warning whose message's ``str`` raises, issued by a fresh donating
   closure's trace under an ``ignore`` filter: Python never formats it, so
-  stock raises nothing, and neither does the package's count of the
-  warnings a trace issues (it keeps the message, formatted only to
-  explain why the entry was not shared)."""
+  stock raises nothing, and neither does the package's replacement of
+  ``warnings.warn`` that counts the warnings a trace issues (it keeps the
+  message unformatted). (A closure reading ``warnings`` is traced as
+  stock traces it: the replacement is what this reaches.)"""
   import warnings
 
   class Unprintable:

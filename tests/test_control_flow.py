@@ -855,7 +855,7 @@ def test_eager_iterative_solvers_with_fresh_functions_are_stocks(solver):
     solve = getattr(jax.scipy.sparse.linalg, solver)
     del log[:], traced[:], read[:], kept[:]
     out = []
-    for s in (2.0, 3.0):   # (each mode's second run meets both again)
+    for s in (2.0, 3.0, 2.0):
       a = jnp.eye(4) * s + 0.25
       d = 1.0 / jnp.diag(a)
       b = jnp.arange(1.0, 5.0)

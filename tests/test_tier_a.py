@@ -976,7 +976,8 @@ def test_literals_inlined_bounds_and_expansions_are_computed_as_stock(
   ``checkpoint``) is a constant of both modules, which XLA inlines and
   merges with an equal top-level one: ``jnp.where(jit(v > 2.0)(v), s,
   v)`` with ``s`` 2.0 becomes a ``min``, which flushes a subnormal. A
-  bound of ``clip`` or ``clamp`` (crossed bounds: a NaN's sign). A
+  bound of ``clip`` or ``clamp``, a literal or a closed-over 0-d array
+  (crossed bounds: a NaN's sign). A
   special function whose lowering is arithmetic with constants
   (``lgamma``, ``digamma``, ``acosh``, ``cosh``, ``exp2``) of an operation
   by a lifted scalar: XLA reassociates the two. Fresh functions, values
@@ -1005,6 +1006,10 @@ def test_literals_inlined_bounds_and_expansions_are_computed_as_stock(
           lambda c, u: (c, u > 2.0), 0.0, v[None])[1][0], s, v))(x)))
       out.append(_bits(jax.jit(lambda v: (jnp.clip(v, -s, s),
                                           jax.lax.clamp(-s, v, s)))(x)))
+      lo, hi = jnp.float32(-s), jnp.float32(s)   # (closed over: lifted)
+      out.append(_bits(jax.jit(lambda v: (
+          jnp.clip(v, lo, hi), jax.lax.clamp(lo, v, hi),
+          jnp.minimum(jnp.maximum(v, lo), 2.0)))(x)))
       for special in expansions:
         out.append(_bits(jax.jit(lambda v: special(v, s))(y)))
       out.append(_bits(jax.jit(lambda v: v * s + 1.0)(x)))

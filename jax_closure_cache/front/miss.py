@@ -200,7 +200,8 @@ class MissStages:
       # raises so too, where stock's object would trace it and raise
       # JAX's error of a deleted array.)
       arrays += _compat.jax.tree_util.tree_leaves((args, kwargs))
-    return any(isinstance(x, _JaxArray) and x.is_deleted() for x in arrays)
+    return any(type(x) is _compat.ArrayImpl and x.is_deleted()
+               for x in arrays)   # (a tracer's is_deleted raises)
 
 
   def _miss(self, key, a, args, kwargs):

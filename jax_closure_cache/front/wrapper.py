@@ -377,6 +377,10 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
         row = None
       if row is not None:   # called before, through another wrapper
         self._row = row
+        if type(row) is identity.PINNED:
+          # (counted as a later call of the object; promoted only from a
+          # wrapper called twice, ``_call_again``)
+          row[identity.CALLS] += 1
         return self._call_row(row, args, kwargs)
     # Hot path, kept to this frame plus the generated match: the inline
     # cache for this code object, then the shared jitted function.

@@ -228,10 +228,15 @@ class _Chains:
   computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
   ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
   __slots__ = ("chained", "scalars", "roots", "valued", "mapped", "products",
-               "transposed")
+               "transposed", "bounded")
 
   def __init__(self):
     self.chained: dict = {}
+    # var -> ("max" or "min", whether the bound is computed from lifted
+    # inputs alone): a runtime value bounded by a constant of stock's
+    # module (XLA makes a clamp of a ``max`` and a ``min`` by constants,
+    # as their order says)
+    self.bounded: dict = {}
     self.scalars: set = set()
     self.roots: set = set()
     # the vars whose values (not only their positions: a scatter's or a
@@ -461,8 +466,12 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     found = _reassociated(e, ins, chained, chains.constant_kind)
     if found:
       return found
+    found = _bounds(e, ins, chains.bounded)
+    if found:
+      return found
     if (name in _EXPANDED and e.invars
-        and any(type(x) is not _compat.Literal and chained.get(x, _NONE)[1]
+        and any(type(x) is not _compat.Literal
+                and (c := chained.get(x, _NONE))[1] and c[2] == "scalar"
                 for x in e.invars)):
       return Finding("folds_constants", (
           f"`{name}` of the result of an operation by a lifted scalar: its "
@@ -507,6 +516,34 @@ _EXPANDED = frozenset({
     "erf_inv", "erf", "erfc", "bessel_i0e", "bessel_i1e", "acosh", "asinh",
     "atanh", "acos", "asin", "atan", "sinh", "cosh", "tan", "exp2"})
 _NONE = (None, False, None)   # no chain (``chained``'s entries' shape)
+
+def _bounds(e, ins: list, bounded: dict) -> Finding | None:
+  """The finding where ``e`` bounds a runtime value by constants of
+  stock's module, one at least a value computed from lifted inputs alone:
+  a ``clamp``, or a ``max`` of a ``min`` (or the reverse), which XLA folds
+  into a clamp in stock's module as the bounds' order says (crossed
+  bounds: another NaN's sign). Notes a first bound in ``bounded``."""
+  name = e.primitive.name
+  if name == "clamp" and len(ins) == 3 and any(
+      s.folded_by_stock_only for s in (ins[0], ins[2])):
+    return Finding("folds_constants", (
+        "`clamp` by a bound computed from lifted inputs alone: XLA folds "
+        "a clamp by constants in stock's module, as their order says"))
+  if (name not in ("max", "min") or len(ins) != 2
+      or ins[0].varying == ins[1].varying):
+    return None
+  k = 0 if ins[1].varying else 1   # the bound's position (not varying)
+  x = e.invars[1 - k]
+  lifted = ins[k].folded_by_stock_only
+  before = bounded.get(x) if type(x) is not _compat.Literal else None
+  if before is not None and before[0] != name and (lifted or before[1]):
+    return Finding("folds_constants", (
+        f"`{name}` of a `{before[0]}` by constants, one computed from lifted "
+        "inputs alone: XLA makes the two a clamp in stock's module, as the "
+        "bounds' order says (crossed bounds keep another NaN's sign)"))
+  bounded[e.outvars[0]] = (name, lifted)
+  return None
+
 
 #: the families XLA reassociates a scalar constant within
 _FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",

@@ -80,8 +80,9 @@ class Structure(NamedTuple):
   as arguments) and their bits (``bits``, compared where it does not), and
   the constants of the top-level nested jits (``hoisted``, which a shared
   lowering takes as arguments, :func:`hoists`), and ``fixed``, the dtype
-  and bits of every other top-level literal (a constant of stock's module
-  and of the shared one); ``held``, each of ``literals``' dtype and
+  and bits of every other top-level literal and, where a literal may be
+  lifted, of every literal and one-element constant of the jaxprs it
+  holds (constants of stock's module and of the shared one); ``held``, each of ``literals``' dtype and
   bytes (:func:`held_value`)."""
   key: tuple
   literals: tuple
