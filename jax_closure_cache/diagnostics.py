@@ -355,7 +355,7 @@ def _warn_storm(fun, code, s: CodeStats, keys: list, distinct: int) -> None:
   ``warnings``: a storm is a performance note, and ``-W error`` suites must
   not fail on it."""
   changing = collections.defaultdict(set)
-  for full_key in keys:   # (options, key) or a canonical (options, key, *context)
+  for full_key in keys:   # (options, key), or (options, key, *context)
     for name, part in key_names.named_parts(fun, full_key[1]):
       try:
         changing[name].add(part)

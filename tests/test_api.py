@@ -77,6 +77,15 @@ if sys.argv[1] != "stock":
 """
 
 
+def _deleted_outcome(call):
+  """What a caller sees of ``call()``: its values, or the exception's type
+  and whether its text speaks of a deleted or donated buffer."""
+  try:
+    return ("ok", np.asarray(call()).tolist())
+  except Exception as e:   # what a user's except clause would see
+    return type(e).__name__, "deleted" in str(e) or "donated" in str(e)
+
+
 def test_a_donated_argument_passed_again_raises_stocks_error():
   """An argument donated at a call and passed again: to the same fresh
   jitted closure (on jax 0.10.2 stock's object runs its executable on the
@@ -84,23 +93,17 @@ def test_a_donated_argument_passed_again_raises_stocks_error():
   another one (stock's trace raises JAX's ``RuntimeError`` of a deleted
   array), at first meetings and at hits alike."""
 
-  def outcome(call):
-    try:
-      return ("ok", np.asarray(call()).tolist())
-    except Exception as e:   # what a user's except clause would see
-      return type(e).__name__, "deleted" in str(e) or "donated" in str(e)
-
   def run():
     out = []
     for i in (0, 1, 0, 1):
       c = float(i) + 0.5
       f = jax.jit(lambda x: x * c, donate_argnums=0)
       x = jnp.arange(3.0) + i
-      out.append(outcome(lambda: f(x)))
-      out.append(outcome(lambda: f(x)))         # the same object again
+      out.append(_deleted_outcome(lambda: f(x)))
+      out.append(_deleted_outcome(lambda: f(x)))   # the same object again
       g = jax.jit(lambda x: x - c, donate_argnums=0)
-      out.append(outcome(lambda: g(x)))         # another object
-      out.append(outcome(lambda: f(jnp.arange(3.0))))   # a live argument
+      out.append(_deleted_outcome(lambda: g(x)))   # another object
+      out.append(_deleted_outcome(lambda: f(jnp.arange(3.0))))   # a live one
     return out
 
   want = replay_in_both_modes(run, clear=True)
@@ -113,12 +116,6 @@ def test_a_deleted_argument_beside_a_tracer_raises_stocks_error():
   a second wrapper of the same object: stock's errors, not one of the
   package's own asking a tracer whether it was deleted."""
 
-  def outcome(call):
-    try:
-      return ("ok", np.asarray(call()).tolist())
-    except Exception as e:   # what a user's except clause would see
-      return type(e).__name__, "deleted" in str(e) or "donated" in str(e)
-
   def run():
     out = []
     for i in (0, 1, 0, 1):
@@ -128,11 +125,12 @@ def test_a_deleted_argument_beside_a_tracer_raises_stocks_error():
         return x * w + d
       g = jax.jit(f)
       a = jnp.ones(3)
-      out.append(outcome(lambda: g(a, a)))
+      out.append(_deleted_outcome(lambda: g(a, a)))
       dead = jnp.ones(3)
       dead.delete()
-      out.append(outcome(lambda: jax.grad(lambda x: g(x, dead).sum())(a)))
-      out.append(outcome(lambda: jax.jit(f)(a, dead)))   # another wrapper
+      out.append(_deleted_outcome(
+          lambda: jax.grad(lambda x: g(x, dead).sum())(a)))
+      out.append(_deleted_outcome(lambda: jax.jit(f)(a, dead)))   # re-wrapped
     return out
 
   want = replay_in_both_modes(run, clear=True)

@@ -38,10 +38,10 @@ def _compile_warnings(record: bool):
   """The warnings a donating entry's trace and compile issue (XLA's
   unusable donated buffers), each shown, ignored or raised as issued, as
   the user's filters say; nothing is recorded, and the warning machinery
-  left alone, for other options. Where ``warnings`` is not
-  patched (the package's ``jit`` called without ``enable()``), the
-  warnings that pass the filters are recorded by ``catch_warnings`` and
-  shown after (Python's registry of those shown once is reset then)."""
+  left alone, for other options. Where ``warnings`` is not patched (the
+  package's ``jit`` called without ``enable()``), the warnings that pass
+  the filters are recorded by ``catch_warnings`` and shown after
+  (Python's registry of those shown once is reset then)."""
   if not record:
     yield ()
     return
@@ -58,7 +58,6 @@ def _warning_text(m) -> str:
   ``(message, category)``, or a recorded ``WarningMessage``."""
   return (trace_lookup.closure_cache.warning_text(m) if type(m) is tuple
           else f"{m.category.__name__}: {m.message}")
-
 
 
 class MissStages:

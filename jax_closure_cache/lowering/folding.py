@@ -517,6 +517,7 @@ _EXPANDED = frozenset({
     "atanh", "acos", "asin", "atan", "sinh", "cosh", "tan", "exp2"})
 _NONE = (None, False, None)   # no chain (``chained``'s entries' shape)
 
+
 def _bounds(e, ins: list, bounded: dict) -> Finding | None:
   """The finding where ``e`` bounds a runtime value by constants of
   stock's module, one at least a value computed from lifted inputs alone:
