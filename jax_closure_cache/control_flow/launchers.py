@@ -140,9 +140,9 @@ class _Launcher(wrapper.ClosureJitted):
     unchanged through ``asarray``: a jax array itself, anything else a
     new array, as the entry's output already is."""
     row = self._row
-    if type(row) is not identity.PINNED:
+    if type(row) is not identity.Pinned:
       return out
-    entry = row[identity.ENTRY]
+    entry = row.entry
     if entry.forwarded is None or self._fun.__code__ not in _FORWARDING_CODES:
       return out   # (the common case first: hashing a code object costs)
     # (the forwarding of this call's signature: a shared entry traces one
@@ -179,13 +179,13 @@ class _Launcher(wrapper.ClosureJitted):
     # (this launch's wrapper answers by the row's entry: so it forwards what
     # that entry's traces forward, ``_as_forwarded``)
     self._row = pinned
-    return self._call_entry(pinned[identity.ENTRY], pinned[identity.KEY],
-                            pinned[identity.LEAVES], operands, {})
+    return self._call_entry(pinned.entry, pinned.key, pinned.leaves,
+                            operands, {})
 
   def remember(self) -> None:
     """Record what this launch decided as its user function's row."""
     decided = self._row
-    if type(decided) is identity.PINNED:
+    if type(decided) is identity.Pinned:
       pinned = decided
     elif type(decided) is identity.OWNED:
       pinned = None
@@ -254,10 +254,10 @@ class _Row(weakref.ref):
   reference to the function (its own key in ``_rows``, dropping itself
   as the function dies). ``code``: the launcher's (None once another of
   the launch's functions died: every later launch is stock's); ``parts``:
-  its cells as :func:`_hold` holds them; ``pinned``: ``[entry, key,
-  leaves, calls]`` (the identity row of the entry it hit) or None (stock
-  answered). Holds the user's functions weakly; the leaves while the
-  function lives, as a jit's identity row does."""
+  its cells as :func:`_hold` holds them; ``pinned``: the
+  ``identity.Pinned`` row of the entry it hit, or None (stock answered).
+  Holds the user's functions weakly; the leaves while the function lives,
+  as a jit's identity row does."""
   __slots__ = ("code", "parts", "pinned")
 
   def answers(self, launcher, user) -> bool:

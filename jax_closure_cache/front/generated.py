@@ -37,7 +37,6 @@ import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache.front import entries
-from jax_closure_cache.front import identity
 
 #: Filename of every generated front (in tracebacks and profiles): below
 #: the package's folder, so that JAX's traceback filter hides it as it
@@ -87,7 +86,7 @@ HIT = f"""\
 entry.record.front += 1   # counts in stats() and as the entry's use
 if MONITORING.{_compat.MONITORING_LISTENERS}:
   RECORD_EVENT("/jax_closure_cache/hit")
-row = self._row = [entry, key, out, 0]
+row = self._row = PINNED(entry, key, out)
 if getrefcount(f) > LONE:
   # Someone else holds the object and may wrap it again: its row must be
   # found. (Held by this wrapper alone, it can only be reached through it:
@@ -116,7 +115,7 @@ def hit_source(verify: bool) -> str:
 def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
-  (MONITORING, RECORD_EVENT, getrefcount, getweakrefcount, REF,
+  (MONITORING, RECORD_EVENT, PINNED, getrefcount, getweakrefcount, REF,
   RETRY_STOCK, VERIFIED, GUARDED_LEAVES, and LONE_REFS: the references to
   a function held by a wrapper alone, as a front counts them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
@@ -150,7 +149,7 @@ LAUNCHED = """\
 if held:
   self.remember()
 row = self._row
-if type(row) is PINNED and row[ENTRY].forwarded is not None:
+if type(row) is PINNED and row.entry.forwarded is not None:
   return self._as_forwarded(args, res)
 return res
 """
@@ -225,8 +224,8 @@ def front_class(base: type, spec, code, quicks, env: dict,
           "  return GENERIC(self, *args, **kwargs)"]
   methods = {}
   if getattr(base, "front_launches", False):
-    names.update(GENERIC_LAUNCH=base.launch, PINNED=identity.PINNED,
-                 ENTRY=identity.ENTRY, FunctionType=types.FunctionType)
+    names.update(GENERIC_LAUNCH=base.launch,
+                 FunctionType=types.FunctionType)
     launch = [
         "def launch(self, args, lone):",
         "  user = self._user_fun",

@@ -30,20 +30,32 @@ PROMOTE_AFTER_CALLS = 256
 # decided, for all its later calls; stock keys its caches on the object too.
 # A row is either
 #
-# * a weak reference to a stock jitted object of the function ("owned":
+# * a weak reference to a stock jitted object of the function (``OWNED``:
 #   stock traced it, so it is stock's from then on; when that object is
 #   gone, a new stock ``jax.jit`` of the function finds stock's own trace of
 #   it, as stock would), or
-# * a list ``[entry, key, leaves, calls]`` ("pinned"): the shared entry its
-#   first call used, the full key it was found under, the arrays it read
-#   then, and how many calls it has had since; read by the indices below.
-#   (A list, not a class: the hit makes one per fresh function object, and
-#   a list display costs a quarter of a slotted class's construction.)
+# * a :class:`Pinned`: its first call hit a shared entry, which it keeps.
 #
 # Rows refer neither to the function nor, once it dies, to anything of it.
 OWNED = weakref.ReferenceType
-PINNED = list
-ENTRY, KEY, LEAVES, CALLS = range(4)   # a pinned row's fields
+
+
+class Pinned:
+  """The row of a function object whose first call used a shared entry.
+
+  ``entry``: that entry (``cache.Entry``); ``key``: the full key it was
+  found under; ``leaves``: the arrays the object's closure held then,
+  passed to the entry at every call, as stock keeps its first trace's;
+  ``calls``: calls times arrays since (promoted to stock's own executable
+  at ``PROMOTE_AFTER_CALLS``), reset when the entry warns."""
+  __slots__ = ("entry", "key", "leaves", "calls")
+
+  def __init__(self, entry, key, leaves):
+    self.entry = entry
+    self.key = key
+    self.leaves = leaves
+    self.calls = 0
+
 
 # options key -> {weakref(function object): row}. Each weak reference's
 # callback is its table's own ``pop``, so a row goes, with no Python frame of

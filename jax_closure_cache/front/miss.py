@@ -184,15 +184,15 @@ class MissStages:
 
   def _ran_on_deleted_array(self, error, args, kwargs) -> bool:
     row = self._row
-    if (error is None or type(row) is not identity.PINNED
+    if (error is None or type(row) is not identity.Pinned
         or entries.tracer_leak(error) is not None
         or "deleted" not in str(error)):
       return False
-    entry = row[identity.ENTRY]
+    entry = row.entry
     if entry.traces != entry.checked:   # a new signature: stock traces too
       return False
-    arrays = _compat.jax.tree_util.tree_leaves(row[identity.LEAVES])
-    if row[identity.CALLS]:
+    arrays = _compat.jax.tree_util.tree_leaves(row.leaves)
+    if row.calls:
       # a later call of this object (its first call's hit made the row
       # with none counted): its arguments too. (A signature this object
       # meets first, whose executable another object of the entry made,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import typing
 
 from jax_closure_cache import _compat
 from jax_closure_cache import cache
@@ -212,13 +213,12 @@ class _Bound(wrapper.ClosureJitted):
     """The row this call's first object got (its entry, key and leaves)
     where it was answered by a shared entry; None where stock answered."""
     row = self._row
-    return row if type(row) is identity.PINNED else None
+    return row if type(row) is identity.Pinned else None
 
-  def resume(self, row: list, args, kwargs):
+  def resume(self, row: identity.Pinned, args, kwargs):
     """Call the entry of ``row`` (an earlier binder's ``decided()``) for
     this binder's static function, as that binder's later calls would."""
-    return self._call_entry(row[identity.ENTRY], row[identity.KEY],
-                            row[identity.LEAVES], args, kwargs)
+    return self._call_entry(row.entry, row.key, row.leaves, args, kwargs)
 
   def _presented(self):
     """The user's jitted function as stock's trace names it: its name,
@@ -340,8 +340,8 @@ def _inner_options(layout: _Layout, positions: list[int]) -> dict:
 
 
 # options key -> {weakref(jitted user function): {weakref(static function):
-# (params, state)}}; state None: stock's; else the row [entry, key, leaves,
-# calls] its first call decided. Rows are per user function: the same static
+# (params, state)}}; state None: stock's; else the ``identity.Pinned`` row
+# its first call decided. Rows are per user function: the same static
 # function given to two jitted functions is two different computations.
 _tables: dict[tuple, dict] = cache.STORE.table(
     "static_args.tables", cache.Store.TRACES, empty=lambda: _clear())
@@ -352,12 +352,36 @@ _tables: dict[tuple, dict] = cache.STORE.table(
 _PLAIN = "plain static values"
 
 
+class _Owned:
+  """The last static function of a wrapper that stock answered: the
+  wrapper's calls with ``function`` at ``position`` go straight to stock's
+  jitted object; ``calls`` counts them toward ``PROMOTE_AFTER_CALLS``."""
+  __slots__ = ("position", "function", "calls")
+
+  def __init__(self, position: int, function):
+    self.position = position
+    self.function = function
+    self.calls = 0
+
+
+class _Quick(typing.NamedTuple):
+  """The shape of a wrapper's last call whose one static argument was a
+  fresh plain function (``_call_quick``): ``n`` positional arguments, the
+  function at ``position``, the static parameters ``params``, and the
+  bound call's ``options`` and ``options_key``."""
+  n: int
+  position: int
+  params: object
+  options: dict
+  options_key: tuple
+
+
 class StaticArgsJitted(wrapper.ClosureJitted):
   """A jitted function with static arguments; functions among them are
   keyed by their closure key (see the module docstring).
 
-  ``_owned`` is ``[position, function, calls]`` for the last static function
-  answered by stock: calls with it go straight to stock's jitted object, and
+  ``_owned`` (an :class:`_Owned`) is the last static function answered by
+  stock: calls with it go straight to stock's jitted object, and
   after ``PROMOTE_AFTER_CALLS`` of them the wrapper is stock's for
   good (no frame of ours per call, as for any long-lived jitted function).
   It holds the function as stock's own cache does.
@@ -367,12 +391,10 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self._owned = None
-    # ``(n, position, params, options, options_key)`` of the last call
-    # with n positional arguments whose one static argument, at
-    # ``position``, was a fresh plain function, with or without a closure
-    # (the bound call's options with it):
-    # a later such call skips the search for functions among the static
-    # values and the identity lookup (``_call_quick``)
+    # the :class:`_Quick` shape of the last call whose one static
+    # argument was a fresh plain function, with or without a closure: a
+    # later call of that shape skips the search for functions among the
+    # static values and the identity lookup (``_call_quick``)
     self._quick = None
     self._resolved = self._resolve()
     self._calls = 0   # of this wrapper with a static function's row
@@ -396,15 +418,15 @@ class StaticArgsJitted(wrapper.ClosureJitted):
   def __call__(self, *args, **kwargs):
     owned = self._owned
     if owned is not None:
-      i = owned[0]
-      if i < len(args) and args[i] is owned[1]:
-        owned[2] += 1
-        if owned[2] >= identity.PROMOTE_AFTER_CALLS:
+      i = owned.position
+      if i < len(args) and args[i] is owned.function:
+        owned.calls += 1
+        if owned.calls >= identity.PROMOTE_AFTER_CALLS:
           self._go_direct(self.stock())
         return self.stock()(*args, **kwargs)
     quick = self._quick
-    if quick is not None and not kwargs and len(args) == quick[0]:
-      fun = args[quick[1]]
+    if quick is not None and not kwargs and len(args) == quick.n:
+      fun = args[quick.position]
       if (type(fun) is types.FunctionType
           and not identity.getweakrefcount(fun)
           and not _compat.DISABLE_JIT.value):
@@ -473,7 +495,7 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     if row is not None and seen == params:
       if state is None:
         if not names and len(positions) == 1:
-          self._owned = [positions[0], functions[0], 0]
+          self._owned = _Owned(positions[0], functions[0])
         return self.stock()(*args, **kwargs)
       # This wrapper's own calls only: a jitted function made anew for each
       # call (``jax.jit(f, static_argnums=1)(x, g)`` in a loop) keeps no
@@ -483,8 +505,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
       # (nor while the entry is warned of: stock's object would lower now
       # and warn of its constants, where stock's lowered at the first call)
       if (self._calls >= identity.PROMOTE_AFTER_CALLS and not plain
-          and not (type(state) is identity.PINNED
-                   and state[identity.ENTRY].warned())):
+          and not (type(state) is identity.Pinned
+                   and state.entry.warned())):
         # long-lived: stock's from now on (not with plain values: stock's
         # object would trace a value equal under == to the first call's,
         # which stock's own cache of the object answers with that trace)
@@ -505,8 +527,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     if single:
       if (not names and not plain and len(positions) == 1
           and type(user) is types.FunctionType):
-        self._quick = (len(args), positions[0], params,
-                       *layout.bound_options(tuple(positions)))
+        self._quick = _Quick(len(args), positions[0], params,
+                             *layout.bound_options(tuple(positions)))
     return out
 
   def _call_quick(self, quick, fun, args):
@@ -568,8 +590,8 @@ class StaticArgsJitted(wrapper.ClosureJitted):
     table = self._table()
     seen = set()
     for _, state in list(table.values()) if table else ():
-      if type(state) is identity.PINNED:
-        jitted = state[identity.ENTRY].jitted
+      if type(state) is identity.Pinned:
+        jitted = state.entry.jitted
         if id(jitted) not in seen:
           seen.add(id(jitted))
           n += _compat.cache_size(jitted)

@@ -180,7 +180,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "RECORD_EVENT": _compat.jax.monitoring.record_event,
             "getrefcount": identity.getrefcount,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
-            "LONE_REFS": identity.LONE_REFS,
+            "LONE_REFS": identity.LONE_REFS, "PINNED": identity.Pinned,
             "GUARDED_LEAVES": entries.guarded_leaves,
             **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
@@ -245,7 +245,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     wrapper of the same function object finds it (the hot path records it
     only when something besides this wrapper holds the function)."""
     row = self._row
-    if type(row) is identity.PINNED:
+    if type(row) is identity.Pinned:
       try:
         self._spec.table.setdefault(
             identity.ref(self._fun, self._spec.table.pop), row)
@@ -279,7 +279,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return 0
     if type(row) is identity.OWNED:
       return _compat.cache_size(self.stock())
-    return _compat.cache_size(row[identity.ENTRY].jitted)
+    return _compat.cache_size(row.entry.jitted)
 
   def __get__(self, obj, objtype=None):
     return self if obj is None else types.MethodType(self, obj)
@@ -331,8 +331,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return None
     row = self._row or identity.row_of(self._fun, self._spec.key)
     if row is not None:
-      return ((row[identity.ENTRY], row[identity.LEAVES])
-              if type(row) is identity.PINNED else None)
+      return ((row.entry, row.leaves) if type(row) is identity.Pinned
+              else None)
     try:
       a, _, entry = self._stored()
     except (Uncacheable, TypeError):
@@ -353,7 +353,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     next call takes its key again and reads what its closure holds now."""
     self.stock().clear_cache()
     row = self._row or identity.row_of(self._fun, self._spec.key)
-    if type(row) is identity.PINNED:
+    if type(row) is identity.Pinned:
       self._row = None
       identity.forget(self._spec.table, self._fun)
 
@@ -377,10 +377,10 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
         row = None
       if row is not None:   # called before, through another wrapper
         self._row = row
-        if type(row) is identity.PINNED:
+        if type(row) is identity.Pinned:
           # (counted as a later call of the object; promoted only from a
           # wrapper called twice, ``_call_again``)
-          row[identity.CALLS] += 1
+          row.calls += 1
         return self._call_row(row, args, kwargs)
     # Hot path, kept to this frame plus the generated match: the inline
     # cache for this code object, then the shared jitted function.
@@ -426,8 +426,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     f)(x)`` in a loop) keeps no stock object alive, and stock's path for a
     new wrapper costs several times the entry's."""
     if type(row) is not _OWNED:
-      row[identity.CALLS] += len(row[identity.LEAVES]) or 1
-      if row[identity.CALLS] >= identity.PROMOTE_AFTER_CALLS:
+      row.calls += len(row.leaves) or 1
+      if row.calls >= identity.PROMOTE_AFTER_CALLS:
         row = self._promote(row)
     if type(row) is _OWNED:
       owned = self._stock_of(row)
@@ -476,8 +476,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return self._stock_of(row)(*args, **kwargs)
     if _DISABLE_JIT.value:
       return self._fun(*args, **kwargs)
-    return self._call_entry(row[identity.ENTRY], row[identity.KEY],
-                            row[identity.LEAVES], args, kwargs)
+    return self._call_entry(row.entry, row.key, row.leaves, args, kwargs)
 
   def _promote(self, row):
     """Give a long-lived object stock's own executable, if its closure still
@@ -491,17 +490,17 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     except (Uncacheable, TypeError):
       same = False
     if not same:
-      row[identity.CALLS] = -(1 << 62)   # never ask again
+      row.calls = -(1 << 62)   # never ask again
       return row
-    if row[identity.ENTRY].warned():
+    if row.entry.warned():
       # stock's object would lower now and warn of its constants, where
       # stock's own lowered once, at the first call: ask again later
-      row[identity.CALLS] = 0
+      row.calls = 0
       return row
     return self._own()
 
   def _pin(self, entry, key, leaves) -> None:
-    self._row = row = [entry, key, leaves, 0]
+    self._row = row = identity.Pinned(entry, key, leaves)
     identity.remember(self._spec.table, self._fun, row)
 
   def _own(self):
