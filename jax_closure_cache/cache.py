@@ -301,6 +301,7 @@ class Store:
     self._count_resets: list = []
     self._verify_listeners: list = []
     self._carried_hits = 0   # hits of dropped records (carry_hits)
+    self.clears = 0   # calls of clear_entries, ever
 
   # -- making and owning tables
 
@@ -348,7 +349,10 @@ class Store:
   # -- dropping
 
   def clear_entries(self) -> None:
-    """Drop what every ``TRACES`` and ``CALLS`` table holds; counts stay."""
+    """Drop what every ``TRACES`` and ``CALLS`` table holds; counts stay
+    (``clears`` counts the calls: ``jax.clear_caches()`` made inside a
+    trace is an effect a hit would skip)."""
+    self.clears += 1
     self._drop(self._DROPPED_BY_CLEAR)
 
   def release_traces(self) -> None:

@@ -5,6 +5,7 @@ side effects are compared with stock jax.jit on a fresh function object."""
 
 import logging
 import os
+import sys
 import threading
 
 import jax
@@ -1341,3 +1342,102 @@ def test_the_jit_key_mirror_follows_a_global_change_inside_a_block():
     assert seen == [not saved, saved]
   finally:
     jax.config.update("jax_mutable_array_checks", saved)
+
+
+def _settings_snapshot():
+  return (dict(jax.config.values), np.geterr(), np.get_printoptions(),
+          sys.getrecursionlimit())
+
+
+def _restore_settings(saved):
+  values, err, printing, limit = saved
+  for name in ("jax_enable_checks", "jax_numpy_rank_promotion"):
+    jax.config.update(name, values[name])
+  np.seterr(**err)
+  np.set_printoptions(**printing)
+  sys.setrecursionlimit(limit)
+
+
+def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
+  """Fresh closures (a jitted one, an eager ``scan`` body, a ``jit(grad)``)
+  whose traces read a JAX setting no jit key holds
+  (``jax.config.jax_enable_checks``, switched between calls), or write the
+  process's state (``jax.config.update``, NumPy's error handling and print
+  options, the recursion limit, ``jax.clear_caches()``): every call reads
+  and writes as stock's trace does, the state after each call and the
+  values both. A setting of JAX's trace context
+  (``jax.config.jax_enable_x64``) is keyed by JAX's jit key: its reader
+  still hits."""
+  held = STOCK_JIT(lambda v: v + 1)
+  x = jnp.arange(1.0, 4.0)
+
+  def run():
+    saved = _settings_snapshot()
+    out = []
+    try:
+      for i, checks in enumerate([True, True, False, False, True]):
+        jax.config.update("jax_enable_checks", checks)
+        jax.config.update("jax_numpy_rank_promotion", "allow")
+        np.seterr(divide="warn")
+        np.set_printoptions(precision=8)
+        sys.setrecursionlimit(saved[3])
+        held(x)
+        c = 2.0 + i % 2
+
+        def signed(v):
+          return v * (c if jax.config.jax_enable_checks else -c)
+
+        def writes_jax(v):
+          jax.config.update("jax_numpy_rank_promotion", "raise")
+          return v + c
+
+        def writes(v):
+          np.seterr(divide="ignore")
+          np.set_printoptions(precision=3)
+          sys.setrecursionlimit(saved[3] + 7)
+          return v * c
+
+        def wide(v):
+          return (v * c).astype(jnp.float64 if jax.config.jax_enable_x64
+                                else jnp.float32)
+
+        scanned = jax.lax.scan(lambda s, v: (s + signed(v), s), 0.0, x)
+        graded = jax.jit(jax.grad(lambda v: signed(v).sum()))(x)
+        out.append((i, jax.jit(signed)(x).tolist(),
+                    [np.asarray(a).tolist() for a in scanned],
+                    graded.tolist()))
+        out.append((i, jax.jit(writes_jax)(x).tolist(),
+                    jax.config.jax_numpy_rank_promotion))
+        out.append((i, jax.jit(writes)(x).tolist(),
+                    np.geterr()["divide"], np.get_printoptions()["precision"],
+                    sys.getrecursionlimit()))
+        r = jax.jit(wide)(x)
+        out.append((i, str(r.dtype), r.tolist()))
+      for i in range(4):   # (apart: a clear drops every entry)
+        held(x)
+        c = 2.0
+
+        def clears(v):
+          jax.clear_caches()
+          return v - c
+        out.append((i, jax.jit(clears)(x).tolist(), held._cache_size()))
+    finally:
+      _restore_settings(saved)
+    return out
+
+  want = replay_in_both_modes(run, clear=True)
+  assert {o[1][0] for o in want if len(o) == 4} == {-2.0, -3.0, 2.0, 3.0}
+  assert {o[2] for o in want if len(o) == 3 and type(o[2]) is str} == {
+      "raise"}
+  assert {o[2:] for o in want if len(o) == 5} == {("ignore", 3,
+                                                   sys.getrecursionlimit() + 7)}
+  jcc.clear()
+  jcc.enable()
+  try:
+    x64_hits = jcc.stats()["hits"]
+    for c in (2.0, 2.0, 2.0, 2.0):   # stock's, stored, then two hits
+      jax.jit(lambda v: (v * c).astype(
+          jnp.float64 if jax.config.jax_enable_x64 else jnp.float32))(x)
+    assert jcc.stats()["hits"] - x64_hits == 2
+  finally:
+    jcc.disable()

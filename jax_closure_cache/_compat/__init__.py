@@ -24,7 +24,10 @@ from jax._src.lib import _jax as _jaxlib_ext
 import contextlib as _contextlib
 import types as _types
 import os as _os
+import sys as _sys
 import threading as _threading
+
+import numpy as _np
 
 # JAX hides its own frames from user tracebacks, and from the source
 # information it records for each equation (the locations of a lowered
@@ -190,6 +193,51 @@ def no_mesh_context() -> bool:
     return (a is None or a.empty) and (d is None or d.empty)
   return (jax.sharding.get_abstract_mesh().empty
           and jax.sharding.get_mesh().empty)
+
+
+#: JAX's config object (``jax.config``), the module it lives in, and the
+#: types of its settings.
+JAX_CONFIG = _config.config
+_SETTING_TYPES = tuple(t for t in (getattr(_config, "State", None),
+                                   getattr(_config, "Flag", None))
+                       if isinstance(t, type))
+
+
+def _trace_context_names() -> frozenset:
+  return frozenset(getattr(_config, "trace_context_names", tuple)())
+
+
+def keyed_setting(name) -> bool:
+  """Whether ``jax.config.<name>`` reads a setting of JAX's trace context,
+  which JAX's jit key holds (``JitKeyMirror`` the few it leaves out): a
+  trace that branches on it is traced again where it changed."""
+  return type(name) is str and name in _trace_context_names()
+
+
+def live_setting(v) -> bool:
+  """Whether ``v`` is JAX's config (``jax.config``, the module defining it)
+  or one of its settings no jit key holds (a state outside the trace
+  context, a flag): a trace that reads it branches on the setting now, and
+  one that writes it (``update``, a context left open) changes it for
+  what follows; a hit that skips the trace would do neither."""
+  if v is JAX_CONFIG or v is _config:
+    return True
+  if not isinstance(v, _SETTING_TYPES):
+    return False
+  return getattr(v, "name", None) not in _trace_context_names()
+
+
+def settings_now() -> tuple:
+  """The process's settings a trace may change: every JAX config setting
+  (this thread's value), NumPy's floating-point error handling and print
+  options, and the interpreter's recursion limit. Compared before and
+  after a trace (``closure_cache.UnwatchedEffects``): one that changed
+  them is never shared."""
+  holders = getattr(JAX_CONFIG, "_value_holders", None)
+  jax_values = (tuple([h.value for h in holders.values()])
+                if holders is not None else tuple(JAX_CONFIG.values.values()))
+  return (jax_values, tuple(_np.geterr().items()),
+          tuple(_np.get_printoptions().items()), _sys.getrecursionlimit())
 
 
 #: JAX's config states its traces read (in its trace context) that its jit
@@ -714,8 +762,6 @@ def library_or_own_code(code) -> bool:
 # entry of this package would hold it longer.
 
 from jax._src import dtypes as _dtypes   # noqa: E402
-import sys as _sys   # noqa: E402
-import numpy as _np   # noqa: E402
 import weakref as _weakref   # noqa: E402
 
 _canonicalize_value = getattr(_dtypes, "canonicalize_value", None)

@@ -454,9 +454,13 @@ class Analysis(_key.Walk):
     kept by identity (and such a function is stock's), never lifted."""
     obj = chain_value(f, kind, name, attributes)
     if obj is NOCHAIN and chain_draws(f, kind, name, attributes):
-      raise Uncacheable("drawn_state", f"{f.__qualname__} calls "
-                        f"{name}.{'.'.join(attributes)}, which gives a new "
-                        "value each time (stock draws again)")
+      chain = f"{name}.{'.'.join(attributes)}"
+      raise Uncacheable("drawn_state", (
+          f"{f.__qualname__} reads {chain}, a JAX setting no jit key holds "
+          "(stock's trace reads it anew, and a write through it changes "
+          "it for what follows)") if ".config." in f".{chain}." else (
+          f"{f.__qualname__} calls {chain}, which gives a new value each "
+          "time (stock draws again)"))
     if obj is NOCHAIN:
       obj = library_value(f, kind, name, attributes)
       if obj is NOCHAIN or obj is MISSING:

@@ -117,6 +117,8 @@ def drawn_from(v) -> bool:
     return True
   if v is sys.modules:   # modules looked up by name: what they hold is unkeyed
     return True
+  if _compat.live_setting(v):   # JAX's config: its settings now, or a write
+    return True
   if isinstance(v, contextvars.ContextVar) or isinstance(
       owner, contextvars.ContextVar):
     return True   # its value is the running context's, read by get()
@@ -155,11 +157,13 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
   :func:`drawn_from` refuses; the walk keys such modules by identity, and
   never follows their chains otherwise."""
   obj = chain_base(f, kind, name)
+  if obj is _compat.JAX_CONFIG:
+    return _config_read_draws(attributes)
   if not isinstance(obj, (types.ModuleType, type)):
     return False   # an object: walked by value, refused there if drawn from
   if drawn_from(obj):
     return True
-  for attribute in attributes:
+  for i, attribute in enumerate(attributes):
     if not isinstance(obj, (types.ModuleType, type)):
       return False   # past the namespaces: the value reached is walked
     try:
@@ -168,9 +172,18 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
       raise
     except Exception:
       return False
+    if obj is _compat.JAX_CONFIG:
+      return _config_read_draws(attributes[i + 1:])
     if drawn_from(obj):
       return True
   return False
+
+
+def _config_read_draws(attributes: tuple) -> bool:
+  """Whether a chain reading ``attributes`` of ``jax.config`` reads what no
+  key holds: anything but a setting of JAX's trace context, which JAX's
+  jit key holds (``jax.config.jax_enable_x64``); ``update`` writes."""
+  return not (attributes and _compat.keyed_setting(attributes[0]))
 
 
 #: Packages whose objects the walk keeps by identity when it cannot read

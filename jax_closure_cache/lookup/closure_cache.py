@@ -243,18 +243,24 @@ _skipped = threading.local()
 class UnwatchedEffects:
   """Whether this thread made an effect no watch sees since this object
   was made: a trace JAX's own cache answered stale
-  (:func:`note_cached_answer`), a warning (:func:`note_trace_effect`).
-  A trace during which one was made (``made()``) is not shared or
-  stored, since a later function object of its key would trace afresh
-  and make it, as stock's would."""
+  (:func:`note_cached_answer`), a warning (:func:`note_trace_effect`), a
+  change to the process's settings (JAX's config, NumPy's error handling
+  and print options, the recursion limit: ``_compat.settings_now``), or
+  ``jax.clear_caches()``. A trace during which one was made (``made()``)
+  is not shared or stored, since a later function object of its key
+  would trace afresh and make it, as stock's would."""
 
-  __slots__ = ("_at",)
+  __slots__ = ("_at", "_settings", "_cleared")
 
   def __init__(self):
     self._at = getattr(_skipped, "n", 0)
+    self._settings = _compat.settings_now()
+    self._cleared = cache.STORE.clears
 
   def made(self) -> bool:
-    return getattr(_skipped, "n", 0) != self._at
+    return (getattr(_skipped, "n", 0) != self._at
+            or cache.STORE.clears != self._cleared
+            or _compat.settings_now() != self._settings)
 
 
 @contextlib.contextmanager
