@@ -482,7 +482,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     """Give a long-lived object stock's own executable, if its closure still
     reads what its first call read (else stock's trace would differ from the
     one it has been answered by, so it stays on the entry)."""
-    _, key, leaves, _ = row
+    key, leaves = row.key, row.leaves
     try:
       a = closure.analyse(self._fun, self._spec.lift_numpy)
       same = (a.key == key[1] and len(a.leaves) == len(leaves)
