@@ -497,6 +497,50 @@ def test_a_shared_entrys_lowering_is_named_as_stocks():
   assert want[:2] == ["@jit__lambda", "@jit__unnamed_function"]
 
 
+def test_fresh_closures_renamed_per_call_are_named_as_stocks():
+  """Fresh closures of one code, renamed in turn (``__name__`` set, or
+  made by ``types.FunctionType`` with a name; one helper renamed under a
+  ``functools.wraps`` wrapper): each call's value, its lowering's module
+  name and a caller's trace of it (``make_jaxpr``, an eager ``scan`` over
+  it) name it as stock's do. A hit answered the object with the name of
+  the entry's first one (found by a differential pass)."""
+  import functools
+  import re
+  import types
+  x = jnp.arange(1.0, 4.0)
+
+  def base(v):
+    return v
+
+  def make(c, name, how):
+    def f(y):
+      return jnp.sin(y) * c
+    if how == "set":
+      f.__name__ = name
+      return f
+    if how == "made":
+      return types.FunctionType(f.__code__, f.__globals__, name, None,
+                                f.__closure__)
+    return functools.wraps(base)(f)   # named as ``base``
+
+  def run():
+    out = []
+    for i in range(3):
+      for name, how in (("alpha", "set"), ("beta", "set"), ("gamma", "made"),
+                        ("f", "made"), ("", "wraps")):
+        g = jax.jit(make(2.0, name, how))
+        outer = jax.make_jaxpr(lambda y: g(y) + 1)(x)
+        scanned = jax.lax.scan(lambda s, v: (s + g(v), s), 0.0, x)[0]
+        out.append((i, name, how, g(x).tolist(), float(scanned),
+                    re.findall(r"module @(\w+)", g.lower(x).as_text()),
+                    re.findall(r"name=(\w+)", str(outer))))
+    return out
+
+  want = replay_in_both_modes(run, clear=True)
+  assert {w[5][0] for w in want} == {"jit_alpha", "jit_beta", "jit_gamma",
+                                     "jit_f", "jit_base"}
+
+
 def test_an_error_of_a_function_the_key_refuses_carries_no_refusal():
   """A re-created function the closure key refuses (it calls
   ``warnings.warn``) raises at trace time: stock's error, with stock's

@@ -109,7 +109,7 @@ class Atom(NamedTuple):
 
 class FnPart(NamedTuple):
   """``(FN, index, code, globals_id, cells, defaults, kwdefaults, globals,
-  chains)``: a function walked by its code (``Walk.function``)."""
+  chains, name)``: a function walked by its code (``Walk.function``)."""
   tag: Marker           # FN
   index: int            # the walk's ordinal (what a CYCLE refers to)
   code: types.CodeType
@@ -119,6 +119,7 @@ class FnPart(NamedTuple):
   kwdefaults: tuple | None   # ((name, part), ...)
   globals: tuple        # the parts of the globals its code reads
   chains: tuple         # the parts of the attribute chains it reads
+  name: str | None      # its ``__name__``, None where it is its code's
 
 
 class TreePart(NamedTuple):
@@ -403,7 +404,20 @@ class Walk:
                   tuple([(k, value(x)) for k, x in kw.items()]))
     globs, chains = self.reads(f)
     return (FN, index, f.__code__, id(g), cells, defaults, kwdefaults, globs,
-            chains)
+            chains, self.name(f))
+
+  @staticmethod
+  def name(f) -> str | None:
+    """``f.__name__`` where it is not its code's (set by hand,
+    ``functools.wraps``): JAX names a trace, its lowering and a caller's
+    equation by it. None for the code's own."""
+    name = f.__name__
+    if name is f.__code__.co_name:
+      return None
+    if type(name) is not str:
+      raise Unkeyable("attributes", f"{f.__qualname__} is named by a "
+                      f"{type(name).__name__}")
+    return None if name == f.__code__.co_name else name
 
   def cells(self, f) -> tuple:
     return tuple([self.cell(c) for c in f.__closure__ or ()])

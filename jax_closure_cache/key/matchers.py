@@ -405,6 +405,13 @@ class _MatchSource:
     attributes = (f" or ({f}_a := {f}.__dict__) and (len({f}_a) != 1 or "
                   f"'__wrapped__' not in {f}_a) and own_attributes({f})"
                   if fn.index != 0 or self.self_referenced else "")
+    # its name, which JAX's trace reads: the code's own (an interned
+    # identifier: compared by identity; another object equal to it misses
+    # and is keyed by the walk), or the one the walk keyed, an exact str
+    attributes += (f" or {f}.__name__ is not {self.bind(fn.code.co_name)}"
+                   if fn.name is None else
+                   f" or type({f}_n := {f}.__name__) is not str or {f}_n != "
+                   f"{self.bind(fn.name)}")
     if fn.index == 0 and f == "f":
       # The top function: callers look the matcher up by the code of a
       # plain function (``_quick[fun.__code__]``), so type and code hold.

@@ -138,13 +138,6 @@ class NodePart(NamedTuple):
   klass: Any            # the part of a custom node's class, or None
 
 
-def fn_part(index, code, globals_id, cells, defaults, kwdefaults, globs,
-            chains) -> tuple:
-  """An ``FN`` part, as the plain tuple ``FnPart`` names the fields of."""
-  return (FN, index, code, globals_id, cells, defaults, kwdefaults, globs,
-          chains)
-
-
 #: Types keyed by their value as they are (floats go through ``float_key``).
 ATOMS = _key.ATOMS
 #: Pytree node types whose node data holds no user function.
