@@ -207,11 +207,25 @@ def _trace_context_names() -> frozenset:
   return frozenset(getattr(_config, "trace_context_names", tuple)())
 
 
-def keyed_setting(name) -> bool:
-  """Whether ``jax.config.<name>`` reads a setting of JAX's trace context,
-  which JAX's jit key holds (``JitKeyMirror`` the few it leaves out): a
-  trace that branches on it is traced again where it changed."""
-  return type(name) is str and name in _trace_context_names()
+def keyed_setting(config, attribute) -> bool:
+  """Whether ``config.<attribute>`` (``config``: ``jax.config``, or the
+  module defining it) reads a setting of JAX's trace context, which JAX's
+  jit key holds (``JitKeyMirror`` the few it leaves out): a trace that
+  branches on it is traced again where it changed. The module holds its
+  settings by their Python names (``mutable_array_checks``)."""
+  if type(attribute) is not str:
+    return False
+  if config is _config:
+    setting = _config.__dict__.get(attribute)
+    if not isinstance(setting, _SETTING_TYPES):
+      return False
+    attribute = getattr(setting, "name", None)
+  return attribute in _trace_context_names()
+
+
+def config_namespace(v) -> bool:
+  """Whether ``v`` is ``jax.config`` or the module defining it."""
+  return v is JAX_CONFIG or v is _config
 
 
 def live_setting(v) -> bool:

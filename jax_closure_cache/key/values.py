@@ -157,8 +157,8 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
   :func:`drawn_from` refuses; the walk keys such modules by identity, and
   never follows their chains otherwise."""
   obj = chain_base(f, kind, name)
-  if obj is _compat.JAX_CONFIG:
-    return _config_read_draws(attributes)
+  if _compat.config_namespace(obj):
+    return _config_read_draws(f, obj, attributes)
   if not isinstance(obj, (types.ModuleType, type)):
     return False   # an object: walked by value, refused there if drawn from
   if drawn_from(obj):
@@ -172,18 +172,24 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
       raise
     except Exception:
       return False
-    if obj is _compat.JAX_CONFIG:
-      return _config_read_draws(attributes[i + 1:])
+    if _compat.config_namespace(obj):
+      return _config_read_draws(f, obj, attributes[i + 1:])
     if drawn_from(obj):
       return True
   return False
 
 
-def _config_read_draws(attributes: tuple) -> bool:
-  """Whether a chain reading ``attributes`` of ``jax.config`` reads what no
-  key holds: anything but a setting of JAX's trace context, which JAX's
-  jit key holds (``jax.config.jax_enable_x64``); ``update`` writes."""
-  return not (attributes and _compat.keyed_setting(attributes[0]))
+def _config_read_draws(f, config, attributes: tuple) -> bool:
+  """Whether ``f``'s chain reading ``attributes`` of ``config``
+  (``jax.config``, or the module defining it) reads what no key holds:
+  anything but a setting of JAX's trace context, which JAX's jit key holds
+  (``jax.config.jax_enable_x64``); ``update`` writes. JAX's own code (a
+  wrapper of a user's function: ``vmap``'s reads ``config.
+  mutable_array_checks``) is trusted as JAX's jit trusts it; a write it
+  made would be seen (``closure_cache.UnwatchedEffects``)."""
+  if _compat.library_code(f.__code__):
+    return False
+  return not (attributes and _compat.keyed_setting(config, attributes[0]))
 
 
 #: Packages whose objects the walk keeps by identity when it cannot read
