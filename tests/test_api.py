@@ -498,12 +498,13 @@ def test_a_shared_entrys_lowering_is_named_as_stocks():
 
 
 def test_fresh_closures_renamed_per_call_are_named_as_stocks():
-  """Fresh closures of one code, renamed in turn (``__name__`` set, or
-  made by ``types.FunctionType`` with a name; one helper renamed under a
-  ``functools.wraps`` wrapper): each call's value, its lowering's module
-  name and a caller's trace of it (``make_jaxpr``, an eager ``scan`` over
-  it) name it as stock's do. A hit answered the object with the name of
-  the entry's first one (found by a differential pass)."""
+  """Fresh closures of one code, renamed in turn (``__name__`` set, made
+  by ``types.FunctionType`` with a name, named by ``functools.wraps``; a
+  ``functools.partial`` named by ``update_wrapper`` or by hand; a closure
+  calling a renamed helper under an inner ``jit``): each call's value, its
+  lowering's module name and a caller's trace of it (``make_jaxpr``, an
+  eager ``scan`` over it) name it as stock's do. A hit answered the object
+  with the name of the entry's first one (found by a differential pass)."""
   import functools
   import re
   import types
@@ -521,13 +522,30 @@ def test_fresh_closures_renamed_per_call_are_named_as_stocks():
     if how == "made":
       return types.FunctionType(f.__code__, f.__globals__, name, None,
                                 f.__closure__)
+    if how == "partial":
+      p = functools.partial(lambda a, y: jnp.sin(y) * a, c)
+      p.__name__ = name
+      return p
+    if how == "wrapped partial":
+      return functools.update_wrapper(
+          functools.partial(lambda a, y: jnp.sin(y) * a, c), base)
+    if how == "helper":
+      def h(y):
+        return jnp.sin(y) * c
+      h.__name__ = name
+
+      def outer(y):
+        return jax.jit(h)(y) + 1.0
+      return outer
     return functools.wraps(base)(f)   # named as ``base``
 
   def run():
     out = []
     for i in range(3):
       for name, how in (("alpha", "set"), ("beta", "set"), ("gamma", "made"),
-                        ("f", "made"), ("", "wraps")):
+                        ("f", "made"), ("", "wraps"), ("delta", "partial"),
+                        ("eps", "partial"), ("", "wrapped partial"),
+                        ("zeta", "helper"), ("eta", "helper")):
         g = jax.jit(make(2.0, name, how))
         outer = jax.make_jaxpr(lambda y: g(y) + 1)(x)
         scanned = jax.lax.scan(lambda s, v: (s + g(v), s), 0.0, x)[0]
@@ -537,8 +555,10 @@ def test_fresh_closures_renamed_per_call_are_named_as_stocks():
     return out
 
   want = replay_in_both_modes(run, clear=True)
-  assert {w[5][0] for w in want} == {"jit_alpha", "jit_beta", "jit_gamma",
-                                     "jit_f", "jit_base"}
+  assert {w[5][0] for w in want} == {
+      "jit_alpha", "jit_beta", "jit_gamma", "jit_f", "jit_base", "jit_delta",
+      "jit_eps", "jit_outer"}
+  assert {n for w in want for n in w[6]} >= {"zeta", "eta", "delta"}
 
 
 def test_an_error_of_a_function_the_key_refuses_carries_no_refusal():

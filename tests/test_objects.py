@@ -1344,18 +1344,25 @@ def test_the_jit_key_mirror_follows_a_global_change_inside_a_block():
     jax.config.update("jax_mutable_array_checks", saved)
 
 
+_jax_config = jax.config   # as ``from jax import config`` binds it
+
+
 def _settings_snapshot():
+  import gc
   return (dict(jax.config.values), np.geterr(), np.get_printoptions(),
-          sys.getrecursionlimit())
+          sys.getrecursionlimit(), gc.isenabled(), sys.getswitchinterval())
 
 
 def _restore_settings(saved):
-  values, err, printing, limit = saved
+  import gc
+  values, err, printing, limit, collecting, interval = saved
   for name in ("jax_enable_checks", "jax_numpy_rank_promotion"):
     jax.config.update(name, values[name])
   np.seterr(**err)
   np.set_printoptions(**printing)
   sys.setrecursionlimit(limit)
+  (gc.enable if collecting else gc.disable)()
+  sys.setswitchinterval(interval)
 
 
 def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
@@ -1363,11 +1370,13 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
   whose traces read a JAX setting no jit key holds
   (``jax.config.jax_enable_checks``, switched between calls), or write the
   process's state (``jax.config.update``, NumPy's error handling and print
-  options, the recursion limit, ``jax.clear_caches()``): every call reads
-  and writes as stock's trace does, the state after each call and the
-  values both. A setting of JAX's trace context
-  (``jax.config.jax_enable_x64``) is keyed by JAX's jit key: its reader
-  still hits."""
+  options, the recursion limit, the garbage collector's switch, the
+  thread switch interval, ``jax.clear_caches()``): every call reads and
+  writes as stock's trace does, the state after each call and the values
+  both. A setting of JAX's trace context
+  (``jax.config.jax_enable_x64``, or through a global bound to
+  ``jax.config``) is keyed by JAX's jit key: its reader still hits."""
+  import gc
   held = STOCK_JIT(lambda v: v + 1)
   x = jnp.arange(1.0, 4.0)
 
@@ -1381,11 +1390,20 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
         np.seterr(divide="warn")
         np.set_printoptions(precision=8)
         sys.setrecursionlimit(saved[3])
+        gc.enable()
+        sys.setswitchinterval(0.005)
         held(x)
         c = 2.0 + i % 2
 
         def signed(v):
           return v * (c if jax.config.jax_enable_checks else -c)
+
+        def signed_global(v):   # the setting through a global
+          return v * (c if _jax_config.jax_enable_checks else -c)
+
+        def signed_bare(v):   # the config itself read bare
+          return v * c + (1.0 if getattr(_jax_config, "jax_enable_checks")
+                          else 0.0)
 
         def writes_jax(v):
           jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -1397,12 +1415,19 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
           sys.setrecursionlimit(saved[3] + 7)
           return v * c
 
+        def collects(v):
+          gc.disable()
+          sys.setswitchinterval(0.001)
+          return v / c
+
         def wide(v):
           return (v * c).astype(jnp.float64 if jax.config.jax_enable_x64
                                 else jnp.float32)
 
         scanned = jax.lax.scan(lambda s, v: (s + signed(v), s), 0.0, x)
         graded = jax.jit(jax.grad(lambda v: signed(v).sum()))(x)
+        out.append((i, jax.jit(signed_global)(x).tolist(),
+                    jax.jit(signed_bare)(x).tolist()))
         out.append((i, jax.jit(signed)(x).tolist(),
                     [np.asarray(a).tolist() for a in scanned],
                     graded.tolist()))
@@ -1411,6 +1436,8 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
         out.append((i, jax.jit(writes)(x).tolist(),
                     np.geterr()["divide"], np.get_printoptions()["precision"],
                     sys.getrecursionlimit()))
+        out.append((i, jax.jit(collects)(x).tolist(), gc.isenabled(),
+                    sys.getswitchinterval(), "collects"))
         r = jax.jit(wide)(x)
         out.append((i, str(r.dtype), r.tolist()))
       for i in range(4):   # (apart: a clear drops every entry)
@@ -1427,10 +1454,15 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
 
   want = replay_in_both_modes(run, clear=True)
   assert {o[1][0] for o in want if len(o) == 4} == {-2.0, -3.0, 2.0, 3.0}
+  assert {(o[1][0], o[2][0]) for o in want if len(o) == 3
+          and type(o[1]) is type(o[2]) is list} == {(2.0, 3.0), (3.0, 4.0), (-2.0, 2.0),
+                                      (-3.0, 3.0)}
   assert {o[2] for o in want if len(o) == 3 and type(o[2]) is str} == {
       "raise"}
-  assert {o[2:] for o in want if len(o) == 5} == {("ignore", 3,
-                                                   sys.getrecursionlimit() + 7)}
+  assert {o[2:] for o in want if len(o) == 5 and o[-1] != "collects"} == {
+      ("ignore", 3, sys.getrecursionlimit() + 7)}
+  assert {o[2:] for o in want if o[-1] == "collects"} == {
+      (False, 0.001, "collects")}
   jcc.clear()
   jcc.enable()
   try:
@@ -1438,6 +1470,8 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
     for c in (2.0, 2.0, 2.0, 2.0):   # stock's, stored, then two hits
       jax.jit(lambda v: (v * c).astype(
           jnp.float64 if jax.config.jax_enable_x64 else jnp.float32))(x)
-    assert jcc.stats()["hits"] - x64_hits == 2
+      jax.jit(lambda v: (v * c).astype(
+          jnp.float64 if _jax_config.jax_enable_x64 else jnp.float32))(x)
+    assert jcc.stats()["hits"] - x64_hits == 4
   finally:
     jcc.disable()

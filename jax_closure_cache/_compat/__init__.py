@@ -23,6 +23,7 @@ from jax._src import util as _util
 from jax._src.lib import _jax as _jaxlib_ext
 import contextlib as _contextlib
 import types as _types
+import gc as _gc
 import os as _os
 import sys as _sys
 import threading as _threading
@@ -203,8 +204,17 @@ _SETTING_TYPES = tuple(t for t in (getattr(_config, "State", None),
                        if isinstance(t, type))
 
 
+_context_names_memo: list = [None, frozenset()]   # [len(states), names]
+
+
 def _trace_context_names() -> frozenset:
-  return frozenset(getattr(_config, "trace_context_names", tuple)())
+  """The names of JAX's trace-context settings (read again only where a
+  setting was defined since)."""
+  n = len(_config.config_states)
+  if _context_names_memo[0] != n:
+    _context_names_memo[:] = [n, frozenset(
+        getattr(_config, "trace_context_names", tuple)())]
+  return _context_names_memo[1]
 
 
 def keyed_setting(config, attribute) -> bool:
@@ -243,15 +253,23 @@ def live_setting(v) -> bool:
 
 def settings_now() -> tuple:
   """The process's settings a trace may change: every JAX config setting
-  (this thread's value), NumPy's floating-point error handling and print
-  options, and the interpreter's recursion limit. Compared before and
-  after a trace (``closure_cache.UnwatchedEffects``): one that changed
-  them is never shared."""
+  (this thread's value); NumPy's floating-point error handling, its
+  callback, print options and buffer size; the interpreter's recursion
+  limit, switch interval, integer-string limit, trace and profile
+  functions; the garbage collector's switch and thresholds. Compared
+  before and after a trace (``closure_cache.UnwatchedEffects``): one that
+  changed them is never shared. About 8 us."""
   holders = getattr(JAX_CONFIG, "_value_holders", None)
   jax_values = (tuple([h.value for h in holders.values()])
                 if holders is not None else tuple(JAX_CONFIG.values.values()))
-  return (jax_values, tuple(_np.geterr().items()),
-          tuple(_np.get_printoptions().items()), _sys.getrecursionlimit())
+  return (jax_values, tuple(_np.geterr().items()), _np.geterrcall(),
+          tuple(_np.get_printoptions().items()), _np.getbufsize(),
+          _sys.getrecursionlimit(), _sys.getswitchinterval(),
+          _INT_DIGITS(), _sys.gettrace(), _sys.getprofile(),
+          _gc.isenabled(), _gc.get_threshold())
+
+
+_INT_DIGITS = getattr(_sys, "get_int_max_str_digits", lambda: None)
 
 
 #: JAX's config states its traces read (in its trace context) that its jit

@@ -207,8 +207,13 @@ class Analysis(_key.Walk):
     attributes or slots, whatever its ``__eq__``), a value type written in C
     by value, a library object by identity; anything else is refused."""
     if drawn_from(v):
-      raise Uncacheable("drawn_state", f"a trace draws from {v!r:.60}, which "
-                        "gives a new value each time (stock draws again)")
+      raise Uncacheable("drawn_state", (
+          f"a trace reads {v!r:.60}, JAX's config or a setting no jit key "
+          "holds (stock's trace reads it anew; read one setting by "
+          "jax.config.<name>, which is keyed where JAX's jit key holds it)")
+          if _compat.live_setting(v) else (
+          f"a trace draws from {v!r:.60}, which gives a new value each time "
+          "(stock draws again)"))
     try:
       leaves, treedef = _tree_flatten(v)
     except Exception as e:  # a custom flatten that fails: key it otherwise
@@ -410,10 +415,21 @@ class Analysis(_key.Walk):
           "trace writes it, a hit would not")
     if _compat.library_code(f.__code__):
       value = self.library_global
-    globs = tuple([value(g[n]) if n in g else self.builtin(f, n)
+    globs = tuple([(LIBATTR, g[n]) if n in g and self.config_by_chains(
+                       g[n], plan, ("global", n)) else
+                   value(g[n]) if n in g else self.builtin(f, n)
                    for n in plan.global_names])
     return globs, (tuple([self.chain(f, *c) for c in plan.chains])
                    if plan.chains else ())
+
+  @staticmethod
+  def config_by_chains(v, plan, place) -> bool:
+    """Whether ``v`` is ``jax.config`` read only through attribute chains
+    (``from jax import config``; ``config.jax_enable_x64``), each of which
+    :meth:`chain` keys or refuses: then it is kept by identity
+    (``LIBATTR``), a replacement seen. Read bare (``getattr(config, n)``,
+    passed on), the walk refuses it (``values.drawn_from``)."""
+    return v is _compat.JAX_CONFIG and place not in plan.bare
 
   def library_global(self, v):
     """A global that a function of jax's own code reads: a function of
@@ -453,12 +469,13 @@ class Analysis(_key.Walk):
     ``Cfg.table``): keyed like an object's attribute, so an array there is
     kept by identity (and such a function is stock's), never lifted."""
     obj = chain_value(f, kind, name, attributes)
-    if obj is NOCHAIN and chain_draws(f, kind, name, attributes):
+    drawn = chain_draws(f, kind, name, attributes) if obj is NOCHAIN else None
+    if drawn is not None:
       chain = f"{name}.{'.'.join(attributes)}"
       raise Uncacheable("drawn_state", (
           f"{f.__qualname__} reads {chain}, a JAX setting no jit key holds "
           "(stock's trace reads it anew, and a write through it changes "
-          "it for what follows)") if ".config." in f".{chain}." else (
+          "it for what follows)") if drawn == "setting" else (
           f"{f.__qualname__} calls {chain}, which gives a new value each "
           "time (stock draws again)"))
     if obj is NOCHAIN:

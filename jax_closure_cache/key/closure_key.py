@@ -318,6 +318,9 @@ class Walk:
     raise Unkeyable("unhashable", f"closes over a {t.__name__}")
 
   def partial(self, v):
+    if v.__dict__:   # ``update_wrapper``'s name: JAX names its trace by it
+      raise Unkeyable("attributes", "a functools.partial with attributes "
+                      f"({', '.join(map(str, v.__dict__))[:60]})")
     value = self.value
     return (PARTIAL, value(v.func), tuple([value(a) for a in v.args]),
             tuple([(k, value(a)) for k, a in v.keywords.items()]))
@@ -455,6 +458,9 @@ class Walk:
         if x == y:
           continue
         named = names.get(fields[i]) if fields else None   # FnPart's field
+        if fields and fields[i] == "name":
+          return (f"{path}its __name__: {x or code.co_name!r} -> "
+                  f"{y or code.co_name!r}")
         if named is not None:
           j = next(j for j, (p, q) in enumerate(zip(x, y)) if p != q)
           return cls.difference(x[j], y[j], f"{path}{named[j]} ")

@@ -48,6 +48,9 @@ class CodePlan(NamedTuple):
   # modules it imports where it runs (``import cfg``, ``from cfg import K``
   # in its body): what it reads of them goes through locals, in no chain
   imports: tuple = ()
+  # ``(kind, name)`` of the globals and free variables it also reads bare,
+  # not as the base of an attribute chain (passed, returned, ``getattr``)
+  bare: frozenset = frozenset()
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -69,6 +72,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
     pass
   names: dict[str, None] = {}
   chains: dict[tuple, None] = {}
+  bare: set = set()
   imports: dict[str, None] = {}
   written: dict = {}   # code -> the cell names it assigns itself
   writes = False
@@ -80,8 +84,8 @@ def code_plan(code: types.CodeType) -> CodePlan:
     for ins in dis.get_instructions(co):
       op = ins.opname
       if op in _GLOBAL_READS or op == "LOAD_DEREF":
-        if chain is not None and chain[2]:
-          chains[(chain[0], chain[1], tuple(chain[2]))] = None
+        if chain is not None:
+          _end_chain(chain, chains, bare)
         kind = "cell" if op == "LOAD_DEREF" else "global"
         chain = (kind, ins.argval, [])
         if kind == "global":
@@ -90,8 +94,8 @@ def code_plan(code: types.CodeType) -> CodePlan:
       if op in _ATTR_READS and chain is not None:
         chain[2].append(ins.argval)
         continue
-      if chain is not None and chain[2]:
-        chains[(chain[0], chain[1], tuple(chain[2]))] = None
+      if chain is not None:
+        _end_chain(chain, chains, bare)
       chain = None
       if op == "IMPORT_NAME":
         imports[ins.argval] = None
@@ -99,15 +103,24 @@ def code_plan(code: types.CodeType) -> CodePlan:
         writes = True
       elif op in _CELL_WRITES:
         written[co].add(ins.argval)
-    if chain is not None and chain[2]:
-      chains[(chain[0], chain[1], tuple(chain[2]))] = None
+    if chain is not None:
+      _end_chain(chain, chains, bare)
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
   plan = CodePlan(tuple(names), writes, tuple(chains),
-                  frozenset(_free_writes(code, written)), tuple(imports))
+                  frozenset(_free_writes(code, written)), tuple(imports),
+                  frozenset(bare))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan
   return plan
+
+
+def _end_chain(chain, chains: dict, bare: set) -> None:
+  """Record the chain read from ``chain``'s name, or its bare read."""
+  if chain[2]:
+    chains[(chain[0], chain[1], tuple(chain[2]))] = None
+  else:
+    bare.add((chain[0], chain[1]))
 
 
 def _free_writes(co: types.CodeType, written: dict) -> set:

@@ -141,9 +141,11 @@ class _MatchSource:
     elif type(part) is tuple and part[0] is PARTIAL:
       p = PartialPart._make(part)
       names = tuple(k for k, _ in p.keywords)
+      # (no attributes: the walk refuses a partial with any, such as the
+      # name ``update_wrapper`` gives it, which JAX names its trace by)
       self.miss_if(f"type({v}) is not partial or len({v}.args) != "
                    f"{len(p.args)} or tuple({v}.keywords) != "
-                   f"{self.bind(names)}")
+                   f"{self.bind(names)} or {v}.__dict__")
       self.check(f"{v}.func", p.func)
       for j, arg in enumerate(p.args):
         self.check(f"{v}.args[{j}]", arg)

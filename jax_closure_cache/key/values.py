@@ -151,35 +151,41 @@ def dynamic_reads(f, global_names) -> str:
   return ", ".join(sorted(why))
 
 
-def chain_draws(f, kind: str, name: str, attributes: tuple) -> bool:
+def chain_draws(f, kind: str, name: str, attributes: tuple) -> str | None:
   """Whether an attribute chain ``f`` reads from a library module or class
   (``np.random.normal``, ``time.time``) passes through or reaches what
   :func:`drawn_from` refuses; the walk keys such modules by identity, and
-  never follows their chains otherwise."""
+  never follows their chains otherwise. ``"setting"`` where what it reads
+  is a JAX setting no jit key holds (``_config_read_draws``), ``"draw"``
+  for anything else refused, None where nothing is."""
   obj = chain_base(f, kind, name)
   if _compat.config_namespace(obj):
     return _config_read_draws(f, obj, attributes)
   if not isinstance(obj, (types.ModuleType, type)):
-    return False   # an object: walked by value, refused there if drawn from
+    return None   # an object: walked by value, refused there if drawn from
   if drawn_from(obj):
-    return True
+    return _drawn_kind(obj)
   for i, attribute in enumerate(attributes):
     if not isinstance(obj, (types.ModuleType, type)):
-      return False   # past the namespaces: the value reached is walked
+      return None   # past the namespaces: the value reached is walked
     try:
       obj = namespace_attribute(obj, attribute)
     except closure_key.Unkeyable:
       raise
     except Exception:
-      return False
+      return None
     if _compat.config_namespace(obj):
       return _config_read_draws(f, obj, attributes[i + 1:])
     if drawn_from(obj):
-      return True
-  return False
+      return _drawn_kind(obj)
+  return None
 
 
-def _config_read_draws(f, config, attributes: tuple) -> bool:
+def _drawn_kind(obj) -> str:
+  return "setting" if _compat.live_setting(obj) else "draw"
+
+
+def _config_read_draws(f, config, attributes: tuple) -> str | None:
   """Whether ``f``'s chain reading ``attributes`` of ``config``
   (``jax.config``, or the module defining it) reads what no key holds:
   anything but a setting of JAX's trace context, which JAX's jit key holds
@@ -187,9 +193,10 @@ def _config_read_draws(f, config, attributes: tuple) -> bool:
   wrapper of a user's function: ``vmap``'s reads ``config.
   mutable_array_checks``) is trusted as JAX's jit trusts it; a write it
   made would be seen (``closure_cache.UnwatchedEffects``)."""
-  if _compat.library_code(f.__code__):
-    return False
-  return not (attributes and _compat.keyed_setting(config, attributes[0]))
+  if _compat.library_code(f.__code__) or (
+      attributes and _compat.keyed_setting(config, attributes[0])):
+    return None
+  return "setting"
 
 
 #: Packages whose objects the walk keeps by identity when it cannot read
