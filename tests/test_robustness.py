@@ -871,3 +871,38 @@ def test_an_error_of_the_users_trace_carries_stocks_context():
   want = stock_off(run)
   assert any(type(g) is list for g in want)
   replay_in_both_modes(run, clear=True)
+
+
+class _Answers:
+  """Answers every attribute read, ``__class__`` and ``__dict__`` too."""
+
+  def __getattribute__(self, name):
+    return 2.0
+
+
+_answers = _Answers()
+
+
+def test_an_object_answering_every_attribute_is_read_as_stock_reads_it():
+  """A closed-over object whose ``__getattribute__`` answers every name
+  with a float (its ``__class__`` and ``__dict__`` included), reached as a
+  global and as a cell, by a fresh jitted closure, an eager ``scan`` body
+  and a ``jit(grad)``: stock's values. The walk asked ``isinstance`` of
+  it against an ABC, which asks ``__class__``, and raised ``TypeError``
+  from every call (found by a differential pass)."""
+  x = jnp.arange(1.0, 4.0)
+
+  def run():
+    out = []
+    held = _Answers()
+    for c in (1.0, 2.0, 1.0, 2.0):
+      out.append(jax.jit(lambda y: y * _answers.zz)(x).tolist())
+      out.append(jax.jit(lambda y: y * _answers.zz + c)(x).tolist())
+      out.append(jax.jit(lambda y: y * held.zz + c)(x).tolist())
+      out.append(float(jax.lax.scan(
+          lambda s, v: (s + v * held.w * c, s), 0.0, x)[0]))
+      out.append(jax.jit(jax.grad(lambda y: (y * held.w * c).sum()))(x)
+                 .tolist())
+    return out
+
+  replay_in_both_modes(run, clear=True)

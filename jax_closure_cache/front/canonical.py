@@ -155,8 +155,8 @@ def _canonical_jitted(fun, options, options_key, lift_numpy):
     return None
   try:
     a = closure.analyse(fun, lift_numpy)
-  except Uncacheable:
-    return None
+  except (Uncacheable, TypeError):   # (a TypeError: unhashable metadata,
+    return None   # or a user object's hook answering the walk oddly)
   # Lifting needed; an object kept by identity, whose contents the key does
   # not cover (module-level helpers are walked, so only objects are roots);
   # or an array a shared object would keep alive.

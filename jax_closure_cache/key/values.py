@@ -67,8 +67,10 @@ _EFFECT_FUNCTION_TYPES = frozenset(
 def _draws(v) -> bool:
   # an iterator of a plain class is keyed by its attributes, which a draw
   # changes; a generator's or a C iterator's state is unreadable
+  # (by its type: ``isinstance`` would ask the object's ``__class__``,
+  # which its own ``__getattribute__`` may answer with anything)
   t = type(v)
-  return isinstance(v, DRAWN_TYPES) or (
+  return issubclass(t, DRAWN_TYPES) or (
       hasattr(t, "__next__") and not is_plain_type(t))
 
 
