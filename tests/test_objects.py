@@ -1475,3 +1475,80 @@ def test_jax_settings_and_process_state_a_trace_reads_or_writes_are_stocks():
     assert jcc.stats()["hits"] - x64_hits == 4
   finally:
     jcc.disable()
+
+
+class _Point:
+  __match_args__ = ("a", "b")
+
+  def __init__(self, a, b):
+    self.a, self.b = a, b
+
+
+class _Base:
+  pass
+
+
+def _helper(v):
+  return v
+
+
+def test_state_a_trace_reads_outside_the_key_is_read_anew_as_stock():
+  """Fresh jitted closures (and an eager ``scan`` body) whose traces read
+  what no key holds, changed after hits: a class pattern's
+  ``__match_args__``, a name bound in ``builtins``, a helper's
+  ``__qualname__`` and ``__doc__``, a class's ``__subclasses__()``, and
+  the caller's local through ``sys._getframe``: each call reads it as
+  stock's trace does. Hits answered the earlier value (found by a
+  differential pass)."""
+  import builtins
+  import gc
+  x = jnp.arange(1.0, 4.0)
+
+  def run():
+    out = []
+    _Point.__match_args__ = ("a", "b")
+    _helper.__qualname__, _helper.__doc__ = "_helper", None
+    builtins._JCC_TEST_SCALE = 2.0
+    subclasses = []
+    gc.collect()   # (the last run's subclass: a class lives in a cycle)
+    try:
+      for i, c in enumerate((1.0, 2.0, 1.0, 2.0, 1.0, 2.0)):
+        if i == 4:
+          _Point.__match_args__ = ("b", "a")
+          builtins._JCC_TEST_SCALE = 5.0
+          _helper.__qualname__, _helper.__doc__ = "renamed", "doc"
+          subclasses.append(type("Sub", (_Base,), {}))
+        p = _Point(c, 10.0)
+
+        def matched(y):
+          match p:
+            case _Point(first, _):
+              return y * first
+
+        def scaled(y):
+          return y * _JCC_TEST_SCALE + c   # noqa: F821 (bound in builtins)
+
+        def named(y):
+          return y * (len(_helper.__qualname__) + (_helper.__doc__ is None))
+
+        def counted(y):
+          return y * len(_Base.__subclasses__()) + c
+
+        def framed(y, scale=c * 3):
+          frame = sys._getframe(1)
+          while frame is not None and "scale" not in frame.f_locals:
+            frame = frame.f_back
+          return y * (c + (frame is not None))
+
+        for f in (matched, scaled, named, counted, framed):
+          out.append((i, f.__name__, jax.jit(f)(x).tolist()))
+        out.append((i, float(jax.lax.scan(
+            lambda s, v: (s + named(v) + counted(v), s), 0.0, x)[0])))
+    finally:
+      del builtins._JCC_TEST_SCALE
+      _Point.__match_args__ = ("a", "b")
+      _helper.__qualname__, _helper.__doc__ = "_helper", None
+      del subclasses[:]
+    return out
+
+  replay_in_both_modes(run, clear=True)

@@ -59,7 +59,7 @@ from jax_closure_cache import cache
 from jax_closure_cache.key import closure_key
 from jax_closure_cache.key.values import (
     Static, chain_draws, drawn_from, dynamic_reads, kept_as_library_object,
-    node_data_function, node_datas, wrapper_rules)
+    node_data_function, node_datas, unkeyed_reads, wrapper_rules)
 from jax_closure_cache.key import names as key_names
 from jax_closure_cache.key import trees
 from jax_closure_cache.key.objects import (
@@ -409,6 +409,12 @@ class Analysis(_key.Walk):
       raise Uncacheable("local_import", f"{f.__qualname__} imports "
                         f"{plan.imports[0] or 'from its package'} where it "
                         "runs: what it reads of that module is in no key")
+    unkeyed = unkeyed_reads(plan)
+    if unkeyed and not _compat.library_code(f.__code__):
+      raise Uncacheable(
+          "attributes", f"{f.__qualname__} reads "
+          f"{', '.join(sorted(unkeyed))}, which no key holds (stock's "
+          "trace reads it anew)")
     if plan.writes_globals and not _compat.library_code(f.__code__):
       raise Uncacheable(
           "writes_globals", f"{f.__qualname__} assigns to a global: stock's "
@@ -454,6 +460,10 @@ class Analysis(_key.Walk):
       raise Uncacheable("trace_effect", f"{f.__qualname__} calls {name}(), "
                         "which stock's trace runs every time and a hit would "
                         "skip")
+    if name in builtins.__dict__ and name not in _BUILTIN_NAMES:
+      raise Uncacheable("dynamic_read", f"{f.__qualname__} reads {name}, "
+                        "bound in builtins since this package was imported: "
+                        "no key holds it")
     return MISSING
 
   @classmethod
@@ -611,6 +621,10 @@ _MUTABLE_OWNERS = (list, dict, set, bytearray, collections.deque,
 #: Builtins by name (read as globals the module lacks) whose call is an
 #: effect or reads outside the process's values (``values.TRACE_EFFECTS``).
 TRACE_EFFECT_NAMES = frozenset({"print", "open", "input", "breakpoint"})
+#: The builtins' names when this module was imported (Python's own, and
+#: those ``site`` or a shell adds at start-up); a name bound there later by
+#: the user (``builtins.SCALE = 2.0``) is read by a trace and no key.
+_BUILTIN_NAMES = frozenset(builtins.__dict__)
 
 #: Nodes of the standard library whose node data is their keys (and a
 #: defaultdict's factory), keyed by the layout.

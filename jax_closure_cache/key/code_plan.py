@@ -51,6 +51,9 @@ class CodePlan(NamedTuple):
   # ``(kind, name)`` of the globals and free variables it also reads bare,
   # not as the base of an attribute chain (passed, returned, ``getattr``)
   bare: frozenset = frozenset()
+  # every attribute name it reads, of anything (``__match_args__`` for a
+  # ``case C(...)`` pattern, which reads the class's)
+  attributes: frozenset = frozenset()
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
@@ -73,6 +76,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
   names: dict[str, None] = {}
   chains: dict[tuple, None] = {}
   bare: set = set()
+  attributes: set = set()
   imports: dict[str, None] = {}
   written: dict = {}   # code -> the cell names it assigns itself
   writes = False
@@ -91,9 +95,13 @@ def code_plan(code: types.CodeType) -> CodePlan:
         if kind == "global":
           names[ins.argval] = None
         continue
-      if op in _ATTR_READS and chain is not None:
-        chain[2].append(ins.argval)
-        continue
+      if op in _ATTR_READS:
+        attributes.add(ins.argval)
+        if chain is not None:
+          chain[2].append(ins.argval)
+          continue
+      elif op == "MATCH_CLASS":
+        attributes.add("__match_args__")
       if chain is not None:
         _end_chain(chain, chains, bare)
       chain = None
@@ -108,7 +116,7 @@ def code_plan(code: types.CodeType) -> CodePlan:
     pending.extend(c for c in co.co_consts if isinstance(c, types.CodeType))
   plan = CodePlan(tuple(names), writes, tuple(chains),
                   frozenset(_free_writes(code, written)), tuple(imports),
-                  frozenset(bare))
+                  frozenset(bare), frozenset(attributes))
   if len(_plans) >= _PLANS_MAX:
     _plans.clear()
   _plans[code] = plan

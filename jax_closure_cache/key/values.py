@@ -12,10 +12,12 @@ and rebuild and the package's see the same registrations.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextvars
 import functools
 import gc
+import inspect
 import io
 import operator
 import random
@@ -54,7 +56,10 @@ DRAWING_MODULES = ("numpy.random", "scipy.stats", "random", "time",
 #: (not the thread's identity: ``dataclasses``' ``__repr__`` reads it).
 LIVE_STATE_FUNCTIONS = frozenset({
     sys.getrefcount, sys.getallocatedblocks, gc.get_count, gc.get_stats,
-    gc.get_objects})
+    gc.get_objects,
+    # the running frames: a trace reading its caller's locals
+    sys._getframe, inspect.currentframe, inspect.stack, inspect.trace,
+    traceback.extract_stack, traceback.format_stack, traceback.walk_stack})
 #: Builtins a trace calls for what they do or read outside the process's
 #: values: a file's contents, the terminal, a debugger. Stock calls them on
 #: every trace; a hit that skips the trace would not.
@@ -132,6 +137,28 @@ def drawn_from(v) -> bool:
 #: Builtins that read globals by a name the code computes (the closure
 #: key's): what they reach is in no key.
 DYNAMIC_READS = _key.DYNAMIC_READS
+#: Attributes whose values no key holds, wherever a code reads them: a
+#: class's live subclasses, its ``case C(...)`` pattern's
+#: ``__match_args__``, a frame's or a traceback's view of the running code.
+UNKEYED_ATTRIBUTES = frozenset({
+    "__subclasses__", "__match_args__", "f_back", "f_locals", "f_globals",
+    "tb_frame", "gi_frame", "cr_frame"})
+#: Attributes no key holds where a code's attribute chain reads them from
+#: a global or a cell (``helper.__qualname__``): a function's metadata set
+#: after it was made, a dataclass's field objects. (A class's own
+#: ``__qualname__`` is keyed with it; a dataclass's ``__repr__`` reads it.)
+UNKEYED_CHAIN_ATTRIBUTES = frozenset({
+    "__qualname__", "__module__", "__doc__", "__annotations__",
+    "__wrapped__", "__dataclass_fields__"})
+
+
+def unkeyed_reads(plan) -> set:
+  """The attributes of :data:`UNKEYED_ATTRIBUTES` a code plan reads, and
+  of :data:`UNKEYED_CHAIN_ATTRIBUTES` its chains read."""
+  found = set(plan.attributes & UNKEYED_ATTRIBUTES)
+  for _, _, attributes in plan.chains:
+    found.update(UNKEYED_CHAIN_ATTRIBUTES.intersection(attributes))
+  return found
 #: Builtins that read attributes so: a module's attributes are keyed only
 #: as its code names them (an object's are keyed whole).
 ATTRIBUTE_READS = frozenset({"getattr", "hasattr", "vars", "dir"})
@@ -163,6 +190,8 @@ def chain_draws(f, kind: str, name: str, attributes: tuple) -> str | None:
   obj = chain_base(f, kind, name)
   if _compat.config_namespace(obj):
     return _config_read_draws(f, obj, attributes)
+  if obj is builtins and not _compat.library_code(f.__code__):
+    return "draw"   # ``builtins.X``: a name the user may bind there
   if not isinstance(obj, (types.ModuleType, type)):
     return None   # an object: walked by value, refused there if drawn from
   if drawn_from(obj):
