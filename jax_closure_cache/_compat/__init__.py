@@ -244,7 +244,7 @@ def live_setting(v) -> bool:
   context, a flag): a trace that reads it branches on the setting now, and
   one that writes it (``update``, a context left open) changes it for
   what follows; a hit that skips the trace would do neither."""
-  if v is JAX_CONFIG or v is _config:
+  if config_namespace(v):
     return True
   if not isinstance(v, _SETTING_TYPES):
     return False
@@ -258,7 +258,7 @@ def settings_now() -> tuple:
   limit, switch interval, integer-string limit, trace and profile
   functions; the garbage collector's switch and thresholds. Compared
   before and after a trace (``closure_cache.UnwatchedEffects``): one that
-  changed them is never shared. About 8 us."""
+  changed them is never shared. About 11 us a call."""
   holders = getattr(JAX_CONFIG, "_value_holders", None)
   jax_values = (tuple([h.value for h in holders.values()])
                 if holders is not None else tuple(JAX_CONFIG.values.values()))

@@ -159,6 +159,8 @@ def unkeyed_reads(plan) -> set:
   for _, _, attributes in plan.chains:
     found.update(UNKEYED_CHAIN_ATTRIBUTES.intersection(attributes))
   return found
+
+
 #: Builtins that read attributes so: a module's attributes are keyed only
 #: as its code names them (an object's are keyed whole).
 ATTRIBUTE_READS = frozenset({"getattr", "hasattr", "vars", "dir"})
