@@ -299,7 +299,7 @@ class JitKeyMirror:
   next entry or exit of one."""
 
   def __init__(self, names=_TRACE_ONLY_STATE_NAMES):
-    in_context = set(getattr(_config, "trace_context_names", tuple)())
+    in_context = _trace_context_names()
     self.states = tuple(_config.config_states[n] for n in names
                         if n in in_context and n in _config.config_states)
     self._globals = self._locals = None

@@ -244,9 +244,8 @@ class UnwatchedEffects:
   """Whether this thread made an effect no watch sees since this object
   was made: a trace JAX's own cache answered stale
   (:func:`note_cached_answer`), a warning (:func:`note_trace_effect`), a
-  change to the process's settings (JAX's config, NumPy's error handling
-  and print options, the recursion limit: ``_compat.settings_now``), or
-  ``jax.clear_caches()``. A trace during which one was made (``made()``)
+  change to the process's settings (``_compat.settings_now``), or
+  ``jax.clear_caches()`` (the store's ``clears``). A trace during which one was made (``made()``)
   is not shared or stored, since a later function object of its key
   would trace afresh and make it, as stock's would."""
 

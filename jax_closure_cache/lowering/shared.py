@@ -456,9 +456,9 @@ def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
   """``lifted`` without the literals whose value (dtype and bits) the
   module also holds as a constant (another top-level literal, lifted by
   no flag, or one of a jaxpr it holds, which XLA inlines): stock's module
-  holds the two as one constant (XLA's CSE), so a rewrite that needs one value used twice (``jnp.where(x > 2.0, x, s)``
-  into ``max(x, 2.0)`` where ``s`` is 2.0) applies there; such a literal
-  is keyed by value."""
+  holds the two as one constant (XLA's CSE), so a rewrite that needs one
+  value used twice (``jnp.where(x > 2.0, x, s)`` into ``max(x, 2.0)``
+  where ``s`` is 2.0) applies there; such a literal is keyed by value."""
   if not any(lifted):
     return lifted
   if all(lifted):   # (the constants are the fixed literals alone)

@@ -82,8 +82,8 @@ class Structure(NamedTuple):
   lowering takes as arguments, :func:`hoists`), and ``fixed``, the dtype
   and bits of every other top-level literal and, where a literal may be
   lifted, of every literal and one-element constant of the jaxprs it
-  holds (constants of stock's module and of the shared one); ``held``, each of ``literals``' dtype and
-  bytes (:func:`held_value`)."""
+  holds (constants of stock's module and of the shared one); ``held``,
+  each of ``literals``' dtype and bytes (:func:`held_value`)."""
   key: tuple
   literals: tuple
   bits: tuple
@@ -105,10 +105,7 @@ def of(closed) -> Structure:
   if literals:
     # and those of the jaxprs it holds: constants of both modules, which
     # XLA inlines beside the top level's and merges with an equal one
-    for e in jaxpr.eqns:
-      for p in e.params.values():
-        if type(p) in _JAXPR_TYPES or isinstance(p, tuple):
-          fixed |= _inner_values(p)
+    fixed |= _params_values(jaxpr.eqns)
   return Structure(key, tuple(literals), tuple(bits), tuple(hoisted),
                    frozenset(fixed), tuple(held))
 
@@ -1072,20 +1069,25 @@ def _jaxprs_of(p) -> tuple:
 _JAXPR_TYPES = frozenset({_compat.Jaxpr, _compat.ClosedJaxpr})
 
 
-@_compat.weakref_lru_cache
-def _open_values(jaxpr) -> frozenset:
-  found = set()
-  for e in jaxpr.eqns:
-    for v in e.invars:
-      if type(v) is _Literal and (h := literal_facts(v).held) is not None:
-        found.add(h)
+def _params_values(eqns) -> frozenset:
+  """:func:`_inner_values` of every parameter of ``eqns``."""
+  found = frozenset()
+  for e in eqns:
     for p in e.params.values():
       if type(p) in _JAXPR_TYPES or isinstance(p, tuple):
         found |= _inner_values(p)
-  for v in jaxpr.outvars:
-    if type(v) is _Literal and (h := literal_facts(v).held) is not None:
-      found.add(h)
-  return frozenset(found)
+  return found
+
+
+@_compat.weakref_lru_cache
+def _open_values(jaxpr) -> frozenset:
+  """The held values of ``jaxpr``'s own literals and of its parameters'
+  jaxprs' (:func:`_params_values`)."""
+  found = {h for e in jaxpr.eqns for v in e.invars
+           if type(v) is _Literal and (h := literal_facts(v).held) is not None}
+  found.update(h for v in jaxpr.outvars if type(v) is _Literal
+               and (h := literal_facts(v).held) is not None)
+  return frozenset(found) | _params_values(jaxpr.eqns)
 
 
 cache.STORE.own("structure.inner_values", _open_values, cache.Store.CALLS)
