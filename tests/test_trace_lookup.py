@@ -17,7 +17,7 @@ import jax_closure_cache as jcc
 from jax_closure_cache import _compat
 from conftest import (STOCK_JIT, assert_like_stock, counting,
                       needs_trace_lookup, same_as_stock, script_lines,
-                      stock_off)
+                      stock_off, replay_in_both_modes)
 
 pytestmark = needs_trace_lookup
 
@@ -418,7 +418,7 @@ def test_a_closure_that_calls_the_patched_jit_by_its_global_name_is_shared():
   # Two codes in the front table, so it does not flatten.
   for code_maker in (lambda w: (lambda v: v * w), lambda w: (lambda v: v + w)):
     for i in range(3):
-      jit(code_maker(jnp.full(3, float(i))))(jnp.ones(3))
+      jit(code_maker(jnp.full(3, i + 2.0)))(jnp.ones(3))
 
   def make_outer(w):
     def outer(v):
@@ -560,3 +560,37 @@ def test_nested_jits_warned_of_their_constants_warn_as_stocks():
   assert all(len(warned) == 2 for warned, _ in want)
   for name in ("on", "verify"):
     assert mode(name) == want, name
+
+
+class _Meta:   # hashable by identity, walked by its state
+  def __init__(self, act):
+    self.act = act
+
+
+class _Tagged:
+  def __init__(self, w, meta):
+    self.w, self.meta = w, meta
+
+
+jax.tree_util.register_pytree_node(
+    _Tagged, lambda t: ((t.w,), t.meta), lambda meta, ch: _Tagged(ch[0], meta))
+
+
+def test_an_output_node_holding_the_traces_own_object_is_never_shared():
+  """An output whose pytree node holds the function's own object (``out.meta
+  is meta``) is stock's for each object in ``eval_shape``, ``.trace`` and
+  calls alike: the trace lookup stores no trace whose outputs' nodes hold
+  a trace's own object (a later closure's answer would hold the first
+  one's)."""
+  def run():
+    got = []
+    for i in range(5):
+      meta = _Meta("sin")
+      m = _Tagged(jnp.full(2, i + 2.0), meta)
+      f = jax.jit(lambda x: _Tagged(jnp.sin(x) + m.w, m.meta))
+      x = jnp.ones(2)
+      outs = (f(x), jax.eval_shape(f, x),
+              jax.tree_util.tree_unflatten(f.trace(x).out_tree, [None]))
+      got.append(tuple(o.meta is meta for o in outs))
+    return got
+  assert replay_in_both_modes(run, clear=True) == [(True,) * 3] * 5

@@ -600,6 +600,7 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
       traced_apart.note(code, "wrote")
   elif (_covers(shared.consts, leaves, anchors)
       and _lowering.captured_constants_warning((*shared.consts, *leaves)) is None
+      and not _holds_own_output_data(shared.out_avals, anchors)
       and (checked_after or unchanged_by_trace(fun, key))):
     _put(key, shared, anchors)
   return shared
@@ -660,12 +661,21 @@ def _share_answer(key, leaves, anchors, answer) -> None:
       and _lowering.captured_constants_warning((*closed.consts, *leaves)) is None
       and not any(isinstance(c, _compat.ArrayImpl) for c in closed.consts)
       # a callback's function is this trace's object (its log, its state)
-      and _lowering.runtime_callable(closed) is None):
+      and _lowering.runtime_callable(closed) is None
+      # an output's node holding this trace's own object (``out.meta is
+      # meta``): stock's trace of each function object holds that object's
+      and not _holds_own_output_data(answer[1], anchors)):
     # the stored answer owns its NumPy constants; stock's (which pjit's
     # caches hold for ``fun``) keeps JAX's conversions, as without the cache
     owned = _compat.owned_copy(closed)
     _put(key, _Shared(answer=(owned, answer[1]),
                       nbytes=_compat.constants_nbytes(owned)), anchors)
+
+
+def _holds_own_output_data(out, anchors) -> bool:
+  out_tree = _trace.tree_of(out)
+  return out_tree is None or trees.output_node_data(
+      out_tree, {id(x) for x in anchors}) is not None
 
 
 def _covers(consts, leaves, anchors) -> bool:   # every captured array
