@@ -30,8 +30,8 @@ ROUTING_PROBE = (
     "import jax.numpy as jnp\n"
     "import jax_closure_cache as jcc\n"
     "mk = lambda w: jit(lambda x: x * w)\n"
-    "mk(jnp.ones(2))(jnp.ones(2)); mk(jnp.ones(2))(jnp.ones(2))\n"
-    "mk(jnp.zeros(2))(jnp.ones(2))\n"
+    "mk(jnp.full(2, 2.0))(jnp.ones(2)); mk(jnp.full(2, 2.0))(jnp.ones(2))\n"
+    "mk(jnp.full(2, 3.0))(jnp.ones(2))\n"
     "print(jcc.stats()['hits'] == 1)\n")
 
 

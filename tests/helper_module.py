@@ -1,7 +1,7 @@
 """Module-level helpers that read their own module's globals."""
 import jax.numpy as jnp
 
-W = jnp.ones(2)
+W = jnp.full(2, 3.0, jnp.float32)   # (not ones: stock folds x * 1)
 SCALE = 2.0
 
 

@@ -345,7 +345,7 @@ def test_jax_clear_caches_clears_the_closure_cache():
   make = lambda w: jcc.jit(lambda x: x * w)
   x = jnp.ones(2)
   for i in range(3):
-    make(jnp.full(2, float(i)))(x)
+    make(jnp.full(2, i + 2.0))(x)
   assert jcc.stats()["entries"] >= 1 and jcc.stats()["hits"] == 1
   jax.clear_caches()
   assert jcc.stats()["entries"] == 0
@@ -358,13 +358,14 @@ def test_jax_clear_caches_clears_the_closure_cache():
 
 def test_stats_count_a_hit_that_traced_again():
   make = lambda w: jcc.jit(lambda x: x * w)
-  w = jnp.ones(2)
-  x2, x3, w3 = jnp.ones(2), jnp.ones(3), jnp.ones(3)
+  # (not ones: stock's module folds x * 1)
+  w = jnp.full(2, 2.0)
+  x2, x3, w3 = jnp.ones(2), jnp.ones(3), jnp.full(3, 2.0)
   make(w)(x2)
   make(w)(x2)   # the shared entry: its first trace is not a retrace
   assert jcc.stats()["retraces"] == 0
   out = make(w3)(x3)   # same key, new shapes: a hit that traces again
-  np.testing.assert_array_equal(out, jnp.ones(3))
+  np.testing.assert_array_equal(out, jnp.full(3, 2.0))
   assert jcc.stats()["retraces"] == 1 and jcc.stats()["hits"] == 1
 
 

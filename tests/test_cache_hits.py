@@ -15,6 +15,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache.front import verify
 from conftest import warm, STOCK_JIT, assert_like_stock, counting
+from conftest import replay_in_both_modes
 
 
 def make_inner(w):
@@ -122,7 +123,8 @@ def test_pytree_leaves_are_lifted():
     return {"w": jnp.full((3, 3), float(i)),
             "pair": Pair(jnp.full(3, i + 1.0), jnp.full(2, 2.0 * i))}
   x = jnp.ones(3)
-  p0, p5 = params(0), params(5)
+  # (not params(0): stock's module removes ``- b[0]`` by its zeros)
+  p0, p5 = params(1), params(5)
   warm(lambda: jcc.jit(make(p0))(x))
   with counting() as c:
     out = jcc.jit(make(p5))(x)
@@ -157,7 +159,7 @@ def test_global_array_read_directly_is_lifted():
   ns = {"jnp": jnp}
   exec("def f(x):\n  return x + G\n", ns)
   x = jnp.ones(2)
-  ns["G"] = jnp.full(2, 0.0)
+  ns["G"] = jnp.full(2, 3.0)   # (not zeros: stock's x + 0 is x)
   warm(lambda: jcc.jit(fresh_copy(ns["f"]))(x))
   ns["G"] = jnp.full(2, 7.0)
   with counting() as c:
@@ -256,7 +258,7 @@ def test_defaults_and_kwdefaults_are_keyed():
       return x * w + n
     return f
   x = jnp.ones(2)
-  w1, w5 = jnp.full(2, 1.0), jnp.full(2, 5.0)
+  w1, w5 = jnp.full(2, 1.5), jnp.full(2, 5.0)
   warm(lambda: jcc.jit(make(w1, 1))(x))
   with counting() as c:
     out = jcc.jit(make(w5, 1))(x)
@@ -414,7 +416,7 @@ def test_closure_over_closure_hits_when_only_the_array_changes():
     mid = lambda y: inner(y) * 2.0
     return lambda x: mid(x) + inner(x)
   x = jnp.ones(3)
-  warm(lambda: jcc.jit(make(jnp.full(3, 1.0), 1.0))(x))
+  warm(lambda: jcc.jit(make(jnp.full(3, 1.5), 1.0))(x))
   for i in range(2, 5):
     w = jnp.full(3, float(i))   # outside the counted block
     with counting() as c:
@@ -492,7 +494,7 @@ def test_a_miss_walks_the_closure_once_plus_the_post_trace_check(
   x = jnp.ones((4, 4))
   for replay in range(2):
     for i in range(3):
-      w, b = jnp.eye(4) * i, jnp.full((4,), float(i))
+      w, b = jnp.eye(4) * i, jnp.full((4,), i + 0.5)   # (b added: not 0)
       del walks[:]
       got = jax.jit(make(w, b))(x)
       if (replay, i) == (0, 1):   # the miss
@@ -511,7 +513,8 @@ def test_one_array_at_two_places_is_one_object_in_the_trace():
     def f(x):
       return x * a + (1.0 if a is b else -1.0) * b
     return f
-  w1, w2, w3 = (jnp.full(3, v) for v in (1.0, 2.0, 3.0))
+  # (not ones: -1.0 * b, folded in stock's module, reads b by its value)
+  w1, w2, w3 = (jnp.full(3, v) for v in (1.5, 2.0, 3.0))
   x = jnp.arange(3.0)
   pairs = [(w1, w2), (w2, w3), (w1, w1), (w2, w2), (w3, w1), (w3, w3)]
   for _ in range(2):
@@ -523,6 +526,77 @@ def test_one_array_at_two_places_is_one_object_in_the_trace():
   assert c["traces"] == 0 and c["compiles"] == 0
   for out, (a, b) in zip(outs, last):
     assert_like_stock(out, make(a, b), x)
+
+
+def test_lifted_arrays_stock_folds_by_value_are_stocks():
+  """A closed-over jax array is an argument of its entry, where stock's
+  module bakes it and XLA simplifies by its value: ``x * 1``, ``x + 0``,
+  ``x / -1``, ``max(x, -inf)`` and ``x - nan`` are removed or folded there,
+  and the runtime's operation flushes a subnormal ``x``, makes ``-0.0 +
+  0.0`` a ``0.0`` and gives a NaN another sign. A call whose arrays hold
+  such a value (a zero, a -0.0, a NaN, a subnormal; 1, -1 or an infinity
+  where the trace multiplies, divides, bounds by it) is stock's; one whose
+  trace computes with the array's value (``sqrt(c)``, ``sign(c)``) never
+  shares. Through ``jit``, ``grad``, ``scan`` and an SGD step built per
+  learning rate, and a signature traced later that reads the array by its
+  value where the first did not; ordinary values share."""
+  x = jnp.asarray([1e-39, -0.0, np.nan, 2.0], jnp.float32)
+  values = (3.0, 1.0, 1.0, 0.5, 0.0, -0.0, np.nan, 1e-39, -1.0, np.inf,
+            -np.inf, 2.0, 2.0, 0.5)
+
+  def ops(c):
+    def f(v):
+      return (v * c, v + c, -(v - c), v / c, jnp.maximum(v, c),
+              jnp.minimum(v, -c), jnp.tanh(v * c),
+              jax.lax.scan(lambda a, _: (a * c, None), v, None, length=2)[0])
+    return f
+
+  def by_value(c):   # (never shared: XLA computes sqrt(c) at compile time)
+    return lambda v: (v * jnp.sqrt(c), v * jnp.sign(c))
+
+  def later_signature(c):   # a matrix reads ``c`` by identity, a vector not
+    return lambda v: v * c if v.ndim == 2 else v - 1.0
+
+  def sgd(lr):
+    def update(grads):
+      return jax.tree_util.tree_map(lambda g: -lr * g, grads)
+    return update
+
+  def loss(c):
+    return lambda p: jnp.sum((p * c) ** 2)
+
+  def bits(tree):
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+            for a in jax.tree_util.tree_leaves(tree)]
+
+  def run():
+    outs = []
+    for v in values:
+      c = jnp.float32(v)
+      outs.append(bits(jax.jit(ops(c))(x)))
+      outs.append(bits(jax.jit(by_value(c))(x)))
+      outs.append(bits(jax.jit(sgd(c))({"w": x, "b": x[:2]})))
+      outs.append(bits(jax.jit(jax.grad(loss(c)))(x[3:])))
+    for v in (3.0, 2.0, 1.0, 1.0, 2.0):
+      # (the matrix's signature is first traced by a hit at 1.0)
+      c = jnp.float32(v)
+      outs.append(bits(jax.jit(later_signature(c))(x)))
+      if v == 1.0:
+        outs.append(bits(jax.jit(later_signature(c))(x[None])))
+    return outs
+
+  replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable()
+  try:
+    run()
+    run()
+    stats = jcc.stats()
+  finally:
+    jcc.disable()
+  assert stats["hits"] > 0   # ordinary values share
+  assert stats["fallback_reasons"].get("lifted_value", 0) > 0
+  assert stats["fallback_reasons"].get("folds_constants", 0) > 0
 
 
 def test_a_function_reading_patched_lax_hits_through_its_matcher(monkeypatch):
@@ -569,7 +643,7 @@ def test_a_local_of_its_own_that_a_nested_function_captures_is_not_a_cell_write(
   def run():
     outs = []
     for i in range(4):
-      params = {"a": jnp.ones(3) * i, "b": jnp.ones(2)}
+      params = {"a": jnp.full(3, i + 0.5), "b": jnp.full(2, 1.5)}
 
       def sgd(g):
         scale = 0.5   # its own local, captured below

@@ -223,7 +223,7 @@ def test_no_closed_over_array_is_kept_alive():
   x = jnp.ones(4)
   refs = []
   for i in range(4):
-    w = jnp.full(4, float(i))
+    w = jnp.full(4, i + 2.0)   # (not 0 or 1: x * 1 is folded by stock)
     refs.append(weakref.ref(w))
     jcc.jit((lambda w: (lambda x: x * w))(w))(x)
     del w
@@ -255,7 +255,7 @@ def test_key_ignoring_contents_would_fail():
 def test_guard_on_helper_function_global_hits_then_sees_reassignment():
   from helper_module import scaled_by_w
   x = jnp.ones(2)
-  w1, w5 = jnp.full(2, 1.0), jnp.full(2, 5.0)
+  w1, w5 = jnp.full(2, 1.5), jnp.full(2, 5.0)
   helper_module.W = w1
   def make(s):
     return lambda x: scaled_by_w(x) * s

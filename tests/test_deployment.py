@@ -64,8 +64,8 @@ def test_pytest_plugin_enables_for_a_suite(tmp_path):
       "def test_patched():\n"
       "  assert jcc.is_enabled()\n"
       "  mk = lambda w: jit(lambda x: x * w)\n"
-      "  mk(jnp.ones(2))(jnp.ones(2)); mk(jnp.ones(2))(jnp.ones(2))\n"
-      "  mk(jnp.zeros(2))(jnp.ones(2))\n"
+      "  mk(jnp.full(2, 2.0))(jnp.ones(2)); mk(jnp.full(2, 2.0))(jnp.ones(2))\n"
+      "  mk(jnp.full(2, 3.0))(jnp.ones(2))\n"
       "  assert jcc.stats()['hits'] == 1\n")
   run = lambda *opts: subprocess.run(
       [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *opts,

@@ -246,9 +246,9 @@ def test_monitoring_events_reach_jax_listeners():
   jax.monitoring.register_event_listener(listener)
   try:
     make = lambda a: (lambda x: x * a)
-    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))   # stock's object
-    jcc.jit(make(jnp.ones(2)))(jnp.ones(2))   # the shared entry
-    jcc.jit(make(jnp.zeros(2)))(jnp.ones(2))
+    jcc.jit(make(jnp.full(2, 2.0)))(jnp.ones(2))   # stock's object
+    jcc.jit(make(jnp.full(2, 2.0)))(jnp.ones(2))   # the shared entry
+    jcc.jit(make(jnp.full(2, 3.0)))(jnp.ones(2))
     jcc.jit((lambda u: (lambda x: x * u.n))(Unkeyable(1)))(jnp.ones(2))
   finally:
     jax.monitoring.unregister_event_listener(listener)
@@ -329,7 +329,7 @@ def test_second_object_of_a_code_is_explained_as_by_design(explain):
   """The second object of a code with the first one's contents is the
   designed second miss (the first was stock's), not an eviction."""
   x = jnp.ones(2)
-  w = jnp.ones(2)
+  w = jnp.full(2, 2.0)   # (not ones: stock's module folds v * 1)
   make = lambda w: (lambda v: v * w)
   jcc.jit(make(w))(x)
   jcc.jit(make(w))(x)

@@ -69,7 +69,7 @@ def test_function_in_a_static_treedefs_node_data_hits():
   apply_nested = _apply_nested()
 
   def program(i):
-    w = jnp.full((4,), 1.0 + i)
+    w = jnp.full((4,), 1.5 + i)
     fun = jax.tree_util.Partial(lambda v, s: v * s * w, 3.0)
     leaves, treedef = jax.tree_util.tree_flatten(fun)
     return apply_nested(X, ((tuple(leaves), treedef), "tag"))
@@ -157,7 +157,7 @@ def test_jaxpr_made_per_call_and_passed_statically_hits():
     return jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x)[0]
 
   def program(i):
-    w = jnp.full((4,), 1.0 + i)
+    w = jnp.full((4,), 1.5 + i)
     return solve(jax.make_jaxpr(lambda v: jnp.sin(v) * w + 1.0)(X), X)
   compiles = _run_like_stock(program)
   assert compiles[2:] == [0] * (len(compiles) - 2)
@@ -276,7 +276,7 @@ def test_bound_method_in_a_pytrees_static_part_hits():
 
   def program(i):
     inner = _Inner(jnp.full((4,), 2.0 + i))
-    state = _State(apply=inner.apply, b=jnp.ones(4) * i)
+    state = _State(apply=inner.apply, b=jnp.full(4, i + 0.5))
     return jax.jit(lambda v: state.apply(v) + state.b)(X)
   compiles = _run_like_stock(program)
   assert compiles[2:] == [0] * (len(compiles) - 2)
@@ -308,7 +308,7 @@ def test_odeint_imported_before_enable_is_reached():
   def program(i):
     # (two elements: a one-element array is a scalar to XLA, which factors
     # the Runge-Kutta sums of its products, and is never shared)
-    w = jnp.full((2,), 0.5 + 0.1 * i)
+    w = jnp.full((2,), 0.5 + 0.07 * i)   # (never 1.0: stock folds w * y)
     return ode.odeint(lambda y, t: -w * y, jnp.ones(2),
                       jnp.linspace(0.0, 1.0, 3))
   compiles = _run_like_stock(program)
@@ -396,7 +396,7 @@ def test_function_in_a_registered_pytree_static_hits():
   solve = jax.jit(lambda obj, x: obj.fn(x) * 2.0, static_argnums=0)
 
   def program(i):
-    w = jnp.full((4,), 1.0 + i)
+    w = jnp.full((4,), 1.5 + i)
     return solve(_Objective(lambda v: v * w, "t"), X)
   compiles = _run_like_stock(program)
   assert compiles[2:] == [0] * (len(compiles) - 2)

@@ -22,14 +22,15 @@ def scaled(w, b):
 
 def test_eight_threads_each_500_calls_over_distinct_arrays():
   x = jnp.arange(4.0, dtype=jnp.float32)
-  jcc.jit(scaled(jnp.ones(4), 0.0))(x)   # the first object is stock's
-  jcc.jit(scaled(jnp.ones(4), 0.0))(x)   # one entry, shared by all threads
+  # (not ones: stock's module folds x * 1)
+  jcc.jit(scaled(jnp.full(4, 2.0), 0.0))(x)   # the first object is stock's
+  jcc.jit(scaled(jnp.full(4, 2.0), 0.0))(x)   # one entry, shared by all threads
   errors = []
 
   def worker(t):
     try:
       for i in range(500):
-        value = np.float32(t * 1000 + i)
+        value = np.float32(t * 1000 + i + 2)
         w = jnp.full(4, value, dtype=jnp.float32)
         out = np.asarray(jcc.jit(scaled(w, 0.0))(x))
         np.testing.assert_array_equal(out, np.arange(4.0, dtype=np.float32) * value)
@@ -220,6 +221,10 @@ def test_random_closures_match_stock_and_never_share_wrongly(a, b):
     # scalars XLA folds together in stock's module (a lifted array's sum
     # added after another scalar): stock answers that key's objects
     assert s["hits"] == 0, (a, b)
+    return
+  if reasons.pop("lifted_value", 0):
+    # a lifted array holding a value stock's module folds by (zeros added,
+    # ones multiplied by): those calls are stock's, their results checked
     return
   assert reasons == ({} if same else {"key_met_once": 1}), (a, b)
   assert (s["hits"], s["misses"]) == ((2, 2) if same else (0, 3)), (a, b)

@@ -197,9 +197,9 @@ make = lambda w: (lambda v: jnp.tanh(v * w) + n)
 body = lambda w: (lambda c: (c[0] + 1, c[1] * w))
 out = []
 for s in range(5):
-  out.append(np.asarray(jax.jit(make(jnp.full(3, float(s))))(x)).tolist())
+  out.append(np.asarray(jax.jit(make(jnp.full(3, s + 2.0)))(x)).tolist())
 for s in range(4):
-  c = jax.lax.while_loop(lambda c: c[0] < 3, body(jnp.full(3, float(s))), (0, x))
+  c = jax.lax.while_loop(lambda c: c[0] < 3, body(jnp.full(3, s + 2.0)), (0, x))
   out.append(np.asarray(c[1]).tolist())
 s = jcc.stats()
 print(json.dumps({"mode": jcc.mode(), "out": out, "hits": s["hits"],

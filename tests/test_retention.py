@@ -103,11 +103,12 @@ def test_arrays_are_freed_when_the_user_drops_them(route):
   x = jnp.ones(4)
   refs = []
   for i in range(5):
-    w = jnp.full(1 << 16, float(i))
+    v = i + 2.0   # (not 0 or 1: stock's module folds x + 0 and x * 1)
+    w = jnp.full(1 << 16, v)
     refs.append(weakref.ref(w))
     f = route(w)
     out = f(x)
-    assert float(out[0]) in (1.0 * i, 1.0 + i, 1.0 + 2 * i, 1.0 * i + 1.0)
+    assert float(out[0]) in (1.0 * v, 1.0 + v, 1.0 + 2 * v, 1.0 * v + 1.0)
     f(x)
     del w, f, out
   gc.collect()

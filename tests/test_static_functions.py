@@ -766,7 +766,7 @@ def test_static_options_given_as_none_name_no_static_argument():
   def run():
     out = []
     for i in range(4):
-      w = jnp.float32(i)
+      w = jnp.float32(i + 2)   # (not 0 or 1: stock folds x * 1)
       f = lambda x: x * w
       model = _Scale(w)
       out.append(float(jax.jit(f, static_argnums=None, static_argnames=None)(

@@ -830,9 +830,9 @@ def test_subnormal_literals_and_constants_are_folded_as_stock(closure_key):
     return lambda m: (m.astype(jnp.float32) < eps,
                       m.astype(jnp.float32) < table)
 
-  # (a jax array the closure key lifts is an argument of its entry: one
-  # holding a subnormal is a documented difference of tier B's)
-  kinds = (np.float32,) if closure_key else (np.float32, jnp.float32)
+  # (a jax array the closure key lifts is an argument of its entry, passed
+  # only where it holds no subnormal: ``entries.check_values``)
+  kinds = (np.float32, jnp.float32)
 
   def run():
     outs = []
@@ -886,8 +886,8 @@ def test_identity_values_are_folded_as_stock(closure_key):
                          (-1.0, 7.0), (0.25, np.inf), (0.75, 7.0)):
       table = np.full(4, scale, np.float32)
       ints = np.full(4, int(scale) or 2, np.int32)
-      # (a 0-d jax array the closure key lifts is an argument of its
-      # entry: a documented difference of tier B's)
+      # (a 0-d jax array the closure key lifts, which tier A never meets:
+      # ``test_cache_hits.py::test_lifted_arrays_stock_folds_by_value_are_stocks``)
       scalar = (np.float32(scale) if closure_key
                 else jnp.float32(scale))
       outs.append(_bits(jax.jit(make(scale, bound, table, ints, scalar))(x)))

@@ -44,6 +44,7 @@ from jax_closure_cache.key import code_plan
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key import rebuild
 from jax_closure_cache.lookup import trace_lookup
+from jax_closure_cache.lowering import structure as _structure
 
 _JaxArray = _compat.jax.Array
 _ArrayImpl = _compat.ArrayImpl
@@ -110,6 +111,22 @@ class StockAnswered(cache.Entry):
 # costs that object its sharing, never a result).
 stock_answered = _STORE.bounded("entries.stock_answered",
                                counted="stock_answered")
+class LeafReadsRead(cache.Entry):
+  """Which of a key's lifted leaves stock's trace of its first meeting
+  read by value (``structure.LeafReads``), so that its next meeting, whose
+  leaves may hold zeros or ones, checks them before a lifted trace
+  (``check_values``) as precisely as an entry's hit does."""
+  __slots__ = ("reads",)
+
+  def __init__(self, reads):
+    super().__init__()
+    self.reads = reads
+
+
+# Keys met once -> what stock's trace of them read by value (bounded)
+leaf_reads = _STORE.bounded("entries.leaf_reads", counted="leaf_reads")
+
+
 # Codes a stock trace of which was one stock must answer (a runtime
 # callable, a zero XLA folds: ``StockAnswered``): each new key of theirs has
 # stock's trace of its first meeting read, so that its later objects go to
@@ -235,8 +252,8 @@ class Entry(cache.Entry):
   __slots__ = ("jitted", "anchors", "guards", "traces", "checked", "record",
                "forwarded_alike", "closure_key",
                "avals", "static", "caller", "walk", "classes",
-               "constant_bytes", "forwarded", "prng", "effects", "_used",
-               "_swept")
+               "constant_bytes", "forwarded", "prng", "effects", "values",
+               "_used", "_swept")
 
   def __init__(self):
     self.record = diagnostics.Record(0.0)   # hits; replaced when stored
@@ -282,6 +299,22 @@ class Entry(cache.Entry):
     # were made under different ones): a new object is answered only under
     # them, as JAX's trace context leaves them out
     self.prng = _lowering.prng_options()
+    # which lifted leaves an operation XLA removes by their value reads
+    # (x * 1, x + 0), over its traces (``structure.LeafReads``): a call
+    # whose leaves stock's module bakes and folds by value is stock's
+    # (``check_values``). None: nothing is checked (no leaves, or a
+    # launcher, whose stock takes them as operands too).
+    self.values = None
+
+  def note_values_read(self, reads) -> None:
+    """At a trace whose stock bakes the lifted leaves: the leaves an
+    operation XLA removes by their value reads (``constant_reads``),
+    checked from now on."""
+    known = self.values
+    self.values = _structure.LeafReads(reads.by_identity, reads.by_zero) if (
+        known is None) else _structure.LeafReads(
+            known.by_identity | reads.by_identity,
+            known.by_zero | reads.by_zero)
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -357,6 +390,26 @@ class Entry(cache.Entry):
     self._used = value
     if not value:
       self._swept = self.record.front
+
+
+class LiftedValueRefused(Exception):
+  """This call's lifted leaves hold a value stock's module folds, which the
+  entry's executable takes as an argument (``structure.lifted_refusal``):
+  the call is answered by stock."""
+
+
+def check_values(entry, leaves) -> None:
+  """Raise :class:`LiftedValueRefused` where ``leaves`` hold a value
+  stock's module would fold by (a -0.0, a NaN, a subnormal, a boolean;
+  zeros, or 1, -1 or an infinity, where the entry's traces read them so
+  (``structure.lifted_refusal``). The
+  hit's first step (``generated.CALL``), for an entry whose ``values``
+  is not None."""
+  reason = _structure.lifted_refusal(leaves, entry.values)
+  if reason is not None:
+    raise LiftedValueRefused(
+        f"{reason}; the closure's array is an argument of the shared "
+        "executable, a constant of stock's")
 
 
 def guarded_leaves(leaves):

@@ -59,6 +59,8 @@ CALL = """\
 entry.caller = f
 failed = None
 try:
+  if entry.values is not None:   # (raises where stock folds a leaf)
+    CHECK_VALUES(entry, out)
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
   elif len(args) == 1:
@@ -116,8 +118,9 @@ def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, PINNED, getrefcount, getweakrefcount, REF,
-  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, and LONE_REFS: the references to
-  a function held by a wrapper alone, as a front counts them)."""
+  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, and LONE_REFS: the
+  references to a function held by a wrapper alone, as a front counts
+  them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
           + textwrap.indent(GUARDED + hit_source(verify), "  "))
   namespace = dict(env)
@@ -131,7 +134,7 @@ def call_entry_function(env):
   """``_call_entry(self, entry, key, out, args, kwargs)``: :data:`CALL` as
   a wrapper's method, for its slow path and the later calls of a pinned
   function object, whose callers count and pin. ``env`` binds RETRY_STOCK,
-  NEW_SIGNATURE and GUARDED_LEAVES."""
+  CHECK_VALUES, NEW_SIGNATURE and GUARDED_LEAVES."""
   text = ("def _call_entry(self, entry, key, out, args, kwargs):\n"
           "  f = self._fun   # what a trace rebuilds\n"
           + textwrap.indent(GUARDED + CALL, "  "))

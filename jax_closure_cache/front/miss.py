@@ -24,6 +24,7 @@ from jax_closure_cache.front import identity
 from jax_closure_cache.front import options as jit_options
 from jax_closure_cache.front import verify
 from jax_closure_cache.lowering import folding
+from jax_closure_cache.lowering import structure as _structure
 from jax_closure_cache.key import closure
 from jax_closure_cache.key import guards as key_guards
 from jax_closure_cache.key.closure import Uncacheable
@@ -145,6 +146,10 @@ class MissStages:
     stands."""
     if self._ran_on_deleted_array(error, args, kwargs):
       raise error
+    if isinstance(error, entries.LiftedValueRefused):
+      # this object's leaves (fixed for it): its calls are stock's; the
+      # entry stays, for objects whose leaves hold other values
+      return self._fallback("lifted_value", args, kwargs, str(error))
     if isinstance(error, entries.DonatesALeaf):
       # this call's (stock bakes the closed-over array); the entry and the
       # object's row stay, for its calls that pass no such argument
@@ -273,6 +278,14 @@ class MissStages:
         and entries.donated_leaf(a.leaves, args, kwargs)):
       return self._fallback("donated_lifted_array", args, kwargs,
                             entries.DONATES_A_LEAF)
+    if not self._constants_are_operands:
+      # (what stock's trace of the key's first meeting read by value, if
+      # read; else zeros, 1, -1 or an infinity refused wherever they are)
+      read = entries.leaf_reads.get(key)
+      refused = _structure.lifted_refusal(
+          a.leaves, None if read is None else read.reads)
+      if refused is not None:
+        return self._fallback("lifted_value", args, kwargs, refused)
     self.stock()   # made now: validates the options as stock jit() would
     # what the arguments' classes hold before the call: a trace (or an
     # unflatten) that writes there is not stored (``_store``)
@@ -303,6 +316,9 @@ class MissStages:
         weak = self._eager_weak_types(traced)
         baked = None if called or weak else self._baked_operand(traced)
         folds = self._folds(traced, a.leaves)
+        # (a leaf read by value as stock's first trace did not: rare)
+        valued = None if self._note_values_read(entry, traced, a.leaves) \
+            else _structure.lifted_refusal(a.leaves, entry.values)
         captured = self._captured_constants(traced, a.leaves)
         if called is not None:
           pass   # never run: its callback would read the lifted trace's values
@@ -311,12 +327,19 @@ class MissStages:
         elif baked is not None:
           out = _compat.trace.run_traced_eagerly(traced, (a.leaves, *args),
                                                  kwargs)
-        elif folds is None and captured is None:
+        elif folds is None and captured is None and valued is None:
           out = entry.jitted(a.leaves, *args, **kwargs)
     except Exception as e:
       failed = e
     if failed is not None:   # (stock's error carries no context of ours)
       return self._retry_stock(key, args, kwargs, failed)
+    if valued is not None and (called, weak, baked, folds, captured) == (
+        None, None, None, None, None):
+      # this call's (the entry's trace stands, for other values): stock's
+      # trace of it makes the trace's effects a second time, where its
+      # first meeting's trace read the leaves otherwise (a signature
+      # since, reading them by value)
+      return self._fallback("lifted_value", args, kwargs, valued)
     for reason, detail in (("runtime_callable", called),
                            ("eager_weak_type", weak),
                            folds or (None, None),
@@ -431,8 +454,20 @@ class MissStages:
       # no canonical stock object: its cache would hand its outputs' node
       # data (the trace's own objects) to later objects' callers
       trace_lookup.closure_cache.traced_apart.note(code, "output_node_data")
-    lifted = {id(x) for x in _compat.jax.tree_util.tree_leaves(a.leaves)}
-    folds = folding.difference(traced.jaxpr, lifted_constants=lifted)
+    leaves = _compat.jax.tree_util.tree_leaves(a.leaves)
+    lifted = {id(x) for x in leaves}
+    consts = _lowering.closed_parts(traced.jaxpr)[1]
+    reads = _structure.constant_reads(traced.jaxpr)
+    folds = (folding.difference(traced.jaxpr, lifted_constants=lifted)
+             or _values_read(reads, None, (lifted, consts)))
+    if folds is None and leaves:
+      # which leaves stock's trace reads by value: the key's next meeting
+      # checks them before its lifted trace (``_miss``)
+      at = {id(x): i for i, x in enumerate(leaves)}
+      entries.leaf_reads.put(key, entries.LeafReadsRead(_structure.LeafReads(
+          *(frozenset(at[id(consts[j])] for j in found
+                      if id(consts[j]) in at)
+            for found in (reads.by_identity, reads.by_zero)))))
     for reason, detail in (
         ("runtime_callable", self._runtime_callable(traced)),
         folds or (None, None),
@@ -489,6 +524,11 @@ class MissStages:
       entry.note_trace(
           traced.jaxpr, len(_compat.jax.tree_util.tree_leaves(leaves)),
           args, kwargs)
+      if not self._note_values_read(entry, traced, leaves):
+        # a leaf this signature's trace reads by its value holds it (1, -1
+        # or an infinity; zeros): this call is stock's (the entry stays)
+        return self._fallback("lifted_value", args, kwargs,
+                              _structure.lifted_refusal(leaves, entry.values))
       for reason, detail in (
           ("argument_node_data", key_trees.conflated_node_data(
               _compat.jax.tree_util.tree_structure((args, kwargs)))),
@@ -552,8 +592,20 @@ class MissStages:
     None."""
     if self._constants_are_operands:
       return None
-    return folding.difference(traced.jaxpr, lifted_inputs=len(
-        _compat.jax.tree_util.tree_leaves(leaves)))
+    n = len(_compat.jax.tree_util.tree_leaves(leaves))
+    return (folding.difference(traced.jaxpr, lifted_inputs=n)
+            or _values_read(_structure.constant_reads(traced.jaxpr, n),
+                            _compat.jax.tree_util.tree_leaves(leaves)))
+
+  def _note_values_read(self, entry, traced, leaves) -> bool:
+    """At a trace of ``entry`` whose stock bakes the lifted leaves: note
+    which leaves an operation XLA removes by their value reads; whether
+    ``leaves`` may be passed to its executable (``check_values``)."""
+    if self._constants_are_operands or not leaves:
+      return True
+    n = len(_compat.jax.tree_util.tree_leaves(leaves))
+    entry.note_values_read(_structure.constant_reads(traced.jaxpr, n))
+    return _structure.lifted_refusal(leaves, entry.values) is None
 
 
   def _guards(self, after, traced, args, kwargs):
@@ -690,6 +742,29 @@ class MissStages:
 
 
 _UnwatchedEffects = trace_lookup.closure_cache.UnwatchedEffects
+
+
+def _values_read(reads, leaves, lifted=None) -> folding.Finding | None:
+  """Where a trace's ``structure.constant_reads`` read a lifted array as
+  a value (for stock's trace, whose constants are the closure's arrays:
+  one of ``lifted``, its constants' ids), which stock's module folds
+  (``sqrt(c)``, ``sign(c)``, a comparison: XLA's arithmetic at compile
+  time, the runtime's in the shared executable): a ``folding.Finding``,
+  or None. ``leaves``: the lifted leaves a lifted trace's reads index. An
+  array of floating or complex values alone is refused so."""
+  found = reads.by_value
+  if lifted is not None:
+    found = [i for i in found if id(lifted[1][i]) in lifted[0]]
+  # (an integer array read so, an index or a label, is folded exactly)
+  found = [i for i in found if _lowering.inexact_dtype(getattr(
+      lifted[1][i] if lifted is not None else leaves[i], "dtype", None))]
+  if not found:
+    return None
+  return folding.Finding("folds_constants", (
+      "a closed-over array is read as a value (a function of it, a "
+      "comparison, a remainder's operand), which stock's module computes "
+      "at compile time with XLA's arithmetic and the shared executable at "
+      "run time"))
 
 #: Why a key whose entry traced a new signature with an effect is stock's.
 _NEW_SIGNATURE_EFFECT = (

@@ -182,6 +182,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "getweakrefcount": identity.getweakrefcount, "REF": identity.ref,
             "LONE_REFS": identity.LONE_REFS, "PINNED": identity.Pinned,
             "GUARDED_LEAVES": entries.guarded_leaves,
+            "CHECK_VALUES": entries.check_values,
             **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
 

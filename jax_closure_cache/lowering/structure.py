@@ -150,6 +150,56 @@ def identity_constant(c) -> bool:
   return _read_once(_IDENTITY_ANSWERS, _compat.all_identity, c)
 
 
+#: :func:`lifted_refusal`'s reading of a jax array, kept as
+#: :data:`_ARRAY_ANSWERS` keeps :func:`constant_refusal`'s.
+_LEAF_ANSWERS = cache.STORE.table("structure.leaf_answers",
+                                  cache.Store.CALLS)
+
+#: :func:`lifted_refusal`'s answer for a leaf all 1, -1 or an infinity.
+IDENTITY_LEAF = ("an array all 1, -1 or an infinity that an operation XLA "
+                 "removes by it reads (x * 1, max(x, -inf)): stock's module "
+                 "removes it, where the runtime's flushes a subnormal x and "
+                 "keeps a NaN's sign")
+#: :func:`lifted_refusal`'s answer for a leaf of zeros.
+ZERO_LEAF = ("an array of zeros that an addition reads (x + 0): stock's "
+             "module removes it, keeping a -0.0 and a subnormal x that the "
+             "runtime's addition makes 0.0")
+
+
+class LeafReads(NamedTuple):
+  """Which lifted leaves (by index) an operation XLA removes by their
+  value reads: ``by_identity`` where all 1, -1 or an infinity, ``by_zero``
+  where all zeros (``ConstantReads``' fields of the same names)."""
+  by_identity: frozenset
+  by_zero: frozenset
+
+
+def lifted_refusal(leaves, reads: LeafReads | None) -> str | None:
+  """Why the closure key's lifted ``leaves`` cannot be passed this call to
+  an executable that takes them as arguments, where stock's module bakes
+  them: tier A's rules for a constant (:func:`constant_refusal`: a -0.0, a
+  NaN, a subnormal, a boolean), and :data:`IDENTITY_LEAF` or
+  :data:`ZERO_LEAF` for a leaf ``reads`` names (every leaf where it is
+  None); None where they can. A jax array is read once while it lives."""
+  for i, c in enumerate(leaves):
+    refusal, identity, zero = _read_once(_LEAF_ANSWERS, _leaf_answer, c)
+    if refusal is not None:
+      return refusal
+    if identity and (reads is None or i in reads.by_identity):
+      return IDENTITY_LEAF
+    if zero and (reads is None or i in reads.by_zero):
+      return ZERO_LEAF
+  return None
+
+
+def _leaf_answer(c) -> tuple:
+  refusal = _refusal(c, zeros=False)
+  if refusal is not None:
+    return refusal, False, False
+  zero = _compat.all_zero(c)
+  return None, not zero and _compat.all_identity(c), zero
+
+
 def _read_once(table: dict, read, c):
   """``read(c)``; for a jax array (whose values, devices and commitment
   never change), kept in ``table`` by its id while it lives."""
@@ -173,7 +223,7 @@ def _forget(table: dict, i: int, ref) -> None:
     table.pop(i, None)
 
 
-def _refusal(c) -> str | None:
+def _refusal(c, zeros: bool = True) -> str | None:
   t = type(c)
   if t is bool or getattr(c, "dtype", None) == np.bool_:
     # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
@@ -186,7 +236,7 @@ def _refusal(c) -> str | None:
   if _negative_zero(c):
     # XLA gives a returned constant -0.0 as 0.0, an argument as it is
     return "a constant holding a -0.0"
-  if _compat.all_zero(c):
+  if zeros and _compat.all_zero(c):
     # XLA folds x + c to x for a baked c of zeros, keeping x's -0.0
     return "a constant of zeros (XLA folds x + 0 in stock's module)"
   if _compat.holds_nan(c):
@@ -413,16 +463,17 @@ def _python_value(x):
 
 
 def _operand_read_as_value(e, i: int, depth: int,
-                           by_identity: bool = False) -> bool:
+                           by_identity: bool = False,
+                           by_zero: bool = False) -> bool:
   """Whether operand ``i`` of an equation holding jaxprs is read as a
   value by one of them (:func:`_reads_as_value`; with ``by_identity``:
-  moved to an operation of :data:`_BY_IDENTITY`); an unknown equation's,
-  read so."""
+  moved to an operation of :data:`_BY_IDENTITY`; with ``by_zero``:
+  reaching one of :data:`_BY_ZERO`); an unknown equation's, read so."""
   inner = _inner_inputs(e)
   if inner is None or depth <= 0:
     return True
   return any(i in mapping and _reads_as_value(j, {mapping[i]}, depth - 1,
-                                              by_identity)
+                                              by_identity, by_zero)
              for j, mapping in inner)
 
 
@@ -464,7 +515,7 @@ def _opened(jaxpr):
 
 
 def _reads_as_value(jaxpr, inputs: set, depth: int,
-                    by_identity: bool = False) -> bool:
+                    by_identity: bool = False, by_zero: bool = False) -> bool:
   """Whether ``inputs`` (vars of ``jaxpr``) are read as values: a value
   computed from them and literals alone reaches :data:`_READ_AS_VALUE`,
   a keyed operand, or, computed otherwise than by moves (``abs(c)``, ``c *
@@ -472,7 +523,8 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   of :data:`_BY_IDENTITY`; or a nested jaxpr's input read so. With
   ``by_identity``: whether they reach an operand of :data:`_BY_IDENTITY`
   moved alone (:data:`_VALUE_MOVES`), all 1, -1 or an infinity where they
-  are."""
+  are. With ``by_zero``: whether a value computed from them and literals
+  alone reaches an operand of :data:`_BY_ZERO`."""
   derived = set(inputs)   # computed from them and literals alone
   moved = set(inputs)     # moved alone
   for e in jaxpr.eqns:
@@ -482,7 +534,11 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       continue
     name = e.primitive.name
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
-    if by_identity:
+    if by_zero:
+      if name in _BY_ZERO or _holds_jaxpr(e) and any(
+          _operand_read_as_value(e, i, depth, by_zero=True) for i in hit):
+        return True
+    elif by_identity:
       if name in _BY_IDENTITY and any(e.invars[i] in moved for i in hit):
         return True
     elif (alone and name in _READ_AS_VALUE
@@ -490,7 +546,7 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
           or name in _BY_IDENTITY and any(e.invars[i] not in moved
                                           for i in hit)):
       return True
-    if _holds_jaxpr(e) and any(
+    if not by_zero and _holds_jaxpr(e) and any(
         _operand_read_as_value(e, i, depth, by_identity)
         or not by_identity and e.invars[i] not in moved
         and _operand_read_as_value(e, i, depth, by_identity=True)
@@ -514,6 +570,11 @@ def _holds_jaxpr(e) -> bool:
 #: negation, ``max(x, -inf)``, ``min(x, inf)``, a clamp between
 #: infinities, ``x ** 1``)
 _BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow"})
+#: operations XLA's simplifier removes by a constant operand of zeros
+#: (``x + 0``, ``x - 0``), keeping a -0.0 and a subnormal ``x`` that the
+#: runtime's operation makes 0.0 (measured on CPU: ``x * 0``, ``0 - x``,
+#: ``max(x, 0)``, ``x @ 0`` and ``0 / x`` compute alike in both modules)
+_BY_ZERO = frozenset({"add", "sub", "add_any"})
 #: operations that move, convert or negate values: on a constant all 1, -1
 #: or an infinity, their result is one too
 _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
@@ -531,20 +592,29 @@ class ConstantReads(NamedTuple):
   remainder's operand, :data:`_READ_AS_VALUE`, or computed otherwise than
   by moves into an operand of :data:`_BY_IDENTITY`: XLA folds the value,
   which may be one); inside nested jaxprs too, through the operands XLA
-  may see as constants there."""
+  may see as constants there; ``by_zero``, those from which a value
+  computed with literals alone reaches an operand of :data:`_BY_ZERO` (XLA
+  removes the operation where such a constant is all zeros)."""
   by_identity: frozenset
   by_value: frozenset
+  by_zero: frozenset = frozenset()
 
 
-def constant_reads(closed) -> ConstantReads:
-  """:class:`ConstantReads` of ``closed``."""
+def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
+  """:class:`ConstantReads` of ``closed``; with ``lifted``, of its first
+  ``lifted`` inputs instead (the closure key's lifted arrays, which stock's
+  module bakes as constants beside the jaxpr's own), by their index."""
   jaxpr, _ = _compat.closed_parts(closed)
   # var -> the constants it is computed from with literals alone (reach),
   # and those it moves (moved: all 1, -1 or an infinity where they are)
-  reach = {v: frozenset({i}) for i, v in enumerate(jaxpr.constvars)}
+  seeds = list(jaxpr.constvars)
+  if lifted is not None:
+    seeds[:0] = jaxpr.invars[:lifted]
+  reach = {v: frozenset({i}) for i, v in enumerate(seeds)}
   moved = dict(reach)
   identity: set = set()
   valued: set = set()
+  zero: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
     sources = [reach.get(x, none) if type(x) is not _Literal else none
@@ -558,6 +628,9 @@ def constant_reads(closed) -> ConstantReads:
     nested = _holds_jaxpr(e)
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
     for i in hit:
+      if name in _BY_ZERO or nested and _operand_read_as_value(
+          e, i, _NESTING, by_zero=True):
+        zero |= sources[i]
       if name in _BY_IDENTITY or nested and _operand_read_as_value(
           e, i, _NESTING, by_identity=True):
         # moved alone: read where it is all 1, -1 or an infinity; computed
@@ -573,7 +646,12 @@ def constant_reads(closed) -> ConstantReads:
         reach[v] = none.union(*sources)
         if name in _VALUE_MOVES:
           moved[v] = none.union(*moves)
-  return ConstantReads(frozenset(identity), frozenset(valued))
+  if lifted is not None:   # (the jaxpr's own constants are baked in both)
+    identity = {i for i in identity if i < lifted}
+    valued = {i for i in valued if i < lifted}
+    zero = {i for i in zero if i < lifted}
+  return ConstantReads(frozenset(identity), frozenset(valued),
+                       frozenset(zero))
 
 
 def lifted_operands(e, live: bool) -> tuple:
