@@ -538,8 +538,11 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
   where the trace multiplies, divides, bounds by it) is stock's; one whose
   trace computes with the array's value (``sqrt(c)``, ``sign(c)``) never
   shares. Through ``jit``, ``grad``, ``scan`` and an SGD step built per
-  learning rate, and a signature traced later that reads the array by its
-  value where the first did not; ordinary values share."""
+  learning rate, a one-trip loop's carry or scanned operand (XLA removes
+  the loop), an element of an array only partly 1 or 0 (XLA folds the
+  element), and a signature traced later that reads the array by its
+  value where the first did not; ordinary values share, and tier A alone
+  answers alike."""
   x = jnp.asarray([1e-39, -0.0, np.nan, 2.0], jnp.float32)
   values = (3.0, 1.0, 1.0, 0.5, 0.0, -0.0, np.nan, 1e-39, -1.0, np.inf,
             -np.inf, 2.0, 2.0, 0.5)
@@ -556,6 +559,17 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
 
   def later_signature(c):   # a matrix reads ``c`` by identity, a vector not
     return lambda v: v * c if v.ndim == 2 else v - 1.0
+
+  def looped(c):   # a carry or scanned operand XLA sees in a one-trip loop
+    w = jnp.full(4, c)
+    return lambda v: (
+        jax.lax.scan(lambda a, _: (a * v, None), w, None, length=1)[0],
+        jax.lax.scan(lambda a, r: (a + r, None), v, w[None])[0],
+        jax.lax.fori_loop(0, 1, lambda i, a: a * v, w))
+
+  def parts(c):   # an element or slice of an array that is not all 1 or 0
+    w = jnp.stack([c, jnp.float32(2.0)])
+    return lambda v: (v * w[0], v + w[0], v[:1] * w[:1], v - w[:1].sum())
 
   def sgd(lr):
     def update(grads):
@@ -577,6 +591,8 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
       outs.append(bits(jax.jit(by_value(c))(x)))
       outs.append(bits(jax.jit(sgd(c))({"w": x, "b": x[:2]})))
       outs.append(bits(jax.jit(jax.grad(loss(c)))(x[3:])))
+      outs.append(bits(jax.jit(looped(c))(x)))
+      outs.append(bits(jax.jit(parts(c))(x)))
     for v in (3.0, 2.0, 1.0, 1.0, 2.0):
       # (the matrix's signature is first traced by a hit at 1.0)
       c = jnp.float32(v)
@@ -585,7 +601,13 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
         outs.append(bits(jax.jit(later_signature(c))(x[None])))
     return outs
 
-  replay_in_both_modes(run, clear=True)
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable(closure_key=False)   # tier A alone: the same rules
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
   jcc.clear()
   jcc.enable()
   try:

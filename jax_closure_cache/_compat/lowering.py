@@ -842,13 +842,15 @@ def holds_zero(c, negative_only: bool = False,
   return bool(np.any(zero & np.signbit(a) if negative_only else zero))
 
 
-def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
+def all_zero(c, *, booleans: bool = False, unknown: bool = False,
+             partly: bool = False) -> bool:
   """Whether a constant (an array or a Python number) is all zeros, of a
   numeric type, or with ``booleans`` of a boolean one too (``False``): XLA
   folds ``x + c`` to ``x`` for such a constant baked into a module, and so
   keeps a ``-0.0`` of ``x`` that the addition of an argument holding those
   zeros makes ``0.0``. ``unknown`` is the answer where the values cannot be
-  read (an extended dtype, a conversion that fails). Never an error."""
+  read (an extended dtype, a conversion that fails). ``partly``: whether
+  any element is a zero. Never an error."""
   if type(c) in (int, float, complex) or (booleans and type(c) is bool):
     return c == 0
   dtype = getattr(c, "dtype", None)
@@ -861,6 +863,8 @@ def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
     a = np.asarray(c)
     if a.dtype.kind not in "biufc":   # bfloat16, float8: as float32
       a = a.astype(np.float32)
+    if partly:   # (any element zero: a slice of it may be all zeros)
+      return a.size > 0 and not np.all(a)
     return a.size > 0 and not np.any(a)
   except Exception:
     return unknown
@@ -875,12 +879,13 @@ def all_zero(c, *, booleans: bool = False, unknown: bool = False) -> bool:
 IDENTITY_VALUES = (1.0, -1.0, float("inf"), float("-inf"))
 
 
-def all_identity(c) -> bool:
+def all_identity(c, partly: bool = False) -> bool:
   """Whether a constant (an array or a Python number) of a numeric type
   is all one of :data:`IDENTITY_VALUES` (a complex one with a zero
   imaginary part; an integer one all 1 or all -1, which a conversion to a
-  float folded in stock's module makes a float one). Never an error (False
-  where the values cannot be read)."""
+  float folded in stock's module makes a float one); with ``partly``,
+  whether any element is one (a slice of it may be all one). Never an
+  error (False where the values cannot be read)."""
   if type(c) in (float, int):
     return c in IDENTITY_VALUES
   if type(c) is complex:
@@ -897,9 +902,13 @@ def all_identity(c) -> bool:
   if a.size == 0:
     return False
   if a.dtype.kind == "c":
+    if partly:
+      return bool(np.any((a.imag == 0) & np.isin(a.real, IDENTITY_VALUES)))
     if np.any(a.imag):
       return False
     a = a.real
+  if partly:
+    return bool(np.any(np.isin(a, IDENTITY_VALUES)))
   first = a.flat[0]
   return bool(first in IDENTITY_VALUES and np.all(a == first))
 

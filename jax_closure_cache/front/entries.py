@@ -311,10 +311,11 @@ class Entry(cache.Entry):
     operation XLA removes by their value reads (``constant_reads``),
     checked from now on."""
     known = self.values
-    self.values = _structure.LeafReads(reads.by_identity, reads.by_zero) if (
+    self.values = _structure.LeafReads(
+        reads.by_identity, reads.by_zero, reads.partly) if (
         known is None) else _structure.LeafReads(
             known.by_identity | reads.by_identity,
-            known.by_zero | reads.by_zero)
+            known.by_zero | reads.by_zero, known.partly | reads.partly)
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its

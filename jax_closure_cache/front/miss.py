@@ -229,7 +229,11 @@ class MissStages:
       self._note_stock_trace(code, key, a, args, kwargs, traced)
       try:   # and the key of the state the call left (a mesh's attributes
         # filled lazily, say): the next object is met in that state
-        entries.met_before(self._stored()[1])
+        after = self._stored()[1]
+        entries.met_before(after)
+        read = entries.leaf_reads.get(key)
+        if after != key and read is not None:
+          entries.leaf_reads.put(after, entries.LeafReadsRead(read.reads))
       except (Uncacheable, TypeError):
         pass
       return out
@@ -250,6 +254,8 @@ class MissStages:
         out = self.stock()(*args, **kwargs)
       if code is not None and code in entries.stock_codes:
         self._note_stock_trace(code, key, a, args, kwargs, traced)
+      else:
+        self._read_stock_trace(key, a, args, kwargs)
       return out
     answered = entries.stock_answered.get(key)
     if answered is not None:
@@ -460,14 +466,8 @@ class MissStages:
     reads = _structure.constant_reads(traced.jaxpr)
     folds = (folding.difference(traced.jaxpr, lifted_constants=lifted)
              or _values_read(reads, None, (lifted, consts)))
-    if folds is None and leaves:
-      # which leaves stock's trace reads by value: the key's next meeting
-      # checks them before its lifted trace (``_miss``)
-      at = {id(x): i for i, x in enumerate(leaves)}
-      entries.leaf_reads.put(key, entries.LeafReadsRead(_structure.LeafReads(
-          *(frozenset(at[id(consts[j])] for j in found
-                      if id(consts[j]) in at)
-            for found in (reads.by_identity, reads.by_zero)))))
+    if folds is None:
+      _note_leaf_reads(key, leaves, consts, reads)
     for reason, detail in (
         ("runtime_callable", self._runtime_callable(traced)),
         folds or (None, None),
@@ -476,6 +476,21 @@ class MissStages:
       if detail is not None:
         self._note_stock_answers(code, key, reason, detail)
         return
+
+  def _read_stock_trace(self, key, a, args, kwargs) -> None:
+    """After stock answered a key met once: which of its leaves stock's
+    trace (read from JAX's cache, never traced again) reads by value, for
+    the key's next meeting (``_note_leaf_reads``)."""
+    leaves = _compat.jax.tree_util.tree_leaves(a.leaves)
+    if self._constants_are_operands or not leaves:
+      return
+    try:
+      with _compat.NO_TRACING(True):
+        traced = self.stock().trace(*args, **kwargs)
+    except Exception:   # not in JAX's cache (or not traceable): not read
+      return
+    _note_leaf_reads(key, leaves, _lowering.closed_parts(traced.jaxpr)[1],
+                     _structure.constant_reads(traced.jaxpr))
 
   @staticmethod
   def _note_stock_answers(code, key, reason: str, detail: str) -> None:
@@ -742,6 +757,19 @@ class MissStages:
 
 
 _UnwatchedEffects = trace_lookup.closure_cache.UnwatchedEffects
+
+
+def _note_leaf_reads(key, leaves, consts, reads) -> None:
+  """Which of ``key``'s lifted ``leaves`` stock's trace of it reads by
+  value (``reads``, its ``constant_reads`` over its ``consts``, which hold
+  the leaves by identity): the key's next meeting checks them before its
+  lifted trace (``MissStages._miss``)."""
+  if not leaves:
+    return
+  at = {id(x): i for i, x in enumerate(leaves)}
+  entries.leaf_reads.put(key, entries.LeafReadsRead(_structure.LeafReads(
+      *(frozenset(at[id(consts[j])] for j in found if id(consts[j]) in at)
+        for found in (reads.by_identity, reads.by_zero, reads.partly)))))
 
 
 def _values_read(reads, leaves, lifted=None) -> folding.Finding | None:

@@ -335,7 +335,10 @@ def _read_by_value(closed, key=None) -> bool:
         _READS.clear()
       _READS[key] = reads
   return bool(reads.by_value) or any(
-      structure.identity_constant(consts[i]) for i in reads.by_identity)
+      structure.identity_constant(consts[i], i in reads.partly)
+      for i in reads.by_identity) or any(
+      _compat.all_zero(consts[i], partly=True)
+      for i in reads.by_zero & reads.partly)
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,

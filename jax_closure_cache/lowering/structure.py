@@ -141,13 +141,18 @@ _IDENTITY_ANSWERS = cache.STORE.table("structure.identity_answers",
                                       cache.Store.CALLS)
 
 
-def identity_constant(c) -> bool:
+def identity_constant(c, partly: bool = False) -> bool:
   """Whether ``c`` is all 1, -1 or an infinity
   (``_compat.all_identity``): a constant XLA removes an operation by in
   stock's module (:func:`constant_reads` says which constants such an
-  operation reads). A jax array's values are read once while it
+  operation reads); with ``partly``, whether any element is one (a part
+  of the constant is read). A jax array's values are read once while it
   lives."""
-  return _read_once(_IDENTITY_ANSWERS, _compat.all_identity, c)
+  return _read_once(_IDENTITY_ANSWERS, _identity_answer, c)[partly]
+
+
+def _identity_answer(c) -> tuple:
+  return _compat.all_identity(c), _compat.all_identity(c, True)
 
 
 #: :func:`lifted_refusal`'s reading of a jax array, kept as
@@ -169,9 +174,11 @@ ZERO_LEAF = ("an array of zeros that an addition reads (x + 0): stock's "
 class LeafReads(NamedTuple):
   """Which lifted leaves (by index) an operation XLA removes by their
   value reads: ``by_identity`` where all 1, -1 or an infinity, ``by_zero``
-  where all zeros (``ConstantReads``' fields of the same names)."""
+  where all zeros, ``partly`` those where any element counts
+  (``ConstantReads``' fields of the same names)."""
   by_identity: frozenset
   by_zero: frozenset
+  partly: frozenset = frozenset()
 
 
 def lifted_refusal(leaves, reads: LeafReads | None) -> str | None:
@@ -181,23 +188,39 @@ def lifted_refusal(leaves, reads: LeafReads | None) -> str | None:
   NaN, a subnormal, a boolean), and :data:`IDENTITY_LEAF` or
   :data:`ZERO_LEAF` for a leaf ``reads`` names (every leaf where it is
   None); None where they can. A jax array is read once while it lives."""
+  table = _LEAF_ANSWERS
   for i, c in enumerate(leaves):
-    refusal, identity, zero = _read_once(_LEAF_ANSWERS, _leaf_answer, c)
+    # (``_read_once``, its hit inline: a hit's every leaf)
+    known = table.get(id(c))
+    if known is not None and known[0]() is c:
+      answer = known[1]
+    else:
+      answer = _read_once(table, _leaf_answer, c)
+    if answer is _ORDINARY:
+      continue
+    refusal, identity, zero = answer
     if refusal is not None:
       return refusal
-    if identity and (reads is None or i in reads.by_identity):
+    part = reads is None or i in reads.partly
+    if identity[part] and (reads is None or i in reads.by_identity):
       return IDENTITY_LEAF
-    if zero and (reads is None or i in reads.by_zero):
+    if zero[part] and (reads is None or i in reads.by_zero):
       return ZERO_LEAF
   return None
 
 
+#: :func:`_leaf_answer` for an array with no element XLA folds by
+_ORDINARY = (None, (False, False), (False, False))
+
+
 def _leaf_answer(c) -> tuple:
+  """``(refusal, (all, any) of 1, -1 or an infinity, (all, any) zero)``."""
   refusal = _refusal(c, zeros=False)
   if refusal is not None:
-    return refusal, False, False
-  zero = _compat.all_zero(c)
-  return None, not zero and _compat.all_identity(c), zero
+    return refusal, (False, False), (False, False)
+  answer = (None, (_compat.all_identity(c), _compat.all_identity(c, True)),
+            (_compat.all_zero(c), _compat.all_zero(c, partly=True)))
+  return _ORDINARY if answer == _ORDINARY else answer
 
 
 def _read_once(table: dict, read, c):
@@ -464,39 +487,65 @@ def _python_value(x):
 
 def _operand_read_as_value(e, i: int, depth: int,
                            by_identity: bool = False,
-                           by_zero: bool = False) -> bool:
+                           by_zero: bool = False,
+                           by_part: bool = False) -> bool:
   """Whether operand ``i`` of an equation holding jaxprs is read as a
   value by one of them (:func:`_reads_as_value`; with ``by_identity``:
   moved to an operation of :data:`_BY_IDENTITY`; with ``by_zero``:
-  reaching one of :data:`_BY_ZERO`); an unknown equation's, read so."""
+  reaching one of :data:`_BY_ZERO`; with ``by_part``: a part of it taken
+  where XLA sees it as a constant, a one-trip scan's scanned operand
+  too); an unknown equation's, read so."""
   inner = _inner_inputs(e)
   if inner is None or depth <= 0:
     return True
+  if by_part and e.primitive.name == "scan" and len(inner[0][1]) == len(
+      e.invars) and i >= sum(_compat.scan_groups(e.params)):
+    return True   # (one trip: its body reads the operand's first slice)
   return any(i in mapping and _reads_as_value(j, {mapping[i]}, depth - 1,
-                                              by_identity, by_zero)
+                                              by_identity, by_zero, by_part)
              for j, mapping in inner)
 
 
 def _inner_inputs(e) -> list | None:
   """``(jaxpr, {operand index: its input var})`` for each jaxpr ``e``
-  holds, the operands mapped being those XLA may see as constants inside
-  (a loop's constants, not its carry, which varies); None for an
-  equation this does not know."""
+  holds, the operands mapped being those XLA may see as constants inside:
+  a loop's constants, and its carry's first value (and a scan's scanned
+  operands) where XLA may remove the loop: a ``scan`` of one trip (its
+  length at most its unrolling), any ``while`` (whose trip count XLA may
+  find to be one); None for an equation this does not know."""
   p, name = e.params, e.primitive.name
   try:
     if name == "while":
       cond, body = _opened(p["cond_jaxpr"]), _opened(p["body_jaxpr"])
       nc, nb = p["cond_nconsts"], p["body_nconsts"]
-      return [(cond, {i: cond.invars[i] for i in range(nc)}),
-              (body, {nc + i: body.invars[i] for i in range(nb)})]
+      carry = len(e.invars) - nc - nb
+      if len(cond.invars) != nc + carry or len(body.invars) != nb + carry:
+        return None
+      return [(cond, {**{i: cond.invars[i] for i in range(nc)},
+                      **{nc + nb + k: cond.invars[nc + k]
+                         for k in range(carry)}}),
+              (body, {**{nc + i: body.invars[i] for i in range(nb)},
+                      **{nc + nb + k: body.invars[nb + k]
+                         for k in range(carry)}})]
+    if name.startswith("scatter") and p.get("update_jaxpr") is not None:
+      # its combiner takes an operand's and an update's elements, never
+      # the indices (operand 1)
+      combine = _opened(p["update_jaxpr"])
+      if len(e.invars) != 3 or len(combine.invars) != 2:
+        return None
+      return [(combine, {0: combine.invars[0], 2: combine.invars[1]})]
     if name == "cond":   # (operand 0 is the index)
       return [(b, {k + 1: v for k, v in enumerate(b.invars)})
               for b in map(_opened, p["branches"])]
     if name == "scan":
-      groups = _compat.scan_groups(p)
       inner = _opened(p["jaxpr"])
-      if groups is None:
+      groups = _compat.scan_groups(p)
+      if groups is None or len(inner.invars) != len(e.invars):
         return None
+      unroll, length = p.get("unroll", 1), p.get("length")
+      if unroll is True or type(length) is int and length <= max(
+          1, int(unroll)):   # one trip: XLA removes the loop
+        return [(inner, dict(enumerate(inner.invars)))]
       return [(inner, {i: inner.invars[i] for i in range(groups[0])})]
     for k in _CALL_PARAMS:
       if k in p:
@@ -515,7 +564,8 @@ def _opened(jaxpr):
 
 
 def _reads_as_value(jaxpr, inputs: set, depth: int,
-                    by_identity: bool = False, by_zero: bool = False) -> bool:
+                    by_identity: bool = False, by_zero: bool = False,
+                    by_part: bool = False) -> bool:
   """Whether ``inputs`` (vars of ``jaxpr``) are read as values: a value
   computed from them and literals alone reaches :data:`_READ_AS_VALUE`,
   a keyed operand, or, computed otherwise than by moves (``abs(c)``, ``c *
@@ -534,19 +584,24 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       continue
     name = e.primitive.name
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
-    if by_zero:
-      if name in _BY_ZERO or _holds_jaxpr(e) and any(
+    if by_part:
+      if alone and name in _SUBSET_MOVES or _holds_jaxpr(e) and any(
+          _operand_read_as_value(e, i, depth, by_part=True) for i in hit):
+        return True
+    elif by_zero:
+      if name in _BY_ZERO and _inexact_result(e) or _holds_jaxpr(e) and any(
           _operand_read_as_value(e, i, depth, by_zero=True) for i in hit):
         return True
     elif by_identity:
-      if name in _BY_IDENTITY and any(e.invars[i] in moved for i in hit):
+      if (name in _BY_IDENTITY and _inexact_result(e)
+          and any(e.invars[i] in moved for i in hit)):
         return True
     elif (alone and name in _READ_AS_VALUE
           or not KEYED_OPERANDS.get(name, frozenset()).isdisjoint(hit)
           or name in _BY_IDENTITY and any(e.invars[i] not in moved
                                           for i in hit)):
       return True
-    if not by_zero and _holds_jaxpr(e) and any(
+    if not (by_zero or by_part) and _holds_jaxpr(e) and any(
         _operand_read_as_value(e, i, depth, by_identity)
         or not by_identity and e.invars[i] not in moved
         and _operand_read_as_value(e, i, depth, by_identity=True)
@@ -557,6 +612,13 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       if name in _VALUE_MOVES and all(e.invars[i] in moved for i in hit):
         moved.update(e.outvars)
   return False
+
+
+def _inexact_result(e) -> bool:
+  """Whether ``e``'s first result is of a floating or complex type (an
+  integer one computes alike whether XLA removes ``x + 0`` or not)."""
+  return bool(e.outvars) and _compat.inexact_dtype(
+      getattr(getattr(e.outvars[0], "aval", None), "dtype", None))
 
 
 def _holds_jaxpr(e) -> bool:
@@ -575,6 +637,11 @@ _BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow"})
 #: runtime's operation makes 0.0 (measured on CPU: ``x * 0``, ``0 - x``,
 #: ``max(x, 0)``, ``x @ 0`` and ``0 / x`` compute alike in both modules)
 _BY_ZERO = frozenset({"add", "sub", "add_any"})
+#: moves that take a part of an array (``c[0]``, ``c[:1]``, a gather): XLA
+#: folds the part of a constant, which may be all 1 or 0 where the whole
+#: is not
+_SUBSET_MOVES = frozenset({"slice", "dynamic_slice", "gather", "select_n",
+                           "dynamic_update_slice", "scatter"})
 #: operations that move, convert or negate values: on a constant all 1, -1
 #: or an infinity, their result is one too
 _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
@@ -594,10 +661,15 @@ class ConstantReads(NamedTuple):
   which may be one); inside nested jaxprs too, through the operands XLA
   may see as constants there; ``by_zero``, those from which a value
   computed with literals alone reaches an operand of :data:`_BY_ZERO` (XLA
-  removes the operation where such a constant is all zeros)."""
+  removes the operation where such a constant is all zeros); ``partly``,
+  those of which a part may be read so (taken by :data:`_SUBSET_MOVES`
+  from constants alone, here or inside a nested jaxpr, or scanned by a
+  one-trip scan): XLA folds the part, so any element of 1, -1, an
+  infinity or zero counts."""
   by_identity: frozenset
   by_value: frozenset
   by_zero: frozenset = frozenset()
+  partly: frozenset = frozenset()
 
 
 def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
@@ -615,6 +687,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   identity: set = set()
   valued: set = set()
   zero: set = set()
+  partly: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
     sources = [reach.get(x, none) if type(x) is not _Literal else none
@@ -626,12 +699,17 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
              for x in e.invars]
     name = e.primitive.name
     nested = _holds_jaxpr(e)
+    inexact = _inexact_result(e)
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
     for i in hit:
-      if name in _BY_ZERO or nested and _operand_read_as_value(
+      if alone and name in _SUBSET_MOVES or nested and _operand_read_as_value(
+          e, i, _NESTING, by_part=True):
+        partly |= sources[i]
+      # (an integer operation by 0 or 1 that XLA removes is exact)
+      if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_zero=True):
         zero |= sources[i]
-      if name in _BY_IDENTITY or nested and _operand_read_as_value(
+      if name in _BY_IDENTITY and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_identity=True):
         # moved alone: read where it is all 1, -1 or an infinity; computed
         # otherwise (abs(c), c * 2): XLA folds it first, read always
@@ -650,8 +728,9 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
     identity = {i for i in identity if i < lifted}
     valued = {i for i in valued if i < lifted}
     zero = {i for i in zero if i < lifted}
+    partly = {i for i in partly if i < lifted}
   return ConstantReads(frozenset(identity), frozenset(valued),
-                       frozenset(zero))
+                       frozenset(zero), frozenset(partly))
 
 
 def lifted_operands(e, live: bool) -> tuple:
