@@ -621,6 +621,64 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
   assert stats["fallback_reasons"].get("folds_constants", 0) > 0
 
 
+def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
+  """The value check of lifted arrays holds for ``.lower().compile()`` (its
+  signature's trace read first), a donating entry's new signature never
+  raises where stock does not (its call consumes its arguments before its
+  reads are known), and a leaf
+  an inner ``jit`` reads (stock's trace of the first meeting does not
+  show it: checked before the lifted trace, never traced twice); a typed
+  PRNG key, whose values XLA folds by none, still shares."""
+  x = jnp.asarray([1e-39, 2.0], jnp.float32)
+  traces = []
+
+  def scaled(c):
+    return lambda v: v * c
+
+  def by_shape(c):   # a matrix reads ``c`` by identity, a vector adds it
+    return lambda v: v * c if v.ndim == 2 else v + c
+
+  def inner(c):
+    def f(v):
+      traces.append(1)
+      return jax.jit(lambda u: u * c)(v)
+    return f
+
+  def keyed(k):
+    return lambda v: v * 3.0 + jax.random.key_data(k)[1].astype(jnp.float32)
+
+  def bits(a):
+    return (a.dtype, a.weak_type, np.asarray(a).tobytes())
+
+  def run():
+    outs = []
+    del traces[:]
+    for v in (2.0, 3.0, 4.0, 1.0, 1.0, 5.0):
+      c = jnp.full(2, v)
+      outs.append(bits(jax.jit(scaled(c)).lower(x).compile()(x)))
+      outs.append(bits(jax.jit(by_shape(c), donate_argnums=0)(x + 0.0)))
+      if v == 1.0:
+        # (a new signature of a donating entry whose trace reads ``c`` by
+        # its value: that one call's arguments are consumed, so it is the
+        # shared executable's, a documented limit; later calls stock's)
+        got = jax.jit(by_shape(c), donate_argnums=0)(x[None] + 0)
+        outs.append((got.dtype, got.shape))
+      outs.append(bits(jax.jit(inner(c))(x)))
+    for i in range(1, 5):
+      outs.append(bits(jax.jit(keyed(jax.random.key(i)))(x)))
+    return outs, len(traces)
+
+  replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable()
+  try:
+    for i in range(1, 6):
+      jax.jit(keyed(jax.random.key(i)))(x)
+    assert jcc.stats()["hits"] >= 3   # a typed key shares
+  finally:
+    jcc.disable()
+
+
 def test_a_function_reading_patched_lax_hits_through_its_matcher(monkeypatch):
   # With the cache on, jax.lax.while_loop (read through the jax module) is
   # the package's launcher, which the closure walk keys through the

@@ -578,6 +578,17 @@ def _holds_tracer(p, depth: int) -> bool:
 from jax._src import dtypes as _dtypes   # noqa: E402
 
 
+def extended_dtype(dtype) -> bool:
+  """Whether ``dtype`` is one of JAX's extended dtypes (a typed PRNG
+  key's); False for None or anything else."""
+  if dtype is None:
+    return False
+  try:
+    return bool(_dtypes.issubdtype(dtype, _dtypes.extended))
+  except Exception:
+    return False
+
+
 def inexact_dtype(dtype) -> bool:
   """Whether ``dtype`` is a floating or complex type, JAX's own (bfloat16,
   float8) included; False for any dtype NumPy cannot read (a PRNG key's)."""

@@ -15,6 +15,8 @@ import time
 import types
 import warnings
 
+import numpy as np
+
 from jax_closure_cache import _compat
 from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import events
@@ -541,9 +543,17 @@ class MissStages:
           args, kwargs)
       if not self._note_values_read(entry, traced, leaves):
         # a leaf this signature's trace reads by its value holds it (1, -1
-        # or an infinity; zeros): this call is stock's (the entry stays)
-        return self._fallback("lifted_value", args, kwargs,
-                              _structure.lifted_refusal(leaves, entry.values))
+        # or an infinity; zeros): this call is stock's (the entry stays);
+        # where the call donated its arguments (consumed: no stock retry
+        # can follow), its answer stands, and the key is stock's from now
+        refused = _structure.lifted_refusal(leaves, entry.values)
+        if jit_options.donates(self._spec.options):
+          entries.entries.discard(key)
+          entries.stock_answered.put(key, entries.StockAnswered(
+              "lifted_value", refused))
+          events.not_stored(self._user(), "lifted_value", refused)
+          return out
+        return self._fallback("lifted_value", args, kwargs, refused)
       for reason, detail in (
           ("argument_node_data", key_trees.conflated_node_data(
               _compat.jax.tree_util.tree_structure((args, kwargs)))),
@@ -619,7 +629,8 @@ class MissStages:
     if self._constants_are_operands or not leaves:
       return True
     n = len(_compat.jax.tree_util.tree_leaves(leaves))
-    entry.note_values_read(_structure.constant_reads(traced.jaxpr, n))
+    reads = _structure.constant_reads(traced.jaxpr, n)
+    entry.note_values_read(reads)
     return _structure.lifted_refusal(leaves, entry.values) is None
 
 
@@ -767,9 +778,19 @@ def _note_leaf_reads(key, leaves, consts, reads) -> None:
   if not leaves:
     return
   at = {id(x): i for i, x in enumerate(leaves)}
+  # each constant's leaf: itself, or the NumPy array JAX's typed copy of a
+  # NumPy leaf views
+  of = [at.get(id(c), at.get(id(getattr(c, "base", None)))
+               if isinstance(c, np.ndarray) else None) for c in consts]
+  # a leaf not among the trace's constants (an inner jit's) is checked as
+  # multiplied and added whole; a part of it read so is seen by the lifted
+  # trace's own reads alone (after it: a known limit)
+  unseen = frozenset(range(len(leaves))) - set(of)
   entries.leaf_reads.put(key, entries.LeafReadsRead(_structure.LeafReads(
-      *(frozenset(at[id(consts[j])] for j in found if id(consts[j]) in at)
-        for found in (reads.by_identity, reads.by_zero, reads.partly)))))
+      *(extra | {of[j] for j in found if of[j] is not None}
+        for extra, found in ((unseen, reads.by_identity),
+                             (unseen, reads.by_zero),
+                             (frozenset(), reads.partly))))))
 
 
 def _values_read(reads, leaves, lifted=None) -> folding.Finding | None:

@@ -43,6 +43,7 @@ from jax_closure_cache._compat import lowering as _lowering
 from jax_closure_cache import cache
 from jax_closure_cache import events
 from jax_closure_cache.front import entries
+from jax_closure_cache.lowering import structure as _structure
 from jax_closure_cache.front import generated
 from jax_closure_cache.front import identity
 from jax_closure_cache.front import inline
@@ -316,7 +317,16 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     lowered = None
     try:
       with entries.calling(entry, self._fun):
-        lowered = entry.jitted.lower(leaves, *args)
+        traced = entry.jitted.trace(leaves, *args)
+      reads = None if self._constants_are_operands or not leaves else (
+          _structure.constant_reads(traced.jaxpr, len(leaves)))
+      if reads is None or (_structure.lifted_refusal(leaves, reads) is None
+                           and not any(_lowering.inexact_dtype(getattr(
+                               leaves[i], "dtype", None))
+                                       for i in reads.by_value)):
+        lowered = traced.lower()
+      # (else leaves this signature's trace reads by a value stock's module
+      # folds: stock's lowering)
     except Exception:   # a new signature whose lifted trace fails: stock's
       pass   # (lowered after the block: its error carries no context of ours)
     if lowered is None:
@@ -332,15 +342,17 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return None
     row = self._row or identity.row_of(self._fun, self._spec.key)
     if row is not None:
-      return ((row.entry, row.leaves) if type(row) is identity.Pinned
-              else None)
-    try:
-      a, _, entry = self._stored()
-    except (Uncacheable, TypeError):
-      return None
-    if entries.refuses_new_object(entry):
-      return None
-    return entry, a.leaves
+      found = ((row.entry, row.leaves) if type(row) is identity.Pinned
+               else None)
+    else:
+      try:
+        a, _, entry = self._stored()
+      except (Uncacheable, TypeError):
+        return None
+      if entries.refuses_new_object(entry):
+        return None
+      found = entry, a.leaves
+    return found
 
   def trace(self, *args, **kwargs):
     return self.stock().trace(*args, **kwargs)

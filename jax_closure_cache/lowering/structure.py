@@ -214,12 +214,20 @@ _ORDINARY = (None, (False, False), (False, False))
 
 
 def _leaf_answer(c) -> tuple:
-  """``(refusal, (all, any) of 1, -1 or an infinity, (all, any) zero)``."""
-  refusal = _refusal(c, zeros=False)
-  if refusal is not None:
-    return refusal, (False, False), (False, False)
-  answer = (None, (_compat.all_identity(c), _compat.all_identity(c, True)),
-            (_compat.all_zero(c), _compat.all_zero(c, partly=True)))
+  """``(refusal, (all, any) of 1, -1 or an infinity, (all, any) zero)``.
+  A leaf of an extended dtype (a typed PRNG key) has no values XLA folds
+  by; one whose values cannot be read is refused."""
+  if _compat.extended_dtype(getattr(c, "dtype", None)):
+    return _ORDINARY
+  try:
+    refusal = _refusal(c, zeros=False)
+    if refusal is not None:
+      return refusal, (False, False), (False, False)
+    answer = (None, (_compat.all_identity(c), _compat.all_identity(c, True)),
+              (_compat.all_zero(c), _compat.all_zero(c, partly=True)))
+  except Exception as e:   # (a transfer refused, say): never an error
+    return (f"its values could not be read ({type(e).__name__})",
+            (False, False), (False, False))
   return _ORDINARY if answer == _ORDINARY else answer
 
 
@@ -617,8 +625,9 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
 def _inexact_result(e) -> bool:
   """Whether ``e``'s first result is of a floating or complex type (an
   integer one computes alike whether XLA removes ``x + 0`` or not)."""
-  return bool(e.outvars) and _compat.inexact_dtype(
-      getattr(getattr(e.outvars[0], "aval", None), "dtype", None))
+  dtype = getattr(getattr(e.outvars[0], "aval", None), "dtype", None) if (
+      e.outvars) else None
+  return dtype is not None and _compat.inexact_dtype(dtype)
 
 
 def _holds_jaxpr(e) -> bool:
