@@ -451,10 +451,8 @@ class MissStages:
       if captured is not None:
         self._note_stock_answers(code, key, "captured_constants", captured)
       return
-    try:
-      with _compat.NO_TRACING(True):
-        traced = self.stock().trace(*args, **kwargs)
-    except Exception:   # not in JAX's cache (or not traceable): not read
+    traced = self._cached_stock_trace(args, kwargs)
+    if traced is None:
       return
     if (type(self._fun) is types.FunctionType
         and self._fun.__closure__ is None and key_trees.output_node_data(
@@ -479,6 +477,15 @@ class MissStages:
         self._note_stock_answers(code, key, reason, detail)
         return
 
+  def _cached_stock_trace(self, args, kwargs):
+    """Stock's trace of this call, read from JAX's cache (never traced
+    again), or None where it is not there (or not traceable)."""
+    try:
+      with _compat.NO_TRACING(True):
+        return self.stock().trace(*args, **kwargs)
+    except Exception:
+      return None
+
   def _read_stock_trace(self, key, a, args, kwargs) -> None:
     """After stock answered a key met once: which of its leaves stock's
     trace (read from JAX's cache, never traced again) reads by value, for
@@ -486,10 +493,8 @@ class MissStages:
     leaves = _compat.jax.tree_util.tree_leaves(a.leaves)
     if self._constants_are_operands or not leaves:
       return
-    try:
-      with _compat.NO_TRACING(True):
-        traced = self.stock().trace(*args, **kwargs)
-    except Exception:   # not in JAX's cache (or not traceable): not read
+    traced = self._cached_stock_trace(args, kwargs)
+    if traced is None:
       return
     _note_leaf_reads(key, leaves, _lowering.closed_parts(traced.jaxpr)[1],
                      _structure.constant_reads(traced.jaxpr))
