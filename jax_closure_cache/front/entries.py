@@ -253,6 +253,7 @@ class Entry(cache.Entry):
                "forwarded_alike", "closure_key",
                "avals", "static", "caller", "walk", "classes",
                "constant_bytes", "forwarded", "prng", "effects", "values",
+               "value_masks",
                "_used", "_swept")
 
   def __init__(self):
@@ -305,6 +306,9 @@ class Entry(cache.Entry):
     # (``check_values``). None: nothing is checked (no leaves, or a
     # launcher, whose stock takes them as operands too).
     self.values = None
+    # ``structure.value_masks`` of ``values`` for this key's leaves, made
+    # at the first check after they change (read inline by a hit)
+    self.value_masks = None
 
   def note_values_read(self, reads) -> None:
     """At a trace whose stock bakes the lifted leaves: the leaves an
@@ -316,6 +320,7 @@ class Entry(cache.Entry):
         known is None) else _structure.LeafReads(
             known.by_identity | reads.by_identity,
             known.by_zero | reads.by_zero, known.partly | reads.partly)
+    self.value_masks = None
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -403,10 +408,14 @@ def check_values(entry, leaves) -> None:
   """Raise :class:`LiftedValueRefused` where ``leaves`` hold a value
   stock's module would fold by (a -0.0, a NaN, a subnormal, a boolean;
   zeros, or 1, -1 or an infinity, where the entry's traces read them so
-  (``structure.lifted_refusal``). The
-  hit's first step (``generated.CALL``), for an entry whose ``values``
-  is not None."""
-  reason = _structure.lifted_refusal(leaves, entry.values)
+  (``structure.lifted_refusal``). The hit's first step, for an entry whose
+  ``values`` is not None (``generated.CALL``, which passes the leaves it
+  knows to be ordinary inline and calls this for the rest)."""
+  masks = entry.value_masks
+  if masks is None or len(masks) != len(leaves):
+    masks = entry.value_masks = _structure.value_masks(entry.values,
+                                                       len(leaves))
+  reason = _structure.lifted_refusal(leaves, entry.values, masks)
   if reason is not None:
     raise LiftedValueRefused(
         f"{reason}; the closure's array is an argument of the shared "

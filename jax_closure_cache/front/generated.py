@@ -60,7 +60,17 @@ entry.caller = f
 failed = None
 try:
   if entry.values is not None:   # (raises where stock folds a leaf)
-    CHECK_VALUES(entry, out)
+    masks = entry.value_masks
+    if masks is None or len(masks) != len(out):
+      CHECK_VALUES(entry, out)
+    else:
+      # each leaf's kept answer (``structure.leaf_answer``) inline: a leaf
+      # not kept, or one the entry's reads refuse, is checked in full
+      for c, mask in zip(out, masks):
+        known = LEAF_ANSWERS.get(id(c))
+        if known is None or known[0]() is not c or known[1][0] & mask:
+          CHECK_VALUES(entry, out)
+          break
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
   elif len(args) == 1:
@@ -118,7 +128,8 @@ def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, PINNED, getrefcount, getweakrefcount, REF,
-  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, and LONE_REFS: the
+  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, LEAF_ANSWERS and
+  LONE_REFS: the
   references to a function held by a wrapper alone, as a front counts
   them)."""
   text = ("def hit(self, f, key, entry, out, args, kwargs):\n"
@@ -134,7 +145,7 @@ def call_entry_function(env):
   """``_call_entry(self, entry, key, out, args, kwargs)``: :data:`CALL` as
   a wrapper's method, for its slow path and the later calls of a pinned
   function object, whose callers count and pin. ``env`` binds RETRY_STOCK,
-  CHECK_VALUES, NEW_SIGNATURE and GUARDED_LEAVES."""
+  CHECK_VALUES, LEAF_ANSWERS, NEW_SIGNATURE and GUARDED_LEAVES."""
   text = ("def _call_entry(self, entry, key, out, args, kwargs):\n"
           "  f = self._fun   # what a trace rebuilds\n"
           + textwrap.indent(GUARDED + CALL, "  "))

@@ -184,6 +184,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "LONE_REFS": identity.LONE_REFS, "PINNED": identity.Pinned,
             "GUARDED_LEAVES": entries.guarded_leaves,
             "CHECK_VALUES": entries.check_values,
+            "LEAF_ANSWERS": _structure.LEAF_ANSWERS,
             **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
 

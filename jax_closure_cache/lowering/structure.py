@@ -155,10 +155,10 @@ def _identity_answer(c) -> tuple:
   return _compat.all_identity(c), _compat.all_identity(c, True)
 
 
-#: :func:`lifted_refusal`'s reading of a jax array, kept as
-#: :data:`_ARRAY_ANSWERS` keeps :func:`constant_refusal`'s.
-_LEAF_ANSWERS = cache.STORE.table("structure.leaf_answers",
-                                  cache.Store.CALLS)
+#: :func:`lifted_refusal`'s reading of a jax array (:func:`leaf_answer`),
+#: kept as :data:`_ARRAY_ANSWERS` keeps :func:`constant_refusal`'s.
+LEAF_ANSWERS = cache.STORE.table("structure.leaf_answers",
+                                 cache.Store.CALLS)
 
 #: :func:`lifted_refusal`'s answer for a leaf all 1, -1 or an infinity.
 IDENTITY_LEAF = ("an array all 1, -1 or an infinity that an operation XLA "
@@ -181,54 +181,83 @@ class LeafReads(NamedTuple):
   partly: frozenset = frozenset()
 
 
-def lifted_refusal(leaves, reads: LeafReads | None) -> str | None:
+#: The bits of :func:`_leaf_answer`: a refusal by tier A's rules; all (or
+#: any element) 1, -1 or an infinity; all (or any element) zero.
+REFUSED, ALL_IDENTITY, ANY_IDENTITY, ALL_ZERO, ANY_ZERO = 1, 2, 4, 8, 16
+
+
+def value_masks(reads: LeafReads | None, n: int) -> tuple:
+  """Per lifted leaf (of ``n``), the answer bits that refuse it under
+  ``reads`` (every leaf read as a whole and by part where None): a
+  refusal always; 1, -1 or an infinity where an operation reads it so;
+  zeros where an addition does."""
+  masks = []
+  for i in range(n):
+    mask = REFUSED
+    part = reads is None or i in reads.partly
+    if reads is None or i in reads.by_identity:
+      mask |= ANY_IDENTITY if part else ALL_IDENTITY
+    if reads is None or i in reads.by_zero:
+      mask |= ANY_ZERO if part else ALL_ZERO
+    masks.append(mask)
+  return tuple(masks)
+
+
+def lifted_refusal(leaves, reads: LeafReads | None,
+                   masks: tuple | None = None) -> str | None:
   """Why the closure key's lifted ``leaves`` cannot be passed this call to
   an executable that takes them as arguments, where stock's module bakes
   them: tier A's rules for a constant (:func:`constant_refusal`: a -0.0, a
   NaN, a subnormal, a boolean), and :data:`IDENTITY_LEAF` or
   :data:`ZERO_LEAF` for a leaf ``reads`` names (every leaf where it is
-  None); None where they can. A jax array is read once while it lives."""
-  table = _LEAF_ANSWERS
-  for i, c in enumerate(leaves):
-    # (``_read_once``, its hit inline: a hit's every leaf)
-    known = table.get(id(c))
-    if known is not None and known[0]() is c:
-      answer = known[1]
-    else:
-      answer = _read_once(table, _leaf_answer, c)
-    if answer is _ORDINARY:
-      continue
-    refusal, identity, zero = answer
-    if refusal is not None:
-      return refusal
-    part = reads is None or i in reads.partly
-    if identity[part] and (reads is None or i in reads.by_identity):
-      return IDENTITY_LEAF
-    if zero[part] and (reads is None or i in reads.by_zero):
+  None); None where they can. ``masks``: :func:`value_masks` of ``reads``,
+  where the caller keeps them. A jax array is read once while it lives."""
+  if masks is None or len(masks) != len(leaves):
+    masks = value_masks(reads, len(leaves))
+  for c, mask in zip(leaves, masks):
+    bits, refusal = leaf_answer(c)
+    if bits & mask:
+      if bits & REFUSED:
+        return refusal
+      if bits & mask & (ALL_IDENTITY | ANY_IDENTITY):
+        return IDENTITY_LEAF
       return ZERO_LEAF
   return None
 
 
+def leaf_answer(c) -> tuple:
+  """``(bits, refusal)`` of a lifted leaf (:func:`_leaf_answer`); a jax
+  array's kept in :data:`LEAF_ANSWERS` by its id while it lives (``id ->
+  (weak reference, answer)``), which a hit's generated check reads
+  inline."""
+  known = LEAF_ANSWERS.get(id(c))
+  if known is not None and known[0]() is c:
+    return known[1]
+  return _read_once(LEAF_ANSWERS, _leaf_answer, c)
+
+
 #: :func:`_leaf_answer` for an array with no element XLA folds by
-_ORDINARY = (None, (False, False), (False, False))
+_ORDINARY = (0, None)
 
 
 def _leaf_answer(c) -> tuple:
-  """``(refusal, (all, any) of 1, -1 or an infinity, (all, any) zero)``.
-  A leaf of an extended dtype (a typed PRNG key) has no values XLA folds
-  by; one whose values cannot be read is refused."""
+  """``(bits, refusal)``: :data:`REFUSED` with tier A's reason, or which
+  of all (any element) 1, -1 or an infinity and all (any element) zero
+  hold. A leaf of an extended dtype (a typed PRNG key) has no values XLA
+  folds by; one whose values cannot be read is refused."""
   if _compat.extended_dtype(getattr(c, "dtype", None)):
     return _ORDINARY
   try:
     refusal = _refusal(c, zeros=False)
     if refusal is not None:
-      return refusal, (False, False), (False, False)
-    answer = (None, (_compat.all_identity(c), _compat.all_identity(c, True)),
-              (_compat.all_zero(c), _compat.all_zero(c, partly=True)))
+      return REFUSED, refusal
+    bits = ((ALL_IDENTITY if _compat.all_identity(c) else 0)
+            | (ANY_IDENTITY if _compat.all_identity(c, True) else 0)
+            | (ALL_ZERO if _compat.all_zero(c) else 0)
+            | (ANY_ZERO if _compat.all_zero(c, partly=True) else 0))
   except Exception as e:   # (a transfer refused, say): never an error
-    return (f"its values could not be read ({type(e).__name__})",
-            (False, False), (False, False))
-  return _ORDINARY if answer == _ORDINARY else answer
+    return REFUSED, f"its values could not be read ({type(e).__name__})"
+  return (bits, None) if bits else _ORDINARY
 
 
 def _read_once(table: dict, read, c):
