@@ -511,9 +511,10 @@ def test_one_array_at_two_places_is_one_object_in_the_trace():
   key never answers a function of the other."""
   def make(a, b):
     def f(x):
-      return x * a + (1.0 if a is b else -1.0) * b
+      return x * a + b if a is b else x * a - b
     return f
-  # (not ones: -1.0 * b, folded in stock's module, reads b by its value)
+  # (not ones or zeros: x * a and x - b are removed by their values in
+  # stock's module)
   w1, w2, w3 = (jnp.full(3, v) for v in (1.5, 2.0, 3.0))
   x = jnp.arange(3.0)
   pairs = [(w1, w2), (w2, w3), (w1, w1), (w2, w2), (w3, w1), (w3, w3)]
@@ -621,6 +622,67 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
   assert stats["fallback_reasons"].get("folds_constants", 0) > 0
 
 
+def test_values_computed_from_lifted_arrays_that_xla_folds_are_stocks():
+  """A value computed from a closed-over array by more than moves (``c -
+  2.0``, ``c.astype(bool)``, ``c.astype(int)``, ``i // 2``, ``i & 1``, ``i
+  == j``) that an operation XLA removes by 1 or 0 reads: stock's module
+  folds the value and then removes ``y * 1`` or ``y + 0``, keeping the
+  subnormal, the -0.0 and the NaN's sign of ``y``, which the shared
+  executable's runtime operation changes, for floating and integer arrays
+  alike, at the top level and inside a loop, a ``cond`` and a ``vmap``. A
+  conversion that keeps every value (int8 or int16 to float32) still
+  moves it, and an ordinary array still shares; tier A alone answers
+  alike."""
+  y = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
+
+  def derived(c, i):
+    return lambda v: (
+        v + (c - 2.0), v * c.astype(jnp.int32), v * c.astype(bool),
+        v + (c.astype(jnp.int32) - 2), v * (i[0] // 2), v * (i[0] & 1),
+        v * (i[0] == i[1]), v + (i[0] - i[1]),
+        jax.lax.scan(lambda a, _: (a * c.astype(bool), None), v, None,
+                     length=3)[0],
+        jax.lax.cond(v[2] > 0, lambda u: u * c.astype(bool), lambda u: u, v),
+        jax.vmap(lambda u: u * c.astype(bool))(v))
+
+  def moved(c8, h):   # exact conversions: read where all 1, -1 or inf
+    return lambda v: (v * c8.astype(jnp.float32), v * h.astype(jnp.float32),
+                      v + h.astype(jnp.float32))
+
+  def bits(tree):
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+            for a in jax.tree_util.tree_leaves(tree)]
+
+  def run():
+    outs = []
+    for v, i in ((2.0, (3, 3)), (1.5, (2, 7)), (5.7, (5, 2)), (2.6, (4, 4)),
+                 (2.0, (3, 3))):
+      c, ii = jnp.float32(v), jnp.asarray(i, jnp.int32)
+      outs.append(bits(jax.jit(derived(c, ii))(y)))
+    for v in (3, 1, 3, 0, 1, 2, 2):
+      c8, h = jnp.int8(v), jnp.int16(v)
+      outs.append(bits(jax.jit(moved(c8, h))(y)))
+    return outs
+
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable(closure_key=False)   # tier A alone: the same rules
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
+  jcc.clear()
+  jcc.enable()
+  try:
+    run()
+    run()
+    stats = jcc.stats()
+  finally:
+    jcc.disable()
+  assert stats["hits"] > 0   # exact conversions of ordinary values share
+  assert stats["fallback_reasons"].get("folds_constants", 0) > 0
+
+
 def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
   """The value check of lifted arrays holds for ``.lower().compile()`` (its
   signature's trace read first), a donating entry's new signature never
@@ -644,8 +706,9 @@ def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
       return jax.jit(lambda u: u * c)(v)
     return f
 
-  def keyed(k):
-    return lambda v: v * 3.0 + jax.random.key_data(k)[1].astype(jnp.float32)
+  def keyed(k):   # (a key's data a product or a sum reads is refused: XLA
+    # folds it in stock's module, and may remove the operation)
+    return lambda v: jnp.dot(v, jax.random.key_data(k).astype(jnp.float32))
 
   def bits(a):
     return (a.dtype, a.weak_type, np.asarray(a).tobytes())

@@ -359,15 +359,16 @@ def test_explanations_name_the_first_structural_difference(monkeypatch,
   caplog.set_level(logging.WARNING, logger="jax_closure_cache")
   m = Model(jnp.ones(3))
   jcc.enable()
-  # (added: a product by a value computed from a constant alone is never
-  # shared, and refused before its structure is met)
-  jax.jit(lambda x: jnp.sin(x) + m.w.sum())(jnp.ones(3))
-  jax.jit(lambda x: jnp.sin(x) + m.w.sum())(jnp.ones(4))
+  # (an element added: a product by, or a sum with, a value computed from
+  # a constant alone is never shared, and refused before its structure is
+  # met)
+  jax.jit(lambda x: jnp.sin(x) + m.w[0])(jnp.ones(3))
+  jax.jit(lambda x: jnp.sin(x) + m.w[0])(jnp.ones(4))
   text = caplog.text
   assert "met <lambda>'s structure for the first time" in text
   assert "it differs from the last one at the inputs" in text
   caplog.clear()
-  jax.jit(lambda x: jnp.cos(x) + m.w.sum())(jnp.ones(4))
+  jax.jit(lambda x: jnp.cos(x) + m.w[0])(jnp.ones(4))
   # (the earlier structure's primitive, named as itself)
   assert "differs from the last one at equation 0 (sin): its primitive" in (
       caplog.text)

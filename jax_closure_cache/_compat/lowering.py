@@ -598,6 +598,35 @@ def inexact_dtype(dtype) -> bool:
     return False
 
 
+def exact_conversion(old, new) -> bool:
+  """Whether converting values of dtype ``old`` to ``new`` keeps each one
+  (never rounds one to 1 or 0, truncates it, wraps it, or overflows it to
+  an infinity): a widening of a float (its mantissa and exponent range
+  covered), an integer to one covering its range or to a float whose
+  range covers it, a boolean to anything; False for any other (a float to
+  an integer or a boolean, a narrowing, a complex's real part) or a dtype
+  NumPy cannot read."""
+  try:
+    old, new = np.dtype(old), np.dtype(new)
+    if old == new or old == np.bool_:
+      return True
+    if _dtypes.issubdtype(old, np.integer):
+      if _dtypes.issubdtype(new, np.integer):
+        return bool(np.can_cast(old, new, "safe"))
+      if _dtypes.issubdtype(new, np.inexact):
+        return float(_dtypes.iinfo(old).max) < float(_dtypes.finfo(new).max)
+      return False
+    if not _dtypes.issubdtype(old, np.inexact) or not _dtypes.issubdtype(
+        new, np.inexact) or (_dtypes.issubdtype(old, np.complexfloating)
+                             and not _dtypes.issubdtype(
+                                 new, np.complexfloating)):
+      return False
+    a, b = _dtypes.finfo(old), _dtypes.finfo(new)
+    return b.nmant >= a.nmant and b.maxexp >= a.maxexp and b.minexp <= a.minexp
+  except Exception:
+    return False
+
+
 _LARGEST_FINITE = types.MappingProxyType({
     np.dtype(t): float(np.finfo(t).max)
     for t in (np.float32, np.float64, np.complex64, np.complex128)})

@@ -805,13 +805,17 @@ def _values_read(reads, leaves, lifted=None) -> folding.Finding | None:
   (``sqrt(c)``, ``sign(c)``, a comparison: XLA's arithmetic at compile
   time, the runtime's in the shared executable): a ``folding.Finding``,
   or None. ``leaves``: the lifted leaves a lifted trace's reads index. An
-  array of floating or complex values alone is refused so."""
+  array of floating or complex values alone is refused so, or one of any
+  type from which a value is computed that an operation XLA removes by 1
+  or 0 reads (``derived``: ``x * (i // 2)``)."""
   found = reads.by_value
   if lifted is not None:
     found = [i for i in found if id(lifted[1][i]) in lifted[0]]
-  # (an integer array read so, an index or a label, is folded exactly)
-  found = [i for i in found if _lowering.inexact_dtype(getattr(
-      lifted[1][i] if lifted is not None else leaves[i], "dtype", None))]
+  # (an integer array read so, an index or a label, is folded exactly,
+  # unless what is computed from it decides an operation XLA removes)
+  found = [i for i in found if i in reads.derived or _lowering.inexact_dtype(
+      getattr(lifted[1][i] if lifted is not None else leaves[i], "dtype",
+              None))]
   if not found:
     return None
   return folding.Finding("folds_constants", (

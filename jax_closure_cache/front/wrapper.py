@@ -322,6 +322,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       reads = None if self._constants_are_operands or not leaves else (
           _structure.constant_reads(traced.jaxpr, len(leaves)))
       if reads is None or (_structure.lifted_refusal(leaves, reads) is None
+                           and not reads.derived
                            and not any(_lowering.inexact_dtype(getattr(
                                leaves[i], "dtype", None))
                                        for i in reads.by_value)):

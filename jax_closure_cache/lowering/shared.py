@@ -310,7 +310,8 @@ def _constants_read_by_value(jaxpr, s: structure.Structure) -> str | None:
                         if structure.hoists(e))):
     return ("a constant XLA computes with by its value in stock's module "
             "(a remainder's operand; one all 1, -1 or an infinity that x * 1 "
-            "or max(x, -inf) reads, an operation XLA removes, where the "
+            "or max(x, -inf) reads, or a value computed from it that x * v "
+            "or x + v reads, an operation XLA removes by 1 or 0, where the "
             "runtime's flushes a subnormal x and keeps a NaN's sign)")
   return None
 

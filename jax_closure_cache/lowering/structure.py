@@ -525,21 +525,26 @@ def _python_value(x):
 def _operand_read_as_value(e, i: int, depth: int,
                            by_identity: bool = False,
                            by_zero: bool = False,
-                           by_part: bool = False) -> bool:
+                           by_part: bool = False,
+                           by_derived: bool = False,
+                           fixed=()) -> bool:
   """Whether operand ``i`` of an equation holding jaxprs is read as a
   value by one of them (:func:`_reads_as_value`; with ``by_identity``:
   moved to an operation of :data:`_BY_IDENTITY`; with ``by_zero``:
   reaching one of :data:`_BY_ZERO`; with ``by_part``: a part of it taken
   where XLA sees it as a constant, a one-trip scan's scanned operand
-  too); an unknown equation's, read so."""
+  too; with ``by_derived``: computed otherwise than by moves into an
+  operand of either beside a runtime value, ``fixed`` naming the operands
+  that are constants or literals); an unknown equation's, read so."""
   inner = _inner_inputs(e)
   if inner is None or depth <= 0:
     return True
   if by_part and e.primitive.name == "scan" and len(inner[0][1]) == len(
       e.invars) and i >= sum(_compat.scan_groups(e.params)):
     return True   # (one trip: its body reads the operand's first slice)
-  return any(i in mapping and _reads_as_value(j, {mapping[i]}, depth - 1,
-                                              by_identity, by_zero, by_part)
+  return any(i in mapping and _reads_as_value(
+      j, {mapping[i]}, depth - 1, by_identity, by_zero, by_part, by_derived,
+      {mapping[k] for k in fixed if k in mapping})
              for j, mapping in inner)
 
 
@@ -602,7 +607,8 @@ def _opened(jaxpr):
 
 def _reads_as_value(jaxpr, inputs: set, depth: int,
                     by_identity: bool = False, by_zero: bool = False,
-                    by_part: bool = False) -> bool:
+                    by_part: bool = False, by_derived: bool = False,
+                    fixed: set = frozenset()) -> bool:
   """Whether ``inputs`` (vars of ``jaxpr``) are read as values: a value
   computed from them and literals alone reaches :data:`_READ_AS_VALUE`,
   a keyed operand, or, computed otherwise than by moves (``abs(c)``, ``c *
@@ -611,16 +617,25 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   ``by_identity``: whether they reach an operand of :data:`_BY_IDENTITY`
   moved alone (:data:`_VALUE_MOVES`), all 1, -1 or an infinity where they
   are. With ``by_zero``: whether a value computed from them and literals
-  alone reaches an operand of :data:`_BY_ZERO`."""
+  alone reaches an operand of :data:`_BY_ZERO`. With ``by_derived``:
+  whether a value computed from them otherwise than by moves reaches an
+  operand of either of a floating result beside a value computed from
+  neither them, literals nor ``fixed`` (vars known to be constants: on
+  constants alone, XLA folds the operation) (``ConstantReads.derived``)."""
   derived = set(inputs)   # computed from them and literals alone
   moved = set(inputs)     # moved alone
+  fixed = set(fixed) - derived   # computed from other constants alone
   for e in jaxpr.eqns:
     hit = [i for i, v in enumerate(e.invars)
            if type(v) is not _Literal and v in derived]
     if not hit:
+      if fixed and all(type(v) is _Literal or v in fixed for v in e.invars):
+        fixed.update(e.outvars)
       continue
     name = e.primitive.name
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
+    constant = [k for k, v in enumerate(e.invars)
+                if type(v) is _Literal or v in derived or v in fixed]
     if by_part:
       if alone and name in _SUBSET_MOVES or _holds_jaxpr(e) and any(
           _operand_read_as_value(e, i, depth, by_part=True) for i in hit):
@@ -633,20 +648,30 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       if (name in _BY_IDENTITY and _inexact_result(e)
           and any(e.invars[i] in moved for i in hit)):
         return True
+    elif by_derived:
+      if ((name in _BY_IDENTITY or name in _BY_ZERO) and _inexact_result(e)
+          and len(constant) < len(e.invars)
+          and any(e.invars[i] not in moved for i in hit)):
+        return True
     elif (alone and name in _READ_AS_VALUE
           or not KEYED_OPERANDS.get(name, frozenset()).isdisjoint(hit)
           or name in _BY_IDENTITY and any(e.invars[i] not in moved
-                                          for i in hit)):
+                                          for i in hit)
+          or name in _BY_ZERO and _inexact_result(e)
+          and any(e.invars[i] not in moved for i in hit)):
       return True
     if not (by_zero or by_part) and _holds_jaxpr(e) and any(
-        _operand_read_as_value(e, i, depth, by_identity)
+        _operand_read_as_value(e, i, depth, by_identity,
+                               by_derived=by_derived, fixed=constant)
         or not by_identity and e.invars[i] not in moved
-        and _operand_read_as_value(e, i, depth, by_identity=True)
+        and (_operand_read_as_value(e, i, depth, by_identity=True)
+             or _operand_read_as_value(e, i, depth, by_zero=True))
         for i in hit):
       return True
-    if alone:
+    if len(constant) == len(e.invars):   # (on them and constants alone)
       derived.update(e.outvars)
-      if name in _VALUE_MOVES and all(e.invars[i] in moved for i in hit):
+      if alone and _moves_values(e) and all(e.invars[i] in moved
+                                            for i in hit):
         moved.update(e.outvars)
   return False
 
@@ -681,12 +706,28 @@ _BY_ZERO = frozenset({"add", "sub", "add_any"})
 _SUBSET_MOVES = frozenset({"slice", "dynamic_slice", "gather", "select_n",
                            "dynamic_update_slice", "scatter"})
 #: operations that move, convert or negate values: on a constant all 1, -1
-#: or an infinity, their result is one too
+#: or an infinity, their result is one too, and one not so is not one
+#: (a conversion only where it keeps every value:
+#: ``_compat.exact_conversion``; ``c.astype(bool)`` and ``c.astype(int)``
+#: compute 1 from 5.7 or 1.5)
 _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
                           "convert_element_type", "transpose", "squeeze",
                           "expand_dims", "copy", "copy_p", "rev", "slice",
-                          "concatenate", "pad", "neg", "reduce_precision",
-                          "select_n", "dynamic_slice", "gather"})
+                          "concatenate", "pad", "neg", "select_n",
+                          "dynamic_slice", "gather"})
+
+
+def _moves_values(e) -> bool:
+  """Whether ``e`` is one of :data:`_VALUE_MOVES` (a conversion keeping
+  every value)."""
+  name = e.primitive.name
+  if name not in _VALUE_MOVES:
+    return False
+  if name == "convert_element_type":
+    return _compat.exact_conversion(
+        getattr(getattr(e.invars[0], "aval", None), "dtype", None),
+        e.params.get("new_dtype"))
+  return True
 
 
 class ConstantReads(NamedTuple):
@@ -703,11 +744,16 @@ class ConstantReads(NamedTuple):
   those of which a part may be read so (taken by :data:`_SUBSET_MOVES`
   from constants alone, here or inside a nested jaxpr, or scanned by a
   one-trip scan): XLA folds the part, so any element of 1, -1, an
-  infinity or zero counts."""
+  infinity or zero counts; ``derived``, those from which a value computed
+  otherwise than by moves (``c - 2.0``, ``c.astype(bool)``, ``i // 2``)
+  reaches an operand of :data:`_BY_IDENTITY` or :data:`_BY_ZERO` of a
+  floating result: XLA folds it, and removes the operation if it is 1 or
+  0, whatever the constant's type (they are in ``by_value`` too)."""
   by_identity: frozenset
   by_value: frozenset
   by_zero: frozenset = frozenset()
   partly: frozenset = frozenset()
+  derived: frozenset = frozenset()
 
 
 def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
@@ -726,6 +772,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   valued: set = set()
   zero: set = set()
   partly: set = set()
+  derived: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
     sources = [reach.get(x, none) if type(x) is not _Literal else none
@@ -746,29 +793,44 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
       # (an integer operation by 0 or 1 that XLA removes is exact)
       if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_zero=True):
-        zero |= sources[i]
+        # moved alone: read where it is all zeros; computed otherwise
+        # (c - 2.0): XLA folds it first, read always
+        zero |= moves[i]
+        if not alone:   # (on constants alone, XLA folds the operation)
+          derived |= sources[i] - moves[i]
       if name in _BY_IDENTITY and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_identity=True):
         # moved alone: read where it is all 1, -1 or an infinity; computed
         # otherwise (abs(c), c * 2): XLA folds it first, read always
         identity |= moves[i]
-        valued |= sources[i] - moves[i]
+        if alone:
+          valued |= sources[i] - moves[i]
+        else:
+          derived |= sources[i] - moves[i]
+      if nested and _operand_read_as_value(
+          e, i, _NESTING, by_derived=True,
+          fixed=[k for k, x in enumerate(e.invars)
+                 if type(x) is _Literal or x in reach]):
+        derived |= sources[i]
       if (alone and name in _READ_AS_VALUE
           or i in KEYED_OPERANDS.get(name, ())
           or nested and _operand_read_as_value(e, i, _NESTING)):
         valued |= sources[i]
     if alone:
+      movable = _moves_values(e)
       for v in e.outvars:
         reach[v] = none.union(*sources)
-        if name in _VALUE_MOVES:
+        if movable:
           moved[v] = none.union(*moves)
+  valued |= derived
   if lifted is not None:   # (the jaxpr's own constants are baked in both)
     identity = {i for i in identity if i < lifted}
     valued = {i for i in valued if i < lifted}
     zero = {i for i in zero if i < lifted}
     partly = {i for i in partly if i < lifted}
+    derived = {i for i in derived if i < lifted}
   return ConstantReads(frozenset(identity), frozenset(valued),
-                       frozenset(zero), frozenset(partly))
+                       frozenset(zero), frozenset(partly), frozenset(derived))
 
 
 def lifted_operands(e, live: bool) -> tuple:
