@@ -102,7 +102,8 @@ _ALL_ZERO = frozenset({"add", "add_any", "sub", "max", "min", "concatenate",
 #: zeros: ``ones - 1.0``, ``log(ones)``, ``floor(0.5)``)
 _MOVES = frozenset({"broadcast_in_dim", "reshape", "convert_element_type",
                     "transpose", "squeeze", "expand_dims", "copy", "copy_p",
-                    "rev", "slice", "concatenate", "pad", "neg",
+                    "rev", "slice", "concatenate", "pad", "neg", "stack",
+                    "split",
                     "reduce_precision", "select_n", "reshard",
                     "sharding_constraint", "device_put", "mesh_cast",
                     "pvary", "optimization_barrier", "stop_gradient"})
@@ -113,25 +114,24 @@ _SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.s
            "min": np.minimum, "sqrt": np.sqrt, "exp": np.exp, "log": np.log,
            "abs": np.abs, "sign": np.sign, "square": np.square})
 #: operations whose value on constants XLA's compile-time evaluator gives
-#: exactly as the runtime computes it (IEEE's correctly rounded arithmetic,
-#: comparisons, moves); any other (``tanh``, ``log``, ``rsqrt``, a sum's or
-#: a product's order) may round otherwise, so on lifted values alone it is
-#: a finding
+#: exactly as the runtime computes it (comparisons, moves, rounding to an
+#: integer, a sign); any other may round otherwise, so on lifted floating
+#: values alone it is a finding: ``tanh``, ``log``, a sum's or a product's
+#: order, and IEEE's arithmetic too (``c * 1e-10`` of a subnormal result,
+#: which the evaluator keeps and the runtime flushes to zero; ``c - c *
+#: 1.0000001``, which the runtime fuses into one multiply-add, with one
+#: rounding where the evaluator makes two)
 _EXACT_ON_CONSTANTS = _MOVES | frozenset({
-    "add", "add_any", "sub", "mul", "div", "abs", "sign",
-    "floor", "ceil", "round", "square", "sqrt", "eq", "ne", "lt", "le", "gt",
+    "abs", "sign", "floor", "ceil", "round", "eq", "ne", "lt", "le", "gt",
     "ge", "and", "or", "not", "xor", "iota", "is_finite",
-    "nextafter", "rem", "integer_pow",
     "argmax", "argmin", "dynamic_slice", "dynamic_update_slice", "gather",
     "sort"})
 # (``max``, ``min``, ``clamp`` and their reductions are not among them: XLA's
 # evaluator was measured to fold ``min(0.0, -0.0)`` otherwise than the
 # runtime, and a lifted array's zeros and their signs are not known here)
-#: those of them exact on complex values too (a complex product, quotient
-#: or root is a formula, which XLA's evaluator and its runtime may round
-#: otherwise)
-_EXACT_ON_COMPLEX = _MOVES | frozenset({
-    "add", "add_any", "sub", "eq", "ne", "real", "imag", "complex", "conj"})
+#: those of them exact on complex values too
+_EXACT_ON_COMPLEX = _MOVES | frozenset({"eq", "ne", "real", "imag",
+                                        "complex", "conj"})
 #: moves XLA reassociates a constant through (``(x * c).reshape(...) * 2``;
 #: not a slice, a negation or a conversion)
 _CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
