@@ -26,6 +26,7 @@ import dataclasses
 import enum
 import functools
 import itertools
+import math
 import operator
 import types
 import weakref
@@ -506,7 +507,7 @@ def keyed_operands(e, facts: list | None = None) -> frozenset:
     return keyed
   identity = [i for i in literals if facts[i].identity]
   if not _holds_jaxpr(e):
-    if identity and e.primitive.name in _BY_IDENTITY:
+    if identity and _removes_by_identity(e):
       return keyed | frozenset(identity)
     return keyed
   return keyed | frozenset(
@@ -625,7 +626,22 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   derived = set(inputs)   # computed from them and literals alone
   moved = set(inputs)     # moved alone
   fixed = set(fixed) - derived   # computed from other constants alone
+  # their elements, moved beside other values too (``constant_reads``'
+  # ``carried``): read by a product or a sum, any element counts
+  carried = set(inputs)
   for e in jaxpr.eqns:
+    if by_identity or by_zero or by_part:
+      mixed = [i for i, v in enumerate(e.invars)
+               if type(v) is not _Literal and v in carried]
+      if mixed:
+        if (_removes_by_identity(e) or name_of(e) in _BY_ZERO) and (
+            _inexact_result(e)) and (
+                by_part and any(e.invars[i] not in moved for i in mixed)
+                or by_identity and _removes_by_identity(e)
+                or by_zero and name_of(e) in _BY_ZERO):
+          return True
+        if any(k in mixed for k in _carrying_operands(e)):
+          carried.update(e.outvars)
     hit = [i for i, v in enumerate(e.invars)
            if type(v) is not _Literal and v in derived]
     if not hit:
@@ -645,17 +661,17 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
           _operand_read_as_value(e, i, depth, by_zero=True) for i in hit):
         return True
     elif by_identity:
-      if (name in _BY_IDENTITY and _inexact_result(e)
+      if (_removes_by_identity(e) and _inexact_result(e)
           and any(e.invars[i] in moved for i in hit)):
         return True
     elif by_derived:
-      if ((name in _BY_IDENTITY or name in _BY_ZERO) and _inexact_result(e)
+      if ((_removes_by_identity(e) or name in _BY_ZERO) and _inexact_result(e)
           and len(constant) < len(e.invars)
           and any(e.invars[i] not in moved for i in hit)):
         return True
     elif (alone and name in _READ_AS_VALUE
           or not KEYED_OPERANDS.get(name, frozenset()).isdisjoint(hit)
-          or name in _BY_IDENTITY and any(e.invars[i] not in moved
+          or _removes_by_identity(e) and any(e.invars[i] not in moved
                                           for i in hit)
           or name in _BY_ZERO and _inexact_result(e)
           and any(e.invars[i] not in moved for i in hit)):
@@ -676,6 +692,11 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   return False
 
 
+def name_of(e) -> str:
+  """An equation's primitive's name."""
+  return e.primitive.name
+
+
 def _inexact_result(e) -> bool:
   """Whether ``e``'s first result is of a floating or complex type (an
   integer one computes alike whether XLA removes ``x + 0`` or not)."""
@@ -693,8 +714,31 @@ def _holds_jaxpr(e) -> bool:
 #: operations XLA's simplifier removes or rewrites by a constant operand's
 #: value (``_compat.IDENTITY_VALUES``: ``x * 1``, ``x / 1``, ``x * -1`` as a
 #: negation, ``max(x, -inf)``, ``min(x, inf)``, a clamp between
-#: infinities, ``x ** 1``)
+#: infinities, ``x ** 1``; also a dot or a convolution by a one-element 1,
+#: rewritten as a product: :func:`_removes_by_identity`)
 _BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow"})
+
+
+def _removes_by_identity(e) -> bool:
+  """Whether ``e`` is one of :data:`_BY_IDENTITY`, or a dot or a
+  convolution each of whose outputs reads one element of each operand (a
+  contraction of size 1, an outer product), which XLA rewrites as a
+  product."""
+  name = e.primitive.name
+  if name in _BY_IDENTITY:
+    return True
+  try:
+    if name == "dot_general":
+      (contract, _), _ = e.params["dimension_numbers"]
+      shape = e.invars[0].aval.shape
+      return math.prod(shape[d] for d in contract) <= 1
+    if name == "conv_general_dilated":
+      rhs = e.invars[1].aval.shape
+      out_features = rhs[e.params["dimension_numbers"].rhs_spec[0]]
+      return math.prod(rhs) <= out_features
+  except Exception:   # (parameters not read: counted as one)
+    return True
+  return False
 #: operations XLA's simplifier removes by a constant operand of zeros
 #: (``x + 0``, ``x - 0``), keeping a -0.0 and a subnormal ``x`` that the
 #: runtime's operation makes 0.0 (measured on CPU: ``x * 0``, ``0 - x``,
@@ -714,7 +758,7 @@ _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
                           "convert_element_type", "transpose", "squeeze",
                           "expand_dims", "copy", "copy_p", "rev", "slice",
                           "concatenate", "pad", "neg", "select_n",
-                          "dynamic_slice", "gather"})
+                          "dynamic_slice", "gather", "stack", "split"})
 
 
 def _moves_values(e) -> bool:
@@ -768,6 +812,10 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
     seeds[:0] = jaxpr.invars[:lifted]
   reach = {v: frozenset({i}) for i, v in enumerate(seeds)}
   moved = dict(reach)
+  # var -> the constants whose elements it may hold, moved beside runtime
+  # values too (``concatenate([c, x])``, ``where(p, c, x)``): XLA may
+  # simplify the mix away and read an element of the constant by its value
+  carried = dict(reach)
   identity: set = set()
   valued: set = set()
   zero: set = set()
@@ -775,6 +823,10 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   derived: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
+    carry = [carried.get(x, none) if type(x) is not _Literal else none
+             for x in e.invars]
+    if any(carry):
+      _note_carried(e, carry, moved, carried, identity, zero, partly, none)
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
     hit = [i for i, found in enumerate(sources) if found]
@@ -798,7 +850,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
         zero |= moves[i]
         if not alone:   # (on constants alone, XLA folds the operation)
           derived |= sources[i] - moves[i]
-      if name in _BY_IDENTITY and inexact or nested and _operand_read_as_value(
+      if _removes_by_identity(e) and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_identity=True):
         # moved alone: read where it is all 1, -1 or an infinity; computed
         # otherwise (abs(c), c * 2): XLA folds it first, read always
@@ -831,6 +883,89 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
     derived = {i for i in derived if i < lifted}
   return ConstantReads(frozenset(identity), frozenset(valued),
                        frozenset(zero), frozenset(partly), frozenset(derived))
+
+
+def _note_carried(e, carry, moved, carried, identity, zero, partly,
+                  none) -> None:
+  """For :func:`constant_reads`: an equation some of whose operands may
+  hold a constant's elements (``carry``, per operand): a product or a sum
+  (or a nested jaxpr's) reading one beside a runtime value (not moved
+  alone: ``moved``, read as a whole) counts any element of those
+  constants, and a move passes them on."""
+  name = e.primitive.name
+  nested = _holds_jaxpr(e)
+  inexact = _inexact_result(e)
+  for i, found in enumerate(carry):
+    found = found - moved.get(e.invars[i], none) if found else found
+    if not found:
+      continue
+    if _removes_by_identity(e) and inexact or nested and _operand_read_as_value(
+        e, i, _NESTING, by_identity=True):
+      identity |= found
+      partly |= found
+    if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
+        e, i, _NESTING, by_zero=True):
+      zero |= found
+      partly |= found
+  if nested and not name.startswith("scatter"):
+    # (a call's outputs by what its jaxpr moves to each; a scatter's
+    # combiner is no call)
+    for v, found in zip(e.outvars, _carried_out(e, carry, none)):
+      if found:
+        carried[v] = found
+    return
+  passed = none.union(*(carry[k] for k in _carrying_operands(e)
+                        if k < len(carry)))
+  if passed:
+    for v in e.outvars:
+      carried[v] = passed
+
+
+def _carried_out(e, carry, none, depth: int = _NESTING) -> list:
+  """Per output of ``e``, an equation holding jaxprs, what of ``carry``
+  (per operand) it may hold: a call's, by what its jaxpr moves to each
+  output; any other's (a loop, a branch), all of it."""
+  p = e.params
+  inner = next((_opened(p[k]) for k in _CALL_PARAMS if k in p), None)
+  if (inner is None or depth <= 0 or not hasattr(inner, "eqns")
+      or len(inner.invars) != len(carry)):
+    return [none.union(*carry)] * len(e.outvars)
+  held = {v: c for v, c in zip(inner.invars, carry) if c}
+  for q in inner.eqns:
+    ins = [held.get(x, none) if type(x) is not _Literal else none
+           for x in q.invars]
+    if not any(ins):
+      continue
+    if _holds_jaxpr(q) and not q.primitive.name.startswith("scatter"):
+      for v, found in zip(q.outvars, _carried_out(q, ins, none, depth - 1)):
+        if found:
+          held[v] = found
+      continue
+    passed = none.union(*(ins[k] for k in _carrying_operands(q)
+                          if k < len(ins)))
+    if passed:
+      for v in q.outvars:
+        held[v] = passed
+  return [held.get(v, none) if type(v) is not _Literal else none
+          for v in inner.outvars]
+
+
+def _carrying_operands(e):
+  """The operands whose elements ``e``'s result may hold as they are (a
+  move's; a choice's cases, not its predicate; an update's operand and
+  update, not its indices; a conversion's where it keeps every value)."""
+  name = e.primitive.name
+  if name == "select_n":
+    return range(1, len(e.invars))
+  if name in ("dynamic_slice", "gather"):
+    return (0,)
+  if name in ("dynamic_update_slice", "pad"):
+    return (0, 1)
+  if name.startswith("scatter"):
+    return (0, 2)
+  if _moves_values(e):
+    return range(len(e.invars))
+  return ()
 
 
 def lifted_operands(e, live: bool) -> tuple:
