@@ -583,6 +583,19 @@ def trace_shared(traced, shared, fun, key, leaves, anchors, in_avals,
                              "JAX calls later, or a numbered check)"),
          anchors)
     return None
+  try:
+    passed = _lowering.call_operand(
+        shared.jaxpr, set(shared.jaxpr.constvars[len(shared.consts):]))
+  except Exception as e:   # (a jaxpr this cannot read: never shared)
+    passed = f"unread ({type(e).__name__})"
+  if passed is not None:
+    # a lifted array passed to an inner jit as an operand, where stock's
+    # trace keeps it inside as the callee's constant, which XLA folds
+    # there (``jax.jit(lambda: d * 1e-10)()``: a subnormal kept)
+    _put(key, _Shared(failed=f"its {passed} takes a closed-over array as "
+                             "an operand, a constant of stock's callee"),
+         anchors)
+    return None
   held = _lowering.param_tracer(shared.jaxpr)
   if held is not None:
     # a lifted value became a closed jaxpr's constant in a parameter (a

@@ -287,7 +287,11 @@ def trace_for_jit(fun, ji, ctx_mesh, dbg, avals, args, kwargs):
     finally:
       _unshared.on = saved
   p = _compat.trace.STOCK_TRACE_FOR_JIT(fun, ji, ctx_mesh, dbg, avals, args, kwargs)
-  if p.consts or not closure_cache.is_shared(p.params["jaxpr"]):
+  if (p.consts or not closure_cache.is_shared(p.params["jaxpr"])
+      # inside another trace the constants stay the callee's, as stock's
+      # trace keeps them: XLA folds with them there, not with operands
+      # (``jax.jit(lambda: d * 1e-10)()`` in a jit: a subnormal kept)
+      or not _compat.trace_state_clean()):
     return p
   jaxpr, consts = _compat.trace.separate_shared(
       p.params["jaxpr"], closure_cache.shared_jaxpr(p.params["jaxpr"]))
