@@ -683,6 +683,68 @@ def test_values_computed_from_lifted_arrays_that_xla_folds_are_stocks():
   assert stats["fallback_reasons"].get("folds_constants", 0) > 0
 
 
+def test_what_xla_folds_beyond_a_whole_constant_is_stocks():
+  """XLA simplifies stock's module by a baked array's value in more places
+  than a product by the whole array: arithmetic on closed-over arrays
+  alone (``c * 1e-10``, whose subnormal result the evaluator keeps and
+  the runtime flushes; ``c - c * 1.0000001``, which the runtime fuses into
+  one multiply-add), a dot or a convolution by a one-element 1, an
+  element reached through a mix with a runtime value (a slice of a
+  concatenation, a choice between equal arms or by a literal, a stacked
+  element), inside loops, and an inner ``jit`` closing over the array
+  (stock keeps it the callee's constant). Each is stock's in both modes
+  and in tier A alone; an ordinary closure still shares."""
+  x = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
+
+  def folded(c, d, n):
+    return lambda y: (
+        d * 1e-10, c - c * 1.0000001, y[:, None] @ c[None, :1],
+        jnp.einsum("i,->i", y, c[0]), y * jnp.concatenate([c[:1], y])[0],
+        y * jnp.where(y > 0, c[:1], c[:1]), y * jnp.where(True, c[:1], y),
+        y * jnp.stack([c[0], y[0]])[0], y * jnp.concatenate([n, y])[0],
+        jax.lax.while_loop(
+            lambda s: s[1] < 1,
+            lambda s: (s[0] * jnp.concatenate([c[:1], s[0]])[0], s[1] + 1),
+            (y, 0))[0],
+        jax.lax.scan(lambda s, _: (s * jnp.concatenate([c[:1], s])[0], None),
+                     y, None, length=2)[0],
+        jax.jit(lambda: d * 1e-10)())
+
+  def ordinary(w):
+    return lambda y: jnp.tanh(y * w)
+
+  def bits(tree):
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+            for a in jax.tree_util.tree_leaves(tree)]
+
+  def run():
+    outs = []
+    for v in (3.0, 5.0, 1.0, 5.0, 1.0):
+      c = jnp.asarray([v, v + 1.0, v + 2.0, v + 3.0], jnp.float32)
+      d = jnp.full(4, v * 1e-30, jnp.float32)
+      n = np.asarray([v], np.float32)
+      outs.append(bits(jax.jit(folded(c, d, n))(x)))
+      outs.append(bits(jax.jit(ordinary(c + 0.5))(x)))
+    return outs
+
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable(closure_key=False)   # tier A alone: the same rules
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
+  jcc.clear()
+  jcc.enable()
+  try:
+    run()
+    run()
+    stats = jcc.stats()
+  finally:
+    jcc.disable()
+  assert stats["hits"] > 0   # the ordinary closure shares
+
+
 def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
   """The value check of lifted arrays holds for ``.lower().compile()`` (its
   signature's trace read first), a donating entry's new signature never

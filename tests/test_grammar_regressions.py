@@ -452,7 +452,10 @@ def test_a_lifted_array_added_to_a_zero_xla_folds():
     return jax.jit(jax.grad(f))(X)
   assert_like_stock(step, [((1.0, 1.0, 1.0), -0.0), ((0.5, -1.0, 0.0), -0.0),
                            ((1.0, 1.0, 1.0), -0.0)])
-  assert jcc.stats()["fallback_reasons"].get("folds_zero")
+  # (``folds_constants`` first where the product on w alone is read as
+  # XLA's arithmetic at compile time)
+  assert {"folds_zero", "folds_constants"} & set(
+      jcc.stats()["fallback_reasons"])
 
 
 _LZ = (-0.0, 1.0, -0.0)

@@ -401,7 +401,7 @@ def test_a_constant_only_dead_code_reads_is_not_passed():
       x = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("x")))
       def run(i):
         c, d = jnp.ones(3) * i, jnp.float32(i + 1)
-        return jax.jit(lambda x: (c * 2.0, x * d)[1])(x)
+        return jax.jit(lambda x: (c[:2], x * d)[1])(x)
       want = [np.asarray(run(i)) for i in range(4)]
       jcc.enable(verify=True, closure_key=False)   # tier A alone
       got = [np.asarray(run(i)) for i in range(4)]
@@ -498,7 +498,13 @@ def test_a_lifted_value_added_to_a_zero_xla_folds_is_stocks():
   # (-0.0 + 0.0 is 0.0); passed as an argument, w's term is a runtime value
   # and XLA simplifies "+ 0" away, keeping -0.0. Such a jaxpr is stock's.
   _signs_as_stocks(_zero_sum_step, 4)
-  assert tier_a_stats()["refused"].get("a zero XLA folds in stock's module")
+  # (refused as a zero XLA folds, or before, as a product of constants
+  # XLA's evaluator computes at compile time)
+  refused = tier_a_stats()["refused"]
+  assert refused.get("a zero XLA folds in stock's module") or refused.get(
+      "constants XLA folds or rewrites in stock's module (reassociated, "
+      "evaluated, fused)") or any("computes with by its value" in r
+                                  for r in refused), refused
   assert tier_a_stats()["hits"] == 0
 
 

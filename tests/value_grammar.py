@@ -1070,7 +1070,38 @@ def generate(seed: int, index: int) -> Program:
   # its own generator too: every other draw of a program stays as it was
   program.state_writer = random.Random(
       f"value-grammar-state:{seed}:{index}").random() < STATE_WRITERS
+  _special_values(random.Random(f"value-grammar-special:{seed}:{index}"),
+                  program)
   return program
+
+
+#: The share of programs drawn with values XLA simplifies by
+#: (:func:`_special_values`).
+SPECIAL = 0.25
+#: Inputs stock's module returns bit for bit through an operation XLA
+#: removes (``x * 1``, ``x + 0``), where a runtime operation flushes the
+#: subnormal, makes -0.0 + 0.0 a 0.0 or gives the NaN another sign.
+SPECIAL_XS = ((1e-39, -0.0, 2.0), (-0.0, 1e-39, float("nan")))
+#: A closed-over jax array's values XLA removes an operation by.
+SPECIAL_JAX_VALUES = ((1.0, 1.0, 1.0), (0.0, 0.0, 0.0), (-1.0, -1.0, -1.0))
+
+
+def _special_values(rng, program) -> None:
+  """For a share of programs (:data:`SPECIAL`): an input of subnormals,
+  -0.0 or a NaN, and jax arrays whose values are all 1, 0 or -1 at some
+  steps, where stock's module bakes the array and XLA removes ``x * a``
+  or ``x + a`` by its value, and a cache passing it as an argument would
+  not."""
+  if rng.random() >= SPECIAL:
+    return
+  program.x = rng.choice(SPECIAL_XS)
+  for slot in program.slots:
+    if slot.kind != "jax":
+      continue
+    values = rng.choice(SPECIAL_JAX_VALUES)
+    for step, spec in enumerate(slot.specs):
+      if rng.random() < 0.5 and slot.actions[step] == "new":
+        slot.specs[step] = (spec[0], spec[1], values, spec[3])
 
 
 #: The share of programs with a state writer (:func:`_state_writer`).
