@@ -32,6 +32,9 @@ The grammar (what the traced function reaches, and how):
 * runtime callbacks (``jax.debug.callback``, ``io_callback``,
   ``pure_callback``) over a fresh object and log per step, and a trace-time
   log (a fresh list per step appended to while tracing);
+* special values (a quarter of programs, on a stream of their own): an
+  input of subnormals, -0.0 and a NaN, and jax arrays all 1, 0 or -1 at
+  some steps, which stock's module bakes and XLA simplifies by;
 * a state writer (three programs in ten, on a stream of their own): a part
   whose closure holds a dict holding an array, which it writes to at trace
   time; every trace that runs must write to the user's dict, once.
