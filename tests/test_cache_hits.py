@@ -745,6 +745,45 @@ def test_what_xla_folds_beyond_a_whole_constant_is_stocks():
   assert stats["hits"] > 0   # the ordinary closure shares
 
 
+def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
+  """XLA rewrites a small product, maximum or minimum reduction over a
+  stack holding a baked array as a chain of operations and removes those
+  by 1 or -1 (``prod(stack([c, y]))``, ``cumprod``, also of ``abs(c)``),
+  and folds a choice whose predicate is computed from a baked array alone
+  (``where(i > 0, 1.0, y)``), then removes ``y * 1`` or ``y + 0``. Each is
+  stock's in both modes and in tier A alone."""
+  x = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
+
+  def decided(c, i):
+    return lambda y: (
+        jnp.prod(jnp.stack([c, y]), 0), jnp.prod(jnp.stack([c, y, c]), 0),
+        jnp.cumprod(jnp.stack([c, y]), 0)[1],
+        jnp.prod(jnp.stack([jnp.abs(c), y]), 0),
+        y * jnp.where(y > 0, jnp.abs(c), y),
+        y * jnp.where(i > 0, 1.0, y), y + jnp.where(i > 0, 0.0, y),
+        y + jnp.where(i > 0, y, 0.0))
+
+  def bits(tree):
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+            for a in jax.tree_util.tree_leaves(tree)]
+
+  def run():
+    outs = []
+    for v, k in ((3.0, 2), (5.0, 3), (1.0, 1), (-1.0, 0), (1.0, -1)):
+      c = jnp.full(4, v, jnp.float32)
+      i = jnp.full(4, k, jnp.int32)
+      outs.append(bits(jax.jit(decided(c, i))(x)))
+    return outs
+
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable(closure_key=False)   # tier A alone: the same rules
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
+
+
 def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
   """The value check of lifted arrays holds for ``.lower().compile()`` (its
   signature's trace read first), a donating entry's new signature never

@@ -528,7 +528,7 @@ def _operand_read_as_value(e, i: int, depth: int,
                            by_zero: bool = False,
                            by_part: bool = False,
                            by_derived: bool = False,
-                           fixed=()) -> bool:
+                           fixed=(), by_decision: bool = False) -> bool:
   """Whether operand ``i`` of an equation holding jaxprs is read as a
   value by one of them (:func:`_reads_as_value`; with ``by_identity``:
   moved to an operation of :data:`_BY_IDENTITY`; with ``by_zero``:
@@ -545,7 +545,7 @@ def _operand_read_as_value(e, i: int, depth: int,
     return True   # (one trip: its body reads the operand's first slice)
   return any(i in mapping and _reads_as_value(
       j, {mapping[i]}, depth - 1, by_identity, by_zero, by_part, by_derived,
-      {mapping[k] for k in fixed if k in mapping})
+      {mapping[k] for k in fixed if k in mapping}, by_decision)
              for j, mapping in inner)
 
 
@@ -609,7 +609,8 @@ def _opened(jaxpr):
 def _reads_as_value(jaxpr, inputs: set, depth: int,
                     by_identity: bool = False, by_zero: bool = False,
                     by_part: bool = False, by_derived: bool = False,
-                    fixed: set = frozenset()) -> bool:
+                    fixed: set = frozenset(),
+                    by_decision: bool = False) -> bool:
   """Whether ``inputs`` (vars of ``jaxpr``) are read as values: a value
   computed from them and literals alone reaches :data:`_READ_AS_VALUE`,
   a keyed operand, or, computed otherwise than by moves (``abs(c)``, ``c *
@@ -622,7 +623,9 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   whether a value computed from them otherwise than by moves reaches an
   operand of either of a floating result beside a value computed from
   neither them, literals nor ``fixed`` (vars known to be constants: on
-  constants alone, XLA folds the operation) (``ConstantReads.derived``)."""
+  constants alone, XLA folds the operation) (``ConstantReads.derived``).
+  With ``by_decision``: whether a value computed from them and constants
+  alone is a choice's predicate (XLA folds the choice)."""
   derived = set(inputs)   # computed from them and literals alone
   moved = set(inputs)     # moved alone
   fixed = set(fixed) - derived   # computed from other constants alone
@@ -652,6 +655,14 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
     constant = [k for k, v in enumerate(e.invars)
                 if type(v) is _Literal or v in derived or v in fixed]
+    if by_decision:
+      if name == "select_n" and 0 in hit or _holds_jaxpr(e) and any(
+          _operand_read_as_value(e, i, depth, by_decision=True,
+                                 fixed=constant) for i in hit):
+        return True
+      if len(constant) == len(e.invars):
+        derived.update(e.outvars)
+      continue
     if by_part:
       if alone and name in _SUBSET_MOVES or _holds_jaxpr(e) and any(
           _operand_read_as_value(e, i, depth, by_part=True) for i in hit):
@@ -716,7 +727,11 @@ def _holds_jaxpr(e) -> bool:
 #: negation, ``max(x, -inf)``, ``min(x, inf)``, a clamp between
 #: infinities, ``x ** 1``; also a dot or a convolution by a one-element 1,
 #: rewritten as a product: :func:`_removes_by_identity`)
-_BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow"})
+_BY_IDENTITY = frozenset({"mul", "div", "max", "min", "clamp", "pow",
+                          # (a small reduction, rewritten as a chain of
+                          # products, maxima, minima)
+                          "reduce_prod", "reduce_max", "reduce_min",
+                          "cumprod", "cummax", "cummin"})
 
 
 def _removes_by_identity(e) -> bool:
@@ -743,7 +758,7 @@ def _removes_by_identity(e) -> bool:
 #: (``x + 0``, ``x - 0``), keeping a -0.0 and a subnormal ``x`` that the
 #: runtime's operation makes 0.0 (measured on CPU: ``x * 0``, ``0 - x``,
 #: ``max(x, 0)``, ``x @ 0`` and ``0 / x`` compute alike in both modules)
-_BY_ZERO = frozenset({"add", "sub", "add_any"})
+_BY_ZERO = frozenset({"add", "sub", "add_any", "reduce_sum", "cumsum"})
 #: moves that take a part of an array (``c[0]``, ``c[:1]``, a gather): XLA
 #: folds the part of a constant, which may be all 1 or 0 where the whole
 #: is not
@@ -816,6 +831,10 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   # values too (``concatenate([c, x])``, ``where(p, c, x)``): XLA may
   # simplify the mix away and read an element of the constant by its value
   carried = dict(reach)
+  # var -> the constants that decide which value it holds (a choice by a
+  # predicate computed from them, a call given one): XLA folds the choice
+  # and may then remove an operation by the literal it chose
+  decided: dict = {}
   identity: set = set()
   valued: set = set()
   zero: set = set()
@@ -829,6 +848,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
       _note_carried(e, carry, moved, carried, identity, zero, partly, none)
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
+    _note_decided(e, sources, moved, decided, derived, none)
     hit = [i for i, found in enumerate(sources) if found]
     if not hit:
       continue
@@ -919,6 +939,50 @@ def _note_carried(e, carry, moved, carried, identity, zero, partly,
   if passed:
     for v in e.outvars:
       carried[v] = passed
+
+
+def _note_decided(e, sources, moved, decided, derived, none) -> None:
+  """For :func:`constant_reads`: which constants decide ``e``'s result
+  (``decided``): those deciding an operand, a choice's predicate's, and,
+  for an equation holding jaxprs, those of an operand that decides a
+  choice inside (:func:`_reads_as_value`'s ``by_decision``), and those
+  computed otherwise than by moves into a mix with a runtime value (a
+  stack, a choice's arm); where a product
+  or a sum of a floating result reads a value so decided beside a runtime
+  one, they are ``derived`` (read by value, whatever their type)."""
+  found = none.union(*(decided.get(x, none) for x in e.invars
+                       if type(x) is not _Literal))
+  if found and (_removes_by_identity(e) or e.primitive.name in _BY_ZERO) and (
+      _inexact_result(e)) and not all(
+          type(x) is _Literal or sources[k] for k, x in enumerate(e.invars)):
+    derived |= found
+  mixed = not all(sources[k] or type(x) is _Literal
+                  for k, x in enumerate(e.invars))
+  if e.primitive.name == "select_n" and sources and sources[0]:
+    found = found | sources[0]
+  if mixed and not _holds_jaxpr(e):
+    # a value computed from constants (not moved: abs(c), c - 2.0) mixed
+    # with a runtime one (stacked, chosen): XLA folds it, then reads it
+    found = found.union(*(
+        sources[k] - moved.get(e.invars[k], none)
+        for k in _carrying_operands(e)
+        if k < len(sources) and type(e.invars[k]) is not _Literal))
+  if _holds_jaxpr(e) and not all(sources[k] or type(x) is _Literal
+                                   for k, x in enumerate(e.invars)):
+    found = found.union(*(
+        found_k for k, found_k in enumerate(sources) if found_k
+        and _operand_read_as_value(e, k, _NESTING, by_decision=True)))
+  outs = [found] * len(e.outvars)
+  if mixed and _holds_jaxpr(e) and not e.primitive.name.startswith("scatter"):
+    # (computed constants a call moves to an output beside runtime values)
+    computed = [sources[k] - moved.get(x, none)
+                if type(x) is not _Literal else none
+                for k, x in enumerate(e.invars)]
+    if any(computed):
+      outs = [found | c for c in _carried_out(e, computed, none)]
+  for v, found_v in zip(e.outvars, outs):
+    if found_v:
+      decided[v] = found_v
 
 
 def _carried_out(e, carry, none, depth: int = _NESTING) -> list:
