@@ -784,6 +784,51 @@ def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
     jcc.disable()
 
 
+def test_decisions_and_elements_followed_through_calls_and_loops():
+  """The value rules follow a closed-over array through calls and loops:
+  a choice its value decides, multiplied inside a callee or beside it; a
+  ``cond`` index it decides; an element carried through a mix and then
+  computed on (``concatenate([c, y])[0] - 2.0``); a two-trip unrolled
+  ``scan`` that swaps its carry; a ``device_put`` of several arrays. Each
+  is stock's bit for bit in both modes and in tier A alone. (A review's
+  cases: on this CPU build they matched stock before the rules followed
+  them too, as other refusals or XLA's own order answered them; kept as
+  guards of the rules.)"""
+  x = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
+  times = jax.jit(lambda b, u: b * u)
+
+  def followed(i, j, c):
+    return lambda y: (
+        times(jnp.where(i > 0, 1.0, y), y),
+        jax.jit(lambda i, y: jnp.where(i > 0, 1.0, y) * y)(i, y),
+        jax.jit(lambda a, b, y: jnp.where(a > b, 1.0, y))(i, j, y) * y,
+        jax.lax.cond(i > 0, jnp.ones_like, lambda u: u, y) * y,
+        (jnp.concatenate([c, y])[0] - 2.0) * y,
+        jax.lax.scan(lambda ab, _: ((ab[1], ab[0]), None), (c, y), None,
+                     length=2, unroll=2)[0][0] * y,
+        jax.device_put((c, y))[0] * y)
+
+  def bits(tree):
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+            for a in jax.tree_util.tree_leaves(tree)]
+
+  def run():
+    outs = []
+    for k, v in ((2, 5.0), (3, 4.0), (1, 3.0), (0, 1.0), (2, 3.0)):
+      i, j = jnp.asarray(k, jnp.int32), jnp.asarray(1, jnp.int32)
+      c = jnp.full(4, v, jnp.float32)
+      outs.append(bits(jax.jit(followed(i, j, c))(x)))
+    return outs
+
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable(closure_key=False)   # tier A alone: the same rules
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
+
+
 def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
   """The value check of lifted arrays holds for ``.lower().compile()`` (its
   signature's trace read first), a donating entry's new signature never

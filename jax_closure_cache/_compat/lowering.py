@@ -558,8 +558,10 @@ def call_operand(jaxpr, inputs, depth: int = 0) -> str | None:
   and not with an operand, across the call. An equation holding jaxprs
   whose operands this does not map counts as such a call. None if none
   does."""
-  if depth > 64 or not inputs:
+  if not inputs:
     return None
+  if depth > 64:
+    return "a jaxpr nested too deep to read"
   open_jaxpr = (closed_parts(jaxpr)[0] if isinstance(jaxpr, ClosedJaxpr)
                 else jaxpr)
   for e in open_jaxpr.eqns:
@@ -572,7 +574,8 @@ def call_operand(jaxpr, inputs, depth: int = 0) -> str | None:
       return name
     inner = _operand_map(e)
     if inner is None:
-      if any(isinstance(p, (Jaxpr, ClosedJaxpr)) for p in e.params.values()):
+      if any(isinstance(q, (Jaxpr, ClosedJaxpr)) for p in e.params.values()
+             for q in (p if isinstance(p, (tuple, list)) else (p,))):
         return name
       continue
     for sub, mapping in inner:
@@ -664,13 +667,16 @@ def inexact_dtype(dtype) -> bool:
 
 
 def exact_conversion(old, new) -> bool:
-  """Whether converting values of dtype ``old`` to ``new`` keeps each one
-  (never rounds one to 1 or 0, truncates it, wraps it, or overflows it to
-  an infinity): a widening of a float (its mantissa and exponent range
+  """Whether converting values of dtype ``old`` to ``new`` keeps which of
+  them are 1, -1, 0 or an infinity (never rounds one to 1 or 0, truncates
+  it, wraps it, or overflows it to an infinity; a large integer may round
+  to another): a widening of a float (its mantissa and exponent range
   covered), an integer to one covering its range or to a float whose
   range covers it, a boolean to anything; False for any other (a float to
   an integer or a boolean, a narrowing, a complex's real part) or a dtype
   NumPy cannot read."""
+  if old is None or new is None:
+    return False
   try:
     old, new = np.dtype(old), np.dtype(new)
     if old == new or old == np.bool_:

@@ -306,8 +306,9 @@ class Entry(cache.Entry):
     # (``check_values``). None: nothing is checked (no leaves, or a
     # launcher, whose stock takes them as operands too).
     self.values = None
-    # ``structure.value_masks`` of ``values`` for this key's leaves, made
-    # at the first check after they change (read inline by a hit)
+    # ``(values, structure.value_masks of them)`` for this key's leaves,
+    # made at the first check after ``values`` changes, one object (a hit
+    # reads it inline and uses it only while its ``values`` is the entry's)
     self.value_masks = None
 
   def note_values_read(self, reads) -> None:
@@ -320,7 +321,6 @@ class Entry(cache.Entry):
         known is None) else _structure.LeafReads(
             known.by_identity | reads.by_identity,
             known.by_zero | reads.by_zero, known.partly | reads.partly)
-    self.value_masks = None
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its
@@ -411,11 +411,11 @@ def check_values(entry, leaves) -> None:
   (``structure.lifted_refusal``). The hit's first step, for an entry whose
   ``values`` is not None (``generated.CALL``, which passes the leaves it
   knows to be ordinary inline and calls this for the rest)."""
-  masks = entry.value_masks
-  if masks is None or len(masks) != len(leaves):
-    masks = entry.value_masks = _structure.value_masks(entry.values,
-                                                       len(leaves))
-  reason = _structure.lifted_refusal(leaves, entry.values, masks)
+  values, kept = entry.values, entry.value_masks
+  if kept is None or kept[0] is not values or len(kept[1]) != len(leaves):
+    kept = entry.value_masks = (values, _structure.value_masks(
+        values, len(leaves)))
+  reason = _structure.lifted_refusal(leaves, values, kept[1])
   if reason is not None:
     raise LiftedValueRefused(
         f"{reason}; the closure's array is an argument of the shared "

@@ -59,14 +59,15 @@ CALL = """\
 entry.caller = f
 failed = None
 try:
-  if entry.values is not None:   # (raises where stock folds a leaf)
+  values = entry.values
+  if values is not None:   # (raises where stock folds a leaf)
     masks = entry.value_masks
-    if masks is None or len(masks) != len(out):
+    if masks is None or masks[0] is not values or len(masks[1]) != len(out):
       CHECK_VALUES(entry, out)
     else:
       # each leaf's kept answer (``structure.leaf_answer``) inline: a leaf
       # not kept, or one the entry's reads refuse, is checked in full
-      for c, mask in zip(out, masks):
+      for c, mask in zip(out, masks[1]):
         known = LEAF_ANSWERS.get(id(c))
         if known is None or known[0]() is not c or known[1][0] & mask:
           CHECK_VALUES(entry, out)

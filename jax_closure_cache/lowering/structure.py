@@ -629,10 +629,18 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   derived = set(inputs)   # computed from them and literals alone
   moved = set(inputs)     # moved alone
   fixed = set(fixed) - derived   # computed from other constants alone
+  chosen: set = set()   # chosen by a value computed from them (by_derived)
   # their elements, moved beside other values too (``constant_reads``'
   # ``carried``): read by a product or a sum, any element counts
   carried = set(inputs)
   for e in jaxpr.eqns:
+    if chosen and any(type(v) is not _Literal and v in chosen
+                      for v in e.invars):
+      if ((_removes_by_identity(e) or e.primitive.name in _BY_ZERO)
+          and _inexact_result(e)):
+        return True   # (by_derived: a choice XLA folds, then removes by)
+      if _carrying_operands(e) or _holds_jaxpr(e):
+        chosen.update(e.outvars)
     if by_identity or by_zero or by_part:
       mixed = [i for i, v in enumerate(e.invars)
                if type(v) is not _Literal and v in carried]
@@ -648,7 +656,9 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
     hit = [i for i, v in enumerate(e.invars)
            if type(v) is not _Literal and v in derived]
     if not hit:
-      if fixed and all(type(v) is _Literal or v in fixed for v in e.invars):
+      if (fixed and e.invars and not e.effects
+          and any(type(v) is not _Literal for v in e.invars)
+          and all(type(v) is _Literal or v in fixed for v in e.invars)):
         fixed.update(e.outvars)
       continue
     name = e.primitive.name
@@ -656,7 +666,11 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
     constant = [k for k, v in enumerate(e.invars)
                 if type(v) is _Literal or v in derived or v in fixed]
     if by_decision:
-      if name == "select_n" and 0 in hit or _holds_jaxpr(e) and any(
+      # (a choice by a constant predicate between a constant arm and a
+      # runtime one: XLA folds it; between constants alone, its result is
+      # a constant, followed as one)
+      if name in _CHOICES and 0 in hit and 0 < len(constant) < len(
+          e.invars) or _holds_jaxpr(e) and name not in _CHOICES and any(
           _operand_read_as_value(e, i, depth, by_decision=True,
                                  fixed=constant) for i in hit):
         return True
@@ -680,6 +694,11 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
           and len(constant) < len(e.invars)
           and any(e.invars[i] not in moved for i in hit)):
         return True
+      if (name in _CHOICES and 0 in hit and len(constant) < len(e.invars)
+          or _holds_jaxpr(e) and name not in _CHOICES and any(
+              _operand_read_as_value(e, i, depth, by_decision=True,
+                                     fixed=constant) for i in hit)):
+        chosen.update(e.outvars)
     elif (alone and name in _READ_AS_VALUE
           or not KEYED_OPERANDS.get(name, frozenset()).isdisjoint(hit)
           or _removes_by_identity(e) and any(e.invars[i] not in moved
@@ -773,7 +792,9 @@ _VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
                           "convert_element_type", "transpose", "squeeze",
                           "expand_dims", "copy", "copy_p", "rev", "slice",
                           "concatenate", "pad", "neg", "select_n",
-                          "dynamic_slice", "gather", "stack", "split"})
+                          "dynamic_slice", "gather", "stack", "split",
+                          "device_put", "pvary", "sharding_constraint",
+                          "optimization_barrier"})
 
 
 def _moves_values(e) -> bool:
@@ -848,7 +869,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
       _note_carried(e, carry, moved, carried, identity, zero, partly, none)
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
-    _note_decided(e, sources, moved, decided, derived, none)
+    _note_decided(e, sources, moved, decided, derived, none, carry)
     hit = [i for i, found in enumerate(sources) if found]
     if not hit:
       continue
@@ -941,7 +962,13 @@ def _note_carried(e, carry, moved, carried, identity, zero, partly,
       carried[v] = passed
 
 
-def _note_decided(e, sources, moved, decided, derived, none) -> None:
+#: Equations choosing among their operands by operand 0 (a predicate, an
+#: index): XLA folds the choice where that operand is a constant.
+_CHOICES = frozenset({"select_n", "cond"})
+
+
+def _note_decided(e, sources, moved, decided, derived, none,
+                  carry=()) -> None:
   """For :func:`constant_reads`: which constants decide ``e``'s result
   (``decided``): those deciding an operand, a choice's predicate's, and,
   for an equation holding jaxprs, those of an operand that decides a
@@ -950,16 +977,48 @@ def _note_decided(e, sources, moved, decided, derived, none) -> None:
   stack, a choice's arm); where a product
   or a sum of a floating result reads a value so decided beside a runtime
   one, they are ``derived`` (read by value, whatever their type)."""
-  found = none.union(*(decided.get(x, none) for x in e.invars
-                       if type(x) is not _Literal))
-  if found and (_removes_by_identity(e) or e.primitive.name in _BY_ZERO) and (
-      _inexact_result(e)) and not all(
-          type(x) is _Literal or sources[k] for k, x in enumerate(e.invars)):
-    derived |= found
+  operands = [decided.get(x, none) if type(x) is not _Literal else none
+              for x in e.invars]
+  found = none.union(*operands)
   mixed = not all(sources[k] or type(x) is _Literal
                   for k, x in enumerate(e.invars))
-  if e.primitive.name == "select_n" and sources and sources[0]:
+  nested = _holds_jaxpr(e)
+  if found and mixed and ((_removes_by_identity(e) or e.primitive.name in
+                           _BY_ZERO) and _inexact_result(e)):
+    derived |= found
+  if nested and found:
+    # (a decided value a callee multiplies or adds: the call is inlined)
+    for k, d in enumerate(operands):
+      if d and (_operand_read_as_value(e, k, _NESTING, by_identity=True)
+                or _operand_read_as_value(e, k, _NESTING, by_zero=True)):
+        derived |= d
+  # the taint goes on through what moves a decided value (not an index a
+  # decided value picks runtime values by), through calls, and through an
+  # operation on constants and decided values alone; an operation with a
+  # runtime operand of its own computes at run time in both modules
+  carrying = _carrying_operands(e)
+  if found and not nested:
+    if all(type(x) is _Literal or sources[k] or operands[k]
+           for k, x in enumerate(e.invars)):
+      pass
+    elif carrying:
+      found = none.union(*(operands[k] for k in carrying
+                           if k < len(operands)))
+    else:
+      found = none
+  if e.primitive.name in _CHOICES and sources and sources[0] and mixed and any(
+      type(x) is _Literal or sources[k] or operands[k]
+      for k, x in enumerate(e.invars) if k):
+    # (a constant choice of a constant arm: XLA folds it to that arm)
     found = found | sources[0]
+  # an element carried through a mix (not moved alone), computed on with
+  # constants alone (concatenate([c, y])[0] - 2.0): XLA folds it
+  if carry and not _carrying_operands(e) and not nested:
+    extra = none.union(*(c - moved.get(e.invars[k], none)
+                         for k, c in enumerate(carry) if c))
+    if extra and all(type(x) is _Literal or sources[k] or carry[k]
+                     for k, x in enumerate(e.invars)):
+      found = found | extra
   if mixed and not _holds_jaxpr(e):
     # a value computed from constants (not moved: abs(c), c - 2.0) mixed
     # with a runtime one (stacked, chosen): XLA folds it, then reads it
@@ -967,11 +1026,13 @@ def _note_decided(e, sources, moved, decided, derived, none) -> None:
         sources[k] - moved.get(e.invars[k], none)
         for k in _carrying_operands(e)
         if k < len(sources) and type(e.invars[k]) is not _Literal))
-  if _holds_jaxpr(e) and not all(sources[k] or type(x) is _Literal
-                                   for k, x in enumerate(e.invars)):
+  if nested and mixed:
+    fixed = [k for k, x in enumerate(e.invars)
+             if type(x) is _Literal or sources[k]]
     found = found.union(*(
         found_k for k, found_k in enumerate(sources) if found_k
-        and _operand_read_as_value(e, k, _NESTING, by_decision=True)))
+        and _operand_read_as_value(e, k, _NESTING, by_decision=True,
+                                   fixed=fixed)))
   outs = [found] * len(e.outvars)
   if mixed and _holds_jaxpr(e) and not e.primitive.name.startswith("scatter"):
     # (computed constants a call moves to an output beside runtime values)
@@ -985,14 +1046,22 @@ def _note_decided(e, sources, moved, decided, derived, none) -> None:
       decided[v] = found_v
 
 
+#: Equations calling their jaxpr once with their operands in order (their
+#: outputs its outputs), which XLA inlines.
+_CALLS = frozenset({"jit", "pjit", "closed_call", "core_call", "remat",
+                    "checkpoint", "custom_jvp_call", "custom_vjp_call"})
+
+
 def _carried_out(e, carry, none, depth: int = _NESTING) -> list:
   """Per output of ``e``, an equation holding jaxprs, what of ``carry``
   (per operand) it may hold: a call's, by what its jaxpr moves to each
   output; any other's (a loop, a branch), all of it."""
   p = e.params
-  inner = next((_opened(p[k]) for k in _CALL_PARAMS if k in p), None)
+  inner = next((_opened(p[k]) for k in _CALL_PARAMS if k in p), None) if (
+      e.primitive.name in _CALLS) else None
   if (inner is None or depth <= 0 or not hasattr(inner, "eqns")
-      or len(inner.invars) != len(carry)):
+      or len(inner.invars) != len(carry)
+      or len(inner.outvars) != len(e.outvars)):
     return [none.union(*carry)] * len(e.outvars)
   held = {v: c for v, c in zip(inner.invars, carry) if c}
   for q in inner.eqns:
