@@ -948,18 +948,24 @@ def _note_carried(e, carry, moved, carried, identity, zero, partly,
         e, i, _NESTING, by_zero=True):
       zero |= found
       partly |= found
-  if nested and not name.startswith("scatter"):
-    # (a call's outputs by what its jaxpr moves to each; a scatter's
-    # combiner is no call)
-    for v, found in zip(e.outvars, _carried_out(e, carry, none)):
+  _pass_carried(e, carry, carried, _NESTING)
+
+
+def _pass_carried(e, carry, into: dict, depth: int) -> None:
+  """Note in ``into`` what of ``carry`` (per operand) each output of ``e``
+  may hold: a call's, by what its jaxpr moves to each output (a scatter's
+  combiner is no call); any other's, through its carrying operands."""
+  none = frozenset()
+  if _holds_jaxpr(e) and not e.primitive.name.startswith("scatter"):
+    for v, found in zip(e.outvars, _carried_out(e, carry, none, depth)):
       if found:
-        carried[v] = found
+        into[v] = found
     return
   passed = none.union(*(carry[k] for k in _carrying_operands(e)
                         if k < len(carry)))
   if passed:
     for v in e.outvars:
-      carried[v] = passed
+      into[v] = passed
 
 
 #: Equations choosing among their operands by operand 0 (a predicate, an
@@ -1069,16 +1075,7 @@ def _carried_out(e, carry, none, depth: int = _NESTING) -> list:
            for x in q.invars]
     if not any(ins):
       continue
-    if _holds_jaxpr(q) and not q.primitive.name.startswith("scatter"):
-      for v, found in zip(q.outvars, _carried_out(q, ins, none, depth - 1)):
-        if found:
-          held[v] = found
-      continue
-    passed = none.union(*(ins[k] for k in _carrying_operands(q)
-                          if k < len(ins)))
-    if passed:
-      for v in q.outvars:
-        held[v] = passed
+    _pass_carried(q, ins, held, depth - 1)
   return [held.get(v, none) if type(v) is not _Literal else none
           for v in inner.outvars]
 
