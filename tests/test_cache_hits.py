@@ -529,6 +529,23 @@ def test_one_array_at_two_places_is_one_object_in_the_trace():
     assert_like_stock(out, make(a, b), x)
 
 
+def _bits(tree):
+  """Each leaf's dtype, weak type and bytes: equal only bit for bit."""
+  return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
+          for a in jax.tree_util.tree_leaves(tree)]
+
+
+def _assert_tier_a_alone_gives(run, want):
+  """``run()`` with tier A alone (``enable(closure_key=False)``, cleared
+  first) returns ``want``: the value rules are both tiers'."""
+  jcc.clear()
+  jcc.enable(closure_key=False)
+  try:
+    assert run() == want
+  finally:
+    jcc.disable()
+
+
 def test_lifted_arrays_stock_folds_by_value_are_stocks():
   """A closed-over jax array is an argument of its entry, where stock's
   module bakes it and XLA simplifies by its value: ``x * 1``, ``x + 0``,
@@ -580,35 +597,26 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
   def loss(c):
     return lambda p: jnp.sum((p * c) ** 2)
 
-  def bits(tree):
-    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
-            for a in jax.tree_util.tree_leaves(tree)]
-
   def run():
     outs = []
     for v in values:
       c = jnp.float32(v)
-      outs.append(bits(jax.jit(ops(c))(x)))
-      outs.append(bits(jax.jit(by_value(c))(x)))
-      outs.append(bits(jax.jit(sgd(c))({"w": x, "b": x[:2]})))
-      outs.append(bits(jax.jit(jax.grad(loss(c)))(x[3:])))
-      outs.append(bits(jax.jit(looped(c))(x)))
-      outs.append(bits(jax.jit(parts(c))(x)))
+      outs.append(_bits(jax.jit(ops(c))(x)))
+      outs.append(_bits(jax.jit(by_value(c))(x)))
+      outs.append(_bits(jax.jit(sgd(c))({"w": x, "b": x[:2]})))
+      outs.append(_bits(jax.jit(jax.grad(loss(c)))(x[3:])))
+      outs.append(_bits(jax.jit(looped(c))(x)))
+      outs.append(_bits(jax.jit(parts(c))(x)))
     for v in (3.0, 2.0, 1.0, 1.0, 2.0):
       # (the matrix's signature is first traced by a hit at 1.0)
       c = jnp.float32(v)
-      outs.append(bits(jax.jit(later_signature(c))(x)))
+      outs.append(_bits(jax.jit(later_signature(c))(x)))
       if v == 1.0:
-        outs.append(bits(jax.jit(later_signature(c))(x[None])))
+        outs.append(_bits(jax.jit(later_signature(c))(x[None])))
     return outs
 
   want = replay_in_both_modes(run, clear=True)
-  jcc.clear()
-  jcc.enable(closure_key=False)   # tier A alone: the same rules
-  try:
-    assert run() == want
-  finally:
-    jcc.disable()
+  _assert_tier_a_alone_gives(run, want)
   jcc.clear()
   jcc.enable()
   try:
@@ -649,28 +657,19 @@ def test_values_computed_from_lifted_arrays_that_xla_folds_are_stocks():
     return lambda v: (v * c8.astype(jnp.float32), v * h.astype(jnp.float32),
                       v + h.astype(jnp.float32))
 
-  def bits(tree):
-    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
-            for a in jax.tree_util.tree_leaves(tree)]
-
   def run():
     outs = []
     for v, i in ((2.0, (3, 3)), (1.5, (2, 7)), (5.7, (5, 2)), (2.6, (4, 4)),
                  (2.0, (3, 3))):
       c, ii = jnp.float32(v), jnp.asarray(i, jnp.int32)
-      outs.append(bits(jax.jit(derived(c, ii))(y)))
+      outs.append(_bits(jax.jit(derived(c, ii))(y)))
     for v in (3, 1, 3, 0, 1, 2, 2):
       c8, h = jnp.int8(v), jnp.int16(v)
-      outs.append(bits(jax.jit(moved(c8, h))(y)))
+      outs.append(_bits(jax.jit(moved(c8, h))(y)))
     return outs
 
   want = replay_in_both_modes(run, clear=True)
-  jcc.clear()
-  jcc.enable(closure_key=False)   # tier A alone: the same rules
-  try:
-    assert run() == want
-  finally:
-    jcc.disable()
+  _assert_tier_a_alone_gives(run, want)
   jcc.clear()
   jcc.enable()
   try:
@@ -713,27 +712,18 @@ def test_what_xla_folds_beyond_a_whole_constant_is_stocks():
   def ordinary(w):
     return lambda y: jnp.tanh(y * w)
 
-  def bits(tree):
-    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
-            for a in jax.tree_util.tree_leaves(tree)]
-
   def run():
     outs = []
     for v in (3.0, 5.0, 1.0, 5.0, 1.0):
       c = jnp.asarray([v, v + 1.0, v + 2.0, v + 3.0], jnp.float32)
       d = jnp.full(4, v * 1e-30, jnp.float32)
       n = np.asarray([v], np.float32)
-      outs.append(bits(jax.jit(folded(c, d, n))(x)))
-      outs.append(bits(jax.jit(ordinary(c + 0.5))(x)))
+      outs.append(_bits(jax.jit(folded(c, d, n))(x)))
+      outs.append(_bits(jax.jit(ordinary(c + 0.5))(x)))
     return outs
 
   want = replay_in_both_modes(run, clear=True)
-  jcc.clear()
-  jcc.enable(closure_key=False)   # tier A alone: the same rules
-  try:
-    assert run() == want
-  finally:
-    jcc.disable()
+  _assert_tier_a_alone_gives(run, want)
   jcc.clear()
   jcc.enable()
   try:
@@ -763,25 +753,16 @@ def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
         y * jnp.where(i > 0, 1.0, y), y + jnp.where(i > 0, 0.0, y),
         y + jnp.where(i > 0, y, 0.0))
 
-  def bits(tree):
-    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
-            for a in jax.tree_util.tree_leaves(tree)]
-
   def run():
     outs = []
     for v, k in ((3.0, 2), (5.0, 3), (1.0, 1), (-1.0, 0), (1.0, -1)):
       c = jnp.full(4, v, jnp.float32)
       i = jnp.full(4, k, jnp.int32)
-      outs.append(bits(jax.jit(decided(c, i))(x)))
+      outs.append(_bits(jax.jit(decided(c, i))(x)))
     return outs
 
   want = replay_in_both_modes(run, clear=True)
-  jcc.clear()
-  jcc.enable(closure_key=False)   # tier A alone: the same rules
-  try:
-    assert run() == want
-  finally:
-    jcc.disable()
+  _assert_tier_a_alone_gives(run, want)
 
 
 def test_decisions_and_elements_followed_through_calls_and_loops():
@@ -808,25 +789,16 @@ def test_decisions_and_elements_followed_through_calls_and_loops():
                      length=2, unroll=2)[0][0] * y,
         jax.device_put((c, y))[0] * y)
 
-  def bits(tree):
-    return [(a.dtype, a.weak_type, np.asarray(a).tobytes())
-            for a in jax.tree_util.tree_leaves(tree)]
-
   def run():
     outs = []
     for k, v in ((2, 5.0), (3, 4.0), (1, 3.0), (0, 1.0), (2, 3.0)):
       i, j = jnp.asarray(k, jnp.int32), jnp.asarray(1, jnp.int32)
       c = jnp.full(4, v, jnp.float32)
-      outs.append(bits(jax.jit(followed(i, j, c))(x)))
+      outs.append(_bits(jax.jit(followed(i, j, c))(x)))
     return outs
 
   want = replay_in_both_modes(run, clear=True)
-  jcc.clear()
-  jcc.enable(closure_key=False)   # tier A alone: the same rules
-  try:
-    assert run() == want
-  finally:
-    jcc.disable()
+  _assert_tier_a_alone_gives(run, want)
 
 
 def test_lifted_values_are_checked_on_every_route_without_a_second_trace():
