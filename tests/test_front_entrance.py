@@ -357,3 +357,33 @@ def test_a_partial_given_another_function_after_jit_is_answered_as_stock():
     return out
 
   replay_in_both_modes(run, clear=True)
+
+
+def test_leaves_known_in_c_answers_as_the_python_loop():
+  """The hit's value check (``structure.leaves_known``) gives the same
+  answer in C and in Python: a leaf kept and alive whose bits its mask
+  allows; a leaf not kept, kept for another object of the same id, or
+  refused by its mask; lengths that differ; and a malformed table entry
+  (C: False)."""
+  from jax_closure_cache.lowering import structure
+  a, b = jnp.ones(3) * 2, jnp.zeros(2) - 0.0
+  other = np.ones(2)
+  table = {id(a): (weakref.ref(a), (0, None)),
+           id(b): (weakref.ref(b), (structure.ALL_ZERO, None))}
+  cases = [([a], (structure.REFUSED,), True),
+           ([a, b], (1, 1), True),
+           ([a, b], (1, structure.ALL_ZERO), False),
+           ([a, other], (1, 1), False),
+           ([a], (1, 1), False),
+           ((a, b), [1, 1], True),
+           ([], (), True)]
+  for leaves, masks, want in cases:
+    assert _front.leaves_known(leaves, masks, table) is want
+    assert structure.leaves_known(leaves, masks, table) is want
+  stale = {id(other): (weakref.ref(a), (0, None))}   # another object's id
+  assert _front.leaves_known([other], (1,), stale) is False
+  assert structure.leaves_known([other], (1,), stale) is False
+  assert _front.leaves_known([a], (1,), {id(a): "not an answer"}) is False
+  with pytest.raises(TypeError):
+    _front.leaves_known([a], (1,), [])
+  assert generated.leaves_known() is _front.leaves_known

@@ -253,6 +253,87 @@ static int front_exec(PyObject *module) {
   return rc;
 }
 
+/* ``leaves_known(leaves, masks, answers)``: lowering/structure.py's
+``leaves_known`` (its docstring says what it answers), the same loop
+without a Python frame per leaf. An entry of ``answers`` not shaped as that
+table keeps them (``id -> (weak reference, (bits, reason))``) answers
+False, which sends the caller to its full check. */
+static PyObject *leaves_known(PyObject *module, PyObject *const *args,
+                              Py_ssize_t nargs) {
+  if (nargs != 3 || !PyDict_Check(args[2])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "leaves_known(leaves, masks, answers: dict)");
+    return NULL;
+  }
+  PyObject *leaves = PySequence_Fast(args[0], "leaves: a sequence");
+  if (leaves == NULL)
+    return NULL;
+  PyObject *masks = PySequence_Fast(args[1], "masks: a sequence");
+  if (masks == NULL) {
+    Py_DECREF(leaves);
+    return NULL;
+  }
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(leaves);
+  int known_all = n == PySequence_Fast_GET_SIZE(masks);
+  int failed = 0;
+  for (Py_ssize_t i = 0; known_all && i < n; i++) {
+    PyObject *c = PySequence_Fast_GET_ITEM(leaves, i);
+    PyObject *key = PyLong_FromVoidPtr(c);   /* id(c) */
+    if (key == NULL) {
+      failed = 1;
+      break;
+    }
+    PyObject *known = PyDict_GetItemWithError(args[2], key);
+    Py_DECREF(key);
+    if (known == NULL) {
+      failed = PyErr_Occurred() != NULL;
+      known_all = 0;
+      break;
+    }
+    if (!PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2 ||
+        !PyWeakref_CheckRef(PyTuple_GET_ITEM(known, 0))) {
+      known_all = 0;
+      break;
+    }
+    Py_INCREF(known);
+    PyObject *alive;   /* the referent, a new reference, or None */
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(PyTuple_GET_ITEM(known, 0), &alive) < 0) {
+      Py_DECREF(known);
+      failed = 1;
+      break;
+    }
+    if (alive == NULL)
+      alive = Py_NewRef(Py_None);
+#else
+    alive = Py_NewRef(PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(known, 0)));
+#endif
+    PyObject *answer = PyTuple_GET_ITEM(known, 1);
+    long bits = -1, mask = -1;
+    if (alive == c && PyTuple_Check(answer) && PyTuple_GET_SIZE(answer) > 0) {
+      bits = PyLong_AsLong(PyTuple_GET_ITEM(answer, 0));
+      mask = PyLong_AsLong(PySequence_Fast_GET_ITEM(masks, i));
+    }
+    Py_DECREF(alive);
+    Py_DECREF(known);
+    if ((bits == -1 || mask == -1) && PyErr_Occurred()) {
+      failed = 1;
+      break;
+    }
+    known_all = bits != -1 && (bits & mask) == 0;
+  }
+  Py_DECREF(leaves);
+  Py_DECREF(masks);
+  if (failed)
+    return NULL;
+  return PyBool_FromLong(known_all);
+}
+
+static PyMethodDef front_module_methods[] = {
+    {"leaves_known", (PyCFunction)(void (*)(void))leaves_known,
+     METH_FASTCALL, "structure.leaves_known's loop in C."},
+    {NULL, NULL, 0, NULL}};
+
 static PyModuleDef_Slot front_module_slots[] = {
     {Py_mod_exec, front_exec}, {0, NULL}};
 
@@ -262,6 +343,7 @@ static struct PyModuleDef front_module = {
     .m_doc = "The fast front's entrance in C: jit(fun) for a re-created "
              "closure without a Python frame.",
     .m_size = 0,
+    .m_methods = front_module_methods,
     .m_slots = front_module_slots};
 
 PyMODINIT_FUNC PyInit__entrance(void) { return PyModuleDef_Init(&front_module); }

@@ -37,6 +37,7 @@ import types
 
 from jax_closure_cache import _compat
 from jax_closure_cache.front import entries
+from jax_closure_cache.lowering import structure as _structure
 
 #: Filename of every generated front (in tracebacks and profiles): below
 #: the package's folder, so that JAX's traceback filter hides it as it
@@ -61,17 +62,12 @@ failed = None
 try:
   values = entry.values
   if values is not None:   # (raises where stock folds a leaf)
+    # each leaf's kept answer (``structure.leaves_known``): a leaf not
+    # kept, or one the entry's reads refuse, is checked in full
     masks = entry.value_masks
-    if masks is None or masks[0] is not values or len(masks[1]) != len(out):
+    if (masks is None or masks[0] is not values
+        or not LEAVES_KNOWN(out, masks[1], LEAF_ANSWERS)):
       CHECK_VALUES(entry, out)
-    else:
-      # each leaf's kept answer (``structure.leaf_answer``) inline: a leaf
-      # not kept, or one the entry's reads refuse, is checked in full
-      for c, mask in zip(out, masks[1]):
-        known = LEAF_ANSWERS.get(id(c))
-        if known is None or known[0]() is not c or known[1][0] & mask:
-          CHECK_VALUES(entry, out)
-          break
   if kwargs:
     res = entry.jitted(out, *args, **kwargs)
   elif len(args) == 1:
@@ -129,7 +125,8 @@ def hit_function(env: dict, verify: bool = False):
   """``hit(self, f, key, entry, out, args, kwargs)``: :data:`HIT` as a
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, PINNED, getrefcount, getweakrefcount, REF,
-  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, LEAF_ANSWERS and
+  RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, LEAF_ANSWERS,
+  LEAVES_KNOWN and
   LONE_REFS: the
   references to a function held by a wrapper alone, as a front counts
   them)."""
@@ -146,7 +143,8 @@ def call_entry_function(env):
   """``_call_entry(self, entry, key, out, args, kwargs)``: :data:`CALL` as
   a wrapper's method, for its slow path and the later calls of a pinned
   function object, whose callers count and pin. ``env`` binds RETRY_STOCK,
-  CHECK_VALUES, LEAF_ANSWERS, NEW_SIGNATURE and GUARDED_LEAVES."""
+  CHECK_VALUES, LEAF_ANSWERS, LEAVES_KNOWN, NEW_SIGNATURE and
+  GUARDED_LEAVES."""
   text = ("def _call_entry(self, entry, key, out, args, kwargs):\n"
           "  f = self._fun   # what a trace rebuilds\n"
           + textwrap.indent(GUARDED + CALL, "  "))
@@ -273,6 +271,16 @@ def front_class(base: type, spec, code, quicks, env: dict,
       # keyed, split and joined as ``base`` (values.register_wrapper)
       "__keyed_as__": base})
   return cls
+
+
+def leaves_known():
+  """``structure.leaves_known``, in C where the extension ``_entrance`` is
+  built (the hit's value check, one call per hit)."""
+  try:
+    from jax_closure_cache.front import _entrance
+  except ImportError:
+    return _structure.leaves_known
+  return _entrance.leaves_known
 
 
 def entrance(jit, fronts: dict, base: type, slots: tuple,

@@ -237,6 +237,21 @@ def leaf_answer(c) -> tuple:
   return _read_once(LEAF_ANSWERS, _leaf_answer, c)
 
 
+def leaves_known(leaves, masks, answers: dict = LEAF_ANSWERS) -> bool:
+  """Whether every leaf has an answer kept in ``answers``
+  (:data:`LEAF_ANSWERS`: the leaf itself, alive) with none of the bits its
+  mask (:func:`value_masks`) refuses: a hit's value check passes without
+  reading a value. False sends the caller to :func:`lifted_refusal`. The
+  extension ``front/_entrance.c`` has the same loop in C."""
+  if len(leaves) != len(masks):
+    return False
+  for c, mask in zip(leaves, masks):
+    known = answers.get(id(c))
+    if known is None or known[0]() is not c or known[1][0] & mask:
+      return False
+  return True
+
+
 #: :func:`_leaf_answer` for an array with no element XLA folds by
 _ORDINARY = (0, None)
 
