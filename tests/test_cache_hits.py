@@ -735,6 +735,50 @@ def test_what_xla_folds_beyond_a_whole_constant_is_stocks():
   assert stats["hits"] > 0   # the ordinary closure shares
 
 
+def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
+  """XLA keeps a -0.0 of a baked array read whole (a product, a dot, the
+  array returned or reshaped), so a closure over one shares its
+  executable; a part taken (``c[0]``, also of a mix with a runtime value,
+  inside ``cond``, ``while`` and an inner ``jit``) is folded in stock's
+  module to 0.0, so those calls are stock's, in both modes and in tier A
+  alone."""
+  y = jnp.asarray([[1.0, -1.0], [0.0, -0.0]], jnp.float32)
+
+  def whole(c):
+    return lambda y: (jnp.tanh(c @ y), y * c, c, c.reshape(4), c.T + y)
+
+  def parts(c):
+    mix = lambda y: jnp.concatenate([c, y])
+    return lambda y: (
+        c[0], y * c[0], mix(y)[0], jnp.where(y > 0, c, c)[0],
+        jnp.stack([c, y])[0, 0],
+        jax.lax.cond(y[0, 0] > 0, lambda z: z[0], lambda z: z[1], mix(y)),
+        jax.lax.fori_loop(0, 1, lambda i, a: mix(y)[i], y[0]),
+        jax.jit(lambda z: z[0])(mix(y)), jax.jit(lambda: c[0])())
+
+  def run(makers=(whole, parts)):
+    outs = []
+    for s in (1.0, -3.0, 5.0, -3.0, 5.0):
+      c = jnp.asarray([[-0.0, 1.0], [-0.0, 2.0]], jnp.float32) * s
+      outs.extend(_bits(jax.jit(make(c))(y)) for make in makers)
+    return outs
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+  for makers, hits in (((whole,), 3), ((parts,), None)):
+    jcc.clear()
+    jcc.enable()
+    try:
+      run(makers)
+      stats = jcc.stats()
+    finally:
+      jcc.disable()
+    if hits is not None:   # the whole reads share (after two meetings)
+      assert stats["hits"] == hits and not stats["fallbacks"]
+    else:   # each call of the parts is stock's
+      assert stats["fallback_reasons"].get("lifted_value", 0) >= 4
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

@@ -166,6 +166,10 @@ IDENTITY_LEAF = ("an array all 1, -1 or an infinity that an operation XLA "
                  "removes by it reads (x * 1, max(x, -inf)): stock's module "
                  "removes it, where the runtime's flushes a subnormal x and "
                  "keeps a NaN's sign")
+#: :func:`lifted_refusal`'s answer for a leaf holding a -0.0 of which a
+#: part is taken.
+NEGATIVE_ZERO_LEAF = ("an array holding a -0.0 of which a part is taken "
+                      "(c[0]): stock's module folds the part, giving 0.0")
 #: :func:`lifted_refusal`'s answer for a leaf of zeros.
 ZERO_LEAF = ("an array of zeros that an addition reads (x + 0): stock's "
              "module removes it, keeping a -0.0 and a subnormal x that the "
@@ -183,19 +187,24 @@ class LeafReads(NamedTuple):
 
 
 #: The bits of :func:`_leaf_answer`: a refusal by tier A's rules; all (or
-#: any element) 1, -1 or an infinity; all (or any element) zero.
-REFUSED, ALL_IDENTITY, ANY_IDENTITY, ALL_ZERO, ANY_ZERO = 1, 2, 4, 8, 16
+#: any element) 1, -1 or an infinity; all (or any element) zero; any
+#: element -0.0.
+REFUSED, ALL_IDENTITY, ANY_IDENTITY, ALL_ZERO, ANY_ZERO, NEGATIVE_ZERO = (
+    1, 2, 4, 8, 16, 32)
 
 
 def value_masks(reads: LeafReads | None, n: int) -> tuple:
   """Per lifted leaf (of ``n``), the answer bits that refuse it under
   ``reads`` (every leaf read as a whole and by part where None): a
   refusal always; 1, -1 or an infinity where an operation reads it so;
-  zeros where an addition does."""
+  zeros where an addition does; a -0.0 where a part is taken
+  (``reads.partly``: XLA folds ``c[0]`` of a baked array to a 0.0)."""
   masks = []
   for i in range(n):
     mask = REFUSED
     part = reads is None or i in reads.partly
+    if part:
+      mask |= NEGATIVE_ZERO
     if reads is None or i in reads.by_identity:
       mask |= ANY_IDENTITY if part else ALL_IDENTITY
     if reads is None or i in reads.by_zero:
@@ -222,6 +231,8 @@ def lifted_refusal(leaves, reads: LeafReads | None,
         return refusal
       if bits & mask & (ALL_IDENTITY | ANY_IDENTITY):
         return IDENTITY_LEAF
+      if bits & mask & NEGATIVE_ZERO:
+        return NEGATIVE_ZERO_LEAF
       return ZERO_LEAF
   return None
 
@@ -259,15 +270,18 @@ _ORDINARY = (0, None)
 def _leaf_answer(c) -> tuple:
   """``(bits, refusal)``: :data:`REFUSED` with tier A's reason, or which
   of all (any element) 1, -1 or an infinity and all (any element) zero
-  hold. A leaf of an extended dtype (a typed PRNG key) has no values XLA
-  folds by; one whose values cannot be read is refused."""
+  hold, and whether any element is -0.0 (which only a part taken loses:
+  XLA keeps it in a whole array, baked or not). A leaf of an extended
+  dtype (a typed PRNG key) has no values XLA folds by; one whose values
+  cannot be read is refused."""
   if _compat.extended_dtype(getattr(c, "dtype", None)):
     return _ORDINARY
   try:
-    refusal = _refusal(c, zeros=False)
+    refusal = _refusal(c, zeros=False, negative_zero=False)
     if refusal is not None:
       return REFUSED, refusal
-    bits = ((ALL_IDENTITY if _compat.all_identity(c) else 0)
+    bits = ((NEGATIVE_ZERO if _negative_zero(c) else 0)
+            | (ALL_IDENTITY if _compat.all_identity(c) else 0)
             | (ANY_IDENTITY if _compat.all_identity(c, True) else 0)
             | (ALL_ZERO if _compat.all_zero(c) else 0)
             | (ANY_ZERO if _compat.all_zero(c, partly=True) else 0))
@@ -299,7 +313,8 @@ def _forget(table: dict, i: int, ref) -> None:
     table.pop(i, None)
 
 
-def _refusal(c, zeros: bool = True) -> str | None:
+def _refusal(c, zeros: bool = True,
+             negative_zero: bool = True) -> str | None:
   t = type(c)
   if t is bool or getattr(c, "dtype", None) == np.bool_:
     # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
@@ -309,8 +324,10 @@ def _refusal(c, zeros: bool = True) -> str | None:
     return "a constant committed to a device"
   if t is _compat.ArrayImpl and not _compat.single_device(c):
     return "a constant on more than one device"
-  if _negative_zero(c):
-    # XLA gives a returned constant -0.0 as 0.0, an argument as it is
+  if negative_zero and _negative_zero(c):
+    # XLA folds a part taken of a baked array (c[0]) to 0.0 where it is
+    # -0.0 (lifted leaves are refused so only where a part is taken:
+    # _leaf_answer)
     return "a constant holding a -0.0"
   if zeros and _compat.all_zero(c):
     # XLA folds x + c to x for a baked c of zeros, keeping x's -0.0
@@ -660,6 +677,10 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       mixed = [i for i, v in enumerate(e.invars)
                if type(v) is not _Literal and v in carried]
       if mixed:
+        if by_part and (name_of(e) in _SUBSET_MOVES or _holds_jaxpr(e) and any(
+            _operand_read_as_value(e, i, depth, by_part=True)
+            for i in mixed)):
+          return True   # a part taken of a mix: XLA may fold it (c[0])
         if (_removes_by_identity(e) or name_of(e) in _BY_ZERO) and (
             _inexact_result(e)) and (
                 by_part and any(e.invars[i] not in moved for i in mixed)
@@ -962,6 +983,9 @@ def _note_carried(e, carry, moved, carried, identity, zero, partly,
     if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
         e, i, _NESTING, by_zero=True):
       zero |= found
+      partly |= found
+    if name in _SUBSET_MOVES or nested and _operand_read_as_value(
+        e, i, _NESTING, by_part=True):   # XLA may fold the part (c[0])
       partly |= found
   _pass_carried(e, carry, carried, _NESTING)
 
