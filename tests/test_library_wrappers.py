@@ -317,6 +317,30 @@ def test_odeint_imported_before_enable_is_reached():
   assert ode._odeint_wrapper is stock_wrapper
 
 
+def test_odeint_of_a_field_closing_over_negative_zeros_shares():
+  """A field closing over a matrix scaled by a negative number (each zero
+  a -0.0, read whole by ``w @ y``): odeint's converted function, whose key
+  has no first meeting of its own, reads stock's trace at its first call
+  and shares from its third, bit for bit stock's."""
+  from jax.experimental import ode
+  jcc.enable()
+  try:
+    def program(i):
+      w = jnp.eye(4) * -(0.5 + 0.07 * i)
+      return ode.odeint(lambda y, t: jnp.tanh(w @ y), jnp.ones(4),
+                        jnp.linspace(0.0, 1.0, 3))
+    compiles = []
+    for i in list(range(6)) * 2:
+      with counting() as c:
+        got = program(i)
+      compiles.append(c["compiles"])
+      want = stock_off(program, i)
+      assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    assert compiles[3:] == [0] * (len(compiles) - 3)
+  finally:
+    jcc.disable()
+
+
 def test_wrappers_built_too_early_outside_jax_are_reported(capsys, caplog):
   """A library outside JAX that built a stock jitted wrapper taking a
   function statically before enable(): doctor and the explanation log

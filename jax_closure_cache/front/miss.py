@@ -293,7 +293,12 @@ class MissStages:
       refused = _structure.lifted_refusal(
           a.leaves, None if read is None else read.reads)
       if refused is not None:
-        return self._fallback("lifted_value", args, kwargs, refused)
+        out = self._fallback("lifted_value", args, kwargs, refused)
+        if read is None:
+          # (a key met without a first meeting's reads: an always-shared
+          # code's) stock's trace of this call says them, for the next
+          self._read_stock_trace(key, a, args, kwargs)
+        return out
     self.stock()   # made now: validates the options as stock jit() would
     # what the arguments' classes hold before the call: a trace (or an
     # unflatten) that writes there is not stored (``_store``)
