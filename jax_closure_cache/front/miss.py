@@ -470,7 +470,7 @@ class MissStages:
     consts = _lowering.closed_parts(traced.jaxpr)[1]
     reads = _structure.constant_reads(traced.jaxpr)
     folds = (folding.difference(traced.jaxpr, lifted_constants=lifted)
-             or _values_read(reads, None, (lifted, consts)))
+             or values_read(reads, None, (lifted, consts)))
     if folds is None:
       _note_leaf_reads(key, leaves, consts, reads)
     for reason, detail in (
@@ -629,7 +629,7 @@ class MissStages:
       return None
     n = len(_compat.jax.tree_util.tree_leaves(leaves))
     return (folding.difference(traced.jaxpr, lifted_inputs=n)
-            or _values_read(_structure.constant_reads(traced.jaxpr, n),
+            or values_read(_structure.constant_reads(traced.jaxpr, n),
                             _compat.jax.tree_util.tree_leaves(leaves)))
 
   def _note_values_read(self, entry, traced, leaves) -> bool:
@@ -803,7 +803,7 @@ def _note_leaf_reads(key, leaves, consts, reads) -> None:
                              (frozenset(), reads.partly))))))
 
 
-def _values_read(reads, leaves, lifted=None) -> folding.Finding | None:
+def values_read(reads, leaves, lifted=None) -> folding.Finding | None:
   """Where a trace's ``structure.constant_reads`` read a lifted array as
   a value (for stock's trace, whose constants are the closure's arrays:
   one of ``lifted``, its constants' ids), which stock's module folds

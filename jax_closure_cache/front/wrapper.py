@@ -323,10 +323,7 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       reads = None if self._constants_are_operands or not leaves else (
           _structure.constant_reads(traced.jaxpr, len(leaves)))
       if reads is None or (_structure.lifted_refusal(leaves, reads) is None
-                           and not reads.derived
-                           and not any(_lowering.inexact_dtype(getattr(
-                               leaves[i], "dtype", None))
-                                       for i in reads.by_value)):
+                           and miss.values_read(reads, leaves) is None):
         lowered = traced.lower()
       # (else leaves this signature's trace reads by a value stock's module
       # folds: stock's lowering)
