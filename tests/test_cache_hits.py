@@ -739,9 +739,10 @@ def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
   """XLA keeps a -0.0 of a baked array read whole (a product, a dot, the
   array returned or reshaped), so a closure over one shares its
   executable; a part taken (``c[0]``, also of a mix with a runtime value,
-  inside ``cond``, ``while`` and an inner ``jit``) is folded in stock's
-  module to 0.0, so those calls are stock's, in both modes and in tier A
-  alone."""
+  inside ``cond``, ``while`` and an inner ``jit``; a ``split``; a ``pad``
+  cropping) is folded in stock's module (to 0.0, or a part all -0.0 to a
+  zero XLA removes ``y - 0`` by), so those calls are stock's, in both
+  modes and in tier A alone."""
   y = jnp.asarray([[1.0, -1.0], [0.0, -0.0]], jnp.float32)
 
   def whole(c):
@@ -756,7 +757,13 @@ def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
         jax.lax.fori_loop(0, 1, lambda i, a: mix(y)[i], y[0]),
         jax.jit(lambda z: z[0])(mix(y)), jax.jit(lambda: c[0])())
 
-  def run(makers=(whole, parts)):
+  def split(c):
+    return lambda y: y[:, 1:] - jnp.split(c, 2, axis=1)[0]
+
+  def cropped(c):
+    return lambda y: y[:, 1:] - jax.lax.pad(c, 7.0, [(0, 0, 0), (0, -1, 0)])
+
+  def run(makers=(whole, parts, split, cropped)):
     outs = []
     for s in (1.0, -3.0, 5.0, -3.0, 5.0):
       c = jnp.asarray([[-0.0, 1.0], [-0.0, 2.0]], jnp.float32) * s
@@ -765,7 +772,8 @@ def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)
-  for makers, hits in (((whole,), 3), ((parts,), None)):
+  for makers, hits in (((whole,), 3), ((parts,), None), ((split,), None),
+                       ((cropped,), None)):
     jcc.clear()
     jcc.enable()
     try:

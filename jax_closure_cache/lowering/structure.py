@@ -677,7 +677,7 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
       mixed = [i for i, v in enumerate(e.invars)
                if type(v) is not _Literal and v in carried]
       if mixed:
-        if by_part and (name_of(e) in _SUBSET_MOVES or _holds_jaxpr(e) and any(
+        if by_part and (_takes_part(e) or _holds_jaxpr(e) and any(
             _operand_read_as_value(e, i, depth, by_part=True)
             for i in mixed)):
           return True   # a part taken of a mix: XLA may fold it (c[0])
@@ -714,7 +714,7 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
         derived.update(e.outvars)
       continue
     if by_part:
-      if alone and name in _SUBSET_MOVES or _holds_jaxpr(e) and any(
+      if alone and _takes_part(e) or _holds_jaxpr(e) and any(
           _operand_read_as_value(e, i, depth, by_part=True) for i in hit):
         return True
     elif by_zero:
@@ -818,7 +818,22 @@ _BY_ZERO = frozenset({"add", "sub", "add_any", "reduce_sum", "cumsum"})
 #: folds the part of a constant, which may be all 1 or 0 where the whole
 #: is not
 _SUBSET_MOVES = frozenset({"slice", "dynamic_slice", "gather", "select_n",
-                           "dynamic_update_slice", "scatter"})
+                           "dynamic_update_slice", "scatter", "split"})
+
+
+def _takes_part(e) -> bool:
+  """Whether ``e`` takes a part of its operands (:data:`_SUBSET_MOVES`, or
+  a ``pad`` cropping by a negative width)."""
+  name = e.primitive.name
+  if name in _SUBSET_MOVES:
+    return True
+  if name == "pad":
+    try:
+      return any(lo < 0 or hi < 0
+                 for lo, hi, _ in e.params["padding_config"])
+    except (KeyError, TypeError, ValueError):
+      return True   # (a padding this does not read: counted as a part)
+  return False
 #: operations that move, convert or negate values: on a constant all 1, -1
 #: or an infinity, their result is one too, and one not so is not one
 #: (a conversion only where it keeps every value:
@@ -857,7 +872,7 @@ class ConstantReads(NamedTuple):
   may see as constants there; ``by_zero``, those from which a value
   computed with literals alone reaches an operand of :data:`_BY_ZERO` (XLA
   removes the operation where such a constant is all zeros); ``partly``,
-  those of which a part may be read so (taken by :data:`_SUBSET_MOVES`
+  those of which a part may be read so (taken by :func:`_takes_part`
   from constants alone, here or inside a nested jaxpr, or scanned by a
   one-trip scan): XLA folds the part, so any element of 1, -1, an
   infinity or zero counts; ``derived``, those from which a value computed
@@ -916,7 +931,7 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
     inexact = _inexact_result(e)
     alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
     for i in hit:
-      if alone and name in _SUBSET_MOVES or nested and _operand_read_as_value(
+      if alone and _takes_part(e) or nested and _operand_read_as_value(
           e, i, _NESTING, by_part=True):
         partly |= sources[i]
       # (an integer operation by 0 or 1 that XLA removes is exact)
@@ -984,7 +999,7 @@ def _note_carried(e, carry, moved, carried, identity, zero, partly,
         e, i, _NESTING, by_zero=True):
       zero |= found
       partly |= found
-    if name in _SUBSET_MOVES or nested and _operand_read_as_value(
+    if _takes_part(e) or nested and _operand_read_as_value(
         e, i, _NESTING, by_part=True):   # XLA may fold the part (c[0])
       partly |= found
   _pass_carried(e, carry, carried, _NESTING)
