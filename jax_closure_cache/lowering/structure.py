@@ -890,7 +890,13 @@ class ConstantReads(NamedTuple):
 def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   """:class:`ConstantReads` of ``closed``; with ``lifted``, of its first
   ``lifted`` inputs instead (the closure key's lifted arrays, which stock's
-  module bakes as constants beside the jaxpr's own), by their index."""
+  module bakes as constants beside the jaxpr's own), by their index. Read
+  once per jaxpr while it lives (a miss asks for it at several stages)."""
+  return _constant_reads(closed, lifted)
+
+
+@_compat.weakref_lru_cache
+def _constant_reads(closed, lifted: int | None) -> ConstantReads:
   jaxpr, _ = _compat.closed_parts(closed)
   # var -> the constants it is computed from with literals alone (reach),
   # and those it moves (moved: all 1, -1 or an infinity where they are)
@@ -975,6 +981,10 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
     derived = {i for i in derived if i < lifted}
   return ConstantReads(frozenset(identity), frozenset(valued),
                        frozenset(zero), frozenset(partly), frozenset(derived))
+
+
+cache.STORE.own("structure.constant_reads", _constant_reads,
+                cache.Store.CALLS)
 
 
 def _note_carried(e, carry, moved, carried, identity, zero, partly,
