@@ -787,6 +787,34 @@ def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
       assert stats["fallback_reasons"].get("lifted_value", 0) >= 4
 
 
+def test_a_closed_over_typed_key_is_read_once_while_it_lives(monkeypatch):
+  """A typed PRNG key closed over call after call (folded in with a
+  runtime step) is read by the value check once while it lives, as an
+  array is, not on every hit; the calls are stock's bit for bit."""
+  from jax_closure_cache.lowering import structure
+  key, x = jax.random.key(0), jnp.ones(3)
+
+  def run():
+    return [_bits(jax.jit(lambda x, n: x * w + jax.random.normal(
+        jax.random.fold_in(key, n), (3,)))(x, jnp.int32(i)))
+            for i in range(6) for w in [jnp.full(3, 0.5 + i)]]
+
+  want = replay_in_both_modes(run, clear=True)
+  read = []
+  real = structure._leaf_answer
+  monkeypatch.setattr(structure, "_leaf_answer",
+                      lambda c: read.append(type(c)) or real(c))
+  jcc.clear()
+  jcc.enable()
+  try:
+    assert run() == want
+    stats = jcc.stats()
+  finally:
+    jcc.disable()
+  assert stats["hits"] >= 3
+  assert read.count(type(key)) == 1
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

@@ -39,6 +39,15 @@ RESOLVE_AND_LOWER_CODE = getattr(getattr(_pjit, "_resolve_and_lower", None),
                                  "__code__", None)
 UNSPECIFIED = _pjit.UNSPECIFIED
 ArrayImpl = _jaxlib_ext.ArrayImpl
+try:   # (jax 0.10 and 0.11 keep it here)
+  from jax._src.random.prng import PRNGKeyArray as _PRNGKeyArray
+except ImportError:   # pragma: no cover - a release that moved it
+  _PRNGKeyArray = None
+#: The concrete types of a jax array whose values never change once made:
+#: ``ArrayImpl``, and a typed PRNG key array (``jax.random.key``) where
+#: this JAX has that type where it is looked for.
+IMMUTABLE_ARRAYS = (ArrayImpl,) + (
+    (_PRNGKeyArray,) if isinstance(_PRNGKeyArray, type) else ())
 Literal = _core.Literal
 Var = _core.Var
 Jaxpr = _core.Jaxpr

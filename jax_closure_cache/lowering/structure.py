@@ -292,8 +292,9 @@ def _leaf_answer(c) -> tuple:
 
 def _read_once(table: dict, read, c):
   """``read(c)``; for a jax array (whose values, devices and commitment
-  never change), kept in ``table`` by its id while it lives."""
-  if type(c) is not _compat.ArrayImpl:
+  never change: ``_compat.IMMUTABLE_ARRAYS``, a typed PRNG key's too),
+  kept in ``table`` by its id while it lives."""
+  if type(c) not in _compat.IMMUTABLE_ARRAYS:
     return read(c)
   known = table.get(id(c))
   if known is not None and known[0]() is c:
