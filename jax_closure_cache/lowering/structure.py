@@ -819,21 +819,24 @@ _BY_ZERO = frozenset({"add", "sub", "add_any", "reduce_sum", "cumsum"})
 #: folds the part of a constant, which may be all 1 or 0 where the whole
 #: is not
 _SUBSET_MOVES = frozenset({"slice", "dynamic_slice", "gather", "select_n",
-                           "dynamic_update_slice", "scatter", "split"})
+                           "dynamic_update_slice", "scatter"})
 
 
 def _takes_part(e) -> bool:
-  """Whether ``e`` takes a part of its operands (:data:`_SUBSET_MOVES`, or
-  a ``pad`` cropping by a negative width)."""
+  """Whether ``e`` takes a part of its operands (:data:`_SUBSET_MOVES`, a
+  ``split`` into more than one piece, or a ``pad`` cropping by a negative
+  width). Parameters this does not read count as taking a part."""
   name = e.primitive.name
   if name in _SUBSET_MOVES:
     return True
-  if name == "pad":
-    try:
+  try:
+    if name == "split":
+      return len(e.params["sizes"]) > 1
+    if name == "pad":
       return any(lo < 0 or hi < 0
                  for lo, hi, _ in e.params["padding_config"])
-    except (KeyError, TypeError, ValueError):
-      return True   # (a padding this does not read: counted as a part)
+  except (KeyError, TypeError, ValueError):
+    return True
   return False
 #: operations that move, convert or negate values: on a constant all 1, -1
 #: or an infinity, their result is one too, and one not so is not one
