@@ -815,6 +815,35 @@ def test_a_closed_over_typed_key_is_read_once_while_it_lives(monkeypatch):
   assert read.count(type(key)) == 1
 
 
+def test_a_closed_over_index_into_a_constant_is_stocks():
+  """A closed-over integer index picking elements of an array baked in
+  both modules (the function's own constant, or one built from literals)
+  decides a value stock's module folds: where the part picked is all 1 or
+  all 0, XLA removes ``y * part`` or ``y + part``, keeping a subnormal
+  ``y`` the shared executable's product flushes. So the index is read by
+  value: ``dynamic_slice``, ``gather`` and ``dynamic_update_slice``, in
+  both modes and in tier A alone (adversarial pass 65)."""
+  y = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
+  table = np.asarray([2, 3, 5, 7, 1, 1, 1, 1], np.float32)
+
+  def picks(i, idx):
+    return lambda y: (
+        y * jax.lax.dynamic_slice(table, (i,), (4,)),
+        y + jax.lax.dynamic_slice(table - 1.0, (i,), (4,)),
+        y * jnp.asarray(table)[idx],
+        y * jax.lax.dynamic_update_slice(
+            jnp.ones(8), jnp.full(4, 2.0), (i,))[:4])
+
+  def run():
+    return [_bits(jax.jit(picks(jnp.int32(v), jnp.asarray(ix, jnp.int32)))(y))
+            for v, ix in ((0, [0, 1, 2, 3]), (1, [1, 2, 3, 0]),
+                          (4, [4, 5, 6, 7]), (0, [0, 1, 2, 3]),
+                          (4, [4, 5, 6, 7]))]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

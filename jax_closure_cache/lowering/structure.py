@@ -922,6 +922,9 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
   zero: set = set()
   partly: set = set()
   derived: set = set()
+  # vars computed from literals alone (jnp.ones(8), an iota): constants of
+  # both modules, beside which a constant's operation is folded too
+  built: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
     carry = [carried.get(x, none) if type(x) is not _Literal else none
@@ -933,13 +936,17 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
     _note_decided(e, sources, moved, decided, derived, none, carry)
     hit = [i for i, found in enumerate(sources) if found]
     if not hit:
+      if not e.effects and not _holds_jaxpr(e) and all(
+          type(x) is _Literal or x in built for x in e.invars):
+        built.update(e.outvars)
       continue
     moves = [moved.get(x, none) if type(x) is not _Literal else none
              for x in e.invars]
     name = e.primitive.name
     nested = _holds_jaxpr(e)
     inexact = _inexact_result(e)
-    alone = len(hit) == sum(type(v) is not _Literal for v in e.invars)
+    alone = len(hit) == sum(type(v) is not _Literal and v not in built
+                            for v in e.invars)
     for i in hit:
       if alone and _takes_part(e) or nested and _operand_read_as_value(
           e, i, _NESTING, by_part=True):
@@ -971,11 +978,14 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
           or nested and _operand_read_as_value(e, i, _NESTING)):
         valued |= sources[i]
     if alone:
-      movable = _moves_values(e)
+      # (an index moves nothing: the elements it picks of a constant are
+      # read, by value, and so is the index: c[i] with i closed over)
+      movable = _moves_values(e) and none.union(*(
+          moves[k] for k in _carrying_operands(e) if k < len(moves)))
       for v in e.outvars:
         reach[v] = none.union(*sources)
         if movable:
-          moved[v] = none.union(*moves)
+          moved[v] = movable
   valued |= derived
   if lifted is not None:   # (the jaxpr's own constants are baked in both)
     identity = {i for i in identity if i < lifted}
