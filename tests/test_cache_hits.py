@@ -821,21 +821,33 @@ def test_a_closed_over_index_into_a_constant_is_stocks():
   decides a value stock's module folds: where the part picked is all 1 or
   all 0, XLA removes ``y * part`` or ``y + part``, keeping a subnormal
   ``y`` the shared executable's product flushes. So the index is read by
-  value: ``dynamic_slice``, ``gather`` and ``dynamic_update_slice``, in
-  both modes and in tier A alone (adversarial pass 65)."""
+  value: ``dynamic_slice``, ``gather`` and ``dynamic_update_slice``, a
+  closed-over predicate choosing a built arm, an index into a mix holding
+  built elements, in both modes and in tier A alone (adversarial passes
+  65 and 66)."""
   y = jnp.asarray([1e-39, -0.0, 3.0, np.nan], jnp.float32)
   table = np.asarray([2, 3, 5, 7, 1, 1, 1, 1], np.float32)
 
-  def picks(i, idx):
-    return lambda y: (
-        y * jax.lax.dynamic_slice(table, (i,), (4,)),
-        y + jax.lax.dynamic_slice(table - 1.0, (i,), (4,)),
-        y * jnp.asarray(table)[idx],
-        y * jax.lax.dynamic_update_slice(
-            jnp.ones(8), jnp.full(4, 2.0), (i,))[:4])
+  picks = (
+      lambda i, idx: lambda y: y * jax.lax.dynamic_slice(table, (i,), (4,)),
+      lambda i, idx: lambda y: y + jax.lax.dynamic_slice(
+          table - 1.0, (i,), (4,)),
+      lambda i, idx: lambda y: y * jnp.asarray(table)[idx],
+      lambda i, idx: lambda y: y * jax.lax.dynamic_update_slice(
+          jnp.ones(8), jnp.full(4, 2.0), (i,))[:4],
+      # (pass 66) a built arm chosen, built elements picked from a mix, an
+      # update into built zeros (which XLA rewrites around a runtime index)
+      lambda i, idx: lambda y: jax.lax.select_n(
+          idx > 3, y * 2, jnp.ones(4)) * y,
+      lambda i, idx: lambda y: jax.lax.dynamic_slice(
+          jnp.concatenate([y * 2, jnp.zeros(4)]), (i,), (4,)) + y,
+      lambda i, idx: lambda y: jax.lax.dynamic_update_slice(
+          jnp.zeros(4), y[:2] * 3, (i % 3,)) + y,
+      lambda i, idx: lambda y: jnp.zeros(4).at[i % 4].set(y[0] * 3) + y)
 
   def run():
-    return [_bits(jax.jit(picks(jnp.int32(v), jnp.asarray(ix, jnp.int32)))(y))
+    return [_bits(jax.jit(pick(jnp.int32(v), jnp.asarray(ix, jnp.int32)))(y))
+            for pick in picks
             for v, ix in ((0, [0, 1, 2, 3]), (1, [1, 2, 3, 0]),
                           (4, [4, 5, 6, 7]), (0, [0, 1, 2, 3]),
                           (4, [4, 5, 6, 7]))]

@@ -923,8 +923,10 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
   partly: set = set()
   derived: set = set()
   # vars computed from literals alone (jnp.ones(8), an iota): constants of
-  # both modules, beside which a constant's operation is folded too
+  # both modules, beside which a constant's operation is folded too; and
+  # vars that may hold their elements (held: concatenate([y, zeros]))
   built: set = set()
+  held: set = set()
   none = frozenset()
   for e in jaxpr.eqns:
     carry = [carried.get(x, none) if type(x) is not _Literal else none
@@ -933,12 +935,16 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
       _note_carried(e, carry, moved, carried, identity, zero, partly, none)
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
-    _note_decided(e, sources, moved, decided, derived, none, carry)
+    _note_decided(e, sources, moved, decided, derived, none, carry, held)
+    if any(k < len(e.invars) and type(e.invars[k]) is not _Literal
+           and e.invars[k] in held for k in _carrying_operands(e)):
+      held.update(e.outvars)
     hit = [i for i, found in enumerate(sources) if found]
     if not hit:
       if not e.effects and not _holds_jaxpr(e) and all(
           type(x) is _Literal or x in built for x in e.invars):
         built.update(e.outvars)
+        held.update(e.outvars)
       continue
     moves = [moved.get(x, none) if type(x) is not _Literal else none
              for x in e.invars]
@@ -1052,7 +1058,7 @@ _CHOICES = frozenset({"select_n", "cond"})
 
 
 def _note_decided(e, sources, moved, decided, derived, none,
-                  carry=()) -> None:
+                  carry=(), held=frozenset()) -> None:
   """For :func:`constant_reads`: which constants decide ``e``'s result
   (``decided``): those deciding an operand, a choice's predicate's, and,
   for an equation holding jaxprs, those of an operand that decides a
@@ -1091,10 +1097,18 @@ def _note_decided(e, sources, moved, decided, derived, none,
     else:
       found = none
   if e.primitive.name in _CHOICES and sources and sources[0] and mixed and any(
-      type(x) is _Literal or sources[k] or operands[k]
+      type(x) is _Literal or sources[k] or operands[k] or x in held
       for k, x in enumerate(e.invars) if k):
     # (a constant choice of a constant arm: XLA folds it to that arm)
     found = found | sources[0]
+  index = _index_operands(e)
+  if index and any(sources[k] for k in index) and any(
+      type(e.invars[k]) is _Literal or sources[k] or (carry and carry[k])
+      or e.invars[k] in held for k in _carrying_operands(e)
+      if k < len(e.invars)):
+    # (a constant index into constant elements: XLA folds the part picked,
+    # and with a runtime index rewrites the update around it)
+    found = found.union(*(sources[k] for k in index))
   # an element carried through a mix (not moved alone), computed on with
   # constants alone (concatenate([c, y])[0] - 2.0): XLA folds it
   if carry and not _carrying_operands(e) and not nested:
@@ -1156,6 +1170,19 @@ def _carried_out(e, carry, none, depth: int = _NESTING) -> list:
     _pass_carried(q, ins, held, depth - 1)
   return [held.get(v, none) if type(v) is not _Literal else none
           for v in inner.outvars]
+
+
+def _index_operands(e) -> tuple:
+  """The operands of a part-taking ``e`` that say which elements it takes
+  or updates (a ``select_n``'s predicate is a choice's: ``_CHOICES``)."""
+  name, n = e.primitive.name, len(e.invars)
+  if name == "dynamic_slice":
+    return tuple(range(1, n))
+  if name == "dynamic_update_slice":
+    return tuple(range(2, n))
+  if name == "gather" or name.startswith("scatter"):
+    return (1,) if n > 1 else ()
+  return ()
 
 
 def _carrying_operands(e):
