@@ -856,6 +856,27 @@ def test_a_closed_over_index_into_a_constant_is_stocks():
   _assert_tier_a_alone_gives(run, want)
 
 
+def test_a_one_piece_split_of_a_narrow_float_shares():
+  """``jnp.split(c, 1)`` of a closed-over float16 array is the whole
+  array moved, as a slice is: the closure shares, stock's bits."""
+  y = jnp.asarray([0.5, -0.0, 3.0, 2.0], jnp.float16)
+
+  def run():
+    return [_bits(jax.jit(lambda y: y * jnp.split(c, 1)[0])(y))
+            for s in (2.0, 3.0, 5.0, 3.0, 5.0)
+            for c in [jnp.asarray([0.5, 1.5, 2.5, 3.5], jnp.float16) * s]]
+
+  want = replay_in_both_modes(run, clear=True)
+  jcc.clear()
+  jcc.enable()
+  try:
+    assert run() == want
+    stats = jcc.stats()
+  finally:
+    jcc.disable()
+  assert stats["hits"] >= 3 and not stats["fallbacks"]
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

@@ -157,7 +157,7 @@ _SCALAR_KEEPING = frozenset(_SCALAR) | frozenset({
 #: rounds)
 _SHAPE_MOVES = _CHAIN_MOVES | frozenset({"slice", "concatenate", "pad",
                                          "select_n", "gather",
-                                         "dynamic_slice"})
+                                         "dynamic_slice", "split"})
 #: call-like primitives: one jaxpr input per operand, one output per output
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
