@@ -280,7 +280,8 @@ def leaves_known():
     from jax_closure_cache.front import _entrance
   except ImportError:
     return _structure.leaves_known
-  return _entrance.leaves_known
+  # (an extension built from an older source has no such function)
+  return getattr(_entrance, "leaves_known", _structure.leaves_known)
 
 
 def entrance(jit, fronts: dict, base: type, slots: tuple,
