@@ -310,9 +310,11 @@ static PyObject *leaves_known(PyObject *module, PyObject *const *args,
 #endif
     PyObject *answer = PyTuple_GET_ITEM(known, 1);
     long bits = -1, mask = -1;
-    if (alive == c && PyTuple_Check(answer) && PyTuple_GET_SIZE(answer) > 0) {
+    if (alive == c && PyTuple_Check(answer) && PyTuple_GET_SIZE(answer) > 0 &&
+        PyLong_Check(PyTuple_GET_ITEM(answer, 0))) {
       bits = PyLong_AsLong(PyTuple_GET_ITEM(answer, 0));
-      mask = PyLong_AsLong(PySequence_Fast_GET_ITEM(masks, i));
+      if (!(bits == -1 && PyErr_Occurred()))
+        mask = PyLong_AsLong(PySequence_Fast_GET_ITEM(masks, i));
     }
     Py_DECREF(alive);
     Py_DECREF(known);

@@ -296,8 +296,12 @@ class MissStages:
         out = self._fallback("lifted_value", args, kwargs, refused)
         if read is None:
           # (a key met without a first meeting's reads: an always-shared
-          # code's) stock's trace of this call says them, for the next
-          self._read_stock_trace(key, a, args, kwargs)
+          # code's) stock's trace of this call says them, for the next;
+          # never an error of ours after stock's answer
+          try:
+            self._read_stock_trace(key, a, args, kwargs)
+          except Exception:
+            pass
         return out
     self.stock()   # made now: validates the options as stock jit() would
     # what the arguments' classes hold before the call: a trace (or an
