@@ -843,7 +843,13 @@ def test_a_closed_over_index_into_a_constant_is_stocks():
           jnp.concatenate([y * 2, jnp.zeros(4)]), (i,), (4,)) + y,
       lambda i, idx: lambda y: jax.lax.dynamic_update_slice(
           jnp.zeros(4), y[:2] * 3, (i % 3,)) + y,
-      lambda i, idx: lambda y: jnp.zeros(4).at[i % 4].set(y[0] * 3) + y)
+      lambda i, idx: lambda y: jnp.zeros(4).at[i % 4].set(y[0] * 3) + y,
+      # (review) elements a jitted library call builds from a literal
+      # (jnp.pad's value), and a call on literals alone
+      lambda i, idx: lambda y: y[:1] + jax.lax.dynamic_slice(
+          jnp.pad(y, (0, 4)), (i + 1,), (1,)),
+      lambda i, idx: lambda y: jax.lax.dynamic_slice(jnp.concatenate(
+          [y * 2, jax.jit(lambda: jnp.zeros(4))()]), (i,), (4,)) + y)
 
   def run():
     return [_bits(jax.jit(pick(jnp.int32(v), jnp.asarray(ix, jnp.int32)))(y))
@@ -851,6 +857,27 @@ def test_a_closed_over_index_into_a_constant_is_stocks():
             for v, ix in ((0, [0, 1, 2, 3]), (1, [1, 2, 3, 0]),
                           (4, [4, 5, 6, 7]), (0, [0, 1, 2, 3]),
                           (4, [4, 5, 6, 7]))]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+
+def test_a_closed_over_iota_holding_a_negative_zero_is_stocks():
+  """XLA stores a baked array whose values are 0, s, 2s, ... as an iota
+  (comparing by value: a leading -0.0 counts as 0), so its -0.0 becomes
+  0.0 even read whole (``y * c``, also after a reshape): such a leaf is
+  stock's, in both modes and in tier A alone (the maintainers' review of
+  the -0.0 rule)."""
+  y = jnp.ones(4, jnp.float32)
+
+  def run():
+    outs = []
+    for s in (2.0, 3.0, 1.0, 3.0, 1.0):
+      c = jnp.asarray([-0.0, 1.0, 2.0, 3.0], jnp.float32) * s
+      m = c.reshape(2, 2)
+      outs.append(_bits(jax.jit(lambda y: y * c)(y)))
+      outs.append(_bits(jax.jit(lambda y: y * m.reshape(4) + 1.0)(y)))
+    return outs
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)

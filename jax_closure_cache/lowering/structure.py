@@ -270,8 +270,9 @@ _ORDINARY = (0, None)
 def _leaf_answer(c) -> tuple:
   """``(bits, refusal)``: :data:`REFUSED` with tier A's reason, or which
   of all (any element) 1, -1 or an infinity and all (any element) zero
-  hold, and whether any element is -0.0 (which only a part taken loses:
-  XLA keeps it in a whole array, baked or not). A leaf of an extended
+  hold, and whether any element is -0.0 (which a part taken loses; XLA
+  keeps it in a whole array, baked or not, except one it stores as an
+  iota: :func:`_stored_as_iota`, refused). A leaf of an extended
   dtype (a typed PRNG key) has no values XLA folds by; one whose values
   cannot be read is refused."""
   if _compat.extended_dtype(getattr(c, "dtype", None)):
@@ -280,7 +281,10 @@ def _leaf_answer(c) -> tuple:
     refusal = _refusal(c, zeros=False, negative_zero=False)
     if refusal is not None:
       return REFUSED, refusal
-    bits = ((NEGATIVE_ZERO if _negative_zero(c) else 0)
+    negative = _negative_zero(c)
+    if negative and _stored_as_iota(c):
+      return REFUSED, _IOTA_WITH_NEGATIVE_ZERO
+    bits = ((NEGATIVE_ZERO if negative else 0)
             | (ALL_IDENTITY if _compat.all_identity(c) else 0)
             | (ANY_IDENTITY if _compat.all_identity(c, True) else 0)
             | (ALL_ZERO if _compat.all_zero(c) else 0)
@@ -288,6 +292,26 @@ def _leaf_answer(c) -> tuple:
   except Exception as e:   # (a transfer refused, say): never an error
     return REFUSED, f"its values could not be read ({type(e).__name__})"
   return (bits, None) if bits else _ORDINARY
+
+
+#: :func:`_leaf_answer`'s refusal of an array :func:`_stored_as_iota`.
+_IOTA_WITH_NEGATIVE_ZERO = (
+    "an array holding a -0.0 whose values are 0, s, 2s, ... (XLA stores "
+    "such a baked constant as an iota, giving 0.0)")
+
+
+def _stored_as_iota(c) -> bool:
+  """Whether ``c``'s elements in order (flattened, as a folded reshape
+  makes them) are 0, s, 2s, ... by value (``-0.0 == 0``): XLA's simplifier
+  may store such a baked constant as an iota, a -0.0 of it as 0.0. A
+  complex array counts always (its imaginary -0.0 is lost the same way)."""
+  v = np.asarray(c).ravel()
+  if np.iscomplexobj(v):
+    return True
+  v = v.astype(np.float64)
+  step = v[1] - v[0] if v.size > 1 else 0.0
+  return bool(v.size and v[0] == 0 and np.array_equal(
+      v, np.arange(v.size) * step))
 
 
 def _read_once(table: dict, read, c):
@@ -772,6 +796,30 @@ def _inexact_result(e) -> bool:
   return dtype is not None and _compat.inexact_dtype(dtype)
 
 
+def _builds_inside(e) -> bool:
+  """Whether a jaxpr ``e`` holds (at any depth) makes an array from
+  literals alone or moves a literal into an array (``jnp.pad``'s value,
+  inside its jit): its outputs may hold such elements (conservatively, any
+  output)."""
+  return any(_builds_from_literals(getattr(q, "jaxpr", q))
+             for p in e.params.values() for q in _jaxprs_of(p))
+
+
+@_compat.weakref_lru_cache
+def _builds_from_literals(jaxpr) -> bool:
+  for e in jaxpr.eqns:
+    if not e.invars or any(type(x) is _Literal for x in e.invars) and (
+        _carrying_operands(e) or all(type(x) is _Literal for x in e.invars)):
+      return True
+    if _holds_jaxpr(e) and _builds_inside(e):
+      return True
+  return False
+
+
+cache.STORE.own("structure.builds_from_literals", _builds_from_literals,
+                cache.Store.CALLS)
+
+
 def _holds_jaxpr(e) -> bool:
   return any(hasattr(p, "eqns") or hasattr(getattr(p, "jaxpr", None), "eqns")
              for q in e.params.values()
@@ -827,7 +875,7 @@ def _takes_part(e) -> bool:
   ``split`` into more than one piece, or a ``pad`` cropping by a negative
   width). Parameters this does not read count as taking a part."""
   name = e.primitive.name
-  if name in _SUBSET_MOVES:
+  if name in _SUBSET_MOVES or name.startswith("scatter"):
     return True
   try:
     if name == "split":
@@ -936,13 +984,18 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
     _note_decided(e, sources, moved, decided, derived, none, carry, held)
-    if any(k < len(e.invars) and type(e.invars[k]) is not _Literal
-           and e.invars[k] in held for k in _carrying_operands(e)):
-      held.update(e.outvars)
+    if any(k < len(e.invars) and (type(e.invars[k]) is _Literal
+                                  or e.invars[k] in held)
+           for k in _carrying_operands(e)) or _holds_jaxpr(e) and (
+               any(type(x) is _Literal or x in held for x in e.invars)
+               or _builds_inside(e)):
+      held.update(e.outvars)   # (a pad's literal value too; a call's)
     hit = [i for i, found in enumerate(sources) if found]
     if not hit:
-      if not e.effects and not _holds_jaxpr(e) and all(
+      if not e.effects and all(
           type(x) is _Literal or x in built for x in e.invars):
+        # (a call on literals alone too: jax.jit(lambda: jnp.zeros(4))(),
+        # relu(-jnp.ones(4)); XLA inlines and folds it)
         built.update(e.outvars)
         held.update(e.outvars)
       continue
