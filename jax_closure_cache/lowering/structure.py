@@ -217,9 +217,10 @@ def lifted_refusal(leaves, reads: LeafReads | None,
                    masks: tuple | None = None) -> str | None:
   """Why the closure key's lifted ``leaves`` cannot be passed this call to
   an executable that takes them as arguments, where stock's module bakes
-  them: tier A's rules for a constant (:func:`constant_refusal`: a -0.0, a
-  NaN, a subnormal, a boolean), and :data:`IDENTITY_LEAF` or
-  :data:`ZERO_LEAF` for a leaf ``reads`` names (every leaf where it is
+  them: tier A's rules for a constant (:func:`constant_refusal`: a NaN, a
+  subnormal, a boolean; a -0.0 in an array stored as an iota), and
+  :data:`IDENTITY_LEAF`, :data:`ZERO_LEAF` or :data:`NEGATIVE_ZERO_LEAF`
+  for a leaf ``reads`` names (every leaf where it is
   None); None where they can. ``masks``: :func:`value_masks` of ``reads``,
   where the caller keeps them. A jax array is read once while it lives."""
   if masks is None or len(masks) != len(leaves):
@@ -240,7 +241,7 @@ def lifted_refusal(leaves, reads: LeafReads | None,
 def leaf_answer(c) -> tuple:
   """``(bits, refusal)`` of a lifted leaf (:func:`_leaf_answer`); a jax
   array's kept in :data:`LEAF_ANSWERS` by its id while it lives (``id ->
-  (weak reference, answer)``), which a hit's generated check reads
+  (weak reference, answer)``), which a hit's check reads
   inline."""
   known = LEAF_ANSWERS.get(id(c))
   if known is not None and known[0]() is c:
