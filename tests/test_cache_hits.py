@@ -535,6 +535,19 @@ def _bits(tree):
           for a in jax.tree_util.tree_leaves(tree)]
 
 
+def _stats_of_two_runs(run) -> dict:
+  """``jcc.stats()`` after ``run()`` twice with both tiers (cleared first):
+  the second run replays the first's keys."""
+  jcc.clear()
+  jcc.enable()
+  try:
+    run()
+    run()
+    return jcc.stats()
+  finally:
+    jcc.disable()
+
+
 def _assert_tier_a_alone_gives(run, want):
   """``run()`` with tier A alone (``enable(closure_key=False)``, cleared
   first) returns ``want``: the value rules are both tiers'."""
@@ -617,14 +630,7 @@ def test_lifted_arrays_stock_folds_by_value_are_stocks():
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)
-  jcc.clear()
-  jcc.enable()
-  try:
-    run()
-    run()
-    stats = jcc.stats()
-  finally:
-    jcc.disable()
+  stats = _stats_of_two_runs(run)
   assert stats["hits"] > 0   # ordinary values share
   assert stats["fallback_reasons"].get("lifted_value", 0) > 0
   assert stats["fallback_reasons"].get("folds_constants", 0) > 0
@@ -670,14 +676,7 @@ def test_values_computed_from_lifted_arrays_that_xla_folds_are_stocks():
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)
-  jcc.clear()
-  jcc.enable()
-  try:
-    run()
-    run()
-    stats = jcc.stats()
-  finally:
-    jcc.disable()
+  stats = _stats_of_two_runs(run)
   assert stats["hits"] > 0   # exact conversions of ordinary values share
   assert stats["fallback_reasons"].get("folds_constants", 0) > 0
 
@@ -724,14 +723,7 @@ def test_what_xla_folds_beyond_a_whole_constant_is_stocks():
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)
-  jcc.clear()
-  jcc.enable()
-  try:
-    run()
-    run()
-    stats = jcc.stats()
-  finally:
-    jcc.disable()
+  stats = _stats_of_two_runs(run)
   assert stats["hits"] > 0   # the ordinary closure shares
 
 
