@@ -97,16 +97,33 @@ _ZERO_SENSITIVE = frozenset({"add", "add_any", "sub", "max", "min"})
 #: the result is all zeros only where every operand is
 _ALL_ZERO = frozenset({"add", "add_any", "sub", "max", "min", "concatenate",
                        "select_n", "pad", "atan2", "clamp"})
+#: The families of moves, the one vocabulary of this module's rules and
+#: ``structure``'s: moves XLA reassociates a constant through (``(x *
+#: c).reshape(...) * 2``; not a slice, a negation or a conversion)
+_CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
+                          "squeeze", "expand_dims", "copy", "copy_p"})
+#: moves taking, joining or choosing elements by their static parameters
+_PART_MOVES = frozenset({"slice", "concatenate", "pad", "select_n", "split"})
+#: moves taking elements by a runtime index (a part of an array that is not
+#: all zeros may be)
+_INDEXED_MOVES = frozenset({"gather", "dynamic_slice"})
+#: moves of elements that compute nothing (a conversion is not one: it
+#: rounds)
+_SHAPE_MOVES = _CHAIN_MOVES | _PART_MOVES | _INDEXED_MOVES
+#: operations keeping every value where it is, placing or marking it
+_PLACEMENTS = frozenset({"device_put", "pvary", "sharding_constraint",
+                         "optimization_barrier", "mesh_cast", "reshard",
+                         "stop_gradient"})
+#: operations that move, convert or negate values: on a constant all 1, -1
+#: or an infinity, their result is one too, and one not so is not one (a
+#: conversion only where it keeps every value: ``_compat.exact_conversion``;
+#: ``c.astype(bool)`` and ``c.astype(int)`` compute 1 from 5.7 or 1.5)
+VALUE_MOVES = _SHAPE_MOVES | _PLACEMENTS | frozenset({
+    "convert_element_type", "neg", "stack"})
 #: operations that move or convert values: on constants, all zeros only
 #: where an operand is (any other operation on constants alone may fold to
 #: zeros: ``ones - 1.0``, ``log(ones)``, ``floor(0.5)``)
-_MOVES = frozenset({"broadcast_in_dim", "reshape", "convert_element_type",
-                    "transpose", "squeeze", "expand_dims", "copy", "copy_p",
-                    "rev", "slice", "concatenate", "pad", "neg", "stack",
-                    "split",
-                    "reduce_precision", "select_n", "reshard",
-                    "sharding_constraint", "device_put", "mesh_cast",
-                    "pvary", "optimization_barrier", "stop_gradient"})
+_MOVES = VALUE_MOVES - _INDEXED_MOVES | frozenset({"reduce_precision"})
 #: scalar arithmetic on literals, evaluated here as XLA folds it (``-1.0 /
 #: 4.0``, a gradient's seed): is the result zero?
 _SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.subtract,
@@ -132,10 +149,6 @@ _EXACT_ON_CONSTANTS = _MOVES | frozenset({
 #: those of them exact on complex values too
 _EXACT_ON_COMPLEX = _MOVES | frozenset({"eq", "ne", "real", "imag",
                                         "complex", "conj"})
-#: moves XLA reassociates a constant through (``(x * c).reshape(...) * 2``;
-#: not a slice, a negation or a conversion)
-_CHAIN_MOVES = frozenset({"reshape", "transpose", "rev", "broadcast_in_dim",
-                          "squeeze", "expand_dims", "copy", "copy_p"})
 #: a nested jaxpr XLA never simplifies as the equation's own code (a
 #: scatter's combiner)
 _NOT_INLINED = frozenset({"update_jaxpr"})
@@ -153,11 +166,6 @@ _SCALAR_KEEPING = frozenset(_SCALAR) | frozenset({
     "broadcast_in_dim", "reshape", "convert_element_type", "transpose",
     "squeeze", "expand_dims", "copy", "copy_p", "rev", "integer_pow",
     "rsqrt", "tanh", "logistic", "log1p", "expm1"})
-#: moves of elements that compute nothing (a conversion is not one: it
-#: rounds)
-_SHAPE_MOVES = _CHAIN_MOVES | frozenset({"slice", "concatenate", "pad",
-                                         "select_n", "gather",
-                                         "dynamic_slice", "split"})
 #: call-like primitives: one jaxpr input per operand, one output per output
 _CALL_JAXPR = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 

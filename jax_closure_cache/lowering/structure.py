@@ -36,6 +36,7 @@ import numpy as np
 
 from jax_closure_cache import cache
 from jax_closure_cache.atoms import float_key
+from jax_closure_cache.lowering.folding import VALUE_MOVES
 from jax_closure_cache._compat import lowering as _compat
 
 #: Constants of nested jaxprs up to this many elements are keyed by value.
@@ -675,7 +676,7 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   2``: XLA folds it, and then removes ``x * 1`` if it is one), an operand
   of :data:`_BY_IDENTITY`; or a nested jaxpr's input read so. With
   ``by_identity``: whether they reach an operand of :data:`_BY_IDENTITY`
-  moved alone (:data:`_VALUE_MOVES`), all 1, -1 or an infinity where they
+  moved alone (:data:`VALUE_MOVES`), all 1, -1 or an infinity where they
   are. With ``by_zero``: whether a value computed from them and literals
   alone reaches an operand of :data:`_BY_ZERO`. With ``by_derived``:
   whether a value computed from them otherwise than by moves reaches an
@@ -887,25 +888,13 @@ def _takes_part(e) -> bool:
   except (KeyError, TypeError, ValueError):
     return True
   return False
-#: operations that move, convert or negate values: on a constant all 1, -1
-#: or an infinity, their result is one too, and one not so is not one
-#: (a conversion only where it keeps every value:
-#: ``_compat.exact_conversion``; ``c.astype(bool)`` and ``c.astype(int)``
-#: compute 1 from 5.7 or 1.5)
-_VALUE_MOVES = frozenset({"broadcast_in_dim", "reshape",
-                          "convert_element_type", "transpose", "squeeze",
-                          "expand_dims", "copy", "copy_p", "rev", "slice",
-                          "concatenate", "pad", "neg", "select_n",
-                          "dynamic_slice", "gather", "stack", "split",
-                          "device_put", "pvary", "sharding_constraint",
-                          "optimization_barrier"})
 
 
 def _moves_values(e) -> bool:
-  """Whether ``e`` is one of :data:`_VALUE_MOVES` (a conversion keeping
-  every value)."""
+  """Whether ``e`` is one of :data:`VALUE_MOVES` (``folding``'s; a
+  conversion only where it keeps every value)."""
   name = e.primitive.name
-  if name not in _VALUE_MOVES:
+  if name not in VALUE_MOVES:
     return False
   if name == "convert_element_type":
     return _compat.exact_conversion(
@@ -916,7 +905,7 @@ def _moves_values(e) -> bool:
 
 class ConstantReads(NamedTuple):
   """How a closed jaxpr reads its constants, by index: ``by_identity``,
-  those moved alone (:data:`_VALUE_MOVES`) to an operand of
+  those moved alone (:data:`VALUE_MOVES`) to an operand of
   :data:`_BY_IDENTITY` (XLA removes the operation where such a constant is
   all 1, -1 or an infinity); ``by_value``, those read as a value (a
   remainder's operand, :data:`_READ_AS_VALUE`, or computed otherwise than
@@ -948,43 +937,66 @@ def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
   return _constant_reads(closed, lifted)
 
 
+class _Taints:
+  """:func:`constant_reads`' state over one jaxpr's equations: per var,
+  the constants (by index) it is computed from with literals alone
+  (``reach``) and those it moves (``moved``: all 1, -1 or an infinity
+  where they are); those whose elements it may hold, moved beside runtime
+  values too (``carried``: ``concatenate([c, x])``, ``where(p, c, x)``,
+  where XLA may simplify the mix away and read an element by its value);
+  those that decide which value it holds (``decided``: a choice by a
+  predicate computed from them, a call given one, which XLA folds, then
+  removing an operation by the literal it chose); the vars computed from
+  literals alone (``built``: ``jnp.ones(8)``, an iota, constants of both
+  modules beside which a constant's operation is folded too) and those
+  that may hold their elements (``held``: ``concatenate([y, zeros])``).
+  And the constants found read so far, by way (:class:`ConstantReads`'
+  fields: ``identity`` is its ``by_identity``, ``valued`` its
+  ``by_value``)."""
+
+  __slots__ = ("reach", "moved", "carried", "decided", "built", "held",
+               "identity", "valued", "zero", "partly", "derived")
+
+  def __init__(self, seeds):
+    self.reach = {v: frozenset({i}) for i, v in enumerate(seeds)}
+    self.moved = dict(self.reach)
+    self.carried = dict(self.reach)
+    self.decided: dict = {}
+    self.built: set = set()
+    self.held: set = set()
+    self.identity: set = set()
+    self.valued: set = set()
+    self.zero: set = set()
+    self.partly: set = set()
+    self.derived: set = set()
+
+  def found(self, lifted: int | None) -> ConstantReads:
+    """The reads found, of the first ``lifted`` inputs where given (the
+    jaxpr's own constants are baked in both modules)."""
+    ways = (self.identity, self.valued | self.derived, self.zero,
+            self.partly, self.derived)
+    if lifted is not None:
+      ways = [{i for i in w if i < lifted} for w in ways]
+    return ConstantReads(*map(frozenset, ways))
+
+
 @_compat.weakref_lru_cache
 def _constant_reads(closed, lifted: int | None) -> ConstantReads:
   jaxpr, _ = _compat.closed_parts(closed)
-  # var -> the constants it is computed from with literals alone (reach),
-  # and those it moves (moved: all 1, -1 or an infinity where they are)
   seeds = list(jaxpr.constvars)
   if lifted is not None:
     seeds[:0] = jaxpr.invars[:lifted]
-  reach = {v: frozenset({i}) for i, v in enumerate(seeds)}
-  moved = dict(reach)
-  # var -> the constants whose elements it may hold, moved beside runtime
-  # values too (``concatenate([c, x])``, ``where(p, c, x)``): XLA may
-  # simplify the mix away and read an element of the constant by its value
-  carried = dict(reach)
-  # var -> the constants that decide which value it holds (a choice by a
-  # predicate computed from them, a call given one): XLA folds the choice
-  # and may then remove an operation by the literal it chose
-  decided: dict = {}
-  identity: set = set()
-  valued: set = set()
-  zero: set = set()
-  partly: set = set()
-  derived: set = set()
-  # vars computed from literals alone (jnp.ones(8), an iota): constants of
-  # both modules, beside which a constant's operation is folded too; and
-  # vars that may hold their elements (held: concatenate([y, zeros]))
-  built: set = set()
-  held: set = set()
+  t = _Taints(seeds)
+  reach, moved, built, held = t.reach, t.moved, t.built, t.held
   none = frozenset()
   for e in jaxpr.eqns:
-    carry = [carried.get(x, none) if type(x) is not _Literal else none
+    carry = [t.carried.get(x, none) if type(x) is not _Literal else none
              for x in e.invars]
     if any(carry):
-      _note_carried(e, carry, moved, carried, identity, zero, partly, none)
+      _note_carried(e, carry, t)
     sources = [reach.get(x, none) if type(x) is not _Literal else none
                for x in e.invars]
-    _note_decided(e, sources, moved, decided, derived, none, carry, held)
+    _note_decided(e, sources, carry, t)
     if any(k < len(e.invars) and (type(e.invars[k]) is _Literal
                                   or e.invars[k] in held)
            for k in _carrying_operands(e)) or _holds_jaxpr(e) and (
@@ -1010,33 +1022,33 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
     for i in hit:
       if alone and _takes_part(e) or nested and _operand_read_as_value(
           e, i, _NESTING, by_part=True):
-        partly |= sources[i]
+        t.partly |= sources[i]
       # (an integer operation by 0 or 1 that XLA removes is exact)
       if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_zero=True):
         # moved alone: read where it is all zeros; computed otherwise
         # (c - 2.0): XLA folds it first, read always
-        zero |= moves[i]
+        t.zero |= moves[i]
         if not alone:   # (on constants alone, XLA folds the operation)
-          derived |= sources[i] - moves[i]
+          t.derived |= sources[i] - moves[i]
       if _removes_by_identity(e) and inexact or nested and _operand_read_as_value(
           e, i, _NESTING, by_identity=True):
         # moved alone: read where it is all 1, -1 or an infinity; computed
         # otherwise (abs(c), c * 2): XLA folds it first, read always
-        identity |= moves[i]
+        t.identity |= moves[i]
         if alone:
-          valued |= sources[i] - moves[i]
+          t.valued |= sources[i] - moves[i]
         else:
-          derived |= sources[i] - moves[i]
+          t.derived |= sources[i] - moves[i]
       if nested and _operand_read_as_value(
           e, i, _NESTING, by_derived=True,
           fixed=[k for k, x in enumerate(e.invars)
                  if type(x) is _Literal or x in reach]):
-        derived |= sources[i]
+        t.derived |= sources[i]
       if (alone and name in _READ_AS_VALUE
           or i in KEYED_OPERANDS.get(name, ())
           or nested and _operand_read_as_value(e, i, _NESTING)):
-        valued |= sources[i]
+        t.valued |= sources[i]
     if alone:
       # (an index moves nothing: the elements it picks of a constant are
       # read, by value, and so is the index: c[i] with i closed over)
@@ -1046,47 +1058,39 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
         reach[v] = none.union(*sources)
         if movable:
           moved[v] = movable
-  valued |= derived
-  if lifted is not None:   # (the jaxpr's own constants are baked in both)
-    identity = {i for i in identity if i < lifted}
-    valued = {i for i in valued if i < lifted}
-    zero = {i for i in zero if i < lifted}
-    partly = {i for i in partly if i < lifted}
-    derived = {i for i in derived if i < lifted}
-  return ConstantReads(frozenset(identity), frozenset(valued),
-                       frozenset(zero), frozenset(partly), frozenset(derived))
+  return t.found(lifted)
 
 
 cache.STORE.own("structure.constant_reads", _constant_reads,
                 cache.Store.CALLS)
 
 
-def _note_carried(e, carry, moved, carried, identity, zero, partly,
-                  none) -> None:
+def _note_carried(e, carry, t: _Taints) -> None:
   """For :func:`constant_reads`: an equation some of whose operands may
   hold a constant's elements (``carry``, per operand): a product or a sum
   (or a nested jaxpr's) reading one beside a runtime value (not moved
   alone: ``moved``, read as a whole) counts any element of those
   constants, and a move passes them on."""
+  none = frozenset()
   name = e.primitive.name
   nested = _holds_jaxpr(e)
   inexact = _inexact_result(e)
   for i, found in enumerate(carry):
-    found = found - moved.get(e.invars[i], none) if found else found
+    found = found - t.moved.get(e.invars[i], none) if found else found
     if not found:
       continue
     if _removes_by_identity(e) and inexact or nested and _operand_read_as_value(
         e, i, _NESTING, by_identity=True):
-      identity |= found
-      partly |= found
+      t.identity |= found
+      t.partly |= found
     if name in _BY_ZERO and inexact or nested and _operand_read_as_value(
         e, i, _NESTING, by_zero=True):
-      zero |= found
-      partly |= found
+      t.zero |= found
+      t.partly |= found
     if _takes_part(e) or nested and _operand_read_as_value(
         e, i, _NESTING, by_part=True):   # XLA may fold the part (c[0])
-      partly |= found
-  _pass_carried(e, carry, carried, _NESTING)
+      t.partly |= found
+  _pass_carried(e, carry, t.carried, _NESTING)
 
 
 def _pass_carried(e, carry, into: dict, depth: int) -> None:
@@ -1111,8 +1115,7 @@ def _pass_carried(e, carry, into: dict, depth: int) -> None:
 _CHOICES = frozenset({"select_n", "cond"})
 
 
-def _note_decided(e, sources, moved, decided, derived, none,
-                  carry=(), held=frozenset()) -> None:
+def _note_decided(e, sources, carry, t: _Taints) -> None:
   """For :func:`constant_reads`: which constants decide ``e``'s result
   (``decided``): those deciding an operand, a choice's predicate's, and,
   for an equation holding jaxprs, those of an operand that decides a
@@ -1120,7 +1123,9 @@ def _note_decided(e, sources, moved, decided, derived, none,
   computed otherwise than by moves into a mix with a runtime value (a
   stack, a choice's arm); where a product
   or a sum of a floating result reads a value so decided beside a runtime
-  one, they are ``derived`` (read by value, whatever their type)."""
+  one, they are ``derived`` (read by value, whatever their type).
+  ``sources`` and ``carry``: per operand, its ``reach`` and ``carried``."""
+  none, moved, decided, held = frozenset(), t.moved, t.decided, t.held
   operands = [decided.get(x, none) if type(x) is not _Literal else none
               for x in e.invars]
   found = none.union(*operands)
@@ -1129,13 +1134,13 @@ def _note_decided(e, sources, moved, decided, derived, none,
   nested = _holds_jaxpr(e)
   if found and mixed and ((_removes_by_identity(e) or e.primitive.name in
                            _BY_ZERO) and _inexact_result(e)):
-    derived |= found
+    t.derived |= found
   if nested and found:
     # (a decided value a callee multiplies or adds: the call is inlined)
     for k, d in enumerate(operands):
       if d and (_operand_read_as_value(e, k, _NESTING, by_identity=True)
                 or _operand_read_as_value(e, k, _NESTING, by_zero=True)):
-        derived |= d
+        t.derived |= d
   # the taint goes on through what moves a decided value (not an index a
   # decided value picks runtime values by), through calls, and through an
   # operation on constants and decided values alone; an operation with a
