@@ -896,6 +896,38 @@ def test_a_one_piece_split_of_a_narrow_float_shares():
   assert stats["hits"] >= 3 and not stats["fallbacks"]
 
 
+def test_a_chain_by_an_array_of_one_value_and_a_scalar_is_stocks():
+  """XLA rewrites an array constant whose elements are all equal as a
+  scalar's broadcast, then reassociates it with a scalar constant in the
+  same product or sum (``(y * A) * 0.7`` as ``y * 0.07``, one rounding
+  where the shared executable makes two). Such a chain of a closed-over
+  array and a scalar is stock's, also inside a cond's branch, through an
+  inner jit, with the scalar taken from the array, with the array the
+  function's own and the scalar closed over, in both modes and in tier A
+  alone (adversarial pass 67)."""
+  y = jnp.asarray(np.random.default_rng(1).standard_normal(8), jnp.float32)
+  varied = np.asarray([0.1, 0.2, 0.3, 0.7, 0.3, 0.9, 1.3, 0.11], np.float32)
+  uniform = np.full(8, 0.1, np.float32)
+
+  chains = (
+      lambda a, s: lambda y: (y * a) * 0.7,
+      lambda a, s: lambda y: (y + a) + 0.7,
+      lambda a, s: lambda y: (y * 0.7) * a,
+      lambda a, s: lambda y: jax.lax.cond(
+          y[0] > -100, lambda y: (y * a) * 0.7, lambda y: y, y),
+      lambda a, s: lambda y: jax.jit(lambda y: y * a)(y) * 0.7,
+      lambda a, s: lambda y: (y * a[0]) * a,
+      lambda a, s: lambda y: (y * s) * jnp.asarray(np.full(8, 0.1,
+                                                           np.float32)))
+
+  def run():
+    return [_bits(jax.jit(chain(jnp.asarray(a), jnp.float32(a[1])))(y))
+            for chain in chains for a in (varied, uniform, varied, uniform)]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

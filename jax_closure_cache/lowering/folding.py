@@ -479,8 +479,8 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       return found
     if (name in _EXPANDED and e.invars
         and any(type(x) is not _compat.Literal
-                and (c := chained.get(x, _NONE))[1] and c[2] == "scalar"
-                for x in e.invars)):
+                and (c := chained.get(x, _NONE))[1]
+                and _kinds_meet(c[2], "scalar") for x in e.invars)):
       return Finding("folds_constants", (
           f"`{name}` of the result of an operation by a lifted scalar: its "
           "lowering is arithmetic with constants (lgamma's x - 1, exp2's x "
@@ -559,10 +559,20 @@ _FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",
                                   "add_any": "add", "sub": "add"})
 
 
+def _kinds_meet(a: str | None, b: str | None) -> bool:
+  """Whether constants of kinds ``a`` and ``b`` (``_Chains.constant_kind``)
+  may be of one kind in stock's module, where XLA reassociates them: an
+  array whose elements are all equal is a scalar's broadcast there (XLA
+  rewrites such a constant so, by its values), so an array meets either
+  kind."""
+  return a is not None and b is not None and (a == b or "array" in (a, b))
+
+
 def _reassociated(e, ins: list, chained: dict, constant_kind):
   """The finding where equation ``e`` and the one giving its runtime
   operand each take a constant of stock's module of one kind (two scalars,
-  or two arrays: ``constant_kind``) in one family (``(x * c1) * c2``), or
+  two arrays, or an array that may be all one value and a scalar:
+  :func:`_kinds_meet`) in one family (``(x * c1) * c2``), or
   ``e`` adds two products of scalar constants (``x * c1 + x * c2``), a
   lifted value among those constants: XLA folds them together in stock's
   module only. Notes ``e``'s own result in ``chained``. None where there
@@ -584,7 +594,7 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
     # is not reassociated: XLA turns ``x - c`` into ``x + -c`` only)
     commutes = k == 1 or e.primitive.name in ("mul", "add", "dot_general")
     if (before is not None and before[0] == family and commutes
-        and before[2] == kinds[k] and (lifted or before[1])):
+        and _kinds_meet(before[2], kinds[k]) and (lifted or before[1])):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` takes a constant of stock's module "
           f"and the result of a `{family}` by another: XLA folds the two "
@@ -599,7 +609,7 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
   if family == "add" and not any(constant):
     parts = [chained.get(x) if type(x) is not _compat.Literal else None
              for x in e.invars]
-    if all(p is not None and p[0] == "mul" and p[2] == "scalar"
+    if all(p is not None and p[0] == "mul" and _kinds_meet(p[2], "scalar")
            for p in parts) and any(p[1] for p in parts):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` of two products by scalar constants of "
