@@ -273,15 +273,21 @@ def front_class(base: type, spec, code, quicks, env: dict,
   return cls
 
 
-def leaves_known():
-  """``structure.leaves_known``, in C where the extension ``_entrance`` is
-  built (the hit's value check, one call per hit)."""
+def _extension():
+  """The C extension ``_entrance``, or None where it is not built (it is
+  optional)."""
   try:
     from jax_closure_cache.front import _entrance
   except ImportError:
-    return _structure.leaves_known
-  # (an extension built from an older source has no such function)
-  return getattr(_entrance, "leaves_known", _structure.leaves_known)
+    return None
+  return _entrance
+
+
+def leaves_known_check():
+  """The hit's value check, ``structure.leaves_known``: in C where the
+  extension is built (one call per hit). An extension built from an older
+  source has no such function: the Python one, then."""
+  return getattr(_extension(), "leaves_known", _structure.leaves_known)
 
 
 def entrance(jit, fronts: dict, base: type, slots: tuple,
@@ -300,11 +306,10 @@ def entrance(jit, fronts: dict, base: type, slots: tuple,
   ``functools.partial`` of a plain function (any closure) is answered
   too, by its function's code's class, as ``jit``'s Python hot case
   answers it."""
-  try:
-    from jax_closure_cache.front import _entrance
-  except ImportError:
+  ext = _extension()
+  if ext is None:
     return jit
-  made = _entrance.Entrance(jit, fronts, base, *slots,
+  made = ext.Entrance(jit, fronts, base, *slots,
                             functools.partial if partials else None)
   functools.update_wrapper(made, jit)
   return made

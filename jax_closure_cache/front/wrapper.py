@@ -185,7 +185,7 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "GUARDED_LEAVES": entries.guarded_leaves,
             "CHECK_VALUES": entries.check_values,
             "LEAF_ANSWERS": _structure.LEAF_ANSWERS,
-            "LEAVES_KNOWN": generated.leaves_known(),
+            "LEAVES_KNOWN": generated.leaves_known_check(),
             **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
 
