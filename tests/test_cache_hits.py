@@ -928,6 +928,42 @@ def test_a_chain_by_an_array_of_one_value_and_a_scalar_is_stocks():
   _assert_tier_a_alone_gives(run, want)
 
 
+def test_a_partly_unrolled_loop_chaining_a_closed_over_value_is_stocks():
+  """A scan unrolled by ``1 < k < length`` runs ``k`` copies of its body in
+  each trip, the carry passed from one copy to the next: stock's module
+  holds ``(x * c) * c`` and XLA folds ``c * c`` there. A body applying a
+  closed-over value to the carry so is stock's (scan, fori_loop, a sum, an
+  array, with per-step outputs), in both modes and in tier A alone; a
+  loop kept whole (unroll 1) shares (adversarial pass 68)."""
+  y = jnp.asarray(np.random.default_rng(0).standard_normal(8), jnp.float32)
+  scan, fori = jax.lax.scan, jax.lax.fori_loop
+
+  bodies = (
+      lambda c: lambda y: scan(lambda x, _: (x * c, None), y, None,
+                               length=4, unroll=2)[0],
+      lambda c: lambda y: fori(0, 4, lambda i, x: x * c, y, unroll=2),
+      lambda c: lambda y: scan(lambda x, _: (x + c, None), y, None,
+                               length=5, unroll=2)[0],
+      lambda c: lambda y: scan(lambda x, _: (x * (c + jnp.arange(8.0)),
+                                             x), y, None, length=4,
+                               unroll=3))
+
+  def run():
+    return [_bits(jax.jit(body(jnp.float32(v)))(y))
+            for body in bodies for v in (0.3, 1.1, 0.3, 1.1)]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+  def whole():   # unroll 1: the loop's parameter, never folded
+    return [_bits(jax.jit(lambda y: scan(lambda x, _: (x * c, None), y, None,
+                                         length=4)[0])(y))
+            for c in map(jnp.float32, (0.3, 1.1, 0.3, 1.1))]
+
+  assert replay_in_both_modes(whole, clear=True) == whole()
+  assert _stats_of_two_runs(whole)["hits"] >= 6
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

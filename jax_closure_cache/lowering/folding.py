@@ -796,11 +796,7 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
     length, unroll = p.get("length"), p.get("unroll", 1)
     if not (length == 1 or unroll is True or (
         type(unroll) is int and length is not None and unroll >= length)):
-      loop = [_loop_parameter(s) for s in ins[nc:]]
-      outs, found = _read(p["jaxpr"], [*ins[:nc], *loop], nested_lifted)
-      if found:
-        return None, found
-      return [_loop_parameter(o) for o in outs], None
+      return _partly_unrolled(e, ins, nested_lifted, chains, groups)
     # removed or unrolled by XLA: straight-line code, the carry joined, a
     # chain on into the body and out of the loop
     carry = list(ins[nc:nc + ncarry])
@@ -866,6 +862,34 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
     zero_out = zero_out or any(o.zero for o in outs)
   out = _State(widest.lifted, any(s.varying for s in ins), zero_out)
   return [out] * len(e.outvars), None
+
+
+def _partly_unrolled(e, ins: list, nested_lifted: bool, chains: _Chains,
+                     groups: tuple):
+  """``_nested``'s answer for a scan XLA keeps as a loop: its carry (and
+  slice) a loop parameter, read once; and where it is unrolled by ``k >
+  1`` (each trip runs ``k`` copies of the body, the carry passed from one
+  to the next as straight-line code), read a second time on the first
+  copy's carry, a chain going on from one copy into the next (``(x * c) *
+  c``: XLA reassociates it in stock's module)."""
+  p, (nc, ncarry) = e.params, groups
+  unroll = p.get("unroll", 1)
+  body = _closed_or_open(p["jaxpr"])[0]
+  loop = [_loop_parameter(s) for s in ins[nc:]]
+  first = chains.into(e.invars[:nc], ins[:nc], body.invars[:nc])
+  outs, found = _read(p["jaxpr"], [*ins[:nc], *loop], nested_lifted, first)
+  if found:
+    return None, found
+  if type(unroll) is int and unroll > 1 and len(outs) >= ncarry:
+    second = first.into([*body.invars[:nc], *body.outvars[:ncarry]],
+                        [*ins[:nc], *outs[:ncarry]],
+                        [*body.invars[:nc], *body.invars[nc:nc + ncarry]])
+    again, found = _read(p["jaxpr"], [*ins[:nc], *outs[:ncarry],
+                                      *loop[ncarry:]], nested_lifted, second)
+    if found:
+      return None, found
+    outs = [_join(a, b) for a, b in zip(outs, again)]
+  return [_loop_parameter(o) for o in outs], None
 
 
 def _join(a: _State, b: _State) -> _State:
