@@ -185,6 +185,17 @@ def script_lines(script: str, *argv: str) -> list:
   return done.stdout.splitlines()
 
 
+def varied(shape, v: float):
+  """A float32 array of ``shape`` near ``v`` whose elements differ (``v``,
+  ``v * 1.0625``, ``v * 1.125``, ...): not all one value, which XLA makes
+  a scalar's broadcast in stock's module and folds with a scalar it is
+  chained with (such a closure is stock's, so a test of hits closes over
+  one of these)."""
+  n = int(np.prod(shape))
+  return jax.numpy.asarray(v * (1.0 + np.arange(n) / 16.0), np.float32).reshape(
+      shape)
+
+
 def stock_off(run, *args):
   """``run(*args)`` with the cache off (stock jit on fresh objects)."""
   was = jcc.is_enabled()

@@ -15,7 +15,7 @@ import pytest
 import jax_closure_cache as jcc
 from jax_closure_cache.front import verify
 from conftest import warm, STOCK_JIT, assert_like_stock, counting
-from conftest import replay_in_both_modes
+from conftest import replay_in_both_modes, varied
 
 
 def make_inner(w):
@@ -120,8 +120,8 @@ def test_pytree_leaves_are_lifted():
     return f
 
   def params(i):
-    return {"w": jnp.full((3, 3), float(i)),
-            "pair": Pair(jnp.full(3, i + 1.0), jnp.full(2, 2.0 * i))}
+    return {"w": varied((3, 3), float(i)),
+            "pair": Pair(varied(3, i + 1.0), varied(2, 2.0 * i))}
   x = jnp.ones(3)
   # (not params(0): stock's module removes ``- b[0]`` by its zeros)
   p0, p5 = params(1), params(5)
@@ -789,7 +789,7 @@ def test_a_closed_over_typed_key_is_read_once_while_it_lives(monkeypatch):
   def run():
     return [_bits(jax.jit(lambda x, n: x * w + jax.random.normal(
         jax.random.fold_in(key, n), (3,)))(x, jnp.int32(i)))
-            for i in range(6) for w in [jnp.full(3, 0.5 + i)]]
+            for i in range(6) for w in [varied(3, 0.5 + i)]]
 
   want = replay_in_both_modes(run, clear=True)
   read = []
@@ -920,12 +920,17 @@ def test_a_chain_by_an_array_of_one_value_and_a_scalar_is_stocks():
       lambda a, s: lambda y: (y * s) * jnp.asarray(np.full(8, 0.1,
                                                            np.float32)))
 
-  def run():
+  def run(arrays=(varied, uniform, varied, uniform)):
     return [_bits(jax.jit(chain(jnp.asarray(a), jnp.float32(a[1])))(y))
-            for chain in chains for a in (varied, uniform, varied, uniform)]
+            for chain in chains for a in arrays]
 
   want = replay_in_both_modes(run, clear=True)
   _assert_tier_a_alone_gives(run, want)
+  # an array of several values is read by value per call, not refused:
+  # chained with a scalar it shares
+  others = [varied * (1 + k / 8) for k in range(4)]
+  stats = _stats_of_two_runs(lambda: run(others[:1]) + run(others))
+  assert stats["hits"] >= 8, stats
 
 
 def test_a_partly_unrolled_loop_chaining_a_closed_over_value_is_stocks():

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import counting, stock_off
+from conftest import counting, stock_off, varied
 
 X = jnp.linspace(-1.0, 1.0, 4)
-WS = [jnp.full(4, 0.5 + 0.3 * i) for i in range(4)]   # (never all 1.0)
+WS = [varied(4, 0.5 + 0.3 * i) for i in range(4)]   # (never all 1.0)
 
 
 class OptState(NamedTuple):

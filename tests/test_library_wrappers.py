@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, stock_off, ticker
+from conftest import STOCK_JIT, counting, stock_off, ticker, varied
 
 X = jnp.arange(4.0)
 
@@ -69,7 +69,9 @@ def test_function_in_a_static_treedefs_node_data_hits():
   apply_nested = _apply_nested()
 
   def program(i):
-    w = jnp.full((4,), 1.5 + i)
+    # (not all one value: (v * 3.0) * w of such a w is stock's, as XLA
+    # folds 3.0 * w there)
+    w = jnp.arange(4.0) + 1.5 + i
     fun = jax.tree_util.Partial(lambda v, s: v * s * w, 3.0)
     leaves, treedef = jax.tree_util.tree_flatten(fun)
     return apply_nested(X, ((tuple(leaves), treedef), "tag"))
@@ -94,7 +96,7 @@ def test_constants_made_under_ensure_compile_time_eval_are_stored():
   jcc.enable()
 
   def program(i):
-    w = jnp.full((4,), 2.0 + i)
+    w = varied((4,), 2.0 + i)
 
     def f(v):
       with jax.ensure_compile_time_eval():
@@ -308,7 +310,7 @@ def test_odeint_imported_before_enable_is_reached():
   def program(i):
     # (two elements: a one-element array is a scalar to XLA, which factors
     # the Runge-Kutta sums of its products, and is never shared)
-    w = jnp.full((2,), 0.5 + 0.07 * i)   # (never 1.0: stock folds w * y)
+    w = varied((2,), 0.5 + 0.07 * i)   # (never 1.0: stock folds w * y)
     return ode.odeint(lambda y, t: -w * y, jnp.ones(2),
                       jnp.linspace(0.0, 1.0, 3))
   compiles = _run_like_stock(program)
@@ -374,7 +376,7 @@ def test_six_patterns_mixed_in_one_program_replayed():
                   static_argnums=0)
 
   def program(i):
-    w = jnp.full((4,), 1.5 + i)
+    w = varied((4,), 1.5 + i)
     leaves, treedef = jax.tree_util.tree_flatten(lambda v: v * w)
     a = apply_nested(X, ((tuple(leaves), treedef), "t"))
 
@@ -386,8 +388,11 @@ def test_six_patterns_mixed_in_one_program_replayed():
     c = solve(jax.make_jaxpr(lambda v: v - w)(X), b)
     state = _State(apply=_Inner(w).apply)
     d = jax.jit(lambda v: state.apply(v))(c)
-    e = ode.odeint(lambda y, t: -w[:2] * y, jnp.ones(2),
-                   jnp.linspace(0.0, 0.5, 3))   # (not one element: a scalar)
+    # (a whole array of two values: one element is a scalar to XLA, and a
+    # slice of w may be all one value, whose Runge-Kutta sums XLA factors)
+    w2 = varied((2,), 0.5 + 0.07 * i)
+    e = ode.odeint(lambda y, t: -w2 * y, jnp.ones(2),
+                   jnp.linspace(0.0, 0.5, 3))
     return d, e
   compiles = _run_like_stock(program, rounds=4)
   assert compiles[3:] == [0] * (len(compiles) - 3)
@@ -420,7 +425,7 @@ def test_function_in_a_registered_pytree_static_hits():
   solve = jax.jit(lambda obj, x: obj.fn(x) * 2.0, static_argnums=0)
 
   def program(i):
-    w = jnp.full((4,), 1.5 + i)
+    w = varied((4,), 1.5 + i)
     return solve(_Objective(lambda v: v * w, "t"), X)
   compiles = _run_like_stock(program)
   assert compiles[2:] == [0] * (len(compiles) - 2)

@@ -26,7 +26,7 @@ from value_grammar import LeafNode
 from jax_closure_cache import _compat
 from conftest import (
     STOCK_JIT, counting, counts_side_effects, replay_in_both_modes,
-    replay_like_stock, stock_off)
+    replay_like_stock, stock_off, varied)
 
 
 _stock = stock_off
@@ -48,13 +48,14 @@ def test_seed_000_two_jitted_functions_given_one_static_function():
   x = jnp.arange(5.0)
   for _ in range(2):   # a replay with fresh objects: hits
     for v in (1.5, -2.0, 4.0):
-      w = jnp.full((5,), v)
-      got = _seed_000(w, x)
-      want = _stock(_seed_000, w, x)
-      for a, b in zip(got, want):
-        # rtol: XLA folds a baked array into sin(x) * w (docs/contract.md, rule 2)
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
-        assert a.dtype == b.dtype
+      # (an array of one value, stock's: XLA folds it with `* 3.0`, and
+      # one of several values, shared)
+      for w in (jnp.full((5,), v), varied((5,), v)):
+        got = _seed_000(w, x)
+        want = _stock(_seed_000, w, x)
+        for a, b in zip(got, want):
+          np.testing.assert_array_equal(a, b)
+          assert a.dtype == b.dtype
 
 
 def test_seed_000_shares_one_entry_per_jitted_function():
@@ -62,7 +63,7 @@ def test_seed_000_shares_one_entry_per_jitted_function():
   hit: from the third round on nothing compiles."""
   jcc.enable()
   x = jnp.arange(5.0)
-  ws = [jnp.full((5,), v) for v in (1.0, 2.0, 3.0, 4.0)]
+  ws = [varied((5,), v) for v in (1.0, 2.0, 3.0, 4.0)]
   for w in ws[:2]:
     _seed_000(w, x)
   with counting() as c:
@@ -317,7 +318,7 @@ def test_a_slotted_objects_attributes_are_keyed(cls):
         obj.k = 5.0
       if step == 5 and cls is _SlottedChild:
         obj._Slotted__scale = 3.0
-      w = jnp.full(3, float(step))
+      w = varied(3, float(step))
       np.testing.assert_allclose(run(w, x), _stock(run, w, x), rtol=1e-6)
     obj.k = 2.0
     obj._Slotted__scale = 2.0
@@ -668,7 +669,7 @@ def test_module_level_rules_run_for_every_object_as_stock(monkeypatch):
     for i in range(4):
       # (never 1.0: tier A keys x * 1.0 by value, XLA removes it)
       settings.K = 2.0 + i
-      for f in (module.free(), module.closing(jnp.full(3, 2.0 + i))):
+      for f in (module.free(), module.closing(varied(3, 2.0 + i))):
         module.LOG.clear()
         got.append(np.asarray(jax.grad(jax.jit(f))(x)))
         logs.append(list(module.LOG))
@@ -982,7 +983,7 @@ def test_an_argument_class_the_walk_cannot_key_is_traced_each_call():
   """A class whose code reads by a computed name: no entry is stored for
   its calls, and each traces (tier A shares the executable), as stock's
   results."""
-  a = jnp.full(2, 2.0)
+  a = varied(2, 2.0)
 
   def run():
     out = []

@@ -990,6 +990,25 @@ def all_zero(c, *, booleans: bool = False, unknown: bool = False,
     return unknown
 
 
+def all_one_value(c, *, unknown: bool = True) -> bool:
+  """Whether a constant array of more than one element has every element
+  equal by value to its first (``-0.0 == 0.0``): XLA's simplifier makes
+  such a baked constant a scalar's broadcast. ``unknown`` is the answer
+  where the values cannot be read (an extended dtype). Never an error."""
+  try:
+    if extended_dtype(getattr(c, "dtype", None)):
+      return unknown
+    a = np.asarray(c)
+    if a.size <= 1:
+      return False
+    if a.dtype.kind not in "biufc":   # bfloat16, float8: as float32
+      a = a.astype(np.float32)
+    flat = a.ravel()
+    return bool(np.all(flat == flat[0]))
+  except Exception:
+    return unknown
+
+
 #: The values XLA's simplifier removes an operation by, once it sees a
 #: constant all of one of them: ``x * 1``, ``x / 1`` and ``x * -1`` (a
 #: negation), ``max(x, -inf)``, ``min(x, inf)``, a clamp between infinities.

@@ -315,12 +315,9 @@ class Entry(cache.Entry):
     """At a trace whose stock bakes the lifted leaves: the leaves an
     operation XLA removes by their value reads (``constant_reads``),
     checked from now on."""
-    known = self.values
-    self.values = _structure.LeafReads(
-        reads.by_identity, reads.by_zero, reads.partly) if (
-        known is None) else _structure.LeafReads(
-            known.by_identity | reads.by_identity,
-            known.by_zero | reads.by_zero, known.partly | reads.partly)
+    read = _structure.LeafReads(reads.by_identity, reads.by_zero,
+                                reads.partly, reads.by_uniform)
+    self.values = read if self.values is None else self.values.merged(read)
 
   def warned(self) -> bool:
     """Whether stock's lowering of a new object's call would warn of its

@@ -798,13 +798,16 @@ def _note_leaf_reads(key, leaves, consts, reads) -> None:
                if isinstance(c, np.ndarray) else None) for c in consts]
   # a leaf not among the trace's constants (an inner jit's) is checked as
   # multiplied and added whole; a part of it read so is seen by the lifted
-  # trace's own reads alone (after it: a known limit)
+  # trace's own reads alone (after it: a known limit), and so is one all
+  # one value in a chain (``folding.uniform_reads`` follows it into the
+  # inner jit there)
   unseen = frozenset(range(len(leaves))) - set(of)
   entries.leaf_reads.put(key, entries.LeafReadsRead(_structure.LeafReads(
       *(extra | {of[j] for j in found if of[j] is not None}
         for extra, found in ((unseen, reads.by_identity),
                              (unseen, reads.by_zero),
-                             (frozenset(), reads.partly))))))
+                             (frozenset(), reads.partly),
+                             (frozenset(), reads.by_uniform))))))
 
 
 def values_read(reads, leaves, lifted=None) -> folding.Finding | None:

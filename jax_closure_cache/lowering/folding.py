@@ -124,6 +124,9 @@ VALUE_MOVES = _SHAPE_MOVES | _PLACEMENTS | frozenset({
 #: where an operand is (any other operation on constants alone may fold to
 #: zeros: ``ones - 1.0``, ``log(ones)``, ``floor(0.5)``)
 _MOVES = VALUE_MOVES - _INDEXED_MOVES | frozenset({"reduce_precision"})
+#: moves keeping every element (none dropped, none rounded): an array of
+#: one value exactly where their operand is
+_WHOLE_MOVES = _CHAIN_MOVES | _PLACEMENTS | frozenset({"neg"})
 #: scalar arithmetic on literals, evaluated here as XLA folds it (``-1.0 /
 #: 4.0``, a gradient's seed): is the result zero?
 _SCALAR = types.MappingProxyType({"neg": np.negative, "add": np.add, "sub": np.subtract,
@@ -196,22 +199,50 @@ def difference(closed, lifted_inputs: int = 0,
   index)``)."""
   try:
     return _difference(closed, lifted_inputs, constants_lifted,
-                       lifted_literals, lifted_constants)
+                       lifted_literals, lifted_constants)[0]
   except Exception as e:   # never an error: not shared
     return Finding(_UNREADABLE, f"its jaxpr could not be read "
                    f"({type(e).__name__}: {e})")
 
 
+def uniform_reads(closed, lifted: int | None = None) -> frozenset:
+  """The lifted inputs whose elements all being one value changes what
+  stock's module computes (an array of one value is a scalar's broadcast
+  there, which XLA reassociates with a scalar constant: ``(x * c) *
+  0.7``): by ``structure.constant_reads``' index (with ``lifted``, its
+  first ``lifted`` inputs, passed where stock bakes them; else its
+  constants, all passed). Where :func:`difference` finds something, the
+  call is not shared anyway (then, whatever was noted before it)."""
+  try:
+    if lifted is None:
+      return _difference(closed, 0, True, frozenset(), frozenset())[1]
+    return _difference(closed, lifted, False, frozenset(), frozenset())[1]
+  except Exception:   # (difference's finding refuses the call)
+    return frozenset()
+
+
 def _difference(closed, lifted_inputs, constants_lifted, lifted_literals,
-                lifted_constants):
+                lifted_constants) -> tuple:
+  """``(finding or None, uniform_reads)``."""
   jaxpr, consts = _compat.closed_parts(closed)
   env: dict = {}
+  chains = _Chains()
+  # (uniform_reads' index: the lifted inputs, then the constants)
+  seeds = [*jaxpr.invars[:lifted_inputs], *jaxpr.constvars]
   for v, c in zip(jaxpr.constvars, consts):
-    env[v] = (_LIFTED if constants_lifted or id(c) in lifted_constants
-              else _CONSTANT._replace(zero=_all_zero(c)))
+    if constants_lifted or id(c) in lifted_constants:
+      env[v] = _LIFTED
+    else:
+      env[v] = _CONSTANT._replace(zero=_all_zero(c))
+      chains.note_constant(v, c)
   for i, v in enumerate(jaxpr.invars):
     env[v] = _LIFTED if i < lifted_inputs else _ARGUMENT
-  return _walk(jaxpr, env, lifted_literals, nested_lifted=constants_lifted)
+  for i, v in enumerate(seeds):
+    if env[v].lifted and math.prod(getattr(v.aval, "shape", ())) > 1:
+      chains.uniform[v] = frozenset({i})
+  found = _walk(jaxpr, env, lifted_literals, nested_lifted=constants_lifted,
+                chains=chains)
+  return found, frozenset(chains.uniform_reads)
 
 
 def _all_zero(c) -> bool:
@@ -227,19 +258,26 @@ _TAGS = ("roots", "products", "transposed")
 class _Chains:
   """What the rules track through a jaxpr, and across the calls XLA
   inlines: ``chained``, var -> (family, whether a lifted value is among
-  its constants, the constants' kind: ``"scalar"`` or ``"array"``) for
-  the result of a ``mul``/``div`` or ``add``/``sub`` of a runtime value
-  and a constant of stock's module (which XLA reassociates with a further
-  constant of the kind);
+  its constants, the constants' kind: ``"scalar"`` or ``"array"``, and an
+  array's :meth:`uniformity`) for the result of a ``mul``/``div`` or
+  ``add``/``sub`` of a runtime value and a constant of stock's module
+  (which XLA reassociates with a further constant of the kind);
+  ``uniform``, var -> its :meth:`uniformity` where known, and
+  ``uniform_reads``, the lifted inputs (by :func:`uniform_reads`' index)
+  whose elements all being one value would make a chain one XLA
+  reassociates (an array of one value is a scalar's broadcast in stock's
+  module);
   ``scalars``, the vars that are a scalar constant (broadcast too); and
   ``roots``, the vars that are a square root (or its reciprocal) of values
   computed from lifted inputs alone (XLA turns ``x / sqrt(c)`` into
   ``x * rsqrt(c)`` and folds the ``rsqrt`` in stock's module)."""
   __slots__ = ("chained", "scalars", "roots", "valued", "mapped", "products",
-               "transposed", "bounded")
+               "transposed", "bounded", "uniform", "uniform_reads")
 
   def __init__(self):
     self.chained: dict = {}
+    self.uniform: dict = {}
+    self.uniform_reads: set = set()
     # var -> ("max" or "min", whether the bound is computed from lifted
     # inputs alone): a runtime value bounded by a constant of stock's
     # module (XLA makes a clamp of a ``max`` and a ``min`` by constants,
@@ -273,6 +311,44 @@ class _Chains:
       return None
     return "array"
 
+  def note_constant(self, v, c) -> None:
+    """A constant of both modules (``v`` holding ``c``): an array of one
+    value is a scalar's broadcast in both; any other array is known not
+    to be one."""
+    try:
+      if np.size(c) > 1:
+        if _compat.all_one_value(c):
+          self.scalars.add(v)
+        else:
+          self.uniform[v] = frozenset()
+    except Exception:   # (its values unread: it may be one value)
+      pass
+
+  def uniformity(self, x) -> frozenset | None:
+    """For an array constant ``x``: ``frozenset()`` where its elements are
+    known not to be all one value, the lifted inputs it moves whole where
+    it is all one value exactly when they are, else None (it may be)."""
+    if type(x) is _compat.Literal:
+      return None
+    return self.uniform.get(x)
+
+  def one_kind(self, kinds: tuple, uniformities: tuple) -> bool:
+    """Whether two constants of ``kinds`` (:meth:`constant_kind`, each
+    with its :meth:`uniformity`) may be of one kind in stock's module,
+    where XLA reassociates them: two scalars or two arrays; an array and a
+    scalar where the array may be all one value (a scalar's broadcast
+    there). An array that is so exactly when lifted inputs are: not here,
+    and they are noted in ``uniform_reads`` (read by value per call)."""
+    if None in kinds:
+      return False
+    if kinds[0] == kinds[1]:
+      return True
+    u = uniformities[kinds.index("array")]
+    if u is None:
+      return True
+    self.uniform_reads.update(u)
+    return False
+
   def scalar_constant(self, x, state: _State) -> bool:
     if state.varying:
       return False
@@ -285,6 +361,7 @@ class _Chains:
   def into(self, outer_vars, ins: list, inner_vars) -> "_Chains":
     """The tags of a called jaxpr's inputs, from its operands'."""
     inner = _Chains()
+    inner.uniform_reads = self.uniform_reads   # (one set, all depths)
     inner.valued = set()
     inner.mapped = set(inner_vars)
     for x, s, v in zip(outer_vars, ins, inner_vars):
@@ -297,6 +374,8 @@ class _Chains:
         continue
       if x in self.chained:
         inner.chained[v] = self.chained[x]
+      if x in self.uniform:
+        inner.uniform[v] = self.uniform[x]
       for tag in _TAGS:
         if x in getattr(self, tag):
           getattr(inner, tag).add(v)
@@ -309,6 +388,8 @@ class _Chains:
         continue
       if v in inner.chained:
         self.chained[x] = inner.chained[v]
+      if v in inner.uniform:
+        self.uniform[x] = inner.uniform[v]
       for tag in ("scalars", *_TAGS):
         if v in getattr(inner, tag):
           getattr(self, tag).add(x)
@@ -441,6 +522,15 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     if (e.invars and len(e.outvars) == 1 and name in _SCALAR_KEEPING
         and all(scalar_constant(x, s) for x, s in zip(e.invars, ins))):
       chains.scalars.add(e.outvars[0])   # a scalar's broadcast, computed on
+    if (name in _WHOLE_MOVES or name == "convert_element_type"
+        and _keeps_distinct(e.invars[0].aval.dtype,
+                            e.params.get("new_dtype"))) and len(
+        e.invars) == 1 and (type(e.invars[0]) is not _compat.Literal
+                            and e.invars[0] in chains.uniform):
+      # (each element moved, none dropped or rounded: one value exactly
+      # where the operand is)
+      for v in e.outvars:
+        chains.uniform[v] = chains.uniform[e.invars[0]]
     if name in _CHAIN_MOVES and e.invars and (
         type(e.invars[0]) is not _compat.Literal):
       before = chained.get(e.invars[0])
@@ -466,12 +556,16 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
             "reassociates the chain it keeps"))
       before = next(iter(found_chains), None)
       if before is not None:
-        before = (before[0], any(c[1] for c in found_chains), before[2])
+        # (the arm XLA keeps is not known here: an array of one value
+        # where any may be)
+        us = [c[3] for c in found_chains]
+        before = (before[0], any(c[1] for c in found_chains), before[2],
+                  None if None in us else frozenset().union(*us))
         # (a choice stock's module alone folds, by a lifted predicate:
         # the chain goes on there only)
         chained[e.outvars[0]] = (before if not ins[0].folded_by_stock_only
-                                 else (before[0], True, before[2]))
-    found = _reassociated(e, ins, chained, chains.constant_kind)
+                                 else (before[0], True, *before[2:]))
+    found = _reassociated(e, ins, chains)
     if found:
       return found
     found = _bounds(e, ins, chains.bounded)
@@ -480,7 +574,8 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
     if (name in _EXPANDED and e.invars
         and any(type(x) is not _compat.Literal
                 and (c := chained.get(x, _NONE))[1]
-                and _kinds_meet(c[2], "scalar") for x in e.invars)):
+                and chains.one_kind((c[2], "scalar"), (c[3], None))
+                for x in e.invars)):
       return Finding("folds_constants", (
           f"`{name}` of the result of an operation by a lifted scalar: its "
           "lowering is arithmetic with constants (lgamma's x - 1, exp2's x "
@@ -523,7 +618,7 @@ _EXPANDED = frozenset({
     "random_gamma_grad", "polygamma", "zeta", "regularized_incomplete_beta",
     "erf_inv", "erf", "erfc", "bessel_i0e", "bessel_i1e", "acosh", "asinh",
     "atanh", "acos", "asin", "atan", "sinh", "cosh", "tan", "exp2"})
-_NONE = (None, False, None)   # no chain (``chained``'s entries' shape)
+_NONE = (None, False, None, None)   # no chain (``chained``'s entries' shape)
 
 
 def _bounds(e, ins: list, bounded: dict) -> Finding | None:
@@ -559,26 +654,18 @@ _FAMILY = types.MappingProxyType({"mul": "mul", "div": "mul", "add": "add",
                                   "add_any": "add", "sub": "add"})
 
 
-def _kinds_meet(a: str | None, b: str | None) -> bool:
-  """Whether constants of kinds ``a`` and ``b`` (``_Chains.constant_kind``)
-  may be of one kind in stock's module, where XLA reassociates them: an
-  array whose elements are all equal is a scalar's broadcast there (XLA
-  rewrites such a constant so, by its values), so an array meets either
-  kind."""
-  return a is not None and b is not None and (a == b or "array" in (a, b))
-
-
-def _reassociated(e, ins: list, chained: dict, constant_kind):
+def _reassociated(e, ins: list, chains: _Chains):
   """The finding where equation ``e`` and the one giving its runtime
   operand each take a constant of stock's module of one kind (two scalars,
   two arrays, or an array that may be all one value and a scalar:
-  :func:`_kinds_meet`) in one family (``(x * c1) * c2``), or
+  ``_Chains.one_kind``) in one family (``(x * c1) * c2``), or
   ``e`` adds two products of scalar constants (``x * c1 + x * c2``), a
   lifted value among those constants: XLA folds them together in stock's
   module only. Notes ``e``'s own result in ``chained``. None where there
   is nothing to find."""
   family = _FAMILY.get(e.primitive.name)
-  kinds = [constant_kind(x, s) for x, s in zip(e.invars, ins)]
+  chained = chains.chained
+  kinds = [chains.constant_kind(x, s) for x, s in zip(e.invars, ins)]
   if e.primitive.name == "dot_general" and "scalar" in kinds:
     family = "mul"   # XLA rewrites a product by a one-element constant
   if family is None or len(e.invars) != 2 or not _signed(e):
@@ -594,7 +681,9 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
     # is not reassociated: XLA turns ``x - c`` into ``x + -c`` only)
     commutes = k == 1 or e.primitive.name in ("mul", "add", "dot_general")
     if (before is not None and before[0] == family and commutes
-        and _kinds_meet(before[2], kinds[k]) and (lifted or before[1])):
+        and (lifted or before[1]) and chains.one_kind(
+            (before[2], kinds[k]), (before[3], chains.uniformity(
+                e.invars[k])))):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` takes a constant of stock's module "
           f"and the result of a `{family}` by another: XLA folds the two "
@@ -604,13 +693,15 @@ def _reassociated(e, ins: list, chained: dict, constant_kind):
     # (a constant divided by a runtime value, ``c / x``, starts no chain
     # XLA reassociates)
     if ins[1 - k].varying and (k == 1 or e.primitive.name != "div"):
-      chained[e.outvars[0]] = (family, lifted, kinds[k])
+      chained[e.outvars[0]] = (family, lifted, kinds[k],
+                               chains.uniformity(e.invars[k]))
     return None
   if family == "add" and not any(constant):
     parts = [chained.get(x) if type(x) is not _compat.Literal else None
              for x in e.invars]
-    if all(p is not None and p[0] == "mul" and _kinds_meet(p[2], "scalar")
-           for p in parts) and any(p[1] for p in parts):
+    if all(p is not None and p[0] == "mul" and chains.one_kind(
+        (p[2], "scalar"), (p[3], None)) for p in parts) and any(
+            p[1] for p in parts):
       return Finding("folds_constants", (
           f"`{e.primitive.name}` of two products by scalar constants of "
           "stock's module: XLA factors them there (x * c1 + x * c2 as "
@@ -836,7 +927,7 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
       if inlined:
         inner = chains.into(e.invars[1:], ins[1:], body.invars)
         if ins[0].folded_by_stock_only:   # inlined in stock's module only
-          inner.chained = {v: (c[0], True, c[2])
+          inner.chained = {v: (c[0], True, *c[2:])
                            for v, c in inner.chained.items()}
       b_outs, found = _read(b, ins[1:], nested_lifted, inner)
       if found:
@@ -847,7 +938,7 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
           for v in e.outvars:
             if v in chains.chained:
               c = chains.chained[v]
-              chains.chained[v] = (c[0], True, c[2])
+              chains.chained[v] = (c[0], True, *c[2:])
       outs = b_outs if outs is None else [_join(x, y)
                                           for x, y in zip(outs, b_outs)]
     return outs, None
@@ -897,6 +988,18 @@ def _join(a: _State, b: _State) -> _State:
                 a.zero or b.zero)
 
 
+def _keeps_distinct(old, new) -> bool:
+  """Whether a conversion from dtype ``old`` to ``new`` keeps distinct
+  values distinct: the same dtype (a weak type made strong), or a float
+  widened (a large integer made a float may round to another's value)."""
+  try:
+    old, new = np.dtype(old), np.dtype(new)
+  except TypeError:
+    return False
+  return old == new or (old.kind == new.kind == "f"
+                        and new.itemsize >= old.itemsize)
+
+
 def _loop_parameter(s: _State) -> _State:
   """A value a loop carries or slices: a parameter of the loop's body,
   which XLA folds in neither module."""
@@ -910,6 +1013,10 @@ def _read(j, ins: list, nested_lifted: bool, chains: _Chains | None = None):
   env = {v: (_LIFTED if nested_lifted else _CONSTANT._replace(
       zero=_all_zero(c))) for v, c in zip(inner.constvars, consts)}
   env.update(zip(inner.invars, ins))
+  if not nested_lifted and consts:
+    chains = _Chains() if chains is None else chains
+    for v, c in zip(inner.constvars, consts):
+      chains.note_constant(v, c)
   found = _walk(inner, env, frozenset(), nested_lifted, chains)
   if found:
     return None, found

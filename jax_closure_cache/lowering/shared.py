@@ -339,7 +339,8 @@ def _read_by_value(closed, key=None) -> bool:
       structure.identity_constant(consts[i], i in reads.partly)
       for i in reads.by_identity) or any(
       _compat.all_zero(consts[i], partly=True)
-      for i in reads.by_zero & reads.partly)
+      for i in reads.by_zero & reads.partly) or any(
+      _compat.all_one_value(consts[i]) for i in reads.by_uniform)
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,

@@ -36,7 +36,7 @@ import numpy as np
 
 from jax_closure_cache import cache
 from jax_closure_cache.atoms import float_key
-from jax_closure_cache.lowering.folding import VALUE_MOVES
+from jax_closure_cache.lowering import folding
 from jax_closure_cache._compat import lowering as _compat
 
 #: Constants of nested jaxprs up to this many elements are keyed by value.
@@ -171,6 +171,11 @@ IDENTITY_LEAF = ("an array all 1, -1 or an infinity that an operation XLA "
 #: part is taken.
 NEGATIVE_ZERO_LEAF = ("an array holding a -0.0 of which a part is taken "
                       "(c[0]): stock's module folds the part, giving 0.0")
+#: :func:`lifted_refusal`'s answer for a leaf of one value.
+UNIFORM_LEAF = ("an array of one value that a chain of operations by "
+                "constants reads ((x * c) * 0.7): stock's module makes it a "
+                "scalar's broadcast and folds the two constants together, "
+                "rounding once where the runtime rounds twice")
 #: :func:`lifted_refusal`'s answer for a leaf of zeros.
 ZERO_LEAF = ("an array of zeros that an addition reads (x + 0): stock's "
              "module removes it, keeping a -0.0 and a subnormal x that the "
@@ -180,18 +185,24 @@ ZERO_LEAF = ("an array of zeros that an addition reads (x + 0): stock's "
 class LeafReads(NamedTuple):
   """Which lifted leaves (by index) an operation XLA removes by their
   value reads: ``by_identity`` where all 1, -1 or an infinity, ``by_zero``
-  where all zeros, ``partly`` those where any element counts
-  (``ConstantReads``' fields of the same names)."""
+  where all zeros, ``partly`` those where any element counts, and
+  ``by_uniform`` where all one value (``ConstantReads``' fields of the
+  same names)."""
   by_identity: frozenset
   by_zero: frozenset
   partly: frozenset = frozenset()
+  by_uniform: frozenset = frozenset()
+
+  def merged(self, other: "LeafReads") -> "LeafReads":
+    """Both reads, field by field."""
+    return LeafReads(*(a | b for a, b in zip(self, other)))
 
 
 #: The bits of :func:`_leaf_answer`: a refusal by tier A's rules; all (or
 #: any element) 1, -1 or an infinity; all (or any element) zero; any
-#: element -0.0.
-REFUSED, ALL_IDENTITY, ANY_IDENTITY, ALL_ZERO, ANY_ZERO, NEGATIVE_ZERO = (
-    1, 2, 4, 8, 16, 32)
+#: element -0.0; more than one element, all one value.
+(REFUSED, ALL_IDENTITY, ANY_IDENTITY, ALL_ZERO, ANY_ZERO, NEGATIVE_ZERO,
+ UNIFORM) = (1, 2, 4, 8, 16, 32, 64)
 
 
 def value_masks(reads: LeafReads | None, n: int) -> tuple:
@@ -210,6 +221,8 @@ def value_masks(reads: LeafReads | None, n: int) -> tuple:
       mask |= ANY_IDENTITY if part else ALL_IDENTITY
     if reads is None or i in reads.by_zero:
       mask |= ANY_ZERO if part else ALL_ZERO
+    if reads is None or i in reads.by_uniform:
+      mask |= UNIFORM
     masks.append(mask)
   return tuple(masks)
 
@@ -220,8 +233,8 @@ def lifted_refusal(leaves, reads: LeafReads | None,
   an executable that takes them as arguments, where stock's module bakes
   them: tier A's rules for a constant (:func:`constant_refusal`: a NaN, a
   subnormal, a boolean; a -0.0 in an array stored as an iota), and
-  :data:`IDENTITY_LEAF`, :data:`ZERO_LEAF` or :data:`NEGATIVE_ZERO_LEAF`
-  for a leaf ``reads`` names (every leaf where it is
+  :data:`IDENTITY_LEAF`, :data:`ZERO_LEAF`, :data:`NEGATIVE_ZERO_LEAF` or
+  :data:`UNIFORM_LEAF` for a leaf ``reads`` names (every leaf where it is
   None); None where they can. ``masks``: :func:`value_masks` of ``reads``,
   where the caller keeps them. A jax array is read once while it lives."""
   if masks is None or len(masks) != len(leaves):
@@ -235,6 +248,8 @@ def lifted_refusal(leaves, reads: LeafReads | None,
         return IDENTITY_LEAF
       if bits & mask & NEGATIVE_ZERO:
         return NEGATIVE_ZERO_LEAF
+      if bits & mask & UNIFORM:
+        return UNIFORM_LEAF
       return ZERO_LEAF
   return None
 
@@ -272,7 +287,8 @@ _ORDINARY = (0, None)
 def _leaf_answer(c) -> tuple:
   """``(bits, refusal)``: :data:`REFUSED` with tier A's reason, or which
   of all (any element) 1, -1 or an infinity and all (any element) zero
-  hold, and whether any element is -0.0 (which a part taken loses; XLA
+  hold, whether all its elements are one value, and whether any element
+  is -0.0 (which a part taken loses; XLA
   keeps it in a whole array, baked or not, except one it stores as an
   iota: :func:`_stored_as_iota`, refused). A leaf of an extended
   dtype (a typed PRNG key) has no values XLA folds by; one whose values
@@ -290,7 +306,8 @@ def _leaf_answer(c) -> tuple:
             | (ALL_IDENTITY if _compat.all_identity(c) else 0)
             | (ANY_IDENTITY if _compat.all_identity(c, True) else 0)
             | (ALL_ZERO if _compat.all_zero(c) else 0)
-            | (ANY_ZERO if _compat.all_zero(c, partly=True) else 0))
+            | (ANY_ZERO if _compat.all_zero(c, partly=True) else 0)
+            | (UNIFORM if _compat.all_one_value(c) else 0))
   except Exception as e:   # (a transfer refused, say): never an error
     return REFUSED, f"its values could not be read ({type(e).__name__})"
   return (bits, None) if bits else _ORDINARY
@@ -676,7 +693,7 @@ def _reads_as_value(jaxpr, inputs: set, depth: int,
   2``: XLA folds it, and then removes ``x * 1`` if it is one), an operand
   of :data:`_BY_IDENTITY`; or a nested jaxpr's input read so. With
   ``by_identity``: whether they reach an operand of :data:`_BY_IDENTITY`
-  moved alone (:data:`VALUE_MOVES`), all 1, -1 or an infinity where they
+  moved alone (:data:`folding.VALUE_MOVES`), all 1, -1 or an infinity where they
   are. With ``by_zero``: whether a value computed from them and literals
   alone reaches an operand of :data:`_BY_ZERO`. With ``by_derived``:
   whether a value computed from them otherwise than by moves reaches an
@@ -891,10 +908,10 @@ def _takes_part(e) -> bool:
 
 
 def _moves_values(e) -> bool:
-  """Whether ``e`` is one of :data:`VALUE_MOVES` (``folding``'s; a
+  """Whether ``e`` is one of :data:`folding.VALUE_MOVES` (``folding``'s; a
   conversion only where it keeps every value)."""
   name = e.primitive.name
-  if name not in VALUE_MOVES:
+  if name not in folding.VALUE_MOVES:
     return False
   if name == "convert_element_type":
     return _compat.exact_conversion(
@@ -905,7 +922,7 @@ def _moves_values(e) -> bool:
 
 class ConstantReads(NamedTuple):
   """How a closed jaxpr reads its constants, by index: ``by_identity``,
-  those moved alone (:data:`VALUE_MOVES`) to an operand of
+  those moved alone (:data:`folding.VALUE_MOVES`) to an operand of
   :data:`_BY_IDENTITY` (XLA removes the operation where such a constant is
   all 1, -1 or an infinity); ``by_value``, those read as a value (a
   remainder's operand, :data:`_READ_AS_VALUE`, or computed otherwise than
@@ -921,12 +938,15 @@ class ConstantReads(NamedTuple):
   otherwise than by moves (``c - 2.0``, ``c.astype(bool)``, ``i // 2``)
   reaches an operand of :data:`_BY_IDENTITY` or :data:`_BY_ZERO` of a
   floating result: XLA folds it, and removes the operation if it is 1 or
-  0, whatever the constant's type (they are in ``by_value`` too)."""
+  0, whatever the constant's type (they are in ``by_value`` too);
+  ``by_uniform``, those read where all one value (``folding.uniform_reads``:
+  a chain XLA reassociates with a scalar constant)."""
   by_identity: frozenset
   by_value: frozenset
   by_zero: frozenset = frozenset()
   partly: frozenset = frozenset()
   derived: frozenset = frozenset()
+  by_uniform: frozenset = frozenset()
 
 
 def constant_reads(closed, lifted: int | None = None) -> ConstantReads:
@@ -970,11 +990,12 @@ class _Taints:
     self.partly: set = set()
     self.derived: set = set()
 
-  def found(self, lifted: int | None) -> ConstantReads:
-    """The reads found, of the first ``lifted`` inputs where given (the
-    jaxpr's own constants are baked in both modules)."""
+  def found(self, lifted: int | None, uniform: frozenset) -> ConstantReads:
+    """The reads found (and ``uniform``, ``folding.uniform_reads``'), of
+    the first ``lifted`` inputs where given (the jaxpr's own constants are
+    baked in both modules)."""
     ways = (self.identity, self.valued | self.derived, self.zero,
-            self.partly, self.derived)
+            self.partly, self.derived, uniform)
     if lifted is not None:
       ways = [{i for i in w if i < lifted} for w in ways]
     return ConstantReads(*map(frozenset, ways))
@@ -1058,7 +1079,7 @@ def _constant_reads(closed, lifted: int | None) -> ConstantReads:
         reach[v] = none.union(*sources)
         if movable:
           moved[v] = movable
-  return t.found(lifted)
+  return t.found(lifted, folding.uniform_reads(closed, lifted))
 
 
 cache.STORE.own("structure.constant_reads", _constant_reads,
