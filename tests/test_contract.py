@@ -255,7 +255,8 @@ def test_key_ignoring_contents_would_fail():
 def test_guard_on_helper_function_global_hits_then_sees_reassignment():
   from helper_module import scaled_by_w
   x = jnp.ones(2)
-  w1, w5 = jnp.full(2, 1.5), jnp.full(2, 5.0)
+  # (arrays of several values: one of one value is stock's in a chain)
+  w1, w5 = jnp.asarray([1.5, 1.75]), jnp.asarray([5.0, 5.25])
   helper_module.W = w1
   def make(s):
     return lambda x: scaled_by_w(x) * s

@@ -189,14 +189,14 @@ def test_a_global_array_beside_other_globals_is_lifted_on_the_fast_path():
   exec("SCALE = 2.0\nOFFSET = 1\n"
        "def make(w):\n  def f(x):\n    return (x @ w) * SCALE + OFFSET + W\n"
        "  return f\n", module.__dict__)
-  module.W = jnp.ones(3)
+  module.W = jnp.asarray([1.0, 1.5, 2.0])   # (not one value: (x + 1) + W)
   x = jnp.ones((3, 3))
   for i in range(3):   # stock's object, the entry, a hit
     w = jnp.eye(3) * (i + 1.0)
     assert_like_stock(jcc.jit(module.make(w))(x), module.make(w), x)
   before = cache.STORE.record_hits()
   for i in range(3):
-    module.W = jnp.full(3, float(i))   # a new array: the same key
+    module.W = jnp.asarray([i, i + 0.5, i + 1.0])   # a new array: the same key
     w = jnp.eye(3) * (i + 1.0)
     assert_like_stock(jcc.jit(module.make(w))(x), module.make(w), x)
   assert cache.STORE.record_hits() - before == 3

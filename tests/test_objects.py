@@ -480,7 +480,7 @@ def test_an_object_whose_class_attribute_claims_dict_is_keyed_by_its_type():
   x = jnp.ones(2)
 
   def make(i, scale):
-    w, p = jnp.full(2, float(i)), _ClaimsDict(scale)
+    w, p = jnp.asarray([i, i + 0.5], jnp.float32), _ClaimsDict(scale)
     return lambda v: v * w * p.scale
   jcc.enable()
   for i, scale in enumerate([2.0, 2.0, 2.0, 3.0, 2.0]):

@@ -132,9 +132,11 @@ def test_helper_global_array_is_lifted_not_baked():
   make = lambda: (lambda v: scaled_by_w(v) * 1.0)
   restore = _restore(helper_module, "W")
   try:
+    # (arrays of several values: one of one value is stock's in a chain)
+    helper_module.W = jnp.asarray([3.0, 3.5], jnp.float32)
     for _ in range(2):
       jcc.jit(make())(x)
-    helper_module.W = jnp.ones(2) * 9.0   # same type: not weakly typed
+    helper_module.W = jnp.asarray([9.0, 9.5], jnp.float32)   # same type
     with counting() as c:
       out = jcc.jit(make())(x)
     assert c["compiles"] == 0

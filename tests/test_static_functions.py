@@ -552,15 +552,18 @@ _ODEINT = textwrap.dedent("""
     # (no time 0.0: odeint adds ts[0], a part XLA folds from the constant)
     y0, ts = jnp.ones(2), jnp.linspace(0.5, 1.5, 4)
     field = lambda w: (lambda y, t: -w * y)
+    # (two values: an array of one value is a scalar to XLA, which factors
+    # the Runge-Kutta sums of its products)
+    full = lambda n, s: jnp.asarray([s, s * 1.0625], jnp.float32)
     def eager(s):
-      return odeint(field(jnp.full(2, s)), y0, ts)
+      return odeint(field(full(2, s)), y0, ts)
     def under_jit(s):
-      w = jnp.full(2, s)
+      w = full(2, s)
       return jax.jit(lambda y: odeint(field(w), y, ts))(y0)
     def stock(s):
       jcc.disable()
       try:
-        return stock_ode.odeint(field(jnp.full(2, s)), y0, ts)
+        return stock_ode.odeint(field(full(2, s)), y0, ts)
       finally:
         jcc.enable()
     for name, run in (("eager", eager), ("jit", under_jit)):
