@@ -951,7 +951,13 @@ def test_a_partly_unrolled_loop_chaining_a_closed_over_value_is_stocks():
                                length=5, unroll=2)[0],
       lambda c: lambda y: scan(lambda x, _: (x * (c + jnp.arange(8.0)),
                                              x), y, None, length=4,
-                               unroll=3))
+                               unroll=3),
+      # (pass 70) unrolled whole, XLA's straight-line code: the copies
+      # chain too, by a scalar or an array of several values
+      lambda c: lambda y: scan(lambda x, _: (x * c, None), y, None,
+                               length=2, unroll=2)[0],
+      lambda c: lambda y: fori(0, 3, lambda i, x: x + c * jnp.arange(
+          1.0, 9.0), y, unroll=True))
 
   def run():
     return [_bits(jax.jit(body(jnp.float32(v)))(y))
@@ -967,6 +973,38 @@ def test_a_partly_unrolled_loop_chaining_a_closed_over_value_is_stocks():
 
   assert replay_in_both_modes(whole, clear=True) == whole()
   assert _stats_of_two_runs(whole)["hits"] >= 6
+
+
+def test_a_dot_summing_nothing_is_a_product_in_a_chain():
+  """XLA makes a ``dot_general`` that sums nothing (batch dimensions alone,
+  ``einsum("i,i->i")``; an outer product, contracting a dimension of size
+  1) a multiply, and reassociates it with a product by a constant beside
+  it: such a chain of a closed-over array is stock's where XLA folds it
+  (an array of one value and a scalar, two arrays), in both modes and in
+  tier A alone (adversarial pass 70); a dot that sums shares."""
+  y = jnp.asarray(np.random.default_rng(2).standard_normal(8), jnp.float32)
+  varied = np.asarray([0.1, 0.2, 0.3, 0.7, 0.3, 0.9, 1.3, 0.11], np.float32)
+  uniform = np.full(8, 0.1, np.float32)
+  ein = functools.partial(jnp.einsum, "i,i->i")
+  chains = (
+      lambda a: lambda y: ein(y, a) * 0.7,
+      lambda a: lambda y: ein(ein(y, a), a),
+      lambda a: lambda y: (y[:, None] @ a[None, :]) * 0.7)
+
+  def run():
+    return [_bits(jax.jit(chain(jnp.asarray(a)))(y))
+            for chain in chains for a in (varied, uniform, varied, uniform)]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+  def summed():   # (a dot summing: no chain XLA reassociates)
+    return [_bits(jax.jit(lambda y: (y @ a) * 0.7)(y.reshape(1, 8)))
+            for a in [jnp.asarray(varied * k).reshape(8, 1)
+                      for k in (1.0, 2.0, 1.0, 2.0)]]
+
+  assert replay_in_both_modes(summed, clear=True) == summed()
+  assert _stats_of_two_runs(summed)["hits"] >= 6
 
 
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():

@@ -666,8 +666,12 @@ def _reassociated(e, ins: list, chains: _Chains):
   family = _FAMILY.get(e.primitive.name)
   chained = chains.chained
   kinds = [chains.constant_kind(x, s) for x, s in zip(e.invars, ins)]
-  if e.primitive.name == "dot_general" and "scalar" in kinds:
-    family = "mul"   # XLA rewrites a product by a one-element constant
+  if e.primitive.name == "dot_general" and (
+      "scalar" in kinds or _elementwise_dot(e)):
+    # XLA rewrites a product by a one-element constant, and a dot that
+    # sums nothing (batch dimensions and contracted ones of size 1 alone:
+    # einsum("i,i->i"), an outer product), as a multiply
+    family = "mul"
   if family is None or len(e.invars) != 2 or not _signed(e):
     return None
   constant = [k is not None for k in kinds]
@@ -889,12 +893,19 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
         type(unroll) is int and length is not None and unroll >= length)):
       return _partly_unrolled(e, ins, nested_lifted, chains, groups)
     # removed or unrolled by XLA: straight-line code, the carry joined, a
-    # chain on into the body and out of the loop
+    # chain on into the body, from one copy into the next (``(y * A) *
+    # A``), and out of the loop
     carry = list(ins[nc:nc + ncarry])
     body = _closed_or_open(p["jaxpr"])[0]
-    for _ in range(8):
-      inner = chains.into(e.invars[nc:nc + ncarry], carry,
-                          body.invars[nc:nc + ncarry])
+    inner = None
+    copies = 2 if type(length) is int and length > 1 else 1
+    for copy in range(8):
+      if inner is None:
+        inner = chains.into(e.invars[:nc + ncarry], ins[:nc + ncarry],
+                            body.invars[:nc + ncarry])
+      else:   # (the previous copy's carry out, chains and all)
+        inner = inner.into([*body.invars[:nc], *body.outvars[:ncarry]],
+                           [*ins[:nc], *carry], body.invars[:nc + ncarry])
       outs, found = _read(p["jaxpr"], [*ins[:nc], *carry,
                                        *ins[nc + ncarry:]], nested_lifted,
                           inner)
@@ -902,7 +913,7 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
         return None, found
       chains.out_of(inner, body.outvars[:ncarry], e.outvars[:ncarry])
       joined = [_join(c, o) for c, o in zip(carry, outs)]
-      if joined == carry:
+      if joined == carry and copy + 1 >= copies:
         return outs, None
       carry = joined
     return [_State(True, False, True)] * len(e.outvars), None
@@ -953,6 +964,18 @@ def _nested(e, ins: list, nested_lifted: bool, chains: _Chains):
     zero_out = zero_out or any(o.zero for o in outs)
   out = _State(widest.lifted, any(s.varying for s in ins), zero_out)
   return [out] * len(e.outvars), None
+
+
+def _elementwise_dot(e) -> bool:
+  """Whether a ``dot_general`` sums nothing: every contracted dimension of
+  size 1 (or none), so XLA makes it an elementwise multiply (of
+  broadcasts)."""
+  try:
+    (contract, _), _ = e.params["dimension_numbers"]
+    shape = e.invars[0].aval.shape
+    return all(shape[d] == 1 for d in contract)
+  except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+    return False
 
 
 def _partly_unrolled(e, ins: list, nested_lifted: bool, chains: _Chains,
