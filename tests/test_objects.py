@@ -1102,7 +1102,7 @@ def test_generic_objects_are_keyed_by_their_state(kind):
   make = lambda w, g: (lambda v: jnp.sum(jnp.tanh(v * w) * g.scale))
   made, outs = [], []
   for i in range(5):
-    g, w = kind(2.0), jnp.full(4, 0.5 + i)
+    g, w = kind(2.0), jnp.asarray([0.5, 0.75, 1.25, 1.5]) + i
     made.append((w, g))
     outs.append((jcc.jit(make(w, g))(x), jcc.jit(jax.grad(make(w, g)))(x)))
   assert jcc.stats()["hits"] == 2 * 3, jcc.stats()
