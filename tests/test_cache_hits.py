@@ -1007,6 +1007,45 @@ def test_a_dot_summing_nothing_is_a_product_in_a_chain():
   assert _stats_of_two_runs(summed)["hits"] >= 6
 
 
+def test_products_of_products_and_narrow_conversions_in_a_chain_are_stocks():
+  """XLA gathers the array constants of a product of products and
+  multiplies them together in stock's module (``(x * C) * (y * D)``,
+  ``square(x * C)``, a dot or a norm of such), and computes a bfloat16
+  product in float32, removing the conversions around it, so a chain goes
+  on through ``astype`` (``(x * c).astype(f32) * 0.7``, a loss-scaled
+  update). Each is stock's in both modes and in tier A alone (adversarial
+  pass 71); a product by one array shares."""
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal(8), jnp.float32)
+  y = jnp.asarray(rng.standard_normal(8), jnp.float32)
+  h = jnp.asarray(rng.standard_normal(8), jnp.bfloat16)
+  arrays = [np.random.default_rng(k).standard_normal(8).astype(np.float32)
+            for k in (3, 7, 3, 7)]
+  f32 = jnp.float32
+  chains = (
+      lambda c, d, s: lambda x, y, h: jnp.square(x * c),
+      lambda c, d, s: lambda x, y, h: (x * c) * (y * d),
+      lambda c, d, s: lambda x, y, h: jnp.dot(x * c, y * d),
+      lambda c, d, s: lambda x, y, h: jnp.linalg.norm(x * c),
+      lambda c, d, s: lambda x, y, h: (h * s).astype(f32) * 0.7,
+      lambda c, d, s: lambda x, y, h: x - 0.1 * (h * s).astype(f32))
+
+  def run():
+    return [_bits(jax.jit(chain(jnp.asarray(a), jnp.asarray(a[::-1]),
+                                jnp.asarray(a[0], jnp.bfloat16)))(x, y, h))
+            for chain in chains for a in arrays]
+
+  want = replay_in_both_modes(run, clear=True)
+  _assert_tier_a_alone_gives(run, want)
+
+  def one():   # a product by one array: no constants to gather
+    return [_bits(jax.jit(lambda x, y: (x * jnp.asarray(a)) * y)(x, y))
+            for a in arrays]
+
+  assert replay_in_both_modes(one, clear=True) == one()
+  assert _stats_of_two_runs(one)["hits"] >= 4   # (the second run)
+
+
 def test_reductions_and_choices_decided_by_closed_over_arrays_are_stocks():
   """XLA rewrites a small product, maximum or minimum reduction over a
   stack holding a baked array as a chain of operations and removes those

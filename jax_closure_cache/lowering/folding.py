@@ -531,8 +531,12 @@ def _walk(jaxpr, env: dict, lifted_literals: frozenset,
       # where the operand is)
       for v in e.outvars:
         chains.uniform[v] = chains.uniform[e.invars[0]]
-    if name in _CHAIN_MOVES and e.invars and (
-        type(e.invars[0]) is not _compat.Literal):
+    if (name in _CHAIN_MOVES or name == "convert_element_type"
+        and _narrow_float(*e.invars, *e.outvars)) and e.invars and (
+            type(e.invars[0]) is not _compat.Literal):
+      # (XLA's CPU computes a narrow float's arithmetic in float32 and
+      # removes the conversions between, as excess precision allows: a
+      # chain goes on through them)
       before = chained.get(e.invars[0])
       if before is not None:
         chained[e.outvars[0]] = before
@@ -672,6 +676,9 @@ def _reassociated(e, ins: list, chains: _Chains):
     # sums nothing (batch dimensions and contracted ones of size 1 alone:
     # einsum("i,i->i"), an outer product), as a multiply
     family = "mul"
+  found = _product_of_products(e, chains, kinds)
+  if found:
+    return found
   if family is None or len(e.invars) != 2 or not _signed(e):
     return None
   constant = [k is not None for k in kinds]
@@ -711,6 +718,29 @@ def _reassociated(e, ins: list, chains: _Chains):
           "stock's module: XLA factors them there (x * c1 + x * c2 as "
           "x * (c1 + c2)), and rounds otherwise than the module that takes "
           "a lifted one as an argument"))
+  return None
+
+
+def _product_of_products(e, chains: _Chains, kinds: list):
+  """The finding where ``e`` multiplies (or squares, raises, contracts)
+  results of products by array constants of stock's module, a lifted
+  value among them (``(x * C1) * (y * C2)``, ``square(x * C)``, a dot of
+  two such): XLA gathers the constants there and multiplies them together
+  (``(x * y) * (C1 * C2)``), rounding otherwise than the module that takes
+  a lifted one as an argument. None where there is nothing to find."""
+  name = e.primitive.name
+  if name not in ("mul", "dot_general", "square", "integer_pow") or any(
+      k is not None for k in kinds) or not _signed(e):
+    return None
+  parts = [chains.chained.get(x) if type(x) is not _compat.Literal
+           else None for x in e.invars]
+  if all(p is not None and p[0] == "mul" and p[2] == "array"
+         for p in parts) and any(p[1] for p in parts):
+    return Finding("folds_constants", (
+        f"`{name}` of products by array constants of stock's module: XLA "
+        "multiplies the constants together there ((x * C1) * (y * C2) as "
+        "(x * y) * (C1 * C2)), and rounds otherwise than the module that "
+        "takes a lifted one as an argument"))
   return None
 
 
