@@ -340,7 +340,7 @@ def _read_by_value(closed, key=None) -> bool:
       for i in reads.by_identity) or any(
       _compat.all_zero(consts[i], partly=True)
       for i in reads.by_zero & reads.partly) or any(
-      _compat.all_one_value(consts[i]) for i in reads.by_uniform)
+      structure.uniform_constant(consts[i]) for i in reads.by_uniform)
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,

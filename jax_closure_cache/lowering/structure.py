@@ -265,6 +265,16 @@ def leaf_answer(c) -> tuple:
   return _read_once(LEAF_ANSWERS, _leaf_answer, c)
 
 
+def uniform_constant(c) -> bool:
+  """``_compat.all_one_value(c)``, read from :func:`leaf_answer` (a jax
+  array's kept while it lives) where that answer holds it: tier A's
+  per-call check of a constant a chain reads where all one value."""
+  bits, _ = leaf_answer(c)
+  if bits & REFUSED or _compat.extended_dtype(getattr(c, "dtype", None)):
+    return _compat.all_one_value(c)   # (not read into the answer)
+  return bool(bits & UNIFORM)
+
+
 def leaves_known(leaves, masks, answers: dict = LEAF_ANSWERS) -> bool:
   """Whether every leaf has an answer kept in ``answers``
   (:data:`LEAF_ANSWERS`: the leaf itself, alive) with none of the bits its
