@@ -98,20 +98,24 @@ def closed_parts(closed):
   return closed.jaxpr, closed.consts
 
 
-def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int):
-  """A closed jaxpr without constants whose inputs are ``invars`` (the
-  first ``n_new`` of them new: the former constants and lifted literals),
-  computing ``eqns`` into ``outvars``; its debug info names the new inputs
-  with empty names, as pjit names hoisted constants."""
+def with_leading_inputs(open_jaxpr, invars, eqns, outvars, n_new: int,
+                        constvars=(), consts=()):
+  """A closed jaxpr whose inputs are ``invars`` (the first ``n_new`` of
+  them new: the former constants and lifted literals), computing ``eqns``
+  into ``outvars``, closed over ``consts`` (as ``constvars``; by default,
+  none); its debug info names the new inputs with empty names, as pjit
+  names hoisted constants."""
   dbg = open_jaxpr.debug_info
   names = dbg.arg_names
   dbg = dbg._replace(arg_names=None if names is None
                      else ("",) * n_new + tuple(names))
   if MERGED_JAXPR:
-    return open_jaxpr.replace(constvars=[], invars=invars, eqns=eqns,
-                              outvars=outvars, debug_info=dbg, consts=[])
-  return ClosedJaxpr(open_jaxpr.replace(constvars=[], invars=invars, eqns=eqns,
-                                        outvars=outvars, debug_info=dbg), [])
+    return open_jaxpr.replace(constvars=list(constvars), invars=invars,
+                              eqns=eqns, outvars=outvars, debug_info=dbg,
+                              consts=list(consts))
+  return ClosedJaxpr(open_jaxpr.replace(
+      constvars=list(constvars), invars=invars, eqns=eqns, outvars=outvars,
+      debug_info=dbg), list(consts))
 
 
 def jaxpr_inputs(jaxpr) -> list:

@@ -188,18 +188,21 @@ _UNREADABLE = "folding_unread"   # (a jaxpr this module cannot read: not shared)
 def difference(closed, lifted_inputs: int = 0,
                constants_lifted: bool = False,
                lifted_literals: frozenset = frozenset(),
-               lifted_constants: frozenset | set = frozenset()
-               ) -> Finding | None:
+               lifted_constants: frozenset | set = frozenset(),
+               nested_lifted: bool | None = None) -> Finding | None:
   """Where ``closed`` computes otherwise with some of its constants passed
   as arguments (the description), or None. Its first ``lifted_inputs``
   inputs are passed where stock bakes them; with ``constants_lifted`` its
   constants too (else those whose ``id`` is in ``lifted_constants``: a
   stock trace's closed-over arrays a lifted trace would pass), and the
   top-level literals at ``lifted_literals`` (``(equation index, operand
-  index)``)."""
+  index)``). The constants of the jaxprs it holds are passed with
+  ``nested_lifted`` (by default, with ``constants_lifted``)."""
+  if nested_lifted is None:
+    nested_lifted = constants_lifted
   try:
     return _difference(closed, lifted_inputs, constants_lifted,
-                       lifted_literals, lifted_constants)[0]
+                       lifted_literals, lifted_constants, nested_lifted)[0]
   except Exception as e:   # never an error: not shared
     return Finding(_UNREADABLE, f"its jaxpr could not be read "
                    f"({type(e).__name__}: {e})")
@@ -215,14 +218,15 @@ def uniform_reads(closed, lifted: int | None = None) -> frozenset:
   call is not shared anyway (then, whatever was noted before it)."""
   try:
     if lifted is None:
-      return _difference(closed, 0, True, frozenset(), frozenset())[1]
-    return _difference(closed, lifted, False, frozenset(), frozenset())[1]
+      return _difference(closed, 0, True, frozenset(), frozenset(), True)[1]
+    return _difference(closed, lifted, False, frozenset(), frozenset(),
+                       False)[1]
   except Exception:   # (difference's finding refuses the call)
     return frozenset()
 
 
 def _difference(closed, lifted_inputs, constants_lifted, lifted_literals,
-                lifted_constants) -> tuple:
+                lifted_constants, nested_lifted) -> tuple:
   """``(finding or None, uniform_reads)``."""
   jaxpr, consts = _compat.closed_parts(closed)
   env: dict = {}
@@ -240,7 +244,7 @@ def _difference(closed, lifted_inputs, constants_lifted, lifted_literals,
   for i, v in enumerate(seeds):
     if env[v].lifted and math.prod(getattr(v.aval, "shape", ())) > 1:
       chains.uniform[v] = frozenset({i})
-  found = _walk(jaxpr, env, lifted_literals, nested_lifted=constants_lifted,
+  found = _walk(jaxpr, env, lifted_literals, nested_lifted=nested_lifted,
                 chains=chains)
   return found, frozenset(chains.uniform_reads)
 

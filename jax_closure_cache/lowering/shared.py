@@ -66,28 +66,61 @@ MET_CAPACITY = 4096
 #: keeps for as long as stock's object lives: over about what stock's own
 #: executable of an object costs, the lowering is stock's (baked).
 COPIED_NUMPY_BYTES = 1 << 20
+#: The most bytes of a constant a shared lowering bakes, as stock's module
+#: does, where stock's module computes with its value (XLA folds it,
+#: removes an operation by it or reassociates it: ``structure.
+#: constant_reads``, ``folding``; it holds a zero, a NaN or a boolean):
+#: the lowering is then keyed by a copy of its bytes, and shared by the
+#: calls whose constant holds the same value (a hyperparameter closed
+#: over as a jax scalar, step after step).
+BAKED_BYTES = 256
 
 
 class SharedLowering(cache.Entry):
   """A stored lowering: ``lifted`` says, per top-level floating-point
   literal, whether it is an argument; ``bits`` are the literals it was
-  lowered with (compared where not lifted); ``sized``: its executable's
-  bytes are counted (once, at the first compile)."""
-  __slots__ = ("lifted", "bits", "computation", "sized")
+  lowered with (compared where not lifted); ``baked``, the constants it
+  holds by value (:class:`Baked`, part of its key); ``sized``: its
+  executable's bytes are counted (once, at the first compile)."""
+  __slots__ = ("lifted", "bits", "computation", "baked", "sized")
 
-  def __init__(self, lifted: tuple, bits: tuple, computation):
+  def __init__(self, lifted: tuple, bits: tuple, computation,
+               baked: "Baked"):
     super().__init__()
     self.lifted, self.bits, self.computation = lifted, bits, computation
+    self.baked = baked
     self.sized = False
 
   def serves(self, s: structure.Structure) -> bool:
     return (all(lift or b == e
                 for lift, b, e in zip(self.lifted, s.bits, self.bits))
-            and _apart_from_constants(s, self.lifted) == self.lifted)
+            and _apart_from_constants(s, self.lifted, self.baked.held)
+            == self.lifted)
 
   def widened(self, bits: tuple) -> tuple:
     return tuple(lift or b != e
                  for lift, b, e in zip(self.lifted, bits, self.bits))
+
+
+class Baked(NamedTuple):
+  """The top-level constants a shared lowering holds by value, as stock's
+  module does: their positions (``at``), and ``values``, each one's dtype,
+  shape and bytes (:func:`structure.held_value`), which key the lowering;
+  ``held``, those of one element (constants XLA merges with an equal
+  literal, :func:`_apart_from_constants`)."""
+  at: frozenset = frozenset()
+  values: tuple = ()
+  held: frozenset = frozenset()
+
+  @classmethod
+  def of(cls, consts, at: frozenset) -> "Baked":
+    values = tuple(structure.held_value(np.asarray(consts[i]))
+                   for i in sorted(at))
+    return cls(frozenset(at), values,
+               frozenset(v for v in values if np.prod(v[1]) == 1))
+
+
+_NONE_BAKED = Baked()
 
 
 class Bound:
@@ -173,6 +206,7 @@ class Lowerings:
               "hits": self.counts["hits"],
               "compiles": self.counts["compiles"],
               "met_once": self.counts["met_once"],
+              "baked": self.counts["baked"],
               "refused": dict(self.refusals)}
 
 
@@ -243,8 +277,9 @@ def _for_call(jaxpr, call: CallLowering):
     try:
       s = structure.of(jaxpr)
       reason = (_warned_constants(jaxpr, s) or _copied_numpy(jaxpr, s)
-                or _constants_read_by_value(jaxpr, s)
                 or _leading_arguments_name_outputs(jaxpr, s, call))
+      if reason is None:
+        baked = _baked_constants(jaxpr, s)
     except structure.NotShared as e:
       reason = str(e)
     except Exception as e:   # never an error where stock has none
@@ -255,7 +290,7 @@ def _for_call(jaxpr, call: CallLowering):
       logger.warning("jax_closure_cache: tier A does not share %s's "
                      "lowering: %s", call.name, reason)
     return call.stock(jaxpr)
-  return _shared(jaxpr, s, call)
+  return _shared(jaxpr, s, call, baked)
 
 
 def _refusal(jaxpr, call: CallLowering) -> str | None:
@@ -268,10 +303,6 @@ def _refusal(jaxpr, call: CallLowering) -> str | None:
   if _compat.transfers_guarded():
     # its constants and literals as arguments: transfers stock never makes
     return "a transfer guard in force"
-  for c in _compat.closed_parts(jaxpr)[1]:
-    reason = structure.constant_refusal(c)
-    if reason is not None:
-      return reason
   return None
 
 
@@ -297,23 +328,72 @@ def _copied_numpy(jaxpr, s: structure.Structure) -> str | None:
   return None
 
 
-def _constants_read_by_value(jaxpr, s: structure.Structure) -> str | None:
-  """Why a constant of ``jaxpr`` (or of a nested jit of it, whose
-  constants are passed too) cannot be an argument of a shared executable
-  because of its value (``structure.constant_reads``): one XLA computes
-  with otherwise than with an argument wherever it reads it (a
-  remainder's operand), or one all 1, -1 or an infinity where an
-  operation XLA removes by it reads it; or None."""
-  if _read_by_value(jaxpr, s.key) or (
-      s.hoisted and any(_read_by_value(e.params["jaxpr"])
-                        for e in _compat.closed_parts(jaxpr)[0].eqns
-                        if structure.hoists(e))):
-    return ("a constant XLA computes with by its value in stock's module "
-            "(a remainder's operand; one all 1, -1 or an infinity that x * 1 "
-            "or max(x, -inf) reads, or a value computed from it that x * v "
-            "or x + v reads, an operation XLA removes by 1 or 0, where the "
-            "runtime's flushes a subnormal x and keeps a NaN's sign)")
-  return None
+_READ_BY_VALUE = (
+    "a constant XLA computes with by its value in stock's module (a "
+    "remainder's operand; one all 1, -1 or an infinity that x * 1 or "
+    "max(x, -inf) reads, or a value computed from it that x * v or x + v "
+    "reads, an operation XLA removes by 1 or 0, where the runtime's "
+    "flushes a subnormal x and keeps a NaN's sign)")
+
+
+def _baked_constants(jaxpr, s: structure.Structure) -> Baked:
+  """The top-level constants of ``jaxpr`` a shared lowering holds by
+  value, as stock's module does (:class:`Baked`): those refused as
+  arguments for their values (``structure.refused_by_value``) and those
+  stock's module computes with by their value (``structure.
+  constant_reads``: a remainder's operand; one all 1, -1 or an infinity
+  where an operation XLA removes by it reads it), each of at most
+  :data:`BAKED_BYTES`; with more where the structure needs them
+  (:data:`_BAKES_SMALL`: XLA reassociates a passed one with another).
+  Raises :class:`structure.NotShared` where such a constant is
+  larger, or is a nested jit's (passed as an argument)."""
+  consts = _compat.closed_parts(jaxpr)[1]
+  at = set()
+  for i, c in enumerate(consts):
+    reason = structure.constant_refusal(c)
+    if reason is None:
+      continue
+    if not (structure.refused_by_value(c) and _bakeable(c)):
+      raise structure.NotShared(reason)
+    at.add(i)
+  if s.hoisted and any(_read_by_value(e.params["jaxpr"])
+                       for e in _compat.closed_parts(jaxpr)[0].eqns
+                       if structure.hoists(e)):
+    raise structure.NotShared(_READ_BY_VALUE)
+  for i in _constants_read_by_value(jaxpr, s.key):
+    if not _bakeable(consts[i]):
+      raise structure.NotShared(_READ_BY_VALUE)
+    at.add(i)
+  level = _BAKES_SMALL.get(s.key)
+  if level is not None:
+    at.update(_small_constants(consts, level))
+  return Baked.of(consts, frozenset(at)) if at else _NONE_BAKED
+
+
+def _small_constants(consts, level: int) -> frozenset:
+  """The constants a shared lowering bakes at ``level`` besides those read
+  by value (:data:`_BAKES_SMALL`): 1, those of one element; 2, every one
+  :func:`_bakeable`."""
+  return frozenset(i for i, c in enumerate(consts) if _bakeable(c) and (
+      level > 1 or getattr(c, "size", 1) == 1))
+
+
+def _bakeable(c) -> bool:
+  """Whether a constant is small enough to bake and key by its bytes
+  (:data:`BAKED_BYTES`), and has values to bake (not a typed PRNG key)."""
+  nbytes = getattr(c, "nbytes", None)
+  if nbytes is None:   # a Python number
+    return type(c) in (int, float, bool, complex)
+  return (nbytes <= BAKED_BYTES
+          and not _compat.extended_dtype(getattr(c, "dtype", None)))
+
+
+#: structure key -> the level of :func:`_small_constants` a shared lowering
+#: of it bakes: with only those :func:`_baked_constants` reads by value
+#: baked, XLA would compute otherwise with one passed (``folding``: a
+#: scalar reassociated with a baked one); the scalars first, then every
+#: small constant
+_BAKES_SMALL = cache.STORE.table("shared.bakes_small", cache.Store.FACTS)
 
 
 # structure key -> ``structure.constant_reads`` of its jaxprs: the same for
@@ -325,9 +405,18 @@ _READS = cache.STORE.table("shared.constant_reads", cache.Store.FACTS)
 
 
 def _read_by_value(closed, key=None) -> bool:
+  return bool(_constants_read_by_value(closed, key))
+
+
+def _constants_read_by_value(closed, key=None) -> set:
+  """The constants of ``closed`` stock's module computes with by their
+  value (``structure.constant_reads``, kept by structure ``key``): a
+  remainder's operand, one all 1, -1 or an infinity where an operation
+  XLA removes by it reads it, one of zeros a part is taken of, one all
+  one value a chain reads."""
   consts = _compat.closed_parts(closed)[1]
   if not consts:
-    return False
+    return set()
   reads = None if key is None else _READS.get(key)
   if reads is None:
     reads = structure.constant_reads(closed)
@@ -335,12 +424,14 @@ def _read_by_value(closed, key=None) -> bool:
       if len(_READS) >= MET_CAPACITY:
         _READS.clear()
       _READS[key] = reads
-  return bool(reads.by_value) or any(
-      structure.identity_constant(consts[i], i in reads.partly)
-      for i in reads.by_identity) or any(
-      _compat.all_zero(consts[i], partly=True)
-      for i in reads.by_zero & reads.partly) or any(
-      structure.uniform_constant(consts[i]) for i in reads.by_uniform)
+  found = set(reads.by_value)
+  found.update(i for i in reads.by_identity
+               if structure.identity_constant(consts[i], i in reads.partly))
+  found.update(i for i in reads.by_zero & reads.partly
+               if _compat.all_zero(consts[i], partly=True))
+  found.update(i for i in reads.by_uniform
+               if structure.uniform_constant(consts[i]))
+  return found
 
 
 def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
@@ -364,15 +455,21 @@ def _leading_arguments_name_outputs(jaxpr, s: structure.Structure,
   return None
 
 
-def _shared(jaxpr, s: structure.Structure, call: CallLowering):
-  key = (s.key, call._replace(pgle_profiler=None), _compat.trace_context())
+def _key(s: structure.Structure, call: CallLowering, baked: Baked) -> tuple:
+  return (s.key, call._replace(pgle_profiler=None), _compat.trace_context(),
+          baked.at, baked.values)
+
+
+def _shared(jaxpr, s: structure.Structure, call: CallLowering,
+            baked: Baked = _NONE_BAKED):
+  key = _key(s, call, baked)
   entry = LOWERINGS.store.get(key)
   if entry is not None and entry.serves(s):
     LOWERINGS.count("hits")
     if cache.verifying() and not _verified(jaxpr, s, call, entry):
       return call.stock(jaxpr)
-    return Bound(entry.computation, _arguments(jaxpr, s, entry.lifted), key,
-                 entry)
+    return Bound(entry.computation,
+                 _arguments(jaxpr, s, entry.lifted, baked), key, entry)
   consts = _compat.closed_parts(jaxpr)[1]
   if entry is not None:
     lifted = entry.widened(s.bits)
@@ -391,7 +488,7 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     if (alive is not None and not consts and not s.hoisted
         and bits == s.bits):
       # the first meeting's own lowering takes exactly these arguments
-      entry = SharedLowering((False,) * len(bits), bits, alive)
+      entry = SharedLowering((False,) * len(bits), bits, alive, baked)
       LOWERINGS.store.put(key, entry)
       LOWERINGS.count("hits")
       if cache.verifying() and not _verified(jaxpr, s, call, entry):
@@ -399,24 +496,31 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
       return Bound(alive, [], key, entry)
     lifted = (tuple(b != f for b, f in zip(s.bits, bits))
               if len(bits) == len(s.bits) else (True,) * len(s.bits))
-  lifted = _apart_from_constants(s, lifted)
-  try:
-    slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
-  except Exception as e:   # stock's own lowering answers
-    LOWERINGS.refuse(f"the lowering with arguments failed ({type(e).__name__})")
-    slots = None
-  if slots is None:   # (lowered after the block: no context of ours)
-    return call.stock(jaxpr)
-  folds = folding.difference(jaxpr, constants_lifted=True,
-                             lifted_literals=slots)
+  changed = lifted
+  for level, baking in _bakings(jaxpr, s, baked):
+    lifted = _apart_from_constants(s, changed, baking.held)
+    try:
+      slots = _lifted_slots(_compat.closed_parts(jaxpr)[0], lifted)
+    except Exception as e:   # stock's own lowering answers
+      LOWERINGS.refuse(
+          f"the lowering with arguments failed ({type(e).__name__})")
+      return call.stock(jaxpr)   # (lowered after the block: not ours)
+    folds = _folds(jaxpr, slots, baking)
+    if folds is None:
+      break
   if folds is not None:
     LOWERINGS.refuse(_REFUSED_FOLDING[folds.reason])
     if _explaining():
       logger.warning("jax_closure_cache: tier A does not share %s's "
                      "lowering: %s", call.name, folds.detail)
     return call.stock(jaxpr)
+  if baking is not baked:   # (small constants too: the structure's rule)
+    if len(_BAKES_SMALL) >= MET_CAPACITY:
+      _BAKES_SMALL.clear()
+    _BAKES_SMALL[s.key] = level
+    baked, key = baking, _key(s, call, baking)
   try:
-    computation = _lower_lifted(jaxpr, slots, call)
+    computation = _lower_lifted(jaxpr, slots, call, baked)
   except DeadConstant as e:
     LOWERINGS.refuse(str(e))
     computation = None
@@ -425,10 +529,44 @@ def _shared(jaxpr, s: structure.Structure, call: CallLowering):
     computation = None
   if computation is None:   # (lowered after the block: no context of ours)
     return call.stock(jaxpr)
-  entry = SharedLowering(lifted, s.bits, computation)
+  entry = SharedLowering(lifted, s.bits, computation, baked)
   LOWERINGS.store.put(key, entry)
   LOWERINGS.count("compiles")
-  return Bound(computation, _arguments(jaxpr, s, lifted), key, entry)
+  if baked.at:
+    LOWERINGS.count("baked")
+  return Bound(computation, _arguments(jaxpr, s, lifted, baked), key, entry)
+
+
+def _bakings(jaxpr, s: structure.Structure, baked: Baked):
+  """``(level, constants baked)`` a new shared lowering may take, in the
+  order tried: ``baked`` (:func:`_baked_constants`), then, where they add
+  to it, the small constants of each level (:data:`_BAKES_SMALL`)."""
+  yield _BAKES_SMALL.get(s.key), baked
+  consts = _compat.closed_parts(jaxpr)[1]
+  at = baked.at
+  for level in (1, 2):
+    if level <= (_BAKES_SMALL.get(s.key) or 0):
+      continue
+    more = _small_constants(consts, level)
+    if not more <= at:
+      at = at | more
+      yield level, Baked.of(consts, at)
+
+
+def _folds(jaxpr, slots: frozenset, baked: Baked):
+  """``folding.difference`` of ``jaxpr`` with its constants but ``baked``'s
+  and the literals at ``slots`` passed as arguments (its nested jits'
+  constants too)."""
+  consts = _compat.closed_parts(jaxpr)[1]
+  if not baked.at:
+    return folding.difference(jaxpr, constants_lifted=True,
+                              lifted_literals=slots)
+  passed = {id(c) for i, c in enumerate(consts) if i not in baked.at}
+  if any(id(consts[i]) in passed for i in baked.at):   # (one object twice)
+    return folding.Finding("folds_constants", "a constant both baked and "
+                           "passed")
+  return folding.difference(jaxpr, lifted_literals=slots,
+                            lifted_constants=passed, nested_lifted=True)
 
 
 def _explain_first_meeting(call: CallLowering, s: structure.Structure):
@@ -448,27 +586,35 @@ def _explain_first_meeting(call: CallLowering, s: structure.Structure):
                  + structure.first_difference(last, s.key))
 
 
-def _arguments(jaxpr, s: structure.Structure, lifted: tuple) -> list:
+def _arguments(jaxpr, s: structure.Structure, lifted: tuple,
+               baked: Baked) -> list:
   # NumPy constants as they are now (stock bakes them when it compiles): a
   # trace holds a view of the user's array, which pjit's fast path would
   # otherwise read on every later call
-  consts = _own_constants(_compat.closed_parts(jaxpr)[1])
+  consts = _compat.closed_parts(jaxpr)[1]
+  if baked.at:
+    consts = [c for i, c in enumerate(consts) if i not in baked.at]
+  consts = _own_constants(consts)
   return [*consts, *(v for v, lift in zip(s.literals, lifted) if lift),
           *_own_constants(s.hoisted)]
 
 
-def _apart_from_constants(s: structure.Structure, lifted: tuple) -> tuple:
+def _apart_from_constants(s: structure.Structure, lifted: tuple,
+                          held: frozenset = frozenset()) -> tuple:
   """``lifted`` without the literals whose value (dtype and bits) the
   module also holds as a constant (another top-level literal, lifted by
   no flag, or one of a jaxpr it holds, which XLA inlines): stock's module
   holds the two as one constant (XLA's CSE), so a rewrite that needs one
   value used twice (``jnp.where(x > 2.0, x, s)`` into ``max(x, 2.0)``
-  where ``s`` is 2.0) applies there; such a literal is keyed by value."""
+  where ``s`` is 2.0) applies there; such a literal is keyed by value.
+  ``held``: the values of the baked constants of one element, constants
+  of both modules too (:class:`Baked`)."""
   if not any(lifted):
     return lifted
-  if all(lifted):   # (the constants are the fixed literals alone)
+  if all(lifted) and not held:   # (the constants: the fixed literals alone)
     return tuple(h not in s.fixed for h in s.held)
   constants = set(s.fixed)
+  constants.update(held)
   constants.update(h for h, lift in zip(s.held, lifted) if not lift)
   return tuple(lift and h not in constants for h, lift in zip(s.held, lifted))
 
@@ -492,10 +638,12 @@ def _lifted_slots(open_jaxpr, lifted: tuple) -> frozenset:
   return frozenset(slots)
 
 
-def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
-  """Stock's lowering of ``jaxpr`` with its constants and the literals at
-  ``slots`` (``_lifted_slots``) as leading arguments, one for each."""
-  open_jaxpr, _ = _compat.closed_parts(jaxpr)
+def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering,
+                  baked: Baked = _NONE_BAKED):
+  """Stock's lowering of ``jaxpr`` with its constants but ``baked``'s and
+  the literals at ``slots`` (``_lifted_slots``) as leading arguments, one
+  for each; ``baked``'s constants held by value, as stock holds them."""
+  open_jaxpr, consts = _compat.closed_parts(jaxpr)
   new_vars: list = []
 
   def operand(v, slot):
@@ -519,15 +667,26 @@ def _lower_lifted(jaxpr, slots: frozenset, call: CallLowering):
 
   eqns = list(map(equation, range(len(open_jaxpr.eqns)), open_jaxpr.eqns))
   outvars = [operand(v, (None, i)) for i, v in enumerate(open_jaxpr.outvars)]
-  leading = [*open_jaxpr.constvars, *new_vars, *hoisted_vars]
+  kept = [i for i in range(len(consts)) if i in baked.at]
+  passed = [v for i, v in enumerate(open_jaxpr.constvars)
+            if i not in baked.at]
+  leading = [*passed, *new_vars, *hoisted_vars]
   n = len(leading)
   closed = _compat.with_leading_inputs(
-      open_jaxpr, [*leading, *open_jaxpr.invars], eqns, outvars, n)
+      open_jaxpr, [*leading, *open_jaxpr.invars], eqns, outvars, n,
+      constvars=[open_jaxpr.constvars[i] for i in kept],
+      consts=[_baked_value(consts[i]) for i in kept])
   if not call.keep_unused and not all(_compat.used_inputs(closed)[:n]):
     # pjit would prune such an argument, and pair the constants it is
     # passed with the wrong shardings
     raise DeadConstant("a constant or literal only dead code reads")
   return call.with_leading(n).stock(closed)
+
+
+def _baked_value(c):
+  """A baked constant as the lowering holds it: a NumPy array's copy (the
+  user's may change in place; the key holds the bytes it had)."""
+  return np.array(c) if isinstance(c, np.ndarray) else c
 
 
 class DeadConstant(Exception):
@@ -539,7 +698,7 @@ def _verified(jaxpr, s, call, entry) -> bool:
   hit runs (counted; a mismatch logged)."""
   with _compat.oracle_muted():
     fresh = _lower_lifted(jaxpr, _lifted_slots(
-        _compat.closed_parts(jaxpr)[0], entry.lifted), call)
+        _compat.closed_parts(jaxpr)[0], entry.lifted), call, entry.baked)
   same = module_form(fresh.as_text()) == module_form(
       entry.computation.as_text())
   cache.count_verified(same)

@@ -134,7 +134,23 @@ def constant_refusal(c) -> str | None:
   """Why ``c`` cannot be an argument of a shared executable (None: it can;
   see :func:`acceptable_constant`). Reads a jax array's values once while
   it lives, a NumPy array's on every call (it may be changed in place)."""
-  return _read_once(_ARRAY_ANSWERS, _refusal, c)
+  return _read_once(_ARRAY_ANSWERS, _answer, c)[0]
+
+
+def refused_by_value(c) -> bool:
+  """Whether :func:`constant_refusal` refuses ``c`` for its values alone
+  (a boolean, a zero, a NaN, a subnormal): a constant stock's module
+  computes with by value, which a shared lowering may bake as stock does,
+  keyed by its bytes (``shared.baked_constants``)."""
+  return _read_once(_ARRAY_ANSWERS, _answer, c)[1]
+
+
+def _answer(c) -> tuple:
+  placement = _placement_refusal(c)
+  if placement is not None:
+    return placement, False
+  refusal = _refusal(c)
+  return refusal, refusal is not None
 
 
 #: :func:`identity_constant`'s answer for a jax array, as
@@ -374,10 +390,9 @@ def _refusal(c, zeros: bool = True,
     # XLA folds a constant predicate (``x * convert(mask)``), and rewrites
     # it as an argument into a select: the sign of a zero differs
     return "a boolean constant"
-  if t is _compat.ArrayImpl and _compat.committed(c):
-    return "a constant committed to a device"
-  if t is _compat.ArrayImpl and not _compat.single_device(c):
-    return "a constant on more than one device"
+  placement = _placement_refusal(c)
+  if placement is not None:
+    return placement
   if negative_zero and _negative_zero(c):
     # XLA folds a part taken of a baked array (c[0]) to 0.0 where it is
     # -0.0 (lifted leaves are refused so only where a part is taken:
@@ -394,6 +409,18 @@ def _refusal(c, zeros: bool = True,
     # as a zero (x < 1e-40 in float32)
     return ("a constant holding a subnormal value (the runtime flushes an "
             "argument's to zero, XLA folds stock's exactly)")
+  return None
+
+
+def _placement_refusal(c) -> str | None:
+  """Why ``c`` is neither an argument of a shared executable nor a value
+  one may bake: committed to a device, on more than one, or of a type
+  other than arrays and numbers; or None."""
+  t = type(c)
+  if t is _compat.ArrayImpl and _compat.committed(c):
+    return "a constant committed to a device"
+  if t is _compat.ArrayImpl and not _compat.single_device(c):
+    return "a constant on more than one device"
   if (t is _compat.ArrayImpl or t is np.ndarray
       or isinstance(c, _compat.np_generic)
       or t in (int, float, bool, complex)
