@@ -174,7 +174,7 @@ def mode() -> str:
 
 
 def enable(*, lift_numpy: bool | None = None, verify: bool | None = None,
-           closure_key: bool = True, force: bool = False,
+           closure_key: bool | None = None, force: bool = False,
            **removed) -> None:
   """Make ``jax.jit`` and ``jax.lax`` control flow closure-aware, process-wide.
 
@@ -186,9 +186,11 @@ def enable(*, lift_numpy: bool | None = None, verify: bool | None = None,
       traced (tier B) or lowered (tier A) as stock would, and compared; a
       mismatch is answered by stock, counted in ``stats()`` and logged.
     closure_key: False installs tier A alone (the executable shared after
-      stock's own trace, ``jax.jit`` left stock): nothing skips a trace.
-      It takes effect when the cache is switched on, not by a second
-      ``enable()`` while on.
+      stock's own trace, ``jax.jit`` left stock): nothing skips a trace;
+      True, both tiers. If not given: both tiers when the cache is switched
+      on, the tiers installed while it is on. Given while on with the other
+      tiers installed, it switches them (as ``disable()`` then
+      ``enable()``: jitted objects made before keep what they were).
     force: enable even if the installed jax is not the pinned release.
     removed: empty; any keyword here raises TypeError, which for a
       removed option (``auto_dynamic``) says why (``REMOVED_OPTIONS`` of
@@ -211,14 +213,22 @@ def enable(*, lift_numpy: bool | None = None, verify: bool | None = None,
     if verify is not None:
       cache.set_verify(verify)
     if _applied:
-      return
-    for owner, name, replacement in _patch_points(closure_key):
+      if closure_key is None or closure_key == _closure_key_installed():
+        return
+      disable()
+    for owner, name, replacement in _patch_points(
+        True if closure_key is None else closure_key):
       original = getattr(owner, name)
       _applied.append(Patch(owner, name, original, replacement))
       setattr(owner, name, replacement)
     from jax_closure_cache import diagnostics
     if diagnostics.explaining():
       diagnostics.built_too_early(built_before_enable())
+
+
+def _closure_key_installed() -> bool:
+  """Whether the installed patches are both tiers' (``jax.jit`` replaced)."""
+  return any(p.owner is jax and p.name == "jit" for p in _applied)
 
 
 def disable() -> None:

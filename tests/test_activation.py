@@ -25,6 +25,35 @@ def test_enable_disable_restore_exact_original():
   assert jax.jit is STOCK_JIT and not jcc.is_enabled()
 
 
+def test_enable_switches_tiers_while_on():
+  """``enable(closure_key=...)`` while the cache is on switches the tiers
+  installed (as at start-up by ``JAX_CLOSURE_CACHE=1``, then tier A alone
+  asked for): it is never silently ignored; without the keyword a second
+  ``enable()`` keeps what is installed."""
+  w = jnp.arange(4.0) + 0.5
+
+  def calls():
+    jcc.clear()
+    for _ in range(3):
+      jax.jit(lambda x: x * w + 1.0)(jnp.ones(4))
+    stats = jcc.stats()
+    return stats["hits"], stats["tier_a"]["hits"]
+  try:
+    jcc.enable()
+    assert calls()[0] >= 1
+    jcc.enable(closure_key=False)
+    assert jcc.is_enabled() and jax.jit is STOCK_JIT   # tier A alone
+    tier_b, tier_a = calls()
+    assert tier_b == 0 and tier_a >= 1
+    jcc.enable()   # keeps tier A alone
+    assert jax.jit is STOCK_JIT
+    jcc.enable(closure_key=True)
+    assert jax.jit is jcc.jit and calls()[0] >= 1
+  finally:
+    jcc.disable()
+  assert jax.jit is STOCK_JIT and not jcc.is_enabled()
+
+
 def test_disable_leaves_jaxs_tracer_and_error_classes_as_they_were():
   """The concreteness watch patches JAX's tracer class, its jaxpr tracer
   and its conversion errors: ``disable()`` puts back each class's own
