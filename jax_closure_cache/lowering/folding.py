@@ -51,8 +51,10 @@ can differ. :func:`difference` finds such an addition.
 
 The answer is structural (which values may be zero follows from literals,
 constants and the equations, never from a lifted array's contents), so it
-holds for every call of a key. A closed-over array whose values are all
-zeros is not seen (its values change from call to call): a known limit.
+holds for every call of a key. Whether a closed-over array's values are
+all zeros changes from call to call, so it is not read here: each call
+reads it (``structure.constant_reads``' ``by_zero``, the hit's leaf
+answers, tier A's baked constants).
 
 Invariants:
 * Over-approximating: a primitive this module does not know keeps a zero
