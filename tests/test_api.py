@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import STOCK_JIT, counting, replay_in_both_modes, stock_off
+from conftest import (
+    STOCK_JIT, counting, replay_in_both_modes, stock_off, varied)
 
 
 def make(w):
@@ -321,6 +322,48 @@ def test_composes_with_transforms_and_outer_jit():
   np.testing.assert_allclose([p, t], [p2, t2], rtol=1e-6)
   np.testing.assert_allclose(STOCK_JIT(lambda x: f(x) + 1)(x), ref(x) + 1,
                              rtol=1e-6)
+
+
+def test_a_staged_call_gives_stocks_jaxpr_and_eager_transforms_still_hit():
+  """Called while a jaxpr is built (``make_jaxpr``, an outer jit), a fresh
+  jitted closure whose key has an entry is stock's call: the closed-over
+  array stays inside the inner computation (a hit would make it an
+  operand, the outer jaxpr's constant). Under transformations of an eager
+  call (``grad``, ``vmap``, ``jvp``) the hit stays, with stock's bits."""
+  cs = [varied((4,), 0.5 + k) for k in range(3)]
+  x = jnp.linspace(-1.0, 1.0, 4)
+
+  def make(c):
+    return jax.jit(lambda x: jnp.sin(x * c))
+
+  def staged():
+    return [str(jax.make_jaxpr(make(c))(x)) for c in cs] + [
+        jax.jit(lambda x, c=c: make(c)(x) + 1.0).lower(x).as_text()
+        for c in cs]
+
+  def eager():
+    outs = []
+    for c in cs:
+      outs += [jax.grad(lambda x: jnp.sum(make(c)(x)))(x),
+               jax.vmap(make(c))(jnp.stack([x, -x])),
+               *jax.jvp(make(c), (x,), (x * 0.5,))]
+    return [(a.dtype, a.weak_type, np.asarray(a).tobytes()) for a in outs]
+
+  jcc.disable()
+  want_staged, want_eager = staged(), eager()
+  jcc.clear()
+  jcc.enable(verify=True)
+  try:
+    for _ in range(2):
+      for c in cs:   # entries for the key, from eager calls
+        make(c)(x)
+      assert staged() == want_staged
+      hits = jcc.stats()["hits"]
+      assert eager() == want_eager
+      assert jcc.stats()["hits"] > hits   # (transforms of eager calls hit)
+    assert jcc.stats()["verify_mismatches"] == 0
+  finally:
+    jcc.disable()
 
 
 @pytest.mark.parametrize("jit", [STOCK_JIT, jcc.jit], ids=["stock", "cache"])

@@ -143,6 +143,36 @@ def _top_level_reads():
 #: ``trace_state.value`` is None; None where this release's check is not
 #: of that form.
 TOP_LEVEL_READS = _top_level_reads()
+
+from jax._src.interpreters import partial_eval as _pe   # noqa: E402
+
+_NO_PARENT = object()
+
+
+def staging() -> bool:
+  """Whether a call now is staged into a jaxpr being built (``make_jaxpr``,
+  an outer ``jit``, a loop's body: a ``DynamicJaxprTrace`` among the
+  current trace and its parents), or runs under a trace of a kind with no
+  parent to follow; False at the top level and under transformations of
+  an eager call (``grad``, ``vmap``, ``jvp``), whose traces end at the
+  eval trace."""
+  t = _core.trace_ctx.trace
+  while True:
+    if t is None or isinstance(t, _core.EvalTrace):
+      return False
+    if isinstance(t, _pe.DynamicJaxprTrace):
+      return True
+    t = getattr(t, "parent_trace", _NO_PARENT)
+    if t is _NO_PARENT:
+      return True
+
+
+#: What the jit front's hit reads first: ``(trace state, eval trace)``,
+#: where the current trace is ``trace_state.value`` (else a stand-in whose
+#: value is never the eval trace, so :func:`staging` decides every call).
+TRACE_NOW = ((TOP_LEVEL_READS[0], TOP_LEVEL_READS[1])
+             if TOP_LEVEL_READS is not None
+             else (_types.SimpleNamespace(value=None), object()))
 #: ``with NO_TRACING(True):`` a trace JAX would make raises ``RuntimeError``
 #: before it runs the function (``jax_no_tracing``): what JAX's caches
 #: answer is read without running the user's code again.

@@ -113,12 +113,26 @@ GUARDED = "out = GUARDED_LEAVES(out)\n"
 VERIFY = "res = VERIFIED(self, f, key, entry, out, args, kwargs, res)\n"
 
 
-def hit_source(verify: bool) -> str:
-  """:data:`HIT`, checked against stock's trace where ``verify``."""
+#: A jit hit's first lines: staged into a jaxpr being built (an outer
+#: ``jit``, ``make_jaxpr``: ``_compat.staging``), the call is stock's, so
+#: the staged jaxpr holds the closed-over arrays inside the inner
+#: computation as stock's does (a hit would pass them as its operands).
+#: Read as one comparison at the top level.
+STAGED = """\
+if TRACE_STATE.value is not EVAL_TRACE and STAGING():
+  return STAGED_CALL(self, args, kwargs)
+"""
+
+
+def hit_source(verify: bool, staged: bool = True) -> str:
+  """:data:`HIT`, checked against stock's trace where ``verify``; with
+  ``staged``, stock's under a staging trace first (:data:`STAGED`; a
+  launcher's is checked before its match)."""
+  head = STAGED if staged else ""
   if not verify:
-    return HIT
-  head, _, tail = HIT.rpartition("return res\n")
-  return head + VERIFY + "return res\n" + tail
+    return head + HIT
+  body, _, tail = HIT.rpartition("return res\n")
+  return head + body + VERIFY + "return res\n" + tail
 
 
 def hit_function(env: dict, verify: bool = False):
@@ -126,7 +140,7 @@ def hit_function(env: dict, verify: bool = False):
   function, for the generic ``__call__``. ``env`` binds the names HIT uses
   (MONITORING, RECORD_EVENT, PINNED, getrefcount, getweakrefcount, REF,
   RETRY_STOCK, VERIFIED, GUARDED_LEAVES, CHECK_VALUES, LEAF_ANSWERS,
-  LEAVES_KNOWN and
+  LEAVES_KNOWN, TRACE_STATE, EVAL_TRACE, STAGING, STAGED_CALL and
   LONE_REFS: the
   references to a function held by a wrapper alone, as a front counts
   them)."""
@@ -175,7 +189,8 @@ def launch_source(verify: bool) -> str:
   """:func:`hit_source` for a launcher's ``launch(self, args, lone)``: each
   of its two ``return`` statements followed by :data:`LAUNCHED` instead
   (the retry's inside its ``if``)."""
-  head, sep, tail = hit_source(verify).rpartition("return res\n")
+  head, sep, tail = hit_source(verify, staged=False).rpartition(
+      "return res\n")
   retry_at = head.find(_RETRY)
   if not sep or tail.strip() or retry_at < 0 or head.count(_RETRY) != 1:
     raise AssertionError("HIT's returns are not where launch_source "

@@ -136,6 +136,14 @@ class MissStages:
     return self.stock()(*args, **kwargs)
 
 
+  def _staged_call(self, args, kwargs):
+    """A call staged into a jaxpr being built (``generated.STAGED``):
+    stock's, so that jaxpr is stock's (the closed-over arrays inside the
+    inner computation, not operands passed to it), as eager control flow
+    under a trace is stock's; not counted. The function object keeps its
+    row: its eager calls still hit."""
+    return self.stock()(*args, **kwargs)
+
   def _retry_stock(self, key, args, kwargs, error=None):
     """Answer with stock's outcome; remember the code if only lifting
     failed. Not where this function object ran its entry's executable
@@ -848,6 +856,7 @@ _watching = trace_lookup.closure_cache.watching
 #: a new signature's trace, stock's answer after a failed one, and verify
 #: mode's check.
 HIT_STAGES = types.MappingProxyType({
+    "STAGED_CALL": MissStages._staged_call,
     "RETRY_STOCK": MissStages._retry_stock,
     "NEW_SIGNATURE": MissStages._new_signature,
     "VERIFIED": MissStages._verified})

@@ -186,6 +186,8 @@ _HIT_ENV = types.MappingProxyType({"MONITORING": _compat.monitoring_module,
             "CHECK_VALUES": entries.check_values,
             "LEAF_ANSWERS": _structure.LEAF_ANSWERS,
             "LEAVES_KNOWN": generated.leaves_known_check(),
+            "TRACE_STATE": _compat.TRACE_NOW[0],
+            "EVAL_TRACE": _compat.TRACE_NOW[1], "STAGING": _compat.staging,
             **entries.REFUSES_NEW_OBJECT_NAMES,
             **miss.HIT_STAGES})
 
@@ -489,6 +491,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
       return self._stock_of(row)(*args, **kwargs)
     if _DISABLE_JIT.value:
       return self._fun(*args, **kwargs)
+    if _compat.staging():   # (generated.STAGED)
+      return self._staged_call(args, kwargs)
     return self._call_entry(row.entry, row.key, row.leaves, args, kwargs)
 
   def _promote(self, row):
@@ -528,6 +532,8 @@ class ClosureJitted(entries.JitWrapper, miss.MissStages,
     fun = self._fun
     if _DISABLE_JIT.value:
       return fun(*args, **kwargs)
+    if _compat.staging():   # (generated.STAGED)
+      return self._staged_call(args, kwargs)
     # (stock is called after the ``except`` block: an error of the user's
     # raised there would carry the refusal as its ``__context__``)
     refused = None
