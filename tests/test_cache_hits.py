@@ -775,8 +775,9 @@ def test_closed_over_negative_zeros_share_unless_a_part_is_taken():
       jcc.disable()
     if hits is not None:   # the whole reads share (after two meetings)
       assert stats["hits"] == hits and not stats["fallbacks"]
-    else:   # each call of the parts is stock's
-      assert stats["fallback_reasons"].get("lifted_value", 0) >= 4
+    else:   # each call of the parts over a -0.0 is stock's (s = 5.0,
+      # twice; s = 1.0 is a first meeting, and a negative s makes +0.0)
+      assert stats["fallback_reasons"].get("lifted_value", 0) >= 2
 
 
 def test_a_closed_over_typed_key_is_read_once_while_it_lives(monkeypatch):
