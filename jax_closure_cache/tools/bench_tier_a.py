@@ -140,6 +140,33 @@ def training_step() -> Callable[[int], object]:
   return call
 
 
+def scalar_hyperparameters() -> Callable[[int], object]:
+  """A momentum step re-made every step, closing over a batch and over jax
+  scalars (a learning rate, a momentum) that XLA folds with the gradient
+  in stock's module (``(1 - beta) * g``): tier A bakes the scalars, keyed
+  by their values, and passes the batch."""
+  rng = np.random.default_rng(4)
+  w = jnp.asarray(rng.standard_normal((32, 8)) * 0.1, jnp.float32)
+  batches = [(jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),
+              jnp.asarray(rng.standard_normal((16, 8)), jnp.float32))
+             for _ in range(4)]
+  lr, beta = jnp.float32(0.05), jnp.float32(0.9)
+  m0 = jnp.zeros_like(w)
+
+  def call(i):
+    x, y = batches[i % 4]
+
+    def loss(w):
+      return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+    def update(w, m):
+      g = jax.grad(loss)(w)
+      m = beta * m + (1 - beta) * g
+      return w - lr * m, m
+    return jax.jit(update)(w, m0)
+  return call
+
+
 class Config:
   """A module's static configuration (an activation, a name) beside its
   arrays, as a filtered jit splits them."""
@@ -169,6 +196,8 @@ WORKLOADS = {"solver loop (while_loop, fresh objective)": solver_loop,
              "MCMC kernel per data set (fori_loop)": mcmc_kernel,
              "training step: jit(value_and_grad) + NamedTuple Adam":
                  training_step,
+             "momentum step over jax-scalar hyperparameters":
+                 scalar_hyperparameters,
              "filtered jit (arrays beside a static config)": filtered_jit}
 
 
