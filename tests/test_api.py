@@ -337,9 +337,16 @@ def test_a_staged_call_gives_stocks_jaxpr_and_eager_transforms_still_hit():
     return jax.jit(lambda x: jnp.sin(x * c))
 
   def staged():
-    return [str(jax.make_jaxpr(make(c))(x)) for c in cs] + [
-        jax.jit(lambda x, c=c: make(c)(x) + 1.0).lower(x).as_text()
-        for c in cs]
+    outer = []
+    if jax.__version_info__ < (0, 11):
+      # (on 0.11 the trace lookup's shared jaxpr, which answers stock's
+      # trace of the inner function here, has the arrays as the inner
+      # computation's operands: contract.md, rule 16)
+      outer += [str(jax.make_jaxpr(lambda x, c=c: make(c)(x) + 1.0)(x))
+                for c in cs]
+      outer += [STOCK_JIT(lambda x, c=c: make(c)(x) + 1.0).lower(x).as_text()
+                for c in cs]
+    return [str(jax.make_jaxpr(make(c))(x)) for c in cs] + outer
 
   def eager():
     outs = []
