@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 import jax_closure_cache as jcc
-from conftest import counts_side_effects, replay_in_both_modes
+from conftest import counts_side_effects, replay_in_both_modes, varied
 
 X = jnp.array([0.3, -1.2, 2.0], jnp.float32)
 
@@ -108,6 +108,34 @@ def test_callback_runs_this_steps_callback():
       return x * k
     return jax.jit(f)(X), log
   assert_like_stock(step, [1.0, 1.0, 1.0])
+
+
+LOG = []   # (a global log the traced body appends to: the key reads it)
+
+
+def test_a_callback_codes_second_object_traces_once_as_stocks():
+  """The first object of a code whose trace holds a runtime callable is
+  stock's, and so is every later one; the second's key is the state the
+  first call left (a global log grown by a trace-time write), which is
+  read as the first's, so no lifted trace runs its body (its write)
+  before stock traces it again (adversarial pass 75)."""
+  arrays = [varied((4,), 0.5 + i) for i in range(3)]
+  x = jnp.linspace(0.2, 1.1, 4)
+
+  def make(a):
+    def f(y):
+      LOG.append("trace")
+      jax.debug.callback(lambda v: LOG.append(("cb", float(v[0]))), y)
+      return jnp.sum(jnp.sin(y) * a)
+    return f
+
+  def run():
+    LOG.clear()
+    out = [np.asarray(jax.jit(make(a))(x)).tobytes() for a in arrays]
+    jax.effects_barrier()
+    return out, list(LOG)
+  want = replay_in_both_modes(run, clear=True)
+  assert want[1].count("trace") == 3
 
 
 # 2. Values equal under == but of another type or sign share an entry.

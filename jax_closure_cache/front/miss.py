@@ -244,6 +244,13 @@ class MissStages:
         read = entries.leaf_reads.get(key)
         if after != key and read is not None:
           entries.leaf_reads.put(after, entries.LeafReadsRead(read.reads))
+        answered = entries.stock_answered.get(key)
+        if after != key and answered is not None:
+          # (what stock's trace showed holds for the code in the state the
+          # call left: a lifted trace of the next object, refused after it
+          # ran, would make its trace-time writes a second time)
+          entries.stock_answered.put(after, entries.StockAnswered(
+              answered.reason, answered.detail))
       except (Uncacheable, TypeError):
         pass
       return out
