@@ -339,7 +339,7 @@ _READ_BY_VALUE = (
 def _baked_constants(jaxpr, s: structure.Structure) -> Baked:
   """The top-level constants of ``jaxpr`` a shared lowering holds by
   value, as stock's module does (:class:`Baked`): those refused as
-  arguments for their values (``structure.refused_by_value``) and those
+  arguments for their values (``structure.constant_answer``) and those
   stock's module computes with by their value (``structure.
   constant_reads``: a remainder's operand; one all 1, -1 or an infinity
   where an operation XLA removes by it reads it), each of at most
@@ -350,10 +350,10 @@ def _baked_constants(jaxpr, s: structure.Structure) -> Baked:
   consts = _compat.closed_parts(jaxpr)[1]
   at = set()
   for i, c in enumerate(consts):
-    reason = structure.constant_refusal(c)
+    reason, by_value = structure.constant_answer(c)
     if reason is None:
       continue
-    if not (structure.refused_by_value(c) and _bakeable(c)):
+    if not (by_value and _bakeable(c)):
       raise structure.NotShared(reason)
     at.add(i)
   if s.hoisted and any(_read_by_value(e.params["jaxpr"])

@@ -134,15 +134,16 @@ def constant_refusal(c) -> str | None:
   """Why ``c`` cannot be an argument of a shared executable (None: it can;
   see :func:`acceptable_constant`). Reads a jax array's values once while
   it lives, a NumPy array's on every call (it may be changed in place)."""
-  return _read_once(_ARRAY_ANSWERS, _answer, c)[0]
+  return constant_answer(c)[0]
 
 
-def refused_by_value(c) -> bool:
-  """Whether :func:`constant_refusal` refuses ``c`` for its values alone
-  (a boolean, a zero, a NaN, a subnormal): a constant stock's module
-  computes with by value, which a shared lowering may bake as stock does,
-  keyed by its bytes (``shared.baked_constants``)."""
-  return _read_once(_ARRAY_ANSWERS, _answer, c)[1]
+def constant_answer(c) -> tuple:
+  """``(constant_refusal(c), by_value)``, read once: ``by_value``, whether
+  the refusal is for ``c``'s values alone (a boolean, a zero, a NaN, a
+  subnormal), a constant stock's module computes with by value, which a
+  shared lowering may bake as stock does, keyed by its bytes
+  (``shared._baked_constants``)."""
+  return _read_once(_ARRAY_ANSWERS, _answer, c)
 
 
 def _answer(c) -> tuple:
